@@ -1,0 +1,35 @@
+"""zyx: lazy tensors fused into compiled kernels."""
+from .dtype import (DType, bool_ as bool, uint8, uint16, uint32, uint64, int8, int16, int32, int64,
+                    float16, bfloat16, float32, float64)
+from .errors import ZyxError, ShapeError, DTypeError, AllocationError, BackendError, NoBackendAvailable
+from .tensor import *  # noqa: F401,F403
+from .tensor import __all__ as _tensor_all
+from .runtime import RT as _RT
+
+half = float16
+float = float32  # noqa: A001  (torch spelling: zyx.float is float32)
+double = float64
+long = int64
+int = int32  # noqa: A001
+
+
+def devices():
+    """Names of the devices zyx initialized (first call initializes the backends)."""
+    _RT._ensure()
+    return [d.info().name for d in _RT.devices]
+
+
+def stats():
+    """Counters: kernels compiled and launched, plans built/reused, bytes in use per pool."""
+    s = dict(_RT.stats)
+    if _RT.pools is not None:
+        s["bytes_allocated"] = _RT.pool_bytes()
+    return s
+
+
+def set_debug(mask: "int") -> None:
+    """Set the ZYX_DEBUG bitmask at run time (see zyx.runtime for the bits)."""
+    _RT.debug = mask
+
+
+__version__ = "0.1.0"

@@ -1,0 +1,19 @@
+from .slab cimport Slab
+
+cdef class Node:
+    cdef public int op
+    cdef public object arg
+    cdef public tuple srcs
+    cdef public tuple shape
+    cdef public object dtype
+    cdef public Py_ssize_t rc
+    cdef public object buffer
+
+cdef class Graph:
+    cdef public Slab nodes
+    cdef public object free_buffer
+    cpdef Py_ssize_t add(self, int op, object arg, tuple srcs, tuple shape, object dtype)
+    cpdef Py_ssize_t leaf(self, object buffer, tuple shape, object dtype)
+    cpdef void retain(self, Py_ssize_t nid)
+    cpdef void release(self, Py_ssize_t nid)
+    cpdef Node get(self, Py_ssize_t nid)

@@ -1,0 +1,351 @@
+# cython: language_level=3
+"""Kernelizer: cut an unrealized subgraph into fused kernels and express each in the IR.
+
+Rules (one pass in reverse topological order decides what is stored to memory):
+  * every realization target is stored (a kernel output);
+  * elementwise ops and movement ops are never stored: they are inlined into every kernel
+    that reads them, movement ops as index arithmetic (symbolic.py), never as copies;
+  * a reduce is fused into the kernel that consumes it when everything between them is
+    elementwise or a reshape (an epilogue, which keeps the flat index), otherwise it gets a
+    kernel of its own. This is the only cut besides the targets: softmax's max and sum are
+    cut because an expand of them feeds the next step.
+Each stored node becomes one kernel: global indices over its output, a loop per reduced
+axis, loads with guards for padding, one store.
+"""
+from . import symbolic as sym
+from .graph import (LEAF, CONST, CAST, UNARY, BINARY, WHERE, REDUCE, RESHAPE, PERMUTE, EXPAND,
+                    PAD, FLIP)
+from .kernel import (Kernel, IDX, CONST as K_CONST, DEFINE, INDEX, LOOP, ENDLOOP, LOAD, STORE,
+                     CAST as K_CAST, UNARY as K_UNARY, BINARY as K_BINARY, WHERE as K_WHERE,
+                     SCOPE_GLOBAL, SCOPE_REGISTER, B_ADD, B_MUL, B_DIV, B_MOD, B_CMPLT, B_CMPGT,
+                     B_AND, REDUCE_BINARY, reduce_identity)
+from zyx import dtype as _dt
+
+EPILOGUE = frozenset((CAST, UNARY, BINARY, WHERE, RESHAPE))
+
+
+class Step:
+    """One kernel of a plan: `args[0]` is the node position it writes, the rest it reads."""
+    __slots__ = ("kernel", "args", "program")
+
+    def __init__(self, kernel, args):
+        self.kernel = kernel
+        self.args = args
+        self.program = None
+
+
+def decide_stored(list nodes, list consumers, list targets):
+    """Positions of nodes whose value must be written to a buffer (see module doc)."""
+    cdef Py_ssize_t n = len(nodes), p
+    stored = [False] * n
+    for t in targets:
+        if nodes[t].op != LEAF:
+            stored[t] = True
+    sink = [-1] * n
+    for p in range(n - 1, -1, -1):
+        node = nodes[p]
+        if node.op == LEAF or node.op == CONST:
+            continue
+        if stored[p]:
+            sink[p] = p
+            continue
+        s = -2
+        for c in consumers[p]:
+            cs = sink[c] if nodes[c].op in EPILOGUE else -1
+            if s == -2:
+                s = cs
+            elif s != cs:
+                s = -1
+        if s == -2:
+            s = -1
+        if node.op == REDUCE and s == -1:
+            stored[p] = True
+            s = p
+        sink[p] = s
+    return stored
+
+
+def accumulator_dtype(dt):
+    return _dt.float32 if dt.name in ("float16", "bfloat16") else dt
+
+
+class _Builder:
+    """Renders one stored node into IR by walking the graph from the output down."""
+
+    def __init__(self, list nodes, list stored, Py_ssize_t out):
+        self.nodes = nodes
+        self.stored = stored
+        self.out = out
+        self.ops = []
+        self.argpos = {}      # node position -> kernel argument number
+        self.args = []        # (dtype, length, read_only)
+        self.defines = {}     # argument number -> SSA id of its Define
+        self.scopes = [{}]    # memo tables, one per open loop
+        self.var_ssa = {}
+        self.nvars = 0
+
+    def emit(self, op):
+        self.ops.append(op)
+        return len(self.ops) - 1
+
+    def const(self, dt, v):
+        return self.emit((K_CONST, dt, v))
+
+    def memo_get(self, key):
+        for s in reversed(self.scopes):
+            r = s.get(key)
+            if r is not None:
+                return r
+        return None
+
+    def new_var(self, Py_ssize_t n):
+        v = sym.Var(self.nvars, 0, n - 1)
+        self.nvars += 1
+        return v
+
+    # -- buffers -------------------------------------------------------------------------
+    def arg(self, Py_ssize_t p, bint read_only):
+        a = self.argpos.get(p)
+        if a is None:
+            node = self.nodes[p]
+            numel = 1
+            for d in node.shape:
+                numel *= d
+            a = len(self.args)
+            self.argpos[p] = a
+            self.args.append((node.dtype, numel, read_only))
+            self.defines[a] = self.emit((DEFINE, node.dtype, SCOPE_GLOBAL, a, read_only, numel,
+                                         -1))
+        return self.defines[a]
+
+    # -- index expressions ---------------------------------------------------------------
+    def index(self, s):
+        if not s.terms:
+            return self.const(IDX, s.offset)
+        key = ("i", s.key)
+        r = self.memo_get(key)
+        if r is not None:
+            return r
+        acc = None
+        for atom, coef in s.terms:
+            a = self.atom(atom)
+            if coef != 1:
+                a = self.emit((K_BINARY, IDX, B_MUL, a, self.const(IDX, coef)))
+            acc = a if acc is None else self.emit((K_BINARY, IDX, B_ADD, acc, a))
+        if s.offset:
+            acc = self.emit((K_BINARY, IDX, B_ADD, acc, self.const(IDX, s.offset)))
+        self.scopes[-1][key] = acc
+        return acc
+
+    def atom(self, a):
+        if type(a) is sym.Var:
+            return self.var_ssa[a.id]
+        op = B_DIV if type(a) is sym.Div else B_MOD
+        return self.emit((K_BINARY, IDX, op, self.index(a.num), self.const(IDX, a.d)))
+
+    def condition(self, tuple valid):
+        cond = None
+        for s, lo, hi in valid:
+            parts = []
+            if s.lo < lo:
+                parts.append(self.emit((K_BINARY, _dt.bool_, B_CMPGT, self.index(s),
+                                        self.const(IDX, lo - 1))))
+            if s.hi > hi:
+                parts.append(self.emit((K_BINARY, _dt.bool_, B_CMPLT, self.index(s),
+                                        self.const(IDX, hi + 1))))
+            for c in parts:
+                cond = c if cond is None else self.emit((K_BINARY, _dt.bool_, B_AND, cond, c))
+        return cond
+
+    # -- values --------------------------------------------------------------------------
+    def load(self, Py_ssize_t p, tuple dims, tuple valid):
+        node = self.nodes[p]
+        d = self.arg(p, True)
+        idx = self.index(sym.linearize(dims, node.shape))
+        guard = self.condition(valid) if valid else None
+        return self.emit((LOAD, node.dtype, d, idx, -1 if guard is None else guard))
+
+    def render(self, Py_ssize_t p, tuple dims, tuple valid):
+        key = (p, tuple([s.key for s in dims]), tuple([(s.key, lo, hi) for s, lo, hi in valid]))
+        r = self.memo_get(key)
+        if r is not None:
+            return r
+        r = self._render(p, dims, valid)
+        self.scopes[-1][key] = r
+        return r
+
+    def _render(self, Py_ssize_t p, tuple dims, tuple valid):
+        node = self.nodes[p]
+        op = node.op
+        if op == LEAF or (self.stored[p] and p != self.out):
+            return self.load(p, dims, valid)
+        if op == CONST:
+            return self.const(node.dtype, node.arg)
+        if op == CAST:
+            return self.emit((K_CAST, node.dtype, self.render(self.src(node, 0), dims, valid)))
+        if op == UNARY:
+            return self.emit((K_UNARY, node.dtype, node.arg,
+                              self.render(self.src(node, 0), dims, valid)))
+        if op == BINARY:
+            a = self.render(self.src(node, 0), dims, valid)
+            b = self.render(self.src(node, 1), dims, valid)
+            return self.emit((K_BINARY, node.dtype, node.arg, a, b))
+        if op == WHERE:
+            c = self.render(self.src(node, 0), dims, valid)
+            a = self.render(self.src(node, 1), dims, valid)
+            b = self.render(self.src(node, 2), dims, valid)
+            return self.emit((K_WHERE, node.dtype, c, a, b))
+        if op == REDUCE:
+            return self.reduce(p, dims, valid)
+        src = self.src(node, 0)
+        sshape = self.nodes[src].shape
+        if op == RESHAPE:
+            return self.render(src, reshape_index(dims, node.shape, sshape), valid)
+        if op == PERMUTE:
+            new = [None] * len(dims)
+            for k, ax in enumerate(node.arg):
+                new[ax] = dims[k]
+            return self.render(src, tuple(new), valid)
+        if op == EXPAND:
+            return self.render(src, tuple([sym.constant(0) if sshape[d] == 1 and node.shape[d] != 1
+                                           else dims[d] for d in range(len(dims))]), valid)
+        if op == FLIP:
+            return self.render(src, tuple([sym.add(sym.mul(dims[d], -1), sshape[d] - 1)
+                                           if d in node.arg else dims[d]
+                                           for d in range(len(dims))]), valid)
+        if op == PAD:
+            pads, fill = node.arg
+            new = []
+            added = []
+            for d, (before, after) in enumerate(pads):
+                x = sym.add(dims[d], -before)
+                new.append(x)
+                if (before > 0 or after > 0) and (x.lo < 0 or x.hi > sshape[d] - 1):
+                    added.append((x, 0, sshape[d] - 1))
+            v = self.render(src, tuple(new), valid + tuple(added))
+            if not added:
+                return v
+            cond = self.condition(tuple(added))
+            return self.emit((K_WHERE, node.dtype, cond, v, self.const(node.dtype, fill)))
+        raise AssertionError(f"kernelizer cannot render op {op}")
+
+    def src(self, node, int i):
+        return self.pos[node.srcs[i]]
+
+    def reduce(self, Py_ssize_t p, tuple dims, tuple valid):
+        node = self.nodes[p]
+        rop, axes = node.arg
+        src = self.src(node, 0)
+        sshape = self.nodes[src].shape
+        acc_dt = accumulator_dtype(node.dtype)
+        acc = self.emit((DEFINE, acc_dt, SCOPE_REGISTER, reduce_identity(rop, acc_dt), False, 1,
+                         rop))
+        new = list(dims)
+        loops = []
+        for ax in axes:
+            n = sshape[ax]
+            if n == 1:
+                new[ax] = sym.constant(0)
+                continue
+            v = self.new_var(n)
+            loop = self.emit((LOOP, IDX, n))
+            self.var_ssa[v.id] = loop
+            self.scopes.append({})
+            loops.append(loop)
+            new[ax] = sym.var(v)
+        x = self.render(src, tuple(new), valid)
+        if self.ops[x][1] is not acc_dt:
+            x = self.emit((K_CAST, acc_dt, x))
+        cur = self.emit((LOAD, acc_dt, acc, -1, -1))
+        self.emit((STORE, None, acc, -1, self.emit((K_BINARY, acc_dt, REDUCE_BINARY[rop], cur, x))))
+        for loop in reversed(loops):
+            self.scopes.pop()
+            self.emit((ENDLOOP, None, loop))
+        r = self.emit((LOAD, acc_dt, acc, -1, -1))
+        if acc_dt is not node.dtype:
+            r = self.emit((K_CAST, node.dtype, r))
+        return r
+
+    def build(self, dict pos):
+        self.pos = pos
+        node = self.nodes[self.out]
+        out_def = self.arg(self.out, False)
+        dims = []
+        for axis, n in enumerate(node.shape):
+            if n == 1:
+                dims.append(sym.constant(0))
+            else:
+                v = self.new_var(n)
+                self.var_ssa[v.id] = self.emit((INDEX, IDX, axis, n))
+                dims.append(sym.var(v))
+        dims = tuple(dims)
+        val = self.render(self.out, dims, ())
+        idx = self.index(sym.linearize(dims, node.shape))
+        self.emit((STORE, None, out_def, idx, val))
+        # INDEX ops must lead the kernel (backends open their loops/threads there)
+        return _hoist_index(self.ops), self.args
+
+
+def _hoist_index(list ops):
+    """Move INDEX ops (and the DEFINEs before them) to the front, renumbering references."""
+    from .passes import REFS
+    first = [i for i, op in enumerate(ops) if op[0] == INDEX or op[0] == DEFINE and op[2] == SCOPE_GLOBAL]
+    rest = [i for i, op in enumerate(ops) if not (op[0] == INDEX or op[0] == DEFINE and op[2] == SCOPE_GLOBAL)]
+    order = first + rest
+    new = {old: i for i, old in enumerate(order)}
+    out = []
+    for old in order:
+        op = ops[old]
+        refs = REFS[op[0]]
+        if refs:
+            op = list(op)
+            for p in refs:
+                if op[p] >= 0:
+                    op[p] = new[op[p]]
+            op = tuple(op)
+        out.append(op)
+    return out
+
+
+def reshape_index(tuple dims, tuple shape, tuple src_shape):
+    """Indices into `src_shape` of the element at `dims` of its reshape to `shape`."""
+    a = [d for d in shape if d != 1]
+    b = [d for d in src_shape if d != 1]
+    if a == b:  # only size-1 axes were added or removed: map the others one to one
+        it = iter([dims[i] for i, d in enumerate(shape) if d != 1])
+        return tuple([next(it) if d != 1 else sym.constant(0) for d in src_shape])
+    return sym.unravel(sym.linearize(dims, shape), src_shape)
+
+
+def kernelize(graph, list order, list target_ids):
+    """Cut the subgraph `order` (topologically sorted node ids) into kernels.
+
+    Returns (steps, stored): steps in execution order, each reading and writing node
+    positions in `order`; `stored[p]` tells which positions get a buffer."""
+    cdef Py_ssize_t n = len(order), p
+    nodes = [graph.get(i) for i in order]
+    pos = {nid: p for p, nid in enumerate(order)}
+    consumers = [[] for _ in range(n)]
+    for p in range(n):
+        for s in nodes[p].srcs:
+            consumers[pos[s]].append(p)
+    targets = [pos[t] for t in target_ids]
+    stored = decide_stored(nodes, consumers, targets)
+    steps = []
+    for p in range(n):
+        if not stored[p]:
+            continue
+        numel = 1
+        for d in nodes[p].shape:
+            numel *= d
+        if numel == 0:   # nothing to compute: the scheduler only allocates
+            steps.append(Step(None, [p]))
+            continue
+        b = _Builder(nodes, stored, p)
+        ops, args = b.build(pos)
+        k = Kernel(ops, args, "k")
+        positions = [None] * len(args)
+        for q, a in b.argpos.items():
+            positions[a] = q
+        steps.append(Step(k, positions))
+    return steps, stored

@@ -1,0 +1,146 @@
+"""Backend dispatch: memory pools, devices, events, device info and configuration.
+
+A backend is one module in this package with a function
+
+    initialize(config: dict, debug: int) -> (pools, devices)
+
+returning its memory pools and devices (each device names the pool it computes in), or
+raising BackendError when its driver or hardware is missing. `initialize_backends` tries
+every backend in BACKENDS; a failure is skipped silently (printed under ZYX_DEBUG device
+bit) and when nothing is left `NoBackendAvailable` is raised.
+
+MemoryPool interface (all backends):
+    allocate(nbytes) -> (Buffer, event)         deallocate(buffer, wait_events)
+    host_to_pool(src: ndarray, dst: Buffer, wait_events) -> event
+    pool_to_host(src: Buffer, dst: ndarray, wait_events)   (blocking)
+    sync_events(events), release_events(events), free_bytes
+Device interface:
+    info() -> DeviceInfo, compile(kernel) -> program,
+    launch(program, pool, args: list[Buffer], wait_events) -> event, release(program)
+Events are opaque backend objects (None means "already complete").
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+from ..errors import BackendError, NoBackendAvailable
+
+# Tried in this order; the first device found is the default when several have equal compute.
+BACKENDS = ("c", "opencl", "cuda", "vulkan", "wgpu", "dummy")
+
+
+@dataclass
+class DeviceInfo:
+    """What optimization passes and the scheduler know about a device."""
+    name: str = "unknown"
+    compute: float = 1e9                  # FLOP/s estimate used to rank devices
+    max_global_work_dims: tuple = (2**31 - 1, 65535, 65535)
+    max_local_threads: int = 1
+    max_local_work_dims: tuple = (1, 1, 1)
+    local_mem_size: int = 0
+    preferred_vector_size: int = 16       # bytes
+    warp_size: int = 1
+    num_cores: int = 1
+    dtypes: tuple = ()                    # supported dtype names; empty = all
+    tensor_cores: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+class Buffer:
+    """A piece of memory in a pool. `handle` is the pool's own object, `ptr` an address
+    where the backend has one, `event` the event its contents become valid at."""
+    __slots__ = ("pool", "handle", "nbytes", "ptr", "event", "__weakref__")
+
+    def __init__(self, pool, handle, nbytes, ptr=0, event=None):
+        self.pool = pool
+        self.handle = handle
+        self.nbytes = nbytes
+        self.ptr = ptr
+        self.event = event
+
+    def __repr__(self):
+        return f"Buffer({type(self.pool).__name__}, {self.nbytes} B)"
+
+
+class MemoryPool:
+    """Base class with the bookkeeping every pool shares."""
+    name = "pool"
+
+    def __init__(self, total_bytes):
+        self.total_bytes = total_bytes
+        self.used_bytes = 0
+
+    @property
+    def free_bytes(self):
+        return self.total_bytes - self.used_bytes
+
+    def sync_events(self, events):
+        pass
+
+    def release_events(self, events):
+        pass
+
+
+def config_path():
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "zyx", "config.json")
+
+
+def load_config(path=None, debug=0) -> dict:
+    """Read the JSON config; a missing or malformed file gives the defaults ({})."""
+    path = path or config_path()
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+        if not isinstance(cfg, dict):
+            raise ValueError("top level is not an object")
+        return cfg
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        if debug & 1:
+            print(f"zyx: ignoring malformed config {path}: {e}", file=sys.stderr)
+        return {}
+
+
+def cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    d = os.path.join(base, "zyx")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def initialize_backends(config: dict, debug: int = 0, only=None):
+    """Try every backend; return (pools, devices). Disabled or failing ones are skipped."""
+    pools, devices = [], []
+    for name in (only or BACKENDS):
+        bcfg = config.get(name, {}) if isinstance(config.get(name, {}), dict) else {}
+        default_on = name != "dummy"
+        if not bcfg.get("enabled", default_on):
+            if debug & 1:
+                print(f"zyx: backend {name} disabled in config", file=sys.stderr)
+            continue
+        try:
+            mod = importlib.import_module(f".{name}", __name__)
+            p, d = mod.initialize(bcfg, debug)
+        except ImportError as e:
+            if debug & 1:
+                print(f"zyx: backend {name} unavailable: {e}", file=sys.stderr)
+            continue
+        except Exception as e:  # a broken driver must not stop the others
+            if debug & 1:
+                print(f"zyx: backend {name} failed to initialize: {e}", file=sys.stderr)
+            continue
+        pools.extend(p)
+        devices.extend(d)
+        if debug & 1:
+            for dev in d:
+                print(f"zyx: device {dev.info().name} ({name})", file=sys.stderr)
+    if not devices:
+        raise NoBackendAvailable("no backend could be initialized; run with ZYX_DEBUG=1 to see "
+                                 "why each one failed")
+    return pools, devices

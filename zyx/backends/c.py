@@ -1,0 +1,308 @@
+"""C backend: one C99 function per kernel, outer loops parallel with OpenMP, inner loops
+written for the compiler's vectorizer; compiled by the system C compiler into a shared
+library and called through ctypes with cached function pointers.
+
+Compiled libraries live in the disk cache keyed by source + compiler + flags, so a second
+process compiles nothing. Config (`"c"` section of config.json, or env):
+    compiler  (ZYX_CC, then CC, then cc/gcc/clang)   flags  (list, replaces the defaults)
+    threads   (OpenMP threads, default: all cores)   enabled (default true)
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from .. import dtype as dt
+from .._core import kernel as K
+from ..errors import BackendError
+from . import DeviceInfo, cache_dir
+from .cfamily import CDialect, render_body
+from .host import HostMemoryPool
+
+PARALLEL_MIN_WORK = 1 << 15   # below this many iterations threads cost more than they give
+_SIMD_FUNCS = ("exp", "exp2", "log", "log2", "sin", "cos", "tanh", "erf", "pow")
+
+_PRELUDE = r"""
+#include <string.h>
+#include <math.h>
+#if defined(__FLT16_MAX__) && !defined(ZYX_NO_FLOAT16)
+static inline float zyx_h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
+static inline unsigned short zyx_f2h(float x) { _Float16 f = (_Float16)x; unsigned short h; memcpy(&h, &f, 2); return h; }
+#else
+static inline float zyx_h2f(unsigned short h) {
+  unsigned int s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu, u;
+  if (e == 0) { if (m == 0) u = s; else { e = 113; while (!(m & 0x400u)) { m <<= 1; e--; } m &= 0x3ffu; u = s | (e << 23) | (m << 13); } }
+  else if (e == 31) u = s | 0x7f800000u | (m << 13);
+  else u = s | ((e + 112) << 23) | (m << 13);
+  float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned short zyx_f2h(float x) {
+  unsigned int u; memcpy(&u, &x, 4);
+  unsigned int s = (u >> 16) & 0x8000u; int e = (int)((u >> 23) & 0xff) - 112; unsigned int m = u & 0x7fffffu;
+  if (((u >> 23) & 0xff) == 0xff) return (unsigned short)(s | 0x7c00u | (m ? 0x200u : 0));
+  if (e >= 31) return (unsigned short)(s | 0x7c00u);
+  if (e <= 0) { if (e < -10) return (unsigned short)s; m |= 0x800000u; unsigned int sh = (unsigned int)(14 - e);
+    unsigned int r = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
+    if (rem > half || (rem == half && (r & 1))) r++; return (unsigned short)(s | r); }
+  unsigned int r = ((unsigned int)e << 10) | (m >> 13), rem = m & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
+  return (unsigned short)(s | r); }
+#endif
+static inline float zyx_bf2f(unsigned short h) { unsigned int u = ((unsigned int)h) << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned short zyx_f2bf(float x) {
+  unsigned int u; memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 64u);
+  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }
+static inline long long zyx_ipow(long long b, long long e) {
+  if (e < 0) return b == 1 ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);
+  unsigned long long r = 1, ub = (unsigned long long)b;
+  while (e) { if (e & 1) r *= ub; ub *= ub; e >>= 1; } return (long long)r; }
+"""
+
+
+def _simd_decls():
+    # Declared before <math.h> so gcc may call glibc's libmvec vector variants without
+    # -ffast-math (which would break isnan/isinf semantics).
+    out = []
+    for f in _SIMD_FUNCS:
+        args = "float, float" if f == "pow" else "float"
+        dargs = "double, double" if f == "pow" else "double"
+        out.append(f"#pragma omp declare simd notinbranch\nfloat {f}f({args});")
+        out.append(f"#pragma omp declare simd notinbranch\ndouble {f}({dargs});")
+    return "\n".join(out) + "\n"
+
+
+class CDialect99(CDialect):
+    pass
+
+
+def _find_compiler(cfg):
+    for cand in (cfg.get("compiler"), os.environ.get("ZYX_CC"), os.environ.get("CC"), "cc", "gcc",
+                 "clang"):
+        if cand and shutil.which(cand):
+            return shutil.which(cand)
+    raise BackendError("C backend: no C compiler found (set ZYX_CC or install gcc/clang)")
+
+
+class CProgram:
+    __slots__ = ("fn", "lib", "argtype", "name", "source")
+
+    def __init__(self, lib, name, nargs, source):
+        self.lib = lib
+        self.name = name
+        self.fn = getattr(lib, name)
+        self.fn.argtypes = [ctypes.c_void_p]
+        self.fn.restype = None
+        self.argtype = ctypes.c_void_p * max(nargs, 1)
+        self.source = source
+
+
+class CDevice:
+    def __init__(self, cfg, pool, debug=0):
+        self.debug = debug
+        self.pool = pool
+        self.cc = _find_compiler(cfg)
+        self.cache = cache_dir()
+        self.threads = int(cfg.get("threads", os.environ.get("ZYX_THREADS", 0)) or 0)
+        self.base_flags = list(cfg.get("flags", ["-O3", "-march=native", "-fPIC", "-shared",
+                                                  "-fwrapv", "-fno-math-errno"]))
+        self.openmp, self.mvec = self._probe()
+        self.flags = list(self.base_flags) + (["-fopenmp"] if self.openmp else [])
+        self.libs = (["-lmvec"] if self.mvec else []) + ["-lm"]
+        self.dialect = CDialect99()
+        self._programs = {}
+        self._info = DeviceInfo(name=f"C ({os.path.basename(self.cc)}, "
+                                     f"{os.cpu_count()} threads{', OpenMP' if self.openmp else ''})",
+                                compute=2e10 * (os.cpu_count() or 1),
+                                num_cores=os.cpu_count() or 1, preferred_vector_size=64)
+        if self.openmp and self.threads:
+            os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
+
+    # -- capability probe, cached on disk per compiler -----------------------------------
+    def _probe(self):
+        st = os.stat(self.cc)
+        tag = hashlib.sha256(f"{self.cc}|{st.st_mtime}|{self.base_flags}|{sys.platform}|v2"
+                             .encode()).hexdigest()[:16]
+        marker = os.path.join(self.cache, f"cprobe-{tag}.txt")
+        try:
+            with open(marker) as f:
+                omp, mvec = f.read().split()
+                return omp == "1", mvec == "1"
+        except (OSError, ValueError):
+            pass
+        omp = self._try_compile("int f(int n){int s=0;\n#pragma omp parallel for reduction(+:s)\n"
+                                "for(int i=0;i<n;i++)s+=i;return s;}", ["-fopenmp"], [])
+        mvec = omp and sys.platform.startswith("linux") and self._try_compile(
+            _simd_decls() + "#include <math.h>\nvoid f(float*a,int n){\n#pragma omp simd\n"
+            "for(int i=0;i<n;i++)a[i]=expf(a[i]);}", ["-fopenmp"], ["-lmvec", "-lm"])
+        try:
+            with open(marker, "w") as f:
+                f.write(f"{int(omp)} {int(bool(mvec))}")
+        except OSError:
+            pass
+        return omp, bool(mvec)
+
+    def _try_compile(self, src, extra, libs):
+        with tempfile.TemporaryDirectory() as d:
+            c = os.path.join(d, "p.c")
+            with open(c, "w") as f:
+                f.write(src)
+            r = subprocess.run([self.cc, *self.base_flags, *extra, c, "-o",
+                                os.path.join(d, "p.so"), *libs], capture_output=True)
+            return r.returncode == 0
+
+    def info(self):
+        return self._info
+
+    # -- codegen -------------------------------------------------------------------------
+    def render(self, kernel, name):
+        dl = self.dialect
+        ops = kernel.ops
+        has_loops = any(op[0] == K.LOOP for op in ops)
+        idx_work = 1
+        for op in ops:
+            if op[0] == K.INDEX:
+                idx_work *= op[3]
+        omp = self.openmp
+
+        def loop_pragma(i, ops):
+            depth = 0
+            j = i + 1
+            inner = False
+            accs = {}
+            while True:
+                o = ops[j]
+                if o[0] == K.LOOP:
+                    inner = True
+                    depth += 1
+                elif o[0] == K.ENDLOOP:
+                    if depth == 0:
+                        break
+                    depth -= 1
+                elif o[0] == K.STORE and ops[o[2]][2] == K.SCOPE_REGISTER:
+                    rop = ops[o[2]][6]
+                    accs.setdefault(rop, []).append(f"acc{o[2]}")
+                j += 1
+            red = " ".join(f"reduction({_OMP_RED[r]}:{','.join(a)})" for r, a in accs.items())
+            top = not any(o[0] == K.LOOP for o in ops[:i] if True) or _is_top(ops, i)
+            parallel = (omp and idx_work == 1 and top
+                        and _loop_work(ops, i) >= PARALLEL_MIN_WORK)
+            if not omp:
+                return ""
+            if parallel:
+                return f"#pragma omp parallel for{'' if inner else ' simd'} {red}".rstrip()
+            if not inner and accs:
+                return f"#pragma omp simd {red}"
+            return ""
+
+        r, names = render_body(kernel, dl, loop_pragma)
+        params = []
+        for argno, d, ro in sorted(r.params):
+            const = "const " if ro else ""
+            params.append(f"  {const}{dl.storage_type(d)}* restrict g{argno} = "
+                          f"({const}{dl.storage_type(d)}*)args[{argno}];")
+        head = []
+        idx = r.indices
+        work = idx_work * (4 if has_loops else 1)
+        par = omp and work >= PARALLEL_MIN_WORK and idx
+        for n, (ssa, axis, length) in enumerate(idx):
+            pragma = ""
+            if omp:
+                last = n == len(idx) - 1
+                if has_loops:
+                    if n == 0 and par:
+                        pragma = f"#pragma omp parallel for collapse({len(idx)})" if len(idx) > 1 \
+                            else "#pragma omp parallel for"
+                elif len(idx) == 1:
+                    pragma = "#pragma omp parallel for simd" if par else "#pragma omp simd"
+                elif n == 0 and par:
+                    pragma = f"#pragma omp parallel for collapse({len(idx) - 1})" if len(idx) > 2 \
+                        else "#pragma omp parallel for"
+                elif last:
+                    pragma = "#pragma omp simd"
+            if pragma:
+                head.append("  " + pragma)
+            head.append(f"  for (long long i{ssa} = 0; i{ssa} < {length}LL; i{ssa}++) {{")
+        body = ["  " + ln for ln in r.lines] if idx else r.lines
+        src = (("" if not self.mvec else _simd_decls()) + _PRELUDE +
+               f"\nvoid {name}(void** restrict args) {{\n" + "\n".join(params) + "\n" +
+               "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n")
+        return src
+
+    def compile(self, kernel):
+        prog = self._programs.get(kernel)
+        if prog is not None:
+            return prog
+        name = "zyx_kernel"
+        src = self.render(kernel, name)
+        key = hashlib.sha256((src + "|" + self.cc + "|" + " ".join(self.flags + self.libs))
+                             .encode()).hexdigest()[:32]
+        path = os.path.join(self.cache, f"c-{key}.so")
+        if self.debug & 8:
+            print(f"zyx: C source {key}\n{src}", file=sys.stderr)
+        if not os.path.exists(path):
+            t0 = time.perf_counter()
+            fd, cpath = tempfile.mkstemp(suffix=".c", dir=self.cache)
+            with os.fdopen(fd, "w") as f:
+                f.write(src)
+            tmp_so = cpath[:-2] + ".so"
+            r = subprocess.run([self.cc, *self.flags, cpath, "-o", tmp_so, *self.libs],
+                               capture_output=True, text=True)
+            os.unlink(cpath)
+            if r.returncode != 0:
+                raise BackendError(f"C compiler failed ({self.cc}):\n{r.stderr}\n--- source ---\n{src}")
+            os.replace(tmp_so, path)   # atomic: concurrent processes never load half a file
+            if self.debug & 32:
+                print(f"zyx: compiled {key} in {(time.perf_counter() - t0) * 1e3:.1f} ms",
+                      file=sys.stderr)
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise BackendError(f"C backend: cannot load {path}: {e}") from None
+        prog = CProgram(lib, name, len(kernel.args), src)
+        self._programs[kernel] = prog
+        return prog
+
+    def launch(self, program, pool, args, wait_events=()):
+        program.fn(program.argtype(*[b.ptr for b in args]))
+        return None
+
+    def release(self, program):
+        pass
+
+
+_OMP_RED = {K.R_SUM: "+", K.R_MAX: "max", K.R_MIN: "min", K.R_PROD: "*"}
+
+
+def _is_top(ops, i):
+    depth = 0
+    for o in ops[:i]:
+        if o[0] == K.LOOP:
+            depth += 1
+        elif o[0] == K.ENDLOOP:
+            depth -= 1
+    return depth == 0
+
+
+def _loop_work(ops, i):
+    depth, work, w = 0, 1, ops[i][2]
+    for o in ops[i + 1:]:
+        if o[0] == K.LOOP:
+            depth += 1
+            w *= o[2]
+        elif o[0] == K.ENDLOOP:
+            if depth == 0:
+                break
+            depth -= 1
+    return w
+
+
+def initialize(cfg, debug=0):
+    pool = HostMemoryPool()
+    dev = CDevice(cfg, pool, debug)
+    return [pool], [dev]

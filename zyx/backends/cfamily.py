@@ -1,0 +1,224 @@
+"""Shared renderer for the C family of targets (C, OpenCL C, CUDA C, HIP).
+
+Codegen is one linear walk over the IR: every SSA value becomes a `const` local, constants
+are written inline, and the dialect hooks decide how kernels start, how global indices map
+to loops or threads and how special types (f16, bf16) are read and written."""
+from __future__ import annotations
+
+import math
+
+from .. import dtype as dt
+from .._core import kernel as K
+
+_UNARY_F = {K.U_EXP2: "exp2", K.U_LOG2: "log2", K.U_SQRT: "sqrt", K.U_SIN: "sin",
+            K.U_COS: "cos", K.U_FLOOR: "floor", K.U_TRUNC: "trunc", K.U_ABS: "fabs",
+            K.U_EXP: "exp", K.U_LOG: "log", K.U_TANH: "tanh", K.U_ERF: "erf"}
+_BINARY_OP = {K.B_ADD: "+", K.B_SUB: "-", K.B_MUL: "*", K.B_CMPLT: "<", K.B_CMPGT: ">",
+              K.B_NOTEQ: "!=", K.B_EQ: "==", K.B_OR: "||", K.B_AND: "&&", K.B_BITXOR: "^",
+              K.B_BITOR: "|", K.B_BITAND: "&", K.B_SHL: "<<", K.B_SHR: ">>"}
+_OMP_REDUCTION = {K.R_SUM: "+", K.R_MAX: "max", K.R_MIN: "min", K.R_PROD: "*"}
+
+
+class CDialect:
+    """Hooks of plain C99 with OpenMP; GPU dialects override the kernel frame."""
+    name = "c"
+    half_native = False          # f16 registers are floats, converted on load/store
+    int64 = "long long"
+
+    def ctype(self, d):
+        if d is dt.float16 or d is dt.bfloat16:
+            return "float"
+        return d.cname
+
+    def storage_type(self, d):
+        return d.cname
+
+    def float_suffix(self, d):
+        return "f" if d is not dt.float64 else ""
+
+    def math_fn(self, name, d):
+        return name + ("f" if d is not dt.float64 else "")
+
+    def load_convert(self, d, expr):
+        if d is dt.float16:
+            return f"zyx_h2f({expr})"
+        if d is dt.bfloat16:
+            return f"zyx_bf2f({expr})"
+        return expr
+
+    def store_convert(self, d, expr):
+        if d is dt.float16:
+            return f"zyx_f2h({expr})"
+        if d is dt.bfloat16:
+            return f"zyx_f2bf({expr})"
+        return expr
+
+
+def literal(dl, d, v):
+    if d.is_bool:
+        return "1" if v else "0"
+    if d.is_float:
+        v = float(v)
+        if math.isnan(v):
+            return "NAN"
+        if math.isinf(v):
+            return "INFINITY" if v > 0 else "(-INFINITY)"
+        s = repr(v)
+        if "e" not in s and "." not in s:
+            s += ".0"
+        return s + dl.float_suffix(d if d is dt.float64 else dt.float32)
+    v = int(v)
+    if d.itemsize == 8:
+        return f"{v}ULL" if d.kind == "u" else (f"{v}LL" if v != -(1 << 63) else "(-9223372036854775807LL-1)")
+    if d.kind == "u":
+        return f"{v}u"
+    if v == -(1 << 31):
+        return "(-2147483647-1)"
+    return str(v) if d.itemsize == 4 else f"(({d.cname}){v})"
+
+
+class Rendered:
+    """What a dialect's frame needs: the body statements and facts about the kernel."""
+
+    def __init__(self):
+        self.lines = []
+        self.indices = []        # (ssa, axis, length) of INDEX ops
+        self.params = []         # (argno, dtype, read_only)
+
+
+def render_body(kernel, dl, loop_pragma=None):
+    """Render every op after the leading DEFINE/INDEX block. `loop_pragma(op_i, ops)` may
+    return a pragma line to put before a LOOP."""
+    ops = kernel.ops
+    r = Rendered()
+    names = {}
+    lines = r.lines
+    depth = 1
+
+    def v(i):
+        return names[i]
+
+    for i, op in enumerate(ops):
+        c = op[0]
+        d = op[1]
+        ind = "  " * depth
+        if c == K.CONST:
+            names[i] = literal(dl, d, op[2])
+        elif c == K.DEFINE:
+            if op[2] == K.SCOPE_GLOBAL:
+                names[i] = f"g{op[3]}"
+                r.params.append((op[3], d, op[4]))
+            else:
+                names[i] = f"acc{i}"
+                lines.append(f"{ind}{dl.ctype(d)} acc{i} = {literal(dl, d, op[3])};")
+        elif c == K.INDEX:
+            names[i] = f"i{i}"
+            r.indices.append((i, op[2], op[3]))
+        elif c == K.LOOP:
+            names[i] = f"r{i}"
+            if loop_pragma is not None:
+                p = loop_pragma(i, ops)
+                if p:
+                    lines.append(ind + p)
+            lines.append(f"{ind}for ({dl.int64} r{i} = 0; r{i} < {op[2]}; r{i}++) {{")
+            depth += 1
+        elif c == K.ENDLOOP or c == K.END_IF:
+            depth -= 1
+            lines.append("  " * depth + "}")
+        elif c == K.IF_OP:
+            lines.append(f"{ind}if ({v(op[2])}) {{")
+            depth += 1
+        elif c == K.LOAD:
+            src = ops[op[2]]
+            if src[2] == K.SCOPE_REGISTER:
+                names[i] = f"v{i}"
+                lines.append(f"{ind}const {dl.ctype(d)} v{i} = {v(op[2])};")
+            else:
+                e = dl.load_convert(d, f"{v(op[2])}[{v(op[3])}]")
+                if op[4] >= 0:
+                    e = f"({v(op[4])} ? {e} : {literal(dl, d, 0)})"
+                names[i] = f"v{i}"
+                lines.append(f"{ind}const {dl.ctype(d)} v{i} = {e};")
+        elif c == K.STORE:
+            dst = ops[op[2]]
+            if dst[2] == K.SCOPE_REGISTER:
+                lines.append(f"{ind}{v(op[2])} = {v(op[4])};")
+            else:
+                lines.append(f"{ind}{v(op[2])}[{v(op[3])}] = "
+                             f"{dl.store_convert(dst[1], v(op[4]))};")
+        elif c == K.BARRIER:
+            lines.append(f"{ind}{dl.barrier(op[2])};")
+        else:
+            names[i] = f"v{i}"
+            lines.append(f"{ind}const {dl.ctype(d)} v{i} = {alu(dl, ops, op, v)};")
+    return r, names
+
+
+def alu(dl, ops, op, v):
+    c = op[0]
+    d = op[1]
+    if c == K.CAST:
+        src_d = ops[op[2]][1]
+        x = v(op[2])
+        if d.is_bool:
+            return f"({x} != 0)"
+        if d is dt.float16 and not dl.half_native:
+            return f"zyx_h2f(zyx_f2h((float){x}))"
+        if d is dt.bfloat16:
+            return f"zyx_bf2f(zyx_f2bf((float){x}))"
+        if src_d.is_float and d.is_int:
+            # float -> int conversion of NaN/inf is undefined in C; pin it to 0 / saturate
+            return f"(({dl.ctype(d)})({x} == {x} ? {x} : 0))"
+        return f"(({dl.ctype(d)}){x})"
+    if c == K.WHERE:
+        return f"({v(op[2])} ? {v(op[3])} : {v(op[4])})"
+    if c == K.MAD:
+        return f"({v(op[2])} * {v(op[3])} + {v(op[4])})"
+    if c == K.UNARY:
+        u, x = op[2], v(op[3])
+        if u == K.U_NEG:
+            return f"(!{x})" if d.is_bool else f"(-{x})"
+        if u == K.U_RECIP:
+            return f"({literal(dl, d, 1.0)} / {x})"
+        if u == K.U_BITNOT:
+            return f"(!{x})" if d.is_bool else f"(({dl.ctype(d)})~{x})"
+        if u == K.U_ABS and not d.is_float:
+            return f"({x} < 0 ? -{x} : {x})" if d.kind == "i" else x
+        if not d.is_float:
+            if u in (K.U_FLOOR, K.U_TRUNC):
+                return x
+            return f"(({dl.ctype(d)}){dl.math_fn(_UNARY_F[u], dt.float64)}((double){x}))"
+        return f"{dl.math_fn(_UNARY_F[u], d)}({x})"
+    # BINARY
+    b, x, y = op[2], v(op[3]), v(op[4])
+    if b in _BINARY_OP:
+        e = f"({x} {_BINARY_OP[b]} {y})"
+        if b in (K.B_SHL, K.B_SHR, K.B_BITXOR, K.B_BITOR, K.B_BITAND) or (
+                not d.is_float and d.itemsize < 4 and b in (K.B_ADD, K.B_SUB, K.B_MUL)):
+            e = f"(({dl.ctype(d)}){e})"   # C promotes small ints; wrap like the dtype does
+        return e
+    if b == K.B_MAX:
+        if d.is_float:
+            return f"(({x} > {y} || {x} != {x}) ? {x} : {y})"
+        return f"({x} > {y} ? {x} : {y})"
+    if b == K.B_MIN:
+        if d.is_float:
+            return f"(({x} < {y} || {x} != {x}) ? {x} : {y})"
+        return f"({x} < {y} ? {x} : {y})"
+    if b == K.B_DIV:
+        if d.is_float:
+            return f"({x} / {y})"
+        if ops[op[4]][0] == K.CONST and ops[op[4]][2] != 0:
+            return f"({x} / {y})"
+        return f"({y} == 0 ? ({dl.ctype(d)})0 : ({dl.ctype(d)})({x} / {y}))"
+    if b == K.B_MOD:
+        if d.is_float:
+            return f"{dl.math_fn('fmod', d)}({x}, {y})"
+        if ops[op[4]][0] == K.CONST and ops[op[4]][2] != 0:
+            return f"({x} % {y})"
+        return f"({y} == 0 ? ({dl.ctype(d)})0 : ({dl.ctype(d)})({x} % {y}))"
+    if b == K.B_POW:
+        if d.is_float:
+            return f"{dl.math_fn('pow', d)}({x}, {y})"
+        return f"(({dl.ctype(d)})zyx_ipow((long long){x}, (long long){y}))"
+    raise AssertionError(f"cannot render binary op {b}")

@@ -1,0 +1,133 @@
+"""The one owner of global state: the graph, devices and pools, the plan cache, the random
+generator, debug mask and config. Tensors talk to the runtime; the runtime talks to the
+scheduler; nothing else holds state.
+
+ZYX_DEBUG is a bitmask: 1 devices, 2 scheduling, 4 kernel IR, 8 generated source,
+16 memory, 32 compilation, 64 performance (time per realization).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+from . import dtype as dt
+from ._core.graph import Graph, LEAF
+from ._core import scheduler
+from .backends import initialize_backends, load_config
+from .errors import ZyxError
+
+DEBUG_DEVICES, DEBUG_SCHEDULE, DEBUG_IR, DEBUG_SOURCE, DEBUG_MEMORY, DEBUG_COMPILE, \
+    DEBUG_PERF = 1, 2, 4, 8, 16, 32, 64
+
+
+def _env_debug():
+    try:
+        return int(os.environ.get("ZYX_DEBUG", "0"), 0)
+    except ValueError:
+        return 0
+
+
+class Runtime:
+    def __init__(self):
+        self.graph = Graph()
+        self.graph.free_buffer = self._free_buffer
+        self.debug = _env_debug()
+        self.config = None
+        self.pools = None
+        self.devices = None
+        self.plans = {}
+        self.rng = np.random.Generator(np.random.PCG64(0))
+        self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
+                      "plan_cache_hits": 0, "realizations": 0}
+
+    # -- devices --------------------------------------------------------------------------
+    def init(self, only=None):
+        """Initialize backends (done lazily on first use; call to pick backends explicitly)."""
+        self.config = load_config(debug=self.debug)
+        self.pools, self.devices = initialize_backends(self.config, self.debug, only)
+        self.plans.clear()
+
+    def _ensure(self):
+        if self.devices is None:
+            self.init()
+
+    def device(self):
+        """The device a realization runs on: the most compute among those with room."""
+        self._ensure()
+        if len(self.devices) == 1:
+            return self.devices[0]
+        return max(self.devices, key=lambda d: (d.pool.free_bytes > 0, d.info().compute))
+
+    # -- memory ---------------------------------------------------------------------------
+    def _free_buffer(self, buf):
+        if buf.pool is not None and buf.handle is not None:
+            buf.pool.deallocate(buf, [buf.event] if buf.event is not None else [])
+
+    def pool_bytes(self):
+        """Bytes currently handed out by every pool (what a leak test watches)."""
+        self._ensure()
+        return sum(p.used_bytes for p in self.pools)
+
+    def from_numpy(self, arr: np.ndarray, dtype) -> int:
+        self._ensure()
+        pool = self.device().pool
+        arr = np.ascontiguousarray(arr)
+        buf, _ = pool.allocate(arr.nbytes)
+        buf.event = pool.host_to_pool(arr, buf, [])
+        if self.debug & DEBUG_MEMORY:
+            print(f"zyx: host -> {pool.name} {arr.nbytes} B", file=sys.stderr)
+        return self.graph.leaf(buf, tuple(arr.shape), dtype)
+
+    def _move_to_pool(self, node, pool):
+        """Bring a leaf living in another pool (disk, other device) into `pool`, once."""
+        src = node.buffer
+        host = np.empty(src.nbytes, dtype=np.uint8)
+        src.pool.pool_to_host(src, host, [src.event] if src.event is not None else [])
+        buf, _ = pool.allocate(src.nbytes)
+        buf.event = pool.host_to_pool(host, buf, [])
+        node.buffer = buf
+        self._free_buffer(src)
+        return buf
+
+    # -- realization ----------------------------------------------------------------------
+    def realize(self, ids):
+        ids = [i for i in ids if self.graph.get(i).op != LEAF]
+        if not ids:
+            return
+        t0 = time.perf_counter()
+        self._ensure()
+        dev = self.device()
+        order, key = self.graph.collect(ids)
+        key = (id(dev), key)
+        plan = self.plans.get(key)
+        if plan is None:
+            n_before = sum(1 for _ in ())
+            plan = scheduler.build_plan(self.graph, order, ids, dev, self.debug)
+            self.plans[key] = plan
+            self.stats["plans_built"] += 1
+            self.stats["kernels_compiled"] += sum(1 for s in plan.steps if s.program is not None)
+        else:
+            self.stats["plan_cache_hits"] += 1
+        scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool, self.stats)
+        self.stats["realizations"] += 1
+        if self.debug & DEBUG_PERF:
+            print(f"zyx: realized {len(ids)} tensor(s), {len(plan.steps)} kernel(s) in "
+                  f"{(time.perf_counter() - t0) * 1e6:.1f} us", file=sys.stderr)
+
+    def to_numpy(self, nid) -> np.ndarray:
+        self.realize([nid])
+        node = self.graph.get(nid)
+        d = node.dtype
+        out = np.empty(node.shape, dtype=d.np)
+        buf = node.buffer
+        if out.nbytes:
+            buf.pool.pool_to_host(buf, out, [buf.event] if buf.event is not None else [])
+        if d is dt.bfloat16:
+            out = (out.astype(np.uint32) << 16).view(np.float32)
+        return out
+
+
+RT = Runtime()

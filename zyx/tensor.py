@@ -1,0 +1,1605 @@
+"""The user-facing lazy Tensor.
+
+Every method builds graph nodes from a dozen primitives (see `_core/graph.pyx`); nothing
+runs until a value is read (numpy/item/tolist/realize/repr). Shapes and dtypes are checked
+here, when the op is written, so errors point at the line that caused them.
+
+The primitives are the only functions that create nodes; autograd hooks in there.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Sequence
+
+import numpy as np
+
+from . import dtype as dt
+from ._core import graph as G
+from ._core import kernel as K
+from .errors import DTypeError, ShapeError, ZyxError
+from .runtime import RT
+
+__all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
+           "empty", "arange", "linspace", "eye", "rand", "randn", "uniform", "normal", "randint",
+           "manual_seed", "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
+           "dot", "split", "chunk", "tril", "triu", "gather", "masked_fill", "exp", "log",
+           "sqrt", "sin", "cos", "tanh", "sigmoid", "relu", "abs", "clamp", "clip", "pow",
+           "sum", "mean", "amax", "amin", "argmax", "argmin", "softmax", "log_softmax",
+           "logsumexp", "cumsum", "flip", "roll", "reshape", "permute", "transpose",
+           "broadcast_to", "squeeze", "unsqueeze", "flatten", "isnan", "isinf", "isfinite"]
+
+_graph = RT.graph
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+# autograd installs itself here: called as _record(out, op, arg, srcs) after a node is made
+_grad_hook = None
+
+
+def _prod(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _norm_axis(axis, ndim, allow_none=True):
+    if axis is None:
+        if not allow_none:
+            raise ShapeError("an axis is required")
+        return tuple(range(ndim))
+    if isinstance(axis, (list, tuple)):
+        out = tuple(sorted({_one_axis(a, ndim) for a in axis}))
+        return out
+    return (_one_axis(axis, ndim),)
+
+
+def _one_axis(a, ndim):
+    if not isinstance(a, (int, np.integer)):
+        raise ShapeError(f"axis must be an int, got {a!r}")
+    n = ndim if ndim > 0 else 1
+    if not -n <= a < n:
+        raise ShapeError(f"axis {a} is out of range for a tensor of {ndim} dimension(s)")
+    return int(a) % n if ndim > 0 else 0
+
+
+def _broadcast_shape(*shapes):
+    nd = max(len(s) for s in shapes)
+    out = []
+    for i in range(nd):
+        d = 1
+        for s in shapes:
+            k = i - (nd - len(s))
+            if k < 0:
+                continue
+            x = s[k]
+            if x != 1:
+                if d != 1 and d != x:
+                    raise ShapeError("shapes " + ", ".join(str(tuple(s)) for s in shapes) +
+                                     " cannot be broadcast together")
+                d = x
+        out.append(d)
+    return tuple(out)
+
+
+def _axis_kw(axis, dim):
+    if dim is not None:
+        if axis is not None:
+            raise TypeError("give either axis= or dim=, not both")
+        return dim
+    return axis
+
+
+class Tensor:
+    """A lazily evaluated n-dimensional array.
+
+    `Tensor(data, dtype=None)` accepts numpy arrays, nested lists, Python scalars and other
+    Tensors. Python floats become float32 and ints int32 unless `dtype` says otherwise;
+    numpy arrays keep their dtype (float64 stays float64)."""
+    __slots__ = ("_id", "requires_grad", "grad", "_ctx", "__weakref__")
+    __array_priority__ = 1000
+
+    def __init__(self, data, dtype=None, requires_grad=False):
+        d = dt.to_dtype(dtype) if dtype is not None else None
+        if isinstance(data, Tensor):
+            t = data if d is None else data.cast(d)
+            _graph.retain(t._id)
+            self._id = t._id
+        else:
+            arr = _to_numpy(data, d)
+            d = d or dt.from_numpy(arr.dtype)
+            if d is dt.bfloat16:
+                arr = _f32_to_bf16_bits(arr)
+            self._id = RT.from_numpy(arr, d)
+        self.requires_grad = requires_grad
+        self.grad = None
+        self._ctx = None
+
+    @staticmethod
+    def _wrap(nid):
+        t = Tensor.__new__(Tensor)
+        t._id = nid
+        t.requires_grad = False
+        t.grad = None
+        t._ctx = None
+        return t
+
+    def __del__(self):
+        try:
+            _graph.release(self._id)
+        except Exception:   # interpreter shutdown or a failed __init__
+            pass
+
+    # ---- metadata ----------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return _graph.get(self._id).shape
+
+    @property
+    def dtype(self) -> dt.DType:
+        return _graph.get(self._id).dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return _prod(self.shape)
+
+    def size(self, axis=None, dim=None):
+        axis = _axis_kw(axis, dim)
+        s = self.shape
+        return s if axis is None else s[_one_axis(axis, len(s))]
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    @property
+    def device(self):
+        return "zyx"
+
+    # ---- realization -------------------------------------------------------------------
+    def realize(self) -> "Tensor":
+        """Compute this tensor now (and keep the result); returns self."""
+        RT.realize([self._id])
+        return self
+
+    def numpy(self) -> np.ndarray:
+        """The values as a new numpy array (bfloat16 comes back as float32)."""
+        return RT.to_numpy(self._id)
+
+    def item(self):
+        if self.numel() != 1:
+            raise ShapeError(f"item() needs exactly one element, this tensor has shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def __repr__(self):
+        return f"Tensor({np.array2string(self.numpy(), separator=', ')}, dtype={self.dtype.name})"
+
+    def __bool__(self):
+        if self.numel() != 1:
+            raise ZyxError("the truth value of a tensor with more than one element is ambiguous")
+        return bool(self.item())
+
+    def __float__(self):
+        return builtins.float(self.item())
+
+    def __int__(self):
+        return builtins.int(self.item())
+
+    def __index__(self):
+        if not self.dtype.is_int:
+            raise TypeError("only integer tensors can be used as an index")
+        return builtins.int(self.item())
+
+    def __hash__(self):
+        return id(self)
+
+    def contiguous(self) -> "Tensor":
+        """Lazy tensors have no memory layout to fix; returns self (torch compatibility)."""
+        return self
+
+    def detach(self) -> "Tensor":
+        """Same values, cut from autograd."""
+        _graph.retain(self._id)
+        return Tensor._wrap(self._id)
+
+    def clone(self) -> "Tensor":
+        return self + 0 if not self.dtype.is_bool else self.cast(dt.bool_)
+
+    # ---- primitives (the only node constructors) ----------------------------------------
+    def _make(self, op, arg, srcs, shape, dtype):
+        nid = _graph.add(op, arg, tuple(s._id for s in srcs), shape, dtype)
+        out = Tensor._wrap(nid)
+        if _grad_hook is not None:
+            _grad_hook(out, op, arg, srcs)
+        return out
+
+    def _unary(self, uop, dtype=None):
+        return self._make(G.UNARY, uop, (self,), self.shape, dtype or self.dtype)
+
+    def cast(self, dtype) -> "Tensor":
+        """Convert to `dtype` (float -> int truncates toward zero, like torch)."""
+        d = dt.to_dtype(dtype)
+        if d is self.dtype:
+            return self
+        return self._make(G.CAST, d, (self,), self.shape, d)
+
+    to = cast
+    type = cast
+
+    def float(self):
+        return self.cast(dt.float32)
+
+    def half(self):
+        return self.cast(dt.float16)
+
+    def double(self):
+        return self.cast(dt.float64)
+
+    def int(self):
+        return self.cast(dt.int32)
+
+    def long(self):
+        return self.cast(dt.int64)
+
+    def bool(self):
+        return self.cast(dt.bool_)
+
+    def _binary_prim(self, other, bop, out_dtype=None):
+        # inputs already have equal shape and dtype
+        return self._make(G.BINARY, bop, (self, other), self.shape, out_dtype or self.dtype)
+
+    def reshape(self, *shape) -> "Tensor":
+        shape = _shape_args(shape)
+        n = self.numel()
+        if any(not isinstance(s, (int, np.integer)) for s in shape):
+            raise ShapeError(f"reshape sizes must be ints, got {shape}")
+        neg = [i for i, s in enumerate(shape) if s == -1]
+        if len(neg) > 1:
+            raise ShapeError("only one dimension can be -1 in reshape")
+        if any(s < -1 for s in shape):
+            raise ShapeError(f"invalid reshape size in {shape}")
+        if neg:
+            rest = _prod([s for s in shape if s != -1])
+            if rest == 0 or n % rest:
+                raise ShapeError(f"cannot reshape tensor of shape {self.shape} into {shape}")
+            shape = tuple(n // rest if s == -1 else builtins.int(s) for s in shape)
+        shape = tuple(builtins.int(s) for s in shape)
+        if _prod(shape) != n:
+            raise ShapeError(f"cannot reshape tensor of shape {self.shape} ({n} elements) into {shape}")
+        if shape == self.shape:
+            return self
+        return self._make(G.RESHAPE, shape, (self,), shape, self.dtype)
+
+    view = reshape
+
+    def permute(self, *axes) -> "Tensor":
+        axes = _shape_args(axes)
+        nd = self.ndim
+        if len(axes) != nd:
+            raise ShapeError(f"permute needs {nd} axes for shape {self.shape}, got {axes}")
+        axes = tuple(_one_axis(a, nd) for a in axes)
+        if sorted(axes) != list(range(nd)):
+            raise ShapeError(f"permute axes {axes} are not a permutation of {tuple(range(nd))}")
+        if axes == tuple(range(nd)):
+            return self
+        return self._make(G.PERMUTE, axes, (self,), tuple(self.shape[a] for a in axes), self.dtype)
+
+    def expand(self, *shape) -> "Tensor":
+        shape = _shape_args(shape)
+        cur = self.shape
+        if len(shape) < len(cur):
+            raise ShapeError(f"cannot expand shape {cur} to {shape}: fewer dimensions")
+        x = self
+        if len(shape) > len(cur):
+            x = x.reshape((1,) * (len(shape) - len(cur)) + cur)
+            cur = x.shape
+        new = tuple(c if s == -1 else builtins.int(s) for c, s in zip(cur, shape))
+        for c, s in zip(cur, new):
+            if c != s and c != 1:
+                raise ShapeError(f"cannot expand shape {self.shape} to {tuple(shape)}")
+        if new == cur:
+            return x
+        return x._make(G.EXPAND, new, (x,), new, x.dtype)
+
+    def broadcast_to(self, *shape):
+        return self.expand(*shape)
+
+    expand_as = lambda self, other: self.expand(other.shape)  # noqa: E731
+
+    def _pad(self, pads, value=0):
+        """pads: ((before, after), ...) per dim; negative values shrink."""
+        pads = tuple((builtins.int(a), builtins.int(b)) for a, b in pads)
+        if all(a == 0 and b == 0 for a, b in pads):
+            return self
+        shape = tuple(s + a + b for s, (a, b) in zip(self.shape, pads))
+        if any(s < 0 for s in shape):
+            raise ShapeError(f"padding {pads} makes a negative size for shape {self.shape}")
+        v = _scalar_of(value, self.dtype)
+        return self._make(G.PAD, (pads, v), (self,), shape, self.dtype)
+
+    def shrink(self, bounds):
+        """bounds: ((start, end), ...) per dim."""
+        return self._pad(tuple((-s, e - n) for (s, e), n in zip(bounds, self.shape)))
+
+    def flip(self, axis=None, dim=None, dims=None) -> "Tensor":
+        axis = _axis_kw(axis, dim if dims is None else dims)
+        axes = _norm_axis(axis, self.ndim)
+        axes = tuple(a for a in axes if self.shape[a] > 1)
+        if not axes:
+            return self
+        return self._make(G.FLIP, axes, (self,), self.shape, self.dtype)
+
+    def _reduce(self, rop, axis, keepdim, dtype=None):
+        axes = _norm_axis(axis, self.ndim)
+        x = self
+        if dtype is not None:
+            x = x.cast(dtype)
+        if not x.shape:
+            return x
+        kshape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+        if not axes:
+            r = x
+        else:
+            r = x._make(G.REDUCE, (rop, axes), (x,), kshape, x.dtype)
+        if keepdim:
+            return r
+        return r.reshape(tuple(s for i, s in enumerate(x.shape) if i not in axes))
+
+    # ---- elementwise helpers -----------------------------------------------------------
+    def _broadcasted(self, other, reverse=False, result=None):
+        """Return (a, b) of one shape and dtype; `result` forces the common dtype."""
+        if isinstance(other, Tensor):
+            d = result or dt.promote(self.dtype, other.dtype)
+            shape = _broadcast_shape(self.shape, other.shape)
+            a = self.cast(d).expand(shape) if self.shape != shape else self.cast(d)
+            b = other.cast(d).expand(shape) if other.shape != shape else other.cast(d)
+        else:
+            if isinstance(other, (np.ndarray, list)):
+                return self._broadcasted(Tensor(other), reverse, result)
+            d = result or dt.promote_scalar(self.dtype, other)
+            a = self.cast(d)
+            b = _const(other, d, self.shape)
+        return (b, a) if reverse else (a, b)
+
+    def _bin(self, other, bop, reverse=False, out_dtype=None, result=None):
+        a, b = self._broadcasted(other, reverse, result)
+        return a._binary_prim(b, bop, out_dtype)
+
+    def _float_input(self):
+        return self if self.dtype.is_float else self.cast(dt.float32)
+
+    # arithmetic
+    def add(self, other, alpha=1):
+        return self._bin(other * alpha if alpha != 1 else other, K.B_ADD)
+
+    def __add__(self, o):
+        return self._bin(o, K.B_ADD)
+
+    def __radd__(self, o):
+        return self._bin(o, K.B_ADD, True)
+
+    def sub(self, other):
+        return self._bin(other, K.B_SUB)
+
+    def __sub__(self, o):
+        if self.dtype.is_bool and (isinstance(o, Tensor) and o.dtype.is_bool):
+            raise DTypeError("subtraction of bool tensors is not supported; use ^ or logical_xor")
+        return self._bin(o, K.B_SUB)
+
+    def __rsub__(self, o):
+        return self._bin(o, K.B_SUB, True)
+
+    def mul(self, other):
+        return self._bin(other, K.B_MUL)
+
+    def __mul__(self, o):
+        return self._bin(o, K.B_MUL)
+
+    def __rmul__(self, o):
+        return self._bin(o, K.B_MUL, True)
+
+    def _true_div_dtype(self, o):
+        d = dt.promote(self.dtype, o.dtype) if isinstance(o, Tensor) else dt.promote_scalar(self.dtype, o)
+        return d if d.is_float else dt.float32
+
+    def div(self, other, rounding_mode=None):
+        if rounding_mode is None:
+            return self.__truediv__(other)
+        if rounding_mode == "trunc":
+            q = self._bin(other, K.B_DIV)
+            return q.trunc() if q.dtype.is_float else q
+        if rounding_mode == "floor":
+            return self.__floordiv__(other)
+        raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+
+    divide = div
+
+    def __truediv__(self, o):
+        return self._bin(o, K.B_DIV, result=self._true_div_dtype(o))
+
+    def __rtruediv__(self, o):
+        return self._bin(o, K.B_DIV, True, result=self._true_div_dtype(o))
+
+    def __floordiv__(self, o):
+        return _floordiv(*self._broadcasted(o))
+
+    def __rfloordiv__(self, o):
+        return _floordiv(*self._broadcasted(o, True))
+
+    def __mod__(self, o):
+        return _pymod(*self._broadcasted(o))
+
+    def __rmod__(self, o):
+        return _pymod(*self._broadcasted(o, True))
+
+    remainder = __mod__
+
+    def fmod(self, o):
+        return self._bin(o, K.B_MOD)
+
+    def __pow__(self, o):
+        return self.pow(o)
+
+    def __rpow__(self, o):
+        a, b = self._broadcasted(o, True)
+        return a._binary_prim(b, K.B_POW)
+
+    def pow(self, o):
+        if not isinstance(o, Tensor):
+            if o == 2:
+                return self * self
+            if o == 1:
+                return self
+            if o == 0.5 and self.dtype.is_float:
+                return self.sqrt()
+            if o == -1 and self.dtype.is_float:
+                return self.reciprocal()
+        a, b = self._broadcasted(o)
+        return a._binary_prim(b, K.B_POW)
+
+    def __neg__(self):
+        if self.dtype.is_bool:
+            raise DTypeError("negation of a bool tensor is not supported; use ~ instead")
+        return self._unary(K.U_NEG)
+
+    neg = __neg__
+    negative = __neg__
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return self.abs()
+
+    # comparisons -> bool
+    def _cmp(self, o, bop, reverse=False):
+        return self._bin(o, bop, reverse, out_dtype=dt.bool_)
+
+    def __lt__(self, o):
+        return self._cmp(o, K.B_CMPLT)
+
+    def __gt__(self, o):
+        return self._cmp(o, K.B_CMPGT)
+
+    def __le__(self, o):
+        return ~self._cmp(o, K.B_CMPGT) if not self.dtype.is_float else _le(self, o)
+
+    def __ge__(self, o):
+        return ~self._cmp(o, K.B_CMPLT) if not self.dtype.is_float else _ge(self, o)
+
+    def __eq__(self, o):  # noqa: D105  (elementwise, like torch)
+        return self._cmp(o, K.B_EQ)
+
+    def __ne__(self, o):
+        return self._cmp(o, K.B_NOTEQ)
+
+    lt, gt, le, ge, eq, ne = __lt__, __gt__, __le__, __ge__, __eq__, __ne__
+
+    # bitwise / logical
+    def _bitwise(self, o, bop, reverse=False):
+        a, b = self._broadcasted(o, reverse)
+        if a.dtype.is_float:
+            raise DTypeError(f"bitwise ops need int or bool tensors, got {a.dtype.name}")
+        if a.dtype.is_bool:
+            bop = {K.B_BITAND: K.B_AND, K.B_BITOR: K.B_OR, K.B_BITXOR: K.B_NOTEQ}.get(bop, bop)
+        return a._binary_prim(b, bop)
+
+    def __and__(self, o):
+        return self._bitwise(o, K.B_BITAND)
+
+    def __rand__(self, o):
+        return self._bitwise(o, K.B_BITAND, True)
+
+    def __or__(self, o):
+        return self._bitwise(o, K.B_BITOR)
+
+    def __ror__(self, o):
+        return self._bitwise(o, K.B_BITOR, True)
+
+    def __xor__(self, o):
+        return self._bitwise(o, K.B_BITXOR)
+
+    def __rxor__(self, o):
+        return self._bitwise(o, K.B_BITXOR, True)
+
+    def __lshift__(self, o):
+        return self._shift(o, K.B_SHL)
+
+    def __rshift__(self, o):
+        return self._shift(o, K.B_SHR)
+
+    def _shift(self, o, bop):
+        if not self.dtype.is_int:
+            raise DTypeError(f"shifts need integer tensors, got {self.dtype.name}")
+        return self._bitwise(o, bop)
+
+    def __invert__(self):
+        if self.dtype.is_float:
+            raise DTypeError(f"~ needs an int or bool tensor, got {self.dtype.name}")
+        return self._unary(K.U_BITNOT)
+
+    bitwise_not = __invert__
+    bitwise_and, bitwise_or, bitwise_xor = __and__, __or__, __xor__
+
+    def logical_not(self):
+        return ~self.bool()
+
+    def logical_and(self, o):
+        return self.bool() & (o.bool() if isinstance(o, Tensor) else builtins.bool(o))
+
+    def logical_or(self, o):
+        return self.bool() | (o.bool() if isinstance(o, Tensor) else builtins.bool(o))
+
+    def logical_xor(self, o):
+        return self.bool() ^ (o.bool() if isinstance(o, Tensor) else builtins.bool(o))
+
+    # math
+    def exp(self):
+        return self._float_input()._unary(K.U_EXP)
+
+    def exp2(self):
+        return self._float_input()._unary(K.U_EXP2)
+
+    def log(self):
+        return self._float_input()._unary(K.U_LOG)
+
+    def log2(self):
+        return self._float_input()._unary(K.U_LOG2)
+
+    def log10(self):
+        return self.log2() * (math.log10(2.0))
+
+    def log1p(self):
+        return (self + 1).log()
+
+    def expm1(self):
+        return self.exp() - 1
+
+    def sqrt(self):
+        return self._float_input()._unary(K.U_SQRT)
+
+    def rsqrt(self):
+        return self.sqrt().reciprocal()
+
+    def reciprocal(self):
+        return self._float_input()._unary(K.U_RECIP)
+
+    def sin(self):
+        return self._float_input()._unary(K.U_SIN)
+
+    def cos(self):
+        return self._float_input()._unary(K.U_COS)
+
+    def tan(self):
+        x = self._float_input()
+        return x.sin() / x.cos()
+
+    def sinh(self):
+        x = self._float_input()
+        return (x.exp() - (-x).exp()) * 0.5
+
+    def cosh(self):
+        x = self._float_input()
+        return (x.exp() + (-x).exp()) * 0.5
+
+    def tanh(self):
+        return self._float_input()._unary(K.U_TANH)
+
+    def erf(self):
+        return self._float_input()._unary(K.U_ERF)
+
+    def floor(self):
+        return self._unary(K.U_FLOOR) if self.dtype.is_float else self
+
+    def ceil(self):
+        return -((-self).floor()) if self.dtype.is_float else self
+
+    def trunc(self):
+        return self._unary(K.U_TRUNC) if self.dtype.is_float else self
+
+    def round(self, decimals=0):
+        """Round half to even (torch.round semantics)."""
+        if not self.dtype.is_float:
+            return self
+        x = self if decimals == 0 else self * (10.0 ** decimals)
+        f = x.floor()
+        diff = x - f
+        half_up = f + 1
+        is_odd = (f - (f * 0.5).floor() * 2) != 0
+        r = where(diff > 0.5, half_up, where(diff < 0.5, f, where(is_odd, half_up, f)))
+        return r if decimals == 0 else r / (10.0 ** decimals)
+
+    def abs(self):
+        if self.dtype.is_bool or self.dtype.kind == "u":
+            return self
+        return self._unary(K.U_ABS)
+
+    def sign(self):
+        if self.dtype.is_bool:
+            return self
+        z = _const(0, self.dtype, self.shape)
+        pos = (self > 0).cast(self.dtype)
+        neg = (self < 0).cast(self.dtype)
+        r = pos - neg if self.dtype.kind != "u" else pos
+        if self.dtype.is_float:
+            return where(self.isnan(), self, r)
+        return r
+
+    def square(self):
+        return self * self
+
+    def relu(self):
+        return self.maximum(0)
+
+    def sigmoid(self):
+        x = self._float_input()
+        return (1 + (-x).exp()).reciprocal()
+
+    def maximum(self, o):
+        return self._bin(o, K.B_MAX)
+
+    def minimum(self, o):
+        return self._bin(o, K.B_MIN)
+
+    def clamp(self, min=None, max=None):  # noqa: A002  (torch names)
+        if min is None and max is None:
+            raise ValueError("clamp needs min or max")
+        x = self
+        if min is not None:
+            x = x.maximum(min)
+        if max is not None:
+            x = x.minimum(max)
+        return x
+
+    clip = clamp
+
+    def isnan(self):
+        if not self.dtype.is_float:
+            return _const(False, dt.bool_, self.shape)
+        return self != self
+
+    def isinf(self):
+        if not self.dtype.is_float:
+            return _const(False, dt.bool_, self.shape)
+        return self.abs() == float("inf")
+
+    def isfinite(self):
+        if not self.dtype.is_float:
+            return _const(True, dt.bool_, self.shape)
+        return (self - self) == 0
+
+    def where(self, cond, other):
+        return where(cond, self, other)
+
+    def masked_fill(self, mask, value):
+        return where(mask, value, self)
+
+    def lerp(self, end, weight):
+        return self + (end - self) * weight
+
+
+def _le(a, o):
+    return a._cmp(o, K.B_CMPLT) | a._cmp(o, K.B_EQ)
+
+
+def _ge(a, o):
+    return a._cmp(o, K.B_CMPGT) | a._cmp(o, K.B_EQ)
+
+
+def _floordiv(a, b):
+    if a.dtype.is_float:
+        return a._binary_prim(b, K.B_DIV).floor()
+    if a.dtype.is_bool:
+        raise DTypeError("floor division of bool tensors is not supported")
+    q = a._binary_prim(b, K.B_DIV)   # C truncation
+    if a.dtype.kind == "u":
+        return q
+    r = a._binary_prim(b, K.B_MOD)
+    fix = ((r != 0) & ((r < 0) ^ (b < 0))).cast(a.dtype)
+    return q - fix
+
+
+def _pymod(a, b):
+    """Python/torch remainder: result has the sign of the divisor."""
+    if a.dtype.is_bool:
+        raise DTypeError("remainder of bool tensors is not supported")
+    r = a._binary_prim(b, K.B_MOD)
+    if a.dtype.kind == "u":
+        return r
+    fix = (r != 0) & ((r < 0) ^ (b < 0))
+    return where(fix, r + b, r)
+
+
+def _shape_args(shape):
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def _scalar_of(v, d):
+    if isinstance(v, Tensor):
+        v = v.item()
+    if d.is_bool:
+        return builtins.bool(v)
+    if d.is_float:
+        return builtins.float(v)
+    if isinstance(v, builtins.float) and not v.is_integer():
+        raise DTypeError(f"cannot use float {v} as a constant of integer dtype {d.name}")
+    v = builtins.int(v)
+    bits = d.itemsize * 8
+    if d.kind == "u":
+        return v % (1 << bits)
+    v = (v + (1 << (bits - 1))) % (1 << bits) - (1 << (bits - 1))
+    return v
+
+
+def _const(value, d, shape=()):
+    """A constant of any shape: one node, no memory; folded into kernels."""
+    nid = _graph.add(G.CONST, _scalar_of(value, d), (), tuple(shape), d)
+    return Tensor._wrap(nid)
+
+
+def _f32_to_bf16_bits(arr):
+    a = np.ascontiguousarray(arr, dtype=np.float32)
+    u = a.view(np.uint32).astype(np.uint64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    r[nan] = ((u[nan] >> 16) | 64).astype(np.uint16)
+    return r
+
+
+def _to_numpy(data, d):
+    """Convert user data to a numpy array of zyx dtype d (or the natural one)."""
+    if isinstance(data, np.ndarray):
+        arr = data
+        if d is not None and d is not dt.bfloat16:
+            arr = arr.astype(d.np, copy=False)
+        elif d is dt.bfloat16:
+            arr = arr.astype(np.float32, copy=False)
+        elif arr.dtype == np.float16 or arr.dtype.kind in "biuf":
+            dt.from_numpy(arr.dtype)   # raises for unsupported numpy dtypes
+        else:
+            raise DTypeError(f"numpy dtype {arr.dtype} has no zyx equivalent")
+        return arr
+    if isinstance(data, (np.generic,)):
+        return _to_numpy(np.asarray(data), d)
+    if isinstance(data, (builtins.bool, builtins.int, builtins.float, list, tuple)):
+        if isinstance(data, (list, tuple)):
+            data = [x.numpy() if isinstance(x, Tensor) else x for x in data] if any(
+                isinstance(x, Tensor) for x in data) else data
+        arr = np.asarray(data)
+        if arr.dtype == object:
+            raise ShapeError("nested lists must be rectangular and hold numbers")
+        if d is None:
+            if arr.dtype.kind == "f":
+                d = dt.float32
+            elif arr.dtype.kind in "iu":
+                d = dt.int32 if arr.size == 0 or (np.abs(arr).max() < 2**31) else dt.int64
+            elif arr.dtype.kind == "b":
+                d = dt.bool_
+            else:
+                raise DTypeError(f"cannot make a tensor from {type(data).__name__} of {arr.dtype}")
+        return arr.astype(np.float32 if d is dt.bfloat16 else d.np)
+    raise DTypeError(f"cannot make a tensor from {type(data).__name__}")
+
+
+# ---------------------------------------------------------------------------------------
+# creation
+def tensor(data, dtype=None, requires_grad=False) -> Tensor:
+    """Create a tensor from data (torch.tensor)."""
+    return Tensor(data, dtype=dtype, requires_grad=requires_grad)
+
+
+def full(shape, fill_value, dtype=None) -> Tensor:
+    shape = _shape_args(shape if isinstance(shape, (tuple, list)) else (shape,))
+    if any(not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
+        raise ShapeError(f"invalid shape {shape}")
+    d = dt.to_dtype(dtype) if dtype is not None else dt.scalar_dtype(fill_value)
+    return _const(fill_value, d, tuple(builtins.int(s) for s in shape))
+
+
+def zeros(*shape, dtype=None) -> Tensor:
+    return full(_shape_args(shape), 0, dtype or dt.float32)
+
+
+def ones(*shape, dtype=None) -> Tensor:
+    return full(_shape_args(shape), 1, dtype or dt.float32)
+
+
+empty = zeros
+
+
+def zeros_like(t, dtype=None):
+    return full(t.shape, 0, dtype or t.dtype)
+
+
+def ones_like(t, dtype=None):
+    return full(t.shape, 1, dtype or t.dtype)
+
+
+def full_like(t, fill_value, dtype=None):
+    return full(t.shape, fill_value, dtype or t.dtype)
+
+
+def arange(start, end=None, step=1, dtype=None) -> Tensor:
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise ValueError("arange step must be nonzero")
+    n = builtins.max(0, math.ceil((end - start) / step))
+    isfloat = any(isinstance(v, builtins.float) for v in (start, end, step))
+    d = dt.to_dtype(dtype) if dtype is not None else (dt.float32 if isfloat else dt.int32)
+    if n == 0:
+        return _const(0, d, (0,))
+    # cumulative sum of ones gives 1..n without host data: index arithmetic only
+    idx = _iota(n, d if not d.is_float else dt.float32)
+    r = idx * step + start if (step != 1 or start != 0) else idx
+    return r.cast(d)
+
+
+_IOTA_CACHE = {}
+
+
+def _iota(n, d):
+    """0..n-1 of dtype d. Small ones are kept (a training loop asks for the same ones every
+    step, and the graph cache sees the same buffer)."""
+    key = (n, d)
+    t = _IOTA_CACHE.get(key)
+    if t is None:
+        t = Tensor(np.arange(n, dtype=np.float64).astype(d.np if d is not dt.bfloat16 else np.float32), dtype=d)
+        if n <= 1 << 16:
+            _IOTA_CACHE[key] = t
+    return t
+
+
+def linspace(start, end, steps, dtype=None) -> Tensor:
+    if steps < 0:
+        raise ValueError("linspace steps must be non-negative")
+    d = dt.to_dtype(dtype) if dtype is not None else dt.float32
+    if steps == 1:
+        return full((1,), start, d)
+    i = arange(steps, dtype=dt.float32)
+    return (i * ((end - start) / (steps - 1)) + start).cast(d)
+
+
+def eye(n, m=None, dtype=None) -> Tensor:
+    m = n if m is None else m
+    d = dt.to_dtype(dtype) if dtype is not None else dt.float32
+    r = arange(n).reshape(n, 1)
+    c = arange(m).reshape(1, m)
+    return (r == c).cast(d)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the generator used by rand/randn/dropout/init: same seed, same numbers."""
+    RT.rng = np.random.Generator(np.random.PCG64(builtins.int(seed)))
+
+
+def _shape_of(shape):
+    shape = _shape_args(shape)
+    if any(not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
+        raise ShapeError(f"invalid shape {shape}")
+    return tuple(builtins.int(s) for s in shape)
+
+
+def rand(*shape, dtype=None) -> Tensor:
+    """Uniform [0, 1)."""
+    shape = _shape_of(shape)
+    d = dt.to_dtype(dtype) if dtype is not None else dt.float32
+    a = RT.rng.random(shape, dtype=np.float32 if d is not dt.float64 else np.float64)
+    return Tensor(a, dtype=d)
+
+
+def randn(*shape, dtype=None) -> Tensor:
+    """Standard normal."""
+    shape = _shape_of(shape)
+    d = dt.to_dtype(dtype) if dtype is not None else dt.float32
+    a = RT.rng.standard_normal(shape, dtype=np.float32 if d is not dt.float64 else np.float64)
+    return Tensor(a, dtype=d)
+
+
+def uniform(*shape, low=0.0, high=1.0, dtype=None) -> Tensor:
+    return rand(*shape, dtype=dtype) * (high - low) + low
+
+
+def normal(*shape, mean=0.0, std=1.0, dtype=None) -> Tensor:
+    return randn(*shape, dtype=dtype) * std + mean
+
+
+def randint(low, high=None, size=(), dtype=None) -> Tensor:
+    if high is None:
+        low, high = 0, low
+    if high <= low:
+        raise ValueError(f"randint needs low < high, got {low}, {high}")
+    d = dt.to_dtype(dtype) if dtype is not None else dt.int32
+    size = _shape_of(size if isinstance(size, (tuple, list)) else (size,))
+    return Tensor(RT.rng.integers(low, high, size=size).astype(d.np), dtype=d)
+
+
+def where(cond, a, b) -> Tensor:
+    """Elementwise select: `a` where cond is true, else `b` (broadcasting, promotion)."""
+    if not isinstance(cond, Tensor):
+        cond = Tensor(cond, dtype=dt.bool_)
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        d = dt.promote(a.dtype, b.dtype)
+    elif isinstance(a, Tensor):
+        d = dt.promote_scalar(a.dtype, b)
+    elif isinstance(b, Tensor):
+        d = dt.promote_scalar(b.dtype, a)
+    else:
+        d = dt.promote(dt.scalar_dtype(a), dt.scalar_dtype(b))
+    shapes = [cond.shape] + [x.shape for x in (a, b) if isinstance(x, Tensor)]
+    shape = _broadcast_shape(*shapes)
+    c = cond.bool().expand(shape)
+    ta = a.cast(d).expand(shape) if isinstance(a, Tensor) else _const(a, d, shape)
+    tb = b.cast(d).expand(shape) if isinstance(b, Tensor) else _const(b, d, shape)
+    return c._make(G.WHERE, None, (c, ta, tb), shape, d)
+
+
+# ---------------------------------------------------------------------------------------
+# reductions
+def _sum(self, axis=None, keepdim=False, dtype=None, dim=None):
+    """Sum over `axis` (int, tuple or None for all). Bool and int sums give int64 like torch."""
+    axis = _axis_kw(axis, dim)
+    d = dt.to_dtype(dtype) if dtype is not None else (
+        dt.int64 if (self.dtype.is_bool or self.dtype.is_int) else None)
+    return self._reduce(K.R_SUM, axis, keepdim, d)
+
+
+def _prod_r(self, axis=None, keepdim=False, dtype=None, dim=None):
+    axis = _axis_kw(axis, dim)
+    d = dt.to_dtype(dtype) if dtype is not None else (
+        dt.int64 if (self.dtype.is_bool or self.dtype.is_int) else None)
+    return self._reduce(K.R_PROD, axis, keepdim, d)
+
+
+def _check_nonempty(self, axis, what):
+    axes = _norm_axis(axis, self.ndim)
+    if any(self.shape[a] == 0 for a in axes) or (self.numel() == 0 and not axes):
+        raise ShapeError(f"{what} of an empty dimension has no identity (shape {self.shape})")
+
+
+def _amax(self, axis=None, keepdim=False, dim=None):
+    """Maximum values over axis (NaN propagates). Use argmax for indices."""
+    axis = _axis_kw(axis, dim)
+    _check_nonempty(self, axis, "max")
+    return self._reduce(K.R_MAX, axis, keepdim)
+
+
+def _amin(self, axis=None, keepdim=False, dim=None):
+    axis = _axis_kw(axis, dim)
+    _check_nonempty(self, axis, "min")
+    return self._reduce(K.R_MIN, axis, keepdim)
+
+
+def _mean(self, axis=None, keepdim=False, dtype=None, dim=None):
+    axis = _axis_kw(axis, dim)
+    x = self if self.dtype.is_float else self.cast(dtype or dt.float32)
+    axes = _norm_axis(axis, self.ndim)
+    n = _prod([self.shape[a] for a in axes])
+    s = x._reduce(K.R_SUM, axis, keepdim)
+    return s * (1.0 / n) if n else s / 0.0
+
+
+def _var(self, axis=None, keepdim=False, correction=1, unbiased=None, dim=None):
+    axis = _axis_kw(axis, dim)
+    if unbiased is not None:
+        correction = 1 if unbiased else 0
+    x = self._float_input()
+    axes = _norm_axis(axis, self.ndim)
+    n = _prod([self.shape[a] for a in axes])
+    m = x.mean(axis, keepdim=True)
+    d = x - m
+    s = (d * d)._reduce(K.R_SUM, axis, keepdim)
+    denom = builtins.max(n - correction, 0)
+    return s * (1.0 / denom) if denom else s / 0.0
+
+
+def _std(self, axis=None, keepdim=False, correction=1, unbiased=None, dim=None):
+    return _var(self, axis, keepdim, correction, unbiased, dim).sqrt()
+
+
+def _argext(self, axis, keepdim, largest):
+    if axis is None:
+        x = self.reshape(-1)
+        axis = 0
+    else:
+        x = self
+    axis = _one_axis(axis, x.ndim)
+    _check_nonempty(x, axis, "argmax" if largest else "argmin")
+    n = x.shape[axis]
+    m = x._reduce(K.R_MAX if largest else K.R_MIN, axis, True)
+    hit = (x == m) | (x.isnan() if x.dtype.is_float else False)
+    shape = [1] * x.ndim
+    shape[axis] = n
+    rev = (_iota(n, dt.int64) * -1 + (n - 1)).reshape(shape)   # first hit wins
+    score = where(hit, rev, -1)
+    r = (n - 1) - score._reduce(K.R_MAX, axis, keepdim)
+    return r
+
+
+def _argmax(self, axis=None, keepdim=False, dim=None):
+    """Index of the first maximum (int64); axis=None looks at the flattened tensor."""
+    return _argext(self, _axis_kw(axis, dim), keepdim, True)
+
+
+def _argmin(self, axis=None, keepdim=False, dim=None):
+    return _argext(self, _axis_kw(axis, dim), keepdim, False)
+
+
+def _any(self, axis=None, keepdim=False, dim=None):
+    return self.bool()._reduce(K.R_MAX, _axis_kw(axis, dim), keepdim)
+
+
+def _all(self, axis=None, keepdim=False, dim=None):
+    return self.bool()._reduce(K.R_MIN, _axis_kw(axis, dim), keepdim)
+
+
+def _logsumexp(self, axis=None, keepdim=False, dim=None):
+    axis = _axis_kw(axis, dim)
+    x = self._float_input()
+    m = x._reduce(K.R_MAX, axis, True)
+    m = where(m.isinf(), 0.0, m)   # all -inf rows stay -inf instead of becoming nan
+    s = (x - m).exp()._reduce(K.R_SUM, axis, True).log() + m
+    if keepdim:
+        return s
+    axes = _norm_axis(axis, self.ndim)
+    return s.reshape(tuple(d for i, d in enumerate(s.shape) if i not in axes))
+
+
+def _softmax(self, axis=-1, dim=None, dtype=None):
+    axis = _axis_kw(axis if dim is None else None, dim)
+    x = self._float_input() if dtype is None else self.cast(dtype)
+    m = x._reduce(K.R_MAX, axis, True)
+    e = (x - m).exp()
+    return e / e._reduce(K.R_SUM, axis, True)
+
+
+def _log_softmax(self, axis=-1, dim=None, dtype=None):
+    axis = _axis_kw(axis if dim is None else None, dim)
+    x = self._float_input() if dtype is None else self.cast(dtype)
+    m = x._reduce(K.R_MAX, axis, True)
+    s = x - m
+    return s - s.exp()._reduce(K.R_SUM, axis, True).log()
+
+
+def _cumsum(self, axis=None, dim=None, dtype=None):
+    """Inclusive prefix sum along axis (a windowed reduce: no sequential scan needed)."""
+    axis = _axis_kw(axis, dim)
+    if axis is None:
+        return _cumsum(self.reshape(-1), 0, dtype=dtype)
+    axis = _one_axis(axis, self.ndim)
+    x = self
+    if dtype is not None:
+        x = x.cast(dtype)
+    elif x.dtype.is_bool or x.dtype.is_int:
+        x = x.cast(dt.int64)
+    n = x.shape[axis]
+    if n == 0:
+        return x
+    # move axis last, build windows [j-n+1 .. j] with zero padding, sum the window
+    x = x.transpose(axis, -1)
+    pads = [(0, 0)] * (x.ndim - 1) + [(n - 1, 0)]
+    xp = x._pad(pads)                                       # (..., 2n-1)
+    lead = xp.shape[:-1]
+    w = xp.unsqueeze(-2).expand(*lead, n, 2 * n - 1)
+    w = w.reshape(*lead, n * (2 * n - 1))._pad([(0, 0)] * len(lead) + [(0, n)])
+    w = w.reshape(*lead, n, 2 * n).shrink([(0, s) for s in lead] + [(0, n), (0, n)])
+    # row i of w holds x[i-n+1+k] at k: columns k >= n-1-i... reversed windows
+    r = w._reduce(K.R_SUM, -1, False)
+    return r.transpose(axis, -1)
+
+
+# movement
+def _flatten(self, start_dim=0, end_dim=-1):
+    if self.ndim == 0:
+        return self.reshape(1)
+    s = _one_axis(start_dim, self.ndim)
+    e = _one_axis(end_dim, self.ndim)
+    if e < s:
+        raise ShapeError("flatten: end_dim is before start_dim")
+    shape = self.shape
+    return self.reshape(shape[:s] + (_prod(shape[s:e + 1]),) + shape[e + 1:])
+
+
+def _squeeze(self, axis=None, dim=None):
+    axis = _axis_kw(axis, dim)
+    if axis is None:
+        return self.reshape(tuple(s for s in self.shape if s != 1))
+    axes = _norm_axis(axis, self.ndim)
+    return self.reshape(tuple(s for i, s in enumerate(self.shape) if not (i in axes and s == 1)))
+
+
+def _unsqueeze(self, axis=None, dim=None):
+    axis = _axis_kw(axis, dim)
+    nd = self.ndim + 1
+    a = _one_axis(axis, nd)
+    shape = list(self.shape)
+    shape.insert(a, 1)
+    return self.reshape(tuple(shape))
+
+
+def _transpose(self, axis0=-2, axis1=-1, dim0=None, dim1=None):
+    a0 = dim0 if dim0 is not None else axis0
+    a1 = dim1 if dim1 is not None else axis1
+    if self.ndim < 2:
+        return self
+    order = list(range(self.ndim))
+    a0, a1 = _one_axis(a0, self.ndim), _one_axis(a1, self.ndim)
+    order[a0], order[a1] = order[a1], order[a0]
+    return self.permute(order)
+
+
+def _T(self):
+    return self.permute(tuple(reversed(range(self.ndim)))) if self.ndim >= 2 else self
+
+
+def _repeat(self, *repeats):
+    repeats = _shape_args(repeats)
+    if len(repeats) < self.ndim:
+        raise ShapeError(f"repeat needs at least {self.ndim} sizes, got {repeats}")
+    x = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
+    base = x.shape
+    # (r0, s0, r1, s1, ...) expanded then merged
+    inter = []
+    for r, s in zip(repeats, base):
+        inter += [1, s]
+    x = x.reshape(inter)
+    exp_shape = []
+    for r, s in zip(repeats, base):
+        exp_shape += [r, s]
+    x = x.expand(exp_shape)
+    return x.reshape(tuple(r * s for r, s in zip(repeats, base)))
+
+
+def _roll(self, shifts, dims=None, axis=None):
+    dims = _axis_kw(axis, dims)
+    if dims is None:
+        return _roll(self.reshape(-1), shifts, 0).reshape(self.shape)
+    if isinstance(shifts, (int, np.integer)):
+        shifts, dims = (shifts,), (dims,) if isinstance(dims, (int, np.integer)) else dims
+    x = self
+    for s, d in zip(shifts, dims if isinstance(dims, (tuple, list)) else (dims,)):
+        d = _one_axis(d, x.ndim)
+        n = x.shape[d]
+        if n == 0:
+            continue
+        s = builtins.int(s) % n
+        if s == 0:
+            continue
+        x = cat([_narrow(x, d, n - s, n), _narrow(x, d, 0, n - s)], d)
+    return x
+
+
+def _narrow(x, axis, start, end):
+    b = [(0, s) for s in x.shape]
+    b[axis] = (start, end)
+    return x.shrink(b)
+
+
+def _pad_torch(self, pad, mode="constant", value=0.0):
+    """torch.nn.functional.pad: `pad` lists (left, right) pairs from the last dim backwards."""
+    if mode != "constant":
+        raise NotImplementedError(f"pad mode {mode!r} (only 'constant' is supported)")
+    if len(pad) % 2 or len(pad) // 2 > self.ndim:
+        raise ShapeError(f"pad {pad} does not fit a tensor of {self.ndim} dimension(s)")
+    pads = [(0, 0)] * self.ndim
+    for i in range(len(pad) // 2):
+        pads[self.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    return self._pad(pads, value)
+
+
+def cat(tensors: Sequence[Tensor], axis=0, dim=None) -> Tensor:
+    """Concatenate along an existing axis (each input padded into place, then summed: one
+    fused kernel, no copies)."""
+    axis = _axis_kw(axis, dim)
+    tensors = list(tensors)
+    if not tensors:
+        raise ShapeError("cat needs at least one tensor")
+    ref = tensors[0]
+    if ref.ndim == 0:
+        raise ShapeError("zero-dimensional tensors cannot be concatenated")
+    a = _one_axis(axis, ref.ndim)
+    d = tensors[0].dtype
+    for t in tensors[1:]:
+        d = dt.promote(d, t.dtype)
+        if t.ndim != ref.ndim or any(x != y for i, (x, y) in enumerate(zip(t.shape, ref.shape)) if i != a):
+            raise ShapeError(f"cat: shapes {ref.shape} and {t.shape} differ outside axis {a}")
+    total = builtins.sum(t.shape[a] for t in tensors)
+    out = None
+    off = 0
+    for t in tensors:
+        n = t.shape[a]
+        pads = [(0, 0)] * ref.ndim
+        pads[a] = (off, total - off - n)
+        off += n
+        p = t.cast(d)._pad(pads)
+        if out is None:
+            out = p
+        elif d.is_bool:
+            out = out | p
+        else:
+            out = out + p
+    return out
+
+
+concatenate = cat
+
+
+def stack(tensors: Sequence[Tensor], axis=0, dim=None) -> Tensor:
+    axis = _axis_kw(axis, dim)
+    tensors = list(tensors)
+    if not tensors:
+        raise ShapeError("stack needs at least one tensor")
+    shape = tensors[0].shape
+    for t in tensors:
+        if t.shape != shape:
+            raise ShapeError(f"stack: all tensors need the same shape, got {shape} and {t.shape}")
+    a = _one_axis(axis, len(shape) + 1)
+    return cat([t.unsqueeze(a) for t in tensors], a)
+
+
+def split(t: Tensor, split_size_or_sections, axis=0, dim=None):
+    axis = _one_axis(_axis_kw(axis, dim), t.ndim)
+    n = t.shape[axis]
+    if isinstance(split_size_or_sections, (int, np.integer)):
+        s = builtins.int(split_size_or_sections)
+        if s <= 0:
+            raise ValueError("split size must be positive")
+        sizes = [s] * (n // s) + ([n % s] if n % s else [])
+    else:
+        sizes = list(split_size_or_sections)
+        if builtins.sum(sizes) != n:
+            raise ShapeError(f"split sizes {sizes} do not add up to {n}")
+    out, off = [], 0
+    for s in sizes:
+        out.append(_narrow(t, axis, off, off + s))
+        off += s
+    return tuple(out)
+
+
+def chunk(t: Tensor, chunks: int, axis=0, dim=None):
+    axis = _one_axis(_axis_kw(axis, dim), t.ndim)
+    n = t.shape[axis]
+    size = -(-n // chunks) if chunks > 0 else 0
+    if size == 0:
+        return (t,)
+    return split(t, size, axis)
+
+
+def _tri(t, diagonal, upper):
+    if t.ndim < 2:
+        raise ShapeError("tril/triu need at least 2 dimensions")
+    r, c = t.shape[-2], t.shape[-1]
+    rows = _iota(r, dt.int64).reshape(r, 1)
+    cols = _iota(c, dt.int64).reshape(1, c)
+    keep = (cols - rows >= diagonal) if upper else (cols - rows <= diagonal)
+    return where(keep, t, _const(0, t.dtype, ()))
+
+
+def tril(t: Tensor, diagonal=0) -> Tensor:
+    return _tri(t, diagonal, False)
+
+
+def triu(t: Tensor, diagonal=0) -> Tensor:
+    return _tri(t, diagonal, True)
+
+
+def _one_hot_along(idx: Tensor, n: int, axis_pos: int, ndim_out: int):
+    """bool tensor: idx (already unsqueezed at axis_pos) == arange(n) along axis_pos."""
+    shape = [1] * ndim_out
+    shape[axis_pos] = n
+    return idx == _iota(n, idx.dtype if idx.dtype.is_int else dt.int64).reshape(shape)
+
+
+def gather(t: Tensor, axis, index: Tensor) -> Tensor:
+    """out[i][j][k] = t[i][index[i][j][k]][k] for axis=1 (torch.gather)."""
+    axis = _one_axis(axis, t.ndim)
+    if not isinstance(index, Tensor):
+        index = Tensor(index, dtype=dt.int64)
+    if not index.dtype.is_int:
+        raise DTypeError(f"gather index must be integer, got {index.dtype.name}")
+    if index.ndim != t.ndim:
+        raise ShapeError(f"gather: index has {index.ndim} dims, input {t.ndim}")
+    n = t.shape[axis]
+    idx = where(index < 0, index + n, index)
+    # shrink t to index's extent on other axes, then one-hot select along a new last axis
+    bounds = [(0, index.shape[i]) if i != axis else (0, n) for i in range(t.ndim)]
+    src = t.shrink(bounds).unsqueeze(axis)        # (..., 1, n, ...) at axis
+    sel = _one_hot_along(idx.unsqueeze(axis + 1), n, axis + 1, t.ndim + 1)
+    if t.dtype.is_bool:
+        return (src & sel)._reduce(K.R_MAX, axis + 1, False)
+    return where(sel, src, _const(0, t.dtype, ()))._reduce(K.R_SUM, axis + 1, False)
+
+
+def masked_fill(t: Tensor, mask, value) -> Tensor:
+    return where(mask, value, t)
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """Matrix product with torch semantics: 1-D operands are vectors, leading dims broadcast."""
+    if not isinstance(b, Tensor):
+        b = Tensor(b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError("matmul does not accept 0-d tensors; use *")
+    d = dt.promote(a.dtype, b.dtype)
+    a, b = a.cast(d), b.cast(d)
+    va, vb = a.ndim == 1, b.ndim == 1
+    if va:
+        a = a.reshape(1, a.shape[0])
+    if vb:
+        b = b.reshape(b.shape[0], 1)
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul: shapes {a.shape if not va else a.shape[1:]} and "
+                         f"{b.shape if not vb else b.shape[:1]} cannot be multiplied "
+                         f"({a.shape[-1]} != {b.shape[-2]})")
+    batch = _broadcast_shape(a.shape[:-2], b.shape[:-2])
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    x = a.expand(batch + (m, k)).reshape(batch + (m, 1, k))
+    y = b.expand(batch + (k, n)).transpose(-1, -2).reshape(batch + (1, n, k))
+    prod = x.expand(batch + (m, n, k)) * y.expand(batch + (m, n, k))
+    acc = prod._reduce(K.R_SUM, len(batch) + 2, False)
+    if va:
+        acc = acc.squeeze(-2)
+    if vb:
+        acc = acc.squeeze(-1)
+    return acc
+
+
+def dot(a: Tensor, b: Tensor) -> Tensor:
+    if a.ndim != 1 or b.ndim != 1:
+        raise ShapeError(f"dot needs 1-D tensors, got {a.shape} and {b.shape}")
+    return matmul(a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# indexing
+def _getitem(self, idx):
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    # expand Ellipsis
+    n_real = builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
+    if builtins.sum(1 for i in idx if i is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis")
+    if n_real > self.ndim:
+        raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+    full_idx = []
+    for i in idx:
+        if i is Ellipsis:
+            full_idx += [slice(None)] * (self.ndim - n_real)
+        else:
+            full_idx.append(i)
+    if Ellipsis not in idx:
+        full_idx += [slice(None)] * (self.ndim - n_real)
+    x = self
+    bounds, flips, strides, out_shape_ops = [], [], [], []
+    dim = 0
+    tensor_idx = []    # (position in result dims, index tensor)
+    result_dims = []   # per original dim: what happens
+    squeeze_dims = []
+    new_shape = []
+    # first pass: slices and ints -> shrink/flip/stride; None -> unsqueeze; tensors later
+    steps = []
+    for i in full_idx:
+        if i is None:
+            steps.append(("new",))
+            continue
+        size = self.shape[dim]
+        if isinstance(i, (builtins.bool, np.bool_)):
+            raise IndexError("boolean scalar indices are not supported")
+        if isinstance(i, (builtins.int, np.integer)):
+            j = builtins.int(i)
+            if not -size <= j < size:
+                raise IndexError(f"index {j} is out of bounds for dimension {dim} with size {size}")
+            j %= size
+            steps.append(("int", dim, j))
+        elif isinstance(i, slice):
+            start, stop, step = i.indices(size)
+            steps.append(("slice", dim, start, stop, step))
+        elif isinstance(i, (Tensor, list, np.ndarray)):
+            t = i if isinstance(i, Tensor) else Tensor(np.asarray(i))
+            if t.dtype.is_bool:
+                raise IndexError("boolean mask indexing has a data-dependent shape; use "
+                                 "where/masked_fill instead")
+            if not t.dtype.is_int:
+                raise IndexError(f"tensor indices must be integers, got {t.dtype.name}")
+            steps.append(("tensor", dim, t))
+        else:
+            raise IndexError(f"unsupported index {i!r}")
+        dim += 1
+    # apply slices/ints
+    for s in steps:
+        if s[0] == "slice":
+            _, d, start, stop, step = s
+            x = _slice_axis(x, d, start, stop, step)
+    # ints -> shrink to 1 (squeezed at the end); tensors applied one by one
+    shape_after = list(x.shape)
+    for s in steps:
+        if s[0] == "int":
+            _, d, j = s
+            x = _narrow(x, d, j, j + 1)
+    # tensor indices: advanced indexing (all index tensors broadcast together)
+    tsteps = [s for s in steps if s[0] == "tensor"]
+    if tsteps:
+        x = _advanced_index(x, tsteps, steps)
+        return x
+    # assemble final shape: drop int dims, insert None dims
+    out = []
+    for s in steps:
+        if s[0] == "new":
+            out.append(1)
+        elif s[0] == "slice":
+            out.append(x.shape[s[1]])
+    # trailing dims beyond steps are covered since full_idx included them as slices
+    return x.reshape(tuple(out))
+
+
+def _slice_axis(x, d, start, stop, step):
+    n = x.shape[d]
+    if step > 0:
+        length = builtins.max(0, (stop - start + step - 1) // step)
+        if step == 1:
+            return _narrow(x, d, start, start + length)
+        end = start + (length - 1) * step + 1 if length else start
+        x = _narrow(x, d, start, end)
+    else:
+        length = builtins.max(0, (start - stop - step - 1) // (-step))
+        if length == 0:
+            return _narrow(x, d, 0, 0)
+        lo = start + (length - 1) * step
+        x = _narrow(x, d, lo, start + 1).flip(d)
+        step = -step
+        if step == 1:
+            return x
+    # stride `step`: pad to a multiple, reshape (len, step), take column 0
+    m = x.shape[d]
+    total = length * step
+    pads = [(0, 0)] * x.ndim
+    pads[d] = (0, total - m)
+    x = x._pad(pads)
+    shape = x.shape
+    x = x.reshape(shape[:d] + (length, step) + shape[d + 1:])
+    b = [(0, s) for s in x.shape]
+    b[d + 1] = (0, 1)
+    x = x.shrink(b)
+    return x.reshape(shape[:d] + (length,) + shape[d + 1:])
+
+
+def _advanced_index(x, tsteps, steps):
+    """Integer-tensor indexing (torch/numpy rules for the common cases): index tensors
+    broadcast together; their dims replace the indexed dims (in place when the indexed
+    dims are adjacent, else in front)."""
+    idx_shape = _broadcast_shape(*[t.shape for _, _, t in tsteps])
+    tdims = [d for _, d, _ in tsteps]
+    adjacent = tdims == list(range(tdims[0], tdims[0] + len(tdims)))
+    # ints already narrowed to size 1: drop them from consideration later
+    int_dims = {s[1] for s in steps if s[0] == "int"}
+    nd = x.ndim
+    k = len(idx_shape)
+    # layout: x dims in order, with an index-shape block of k dims appended at the end
+    # then one-hot select on each indexed dim and sum those dims away
+    xe = x.reshape(x.shape + (1,) * k)
+    sel_total = None
+    for _, d, t in tsteps:
+        n = x.shape[d]
+        ti = where(t < 0, t + n, t).expand(idx_shape)
+        shape = [1] * (nd + k)
+        shape[d] = n
+        ar = _iota(n, ti.dtype).reshape(shape)
+        hit = ti.reshape((1,) * nd + idx_shape) == ar
+        sel_total = hit if sel_total is None else (sel_total & hit)
+    if x.dtype.is_bool:
+        r = (xe & sel_total)._reduce(K.R_MAX, tuple(tdims), False)
+    else:
+        r = where(sel_total, xe, _const(0, x.dtype, ()))._reduce(K.R_SUM, tuple(tdims), False)
+    # r dims: non-indexed x dims (in order) + idx block
+    rest = [d for d in range(nd) if d not in tdims]
+    # build output order following torch: slices/None in order, idx block at first tensor
+    # position when adjacent, else first
+    out_dims = []
+    pos_map = {d: i for i, d in enumerate(rest)}
+    block = list(range(len(rest), len(rest) + k))
+    placed = False
+    if not adjacent:
+        out_dims += block
+        placed = True
+    final_shape = []
+    for s in steps:
+        if s[0] == "tensor":
+            if not placed:
+                out_dims += block
+                placed = True
+        elif s[0] in ("slice", "int"):
+            out_dims.append(pos_map[s[1]])
+    r = r.permute(out_dims) if out_dims != list(range(len(out_dims))) else r
+    # now drop int dims (size 1) and insert None dims
+    shape = []
+    it = iter(r.shape)
+    placed = not adjacent
+    if placed:
+        shape += [next(it) for _ in range(k)]
+    for s in steps:
+        if s[0] == "new":
+            shape.append(1)
+        elif s[0] == "tensor":
+            if not placed:
+                shape += [next(it) for _ in range(k)]
+                placed = True
+        elif s[0] == "int":
+            next(it)
+        else:
+            shape.append(next(it))
+    return r.reshape(tuple(shape))
+
+
+def _setitem(self, idx, value):
+    raise ZyxError("zyx tensors are immutable; build a new tensor with where/masked_fill/cat")
+
+
+for _name, _fn in (("sum", _sum), ("prod", _prod_r), ("amax", _amax), ("amin", _amin),
+                   ("max", _amax), ("min", _amin), ("mean", _mean), ("var", _var), ("std", _std),
+                   ("argmax", _argmax), ("argmin", _argmin), ("any", _any), ("all", _all),
+                   ("logsumexp", _logsumexp), ("softmax", _softmax), ("log_softmax", _log_softmax),
+                   ("cumsum", _cumsum), ("flatten", _flatten), ("squeeze", _squeeze),
+                   ("unsqueeze", _unsqueeze), ("transpose", _transpose), ("repeat", _repeat),
+                   ("roll", _roll), ("pad", _pad_torch), ("__getitem__", _getitem),
+                   ("__setitem__", _setitem), ("matmul", matmul), ("__matmul__", matmul),
+                   ("dot", dot), ("split", split), ("chunk", chunk), ("tril", tril), ("triu", triu),
+                   ("gather", gather)):
+    setattr(Tensor, _name, _fn)
+Tensor.T = property(_T)
+Tensor.mT = property(lambda self: self.transpose(-2, -1))
+Tensor.__rmatmul__ = lambda self, other: matmul(Tensor(other) if not isinstance(other, Tensor) else other, self)
+
+
+def _module_fn(name):
+    def f(x, *args, **kwargs):
+        if not isinstance(x, Tensor):
+            x = Tensor(x)
+        return getattr(x, name)(*args, **kwargs)
+    f.__name__ = name
+    f.__doc__ = f"Module-level form of Tensor.{name}."
+    return f
+
+
+for _name in ("exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu", "abs", "clamp",
+              "clip", "pow", "sum", "mean", "amax", "amin", "argmax", "argmin", "softmax",
+              "log_softmax", "logsumexp", "cumsum", "flip", "roll", "reshape", "permute",
+              "transpose", "broadcast_to", "squeeze", "unsqueeze", "flatten", "isnan", "isinf",
+              "isfinite", "maximum", "minimum"):
+    globals()[_name] = _module_fn(_name)
