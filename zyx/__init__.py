@@ -12,6 +12,11 @@ double = float64
 long = int64
 int = int32  # noqa: A001
 
+# --- files and datasets (issue 3: zyx/io, zyx/datasets.py) ---
+from .io import save, load  # noqa: E402
+from . import io, datasets  # noqa: E402
+# --- end files and datasets ---
+
 
 def devices():
     """Names of the devices zyx initialized (first call initializes the backends)."""
@@ -30,6 +35,13 @@ def stats():
 def set_debug(mask: "int") -> None:
     """Set the ZYX_DEBUG bitmask at run time (see zyx.runtime for the bits)."""
     _RT.debug = mask
+    for d in _RT.devices or ():
+        d.debug = mask
 
+
+# --- autograd and optimizers (issue 3) ---
+from .autograd import Tape, no_grad, enable_grad, set_grad_enabled, is_grad_enabled  # noqa: E402
+from . import optim  # noqa: E402,F401
+# --- end autograd and optimizers ---
 
 __version__ = "0.1.0"

@@ -83,6 +83,9 @@ class _Builder:
         self.scopes = [{}]    # memo tables, one per open loop
         self.var_ssa = {}
         self.nvars = 0
+        self.load_log = []    # symbolic index of every load (for the upcast heuristic)
+        self.reduce_log = []  # (reduce position, loop vars) of every reduce rendered
+        self.out_vars = {}    # output axis -> Var
 
     def emit(self, op):
         self.ops.append(op)
@@ -161,7 +164,9 @@ class _Builder:
     def load(self, Py_ssize_t p, tuple dims, tuple valid):
         node = self.nodes[p]
         d = self.arg(p, True)
-        idx = self.index(sym.linearize(dims, node.shape))
+        lin = sym.linearize(dims, node.shape)
+        self.load_log.append(lin)
+        idx = self.index(lin)
         guard = self.condition(valid) if valid else None
         return self.emit((LOAD, node.dtype, d, idx, -1 if guard is None else guard))
 
@@ -253,6 +258,7 @@ class _Builder:
             self.scopes.append({})
             loops.append(loop)
             new[ax] = sym.var(v)
+        self.reduce_log.append((p, [sym.var_of(new[ax]) for ax in axes]))
         x = self.render(src, tuple(new), valid)
         if self.ops[x][1] is not acc_dt:
             x = self.emit((K_CAST, acc_dt, x))
@@ -266,24 +272,157 @@ class _Builder:
             r = self.emit((K_CAST, node.dtype, r))
         return r
 
-    def build(self, dict pos):
+    def build(self, dict pos, upcast=None):
+        """Render the kernel. `upcast=(reduce_pos, [(axis, size), ...])` splits those output
+        axes into blocks computed together: the reduce keeps one accumulator per block
+        element and its innermost loop runs over the last axis' lanes, so loads contiguous
+        along that axis vectorize and independent accumulators hide FMA latency
+        (matmul-like kernels whose reduce axis is strided in memory)."""
         self.pos = pos
         node = self.nodes[self.out]
         out_def = self.arg(self.out, False)
+        sizes = dict(upcast[1]) if upcast is not None else {}
         dims = []
+        lanes = []
         for axis, n in enumerate(node.shape):
             if n == 1:
                 dims.append(sym.constant(0))
+            elif axis in sizes:
+                J = sizes[axis]
+                vb = self.new_var(n // J)
+                self.var_ssa[vb.id] = self.emit((INDEX, IDX, axis, n // J))
+                lane = self.new_var(J)
+                lanes.append((lane, J))
+                dims.append(sym.add(sym.mul(sym.var(vb), J), sym.var(lane)))
             else:
                 v = self.new_var(n)
                 self.var_ssa[v.id] = self.emit((INDEX, IDX, axis, n))
+                self.out_vars[axis] = v
                 dims.append(sym.var(v))
         dims = tuple(dims)
+        loops = []
+        if lanes:
+            r = upcast[0]
+            rdims = reshape_index(dims, node.shape, self.nodes[r].shape)
+            value = self.reduce_lanes(r, rdims, lanes)
+            for lane, J in lanes:
+                loops.append(self.emit((LOOP, IDX, J)))
+                self.var_ssa[lane.id] = loops[-1]
+                self.scopes.append({})
+            self.scopes[-1][(r, tuple([s.key for s in rdims]), ())] = value()
         val = self.render(self.out, dims, ())
         idx = self.index(sym.linearize(dims, node.shape))
         self.emit((STORE, None, out_def, idx, val))
+        for loop in reversed(loops):
+            self.scopes.pop()
+            self.emit((ENDLOOP, None, loop))
         # INDEX ops must lead the kernel (backends open their loops/threads there)
         return _hoist_index(self.ops), self.args
+
+    def lane_index(self, list lanes):
+        s = sym.constant(0)
+        stride = 1
+        for lane, J in reversed(lanes):
+            s = sym.add(s, sym.mul(sym.var(lane), stride))
+            stride *= J
+        return self.index(s)
+
+    def reduce_lanes(self, Py_ssize_t p, tuple dims, list lanes):
+        """Emit reduce `p` with one accumulator per lane combination; returns a function
+        that emits the load of the current lanes' result (inside the epilogue's loops)."""
+        node = self.nodes[p]
+        rop, axes = node.arg
+        src = self.src(node, 0)
+        sshape = self.nodes[src].shape
+        acc_dt = accumulator_dtype(node.dtype)
+        total = 1
+        for _, J in lanes:
+            total *= J
+        acc = self.emit((DEFINE, acc_dt, SCOPE_REGISTER, reduce_identity(rop, acc_dt), False,
+                         total, rop))
+        new = list(dims)
+        loops = []
+        for ax in axes:
+            n = sshape[ax]
+            if n == 1:
+                new[ax] = sym.constant(0)
+                continue
+            v = self.new_var(n)
+            loops.append(self.emit((LOOP, IDX, n)))
+            self.var_ssa[v.id] = loops[-1]
+            self.scopes.append({})
+            new[ax] = sym.var(v)
+        for lane, J in lanes:
+            loops.append(self.emit((LOOP, IDX, J)))
+            self.var_ssa[lane.id] = loops[-1]
+            self.scopes.append({})
+        x = self.render(src, tuple(new), ())
+        if self.ops[x][1] is not acc_dt:
+            x = self.emit((K_CAST, acc_dt, x))
+        li = self.lane_index(lanes)
+        cur = self.emit((LOAD, acc_dt, acc, li, -1))
+        self.emit((STORE, None, acc, li, self.emit((K_BINARY, acc_dt, REDUCE_BINARY[rop], cur, x))))
+        for loop in reversed(loops):
+            self.scopes.pop()
+            self.emit((ENDLOOP, None, loop))
+
+        def value():
+            r = self.emit((LOAD, acc_dt, acc, self.lane_index(lanes), -1))
+            if acc_dt is not node.dtype:
+                r = self.emit((K_CAST, node.dtype, r))
+            return r
+        return value
+
+
+def _coef(s, var):
+    """Coefficient of loop variable `var` in index `s`; None when it sits inside a div/mod."""
+    c = 0
+    for atom, k in s.terms:
+        if type(atom) is sym.Var:
+            if atom.id == var.id:
+                c = k
+        elif _mentions(atom, var):
+            return None
+    return c
+
+
+def _mentions(atom, var):
+    if type(atom) is sym.Var:
+        return atom.id == var.id
+    return any(_mentions(a, var) for a, _ in atom.num.terms)
+
+
+def choose_upcast(b, tuple shape):
+    """Upcast the last output axis when some load strides through memory along the
+    innermost reduce loop while every load is contiguous (or constant) along that axis."""
+    if len(b.reduce_log) != 1:
+        return None
+    r, rvars = b.reduce_log[0]
+    loop_vars = [v for v in rvars if v is not None]
+    axes = [a for a, n in enumerate(shape) if n != 1]
+    if not axes or not loop_vars:
+        return None
+    axis = axes[-1]
+    n = shape[axis]
+    J = 16 if n % 16 == 0 else (8 if n % 8 == 0 else (n if n <= 32 else 0))
+    if J < 2:
+        return None
+    k = loop_vars[-1]
+    out_var = b.out_vars[axis]
+    strided = False
+    for s in b.load_log:
+        ck = _coef(s, k)
+        cj = _coef(s, out_var)
+        if ck is None or cj is None or cj not in (0, 1):
+            return None
+        if ck not in (0, 1):
+            strided = True
+    if not strided:
+        return None
+    plan = [(axis, J)]
+    if J == 16 and len(axes) >= 2 and shape[axes[-2]] % 4 == 0:
+        plan.insert(0, (axes[-2], 4))   # 4 rows x 16 lanes: independent FMA chains
+    return (r, plan)
 
 
 def _hoist_index(list ops):
@@ -343,6 +482,10 @@ def kernelize(graph, list order, list target_ids):
             continue
         b = _Builder(nodes, stored, p)
         ops, args = b.build(pos)
+        up = choose_upcast(b, nodes[p].shape)
+        if up is not None:
+            b = _Builder(nodes, stored, p)
+            ops, args = b.build(pos, up)
         k = Kernel(ops, args, "k")
         positions = [None] * len(args)
         for q, a in b.argpos.items():

@@ -230,3 +230,10 @@ def unravel(lin, tuple shape):
             out[d] = mod(div(lin, stride), shape[d])
         stride *= shape[d]
     return tuple(out)
+
+
+def var_of(s):
+    """The Var when `s` is exactly one loop variable, else None."""
+    if s.offset == 0 and len(s.terms) == 1 and s.terms[0][1] == 1 and type(s.terms[0][0]) is Var:
+        return s.terms[0][0]
+    return None

@@ -174,6 +174,7 @@ class CDevice:
             depth = 0
             j = i + 1
             inner = False
+            lanes = False
             accs = {}
             while True:
                 o = ops[j]
@@ -185,11 +186,13 @@ class CDevice:
                         break
                     depth -= 1
                 elif o[0] == K.STORE and ops[o[2]][2] == K.SCOPE_REGISTER:
-                    rop = ops[o[2]][6]
-                    accs.setdefault(rop, []).append(f"acc{o[2]}")
+                    if ops[o[2]][5] == 1:   # scalar accumulator: an OpenMP reduction
+                        accs.setdefault(ops[o[2]][6], []).append(f"acc{o[2]}")
+                    else:                   # one accumulator per lane: plain SIMD loop
+                        lanes = True
                 j += 1
             red = " ".join(f"reduction({_OMP_RED[r]}:{','.join(a)})" for r, a in accs.items())
-            top = not any(o[0] == K.LOOP for o in ops[:i] if True) or _is_top(ops, i)
+            top = _is_top(ops, i)
             parallel = (omp and idx_work == 1 and top
                         and _loop_work(ops, i) >= PARALLEL_MIN_WORK)
             if not omp:
@@ -198,6 +201,8 @@ class CDevice:
                 return f"#pragma omp parallel for{'' if inner else ' simd'} {red}".rstrip()
             if not inner and accs:
                 return f"#pragma omp simd {red}"
+            if not inner and lanes:
+                return "#pragma omp simd"
             return ""
 
         r, names = render_body(kernel, dl, loop_pragma)
@@ -208,7 +213,11 @@ class CDevice:
                           f"({const}{dl.storage_type(d)}*)args[{argno}];")
         head = []
         idx = r.indices
-        work = idx_work * (4 if has_loops else 1)
+        loop_work = 1
+        for op in ops:
+            if op[0] == K.LOOP:
+                loop_work *= op[2]
+        work = idx_work * loop_work
         par = omp and work >= PARALLEL_MIN_WORK and idx
         for n, (ssa, axis, length) in enumerate(idx):
             pragma = ""

@@ -110,7 +110,12 @@ def render_body(kernel, dl, loop_pragma=None):
                 r.params.append((op[3], d, op[4]))
             else:
                 names[i] = f"acc{i}"
-                lines.append(f"{ind}{dl.ctype(d)} acc{i} = {literal(dl, d, op[3])};")
+                if op[5] == 1:
+                    lines.append(f"{ind}{dl.ctype(d)} acc{i} = {literal(dl, d, op[3])};")
+                else:
+                    lines.append(f"{ind}{dl.ctype(d)} acc{i}[{op[5]}];")
+                    lines.append(f"{ind}for (int q = 0; q < {op[5]}; q++) acc{i}[q] = "
+                                 f"{literal(dl, d, op[3])};")
         elif c == K.INDEX:
             names[i] = f"i{i}"
             r.indices.append((i, op[2], op[3]))
@@ -132,7 +137,8 @@ def render_body(kernel, dl, loop_pragma=None):
             src = ops[op[2]]
             if src[2] == K.SCOPE_REGISTER:
                 names[i] = f"v{i}"
-                lines.append(f"{ind}const {dl.ctype(d)} v{i} = {v(op[2])};")
+                sub = f"[{v(op[3])}]" if op[3] >= 0 else ""
+                lines.append(f"{ind}const {dl.ctype(d)} v{i} = {v(op[2])}{sub};")
             else:
                 e = dl.load_convert(d, f"{v(op[2])}[{v(op[3])}]")
                 if op[4] >= 0:
@@ -142,7 +148,8 @@ def render_body(kernel, dl, loop_pragma=None):
         elif c == K.STORE:
             dst = ops[op[2]]
             if dst[2] == K.SCOPE_REGISTER:
-                lines.append(f"{ind}{v(op[2])} = {v(op[4])};")
+                sub = f"[{v(op[3])}]" if op[3] >= 0 else ""
+                lines.append(f"{ind}{v(op[2])}{sub} = {v(op[4])};")
             else:
                 lines.append(f"{ind}{v(op[2])}[{v(op[3])}] = "
                              f"{dl.store_convert(dst[1], v(op[4]))};")
