@@ -124,7 +124,7 @@ cdef class Graph:
                 i, done = stack.pop()
                 if i in pos:
                     continue
-                n = <Node>self.nodes.items[i]
+                n = <Node?>self.nodes.items[i]   # checked: a dead id raises, never crashes
                 if done or n.op == LEAF or not n.srcs:
                     pos[i] = len(order)
                     order.append(i)

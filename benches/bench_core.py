@@ -1,0 +1,245 @@
+"""Core engine benchmarks (issue 2), zyx next to numpy and PyTorch in one run.
+
+Run:  python -m pytest benches/bench_core.py --benchmark-only
+      python benches/report.py          # table of ratios for BENCHMARKS.md
+
+Each benchmark stores its work (FLOPs or bytes) in extra_info so report.py can print
+GFLOP/s and GB/s; groups put the peers side by side."""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+import zyx
+from conftest import need_torch, torch
+
+N_CHAIN = 4 * 1024 * 1024
+N_SUM = 16 * 1024 * 1024
+
+
+def chain_np(a, b):
+    return np.exp(np.maximum(a * 1.5 + b, 0) * b - a)
+
+
+def chain_zyx(a, b):
+    return ((a * 1.5 + b).relu() * b - a).exp()
+
+
+@pytest.fixture(scope="module")
+def chain_data(rng):
+    a = rng.random(N_CHAIN, dtype=np.float32)
+    b = rng.random(N_CHAIN, dtype=np.float32)
+    return a, b
+
+
+@pytest.mark.benchmark(group="chain-4M")
+def test_chain_zyx(benchmark, chain_data):
+    a, b = chain_data
+    xa, xb = zyx.Tensor(a), zyx.Tensor(b)
+    np.testing.assert_allclose(chain_zyx(xa, xb).numpy(), chain_np(a, b), rtol=1e-5)
+    benchmark.extra_info["bytes"] = 3 * 4 * N_CHAIN
+    benchmark(lambda: chain_zyx(xa, xb).realize())
+
+
+@pytest.mark.benchmark(group="chain-4M")
+def test_chain_numpy(benchmark, chain_data):
+    a, b = chain_data
+    benchmark.extra_info["bytes"] = 3 * 4 * N_CHAIN
+    benchmark(chain_np, a, b)
+
+
+@pytest.mark.benchmark(group="chain-4M")
+def test_chain_torch(benchmark, chain_data):
+    t = need_torch()
+    a, b = (t.from_numpy(x) for x in chain_data)
+    benchmark.extra_info["bytes"] = 3 * 4 * N_CHAIN
+    benchmark(lambda: t.exp(t.relu(a * 1.5 + b) * b - a))
+
+
+@pytest.fixture(scope="module")
+def sum_data(rng):
+    return rng.random(N_SUM, dtype=np.float32)
+
+
+@pytest.mark.benchmark(group="sum-16M")
+def test_sum_zyx(benchmark, sum_data):
+    x = zyx.Tensor(sum_data)
+    np.testing.assert_allclose(x.sum().item(), sum_data.astype(np.float64).sum(), rtol=1e-4)
+    benchmark.extra_info["bytes"] = 4 * N_SUM
+    benchmark(lambda: x.sum().realize())
+
+
+@pytest.mark.benchmark(group="sum-16M")
+def test_sum_numpy(benchmark, sum_data):
+    benchmark.extra_info["bytes"] = 4 * N_SUM
+    benchmark(sum_data.sum)
+
+
+@pytest.mark.benchmark(group="sum-16M")
+def test_sum_torch(benchmark, sum_data):
+    t = need_torch()
+    x = t.from_numpy(sum_data)
+    benchmark.extra_info["bytes"] = 4 * N_SUM
+    benchmark(x.sum)
+
+
+def softmax_np(x):
+    e = np.exp(x - x.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def sm_data(rng):
+    return rng.standard_normal((4096, 1024), dtype=np.float32)
+
+
+@pytest.mark.benchmark(group="softmax-4096x1024")
+def test_softmax_zyx(benchmark, sm_data):
+    x = zyx.Tensor(sm_data)
+    np.testing.assert_allclose(x.softmax(1).numpy(), softmax_np(sm_data), rtol=1e-5, atol=1e-7)
+    benchmark.extra_info["bytes"] = 2 * sm_data.nbytes
+    benchmark(lambda: x.softmax(1).realize())
+
+
+@pytest.mark.benchmark(group="softmax-4096x1024")
+def test_softmax_numpy(benchmark, sm_data):
+    benchmark.extra_info["bytes"] = 2 * sm_data.nbytes
+    benchmark(softmax_np, sm_data)
+
+
+@pytest.mark.benchmark(group="softmax-4096x1024")
+def test_softmax_torch(benchmark, sm_data):
+    t = need_torch()
+    x = t.from_numpy(sm_data)
+    benchmark.extra_info["bytes"] = 2 * sm_data.nbytes
+    benchmark(lambda: t.softmax(x, 1))
+
+
+@pytest.mark.parametrize("n", [512, 1024])
+def test_matmul_zyx(benchmark, rng, n):
+    benchmark.group = f"matmul-{n}"
+    a = rng.random((n, n), dtype=np.float32)
+    b = rng.random((n, n), dtype=np.float32)
+    xa, xb = zyx.Tensor(a), zyx.Tensor(b)
+    np.testing.assert_allclose((xa @ xb).numpy(), a @ b, rtol=1e-4)
+    benchmark.extra_info["flops"] = 2 * n ** 3
+    benchmark.pedantic(lambda: (xa @ xb).realize(), rounds=5, iterations=1, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("n", [512, 1024])
+def test_matmul_numpy(benchmark, rng, n):
+    benchmark.group = f"matmul-{n}"
+    a = rng.random((n, n), dtype=np.float32)
+    benchmark.extra_info["flops"] = 2 * n ** 3
+    benchmark(np.matmul, a, a)
+
+
+@pytest.mark.parametrize("n", [512, 1024])
+def test_matmul_torch(benchmark, rng, n):
+    t = need_torch()
+    benchmark.group = f"matmul-{n}"
+    a = t.from_numpy(rng.random((n, n), dtype=np.float32))
+    benchmark.extra_info["flops"] = 2 * n ** 3
+    benchmark(t.matmul, a, a)
+
+
+OPS_PER_GRAPH = 100
+
+
+@pytest.mark.benchmark(group="graph-build-100-ops")
+def test_graph_build_zyx(benchmark):
+    """Building 100 lazy ops (no realization): the per-op Python overhead."""
+    x = zyx.Tensor(np.ones((8, 8), dtype=np.float32))
+    y = zyx.Tensor(np.ones((8, 8), dtype=np.float32))
+
+    def build():
+        z = x
+        for _ in range(OPS_PER_GRAPH // 2):
+            z = z * y + 1.0
+        return z
+    benchmark.extra_info["ops"] = OPS_PER_GRAPH
+    benchmark(build)
+
+
+@pytest.mark.benchmark(group="graph-build-100-ops")
+def test_graph_build_torch_eager(benchmark):
+    t = need_torch()
+    x = t.ones(8, 8)
+    y = t.ones(8, 8)
+
+    def build():
+        z = x
+        for _ in range(OPS_PER_GRAPH // 2):
+            z = z * y + 1.0
+        return z
+    benchmark.extra_info["ops"] = OPS_PER_GRAPH
+    benchmark(build)
+
+
+@pytest.mark.benchmark(group="tiny-realize")
+def test_tiny_realize_cached(benchmark):
+    """(x + 1) on 3 elements, then read: graph build + cached plan + launch + copy out."""
+    x = zyx.Tensor(np.arange(3, dtype=np.float32))
+    np.testing.assert_array_equal((x + 1).numpy(), [1, 2, 3])
+    hits = zyx.stats()["plan_cache_hits"]
+    benchmark(lambda: (x + 1).numpy())
+    assert zyx.stats()["plan_cache_hits"] > hits
+
+
+@pytest.mark.benchmark(group="tiny-realize")
+def test_tiny_realize_cold(benchmark):
+    """Same with the in-memory plan/program caches dropped each round (disk cache warm):
+    kernelize + optimize + render + load the compiled library."""
+    x = zyx.Tensor(np.arange(3, dtype=np.float32))
+    rt = zyx._RT
+
+    def cold():
+        rt.plans.clear()
+        for d in rt.devices:
+            d._programs.clear()
+        return (x + 1).numpy()
+    benchmark(cold)
+
+
+@pytest.mark.benchmark(group="tiny-realize")
+def test_tiny_numpy(benchmark):
+    x = np.arange(3, dtype=np.float32)
+    benchmark(lambda: x + 1)
+
+
+FIRST = ("import zyx; x = zyx.Tensor([1.0, 2.0, 3.0]); "
+         "assert (x * 2 + 1).sum().item() == 15.0")
+
+
+def _first_result(cache_dir):
+    env = dict(os.environ, XDG_CACHE_HOME=cache_dir)
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", FIRST], check=True, env=env)
+    return time.perf_counter() - t
+
+
+@pytest.mark.benchmark(group="first-result-process")
+def test_first_result_cold_cache(benchmark):
+    """Fresh interpreter, empty disk cache: import + compiler probe + compile + run."""
+    def run():
+        with tempfile.TemporaryDirectory() as d:
+            return _first_result(d)
+    benchmark.pedantic(run, rounds=3, iterations=1)
+
+
+@pytest.mark.benchmark(group="first-result-process")
+def test_first_result_warm_cache(benchmark):
+    with tempfile.TemporaryDirectory() as d:
+        _first_result(d)
+        benchmark.pedantic(lambda: _first_result(d), rounds=5, iterations=1)
+
+
+@pytest.mark.benchmark(group="first-result-process")
+def test_python_numpy_startup(benchmark):
+    """Baseline: a fresh interpreter importing numpy only."""
+    benchmark.pedantic(lambda: subprocess.run([sys.executable, "-c", "import numpy"], check=True),
+                       rounds=5, iterations=1)

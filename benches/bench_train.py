@@ -1,0 +1,211 @@
+"""Training-step benchmark (issue 3): a 784-128-10 MLP, batch 64, cross-entropy, SGD and Adam.
+
+ms per step for zyx (PyTorch habit: backward() + step(), and the Tape path where forward,
+backward and update realize in one pass), PyTorch CPU eager and a hand-written numpy step,
+all in one run, all starting from the same weights (checked to agree after a few steps).
+zyx's first-step time is reported too: in this process (kernels from the disk cache) and in
+a fresh process with an empty kernel cache (compilation included).
+
+Run:  python -m pytest benches/bench_train.py --benchmark-only -s
+      python benches/report.py benches/bench_train.py
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import zyx
+from conftest import need_torch
+
+B, D, H, C = 64, 784, 128, 10
+LR = {"sgd": 0.05, "adam": 1e-3}
+N_BATCHES = 8
+CHECK_STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def batches():
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((B, D), dtype=np.float32),
+             rng.integers(0, C, B).astype(np.int64)) for _ in range(N_BATCHES)]
+
+
+def init_weights(seed=0):
+    """torch.nn.Linear's default init (uniform in +-1/sqrt(fan_in)), made in numpy."""
+    rng = np.random.default_rng(seed)
+    u = lambda shape, fan: rng.uniform(-1 / np.sqrt(fan), 1 / np.sqrt(fan), shape).astype(np.float32)  # noqa
+    return {"0.weight": u((H, D), D), "0.bias": u(H, D), "2.weight": u((C, H), H), "2.bias": u(C, H)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the three implementations: each make_* returns (step(x, y) -> None, loss_of_last_step())
+class NumpyMLP:
+    """Forward, softmax cross-entropy, backward and the optimizer update, by hand."""
+
+    def __init__(self, w, opt):
+        self.p = [w["0.weight"].copy(), w["0.bias"].copy(), w["2.weight"].copy(), w["2.bias"].copy()]
+        self.opt, self.lr, self.t = opt, LR[opt], 0
+        self.m = [np.zeros_like(p) for p in self.p]
+        self.v = [np.zeros_like(p) for p in self.p]
+        self.loss = None
+
+    def step(self, x, y):
+        W1, b1, W2, b2 = self.p
+        h = x @ W1.T + b1
+        a = np.maximum(h, 0)
+        z = a @ W2.T + b2
+        z = z - z.max(1, keepdims=True)
+        e = np.exp(z)
+        s = e.sum(1, keepdims=True)
+        rows = np.arange(len(y))
+        self.loss = float(np.mean(np.log(s[:, 0]) - z[rows, y]))
+        dz = e / s
+        dz[rows, y] -= 1
+        dz /= len(y)
+        da = dz @ W2
+        dh = da * (h > 0)
+        grads = [dh.T @ x, dh.sum(0), dz.T @ a, dz.sum(0)]
+        self.t += 1
+        if self.opt == "sgd":
+            for p, g in zip(self.p, grads):
+                p -= self.lr * g
+        else:
+            b1_, b2_, eps = 0.9, 0.999, 1e-8
+            c1, c2 = 1 - b1_ ** self.t, 1 - b2_ ** self.t
+            for p, g, m, v in zip(self.p, grads, self.m, self.v):
+                m *= b1_
+                m += (1 - b1_) * g
+                v *= b2_
+                v += (1 - b2_) * g * g
+                p -= self.lr * (m / c1) / (np.sqrt(v / c2) + eps)
+
+
+def make_numpy(w, opt):
+    m = NumpyMLP(w, opt)
+    return m.step, lambda: m.loss
+
+
+def make_torch(w, opt):
+    torch = need_torch()
+    model = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.ReLU(), torch.nn.Linear(H, C))
+    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in w.items()})
+    o = (torch.optim.SGD if opt == "sgd" else torch.optim.Adam)(model.parameters(), lr=LR[opt])
+    F = torch.nn.functional
+    last = {}
+
+    def step(x, y):
+        loss = F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+        o.zero_grad()
+        loss.backward()
+        o.step()
+        last["loss"] = loss
+    return step, lambda: float(last["loss"].item())
+
+
+def _zyx_model(w, opt):
+    from zyx import nn, optim
+    zyx.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, C))
+    model.load_state_dict({k: zyx.Tensor(v) for k, v in w.items()})
+    o = (optim.SGD if opt == "sgd" else optim.Adam)(model.parameters(), lr=LR[opt])
+    return model, o
+
+
+def make_zyx(w, opt):
+    """The PyTorch habit: loss.backward() realizes loss + grads, opt.step() the update."""
+    import zyx.nn.functional as F
+    model, o = _zyx_model(w, opt)
+    last = {}
+
+    def step(x, y):
+        loss = F.cross_entropy(model(zyx.Tensor(x)), zyx.Tensor(y))
+        o.zero_grad()
+        loss.backward()
+        o.step()
+        last["loss"] = loss
+    return step, lambda: last["loss"].item()
+
+
+def make_zyx_tape(w, opt):
+    """The zyx way: forward, gradients, update and the loss value in one realization."""
+    import zyx.nn.functional as F
+    model, o = _zyx_model(w, opt)
+    params = list(model.parameters())
+    last = {}
+
+    def step(x, y):
+        with zyx.Tape() as tape:
+            loss = F.cross_entropy(model(zyx.Tensor(x)), zyx.Tensor(y))
+        o.update(params, tape.gradient(loss, params), realize=[loss])
+        last["loss"] = loss
+    return step, lambda: last["loss"].item()
+
+
+IMPLS = {"zyx": make_zyx, "zyx_tape": make_zyx_tape, "torch": make_torch, "numpy": make_numpy}
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_mlp_step(benchmark, batches, impl, opt):
+    w = init_weights()
+    step, loss = IMPLS[impl](w, opt)
+    ref_step, ref_loss = make_numpy(w, opt)
+    # same weights, same batches: every implementation must follow the numpy reference
+    t0 = time.perf_counter()
+    step(*batches[0])
+    first = time.perf_counter() - t0
+    ref_step(*batches[0])
+    for i in range(1, CHECK_STEPS):
+        step(*batches[i])
+        ref_step(*batches[i])
+    np.testing.assert_allclose(loss(), ref_loss(), rtol=2e-4)
+    benchmark.group = f"mlp-784-128-10-b64-{opt}"
+    benchmark.extra_info["first_step_ms"] = first * 1e3
+    k = iter(range(10 ** 9))
+
+    def one():
+        x, y = batches[next(k) % N_BATCHES]
+        step(x, y)
+    benchmark.pedantic(one, rounds=300, iterations=1, warmup_rounds=10)
+    if impl.startswith("zyx"):
+        loss()   # the last step's loss is computed (realized with it), reading it is free
+    print(f"\n{impl} {opt}: median {benchmark.stats.stats.median * 1e3:.3f} ms/step, "
+          f"first step in this process {first * 1e3:.1f} ms")
+
+
+_COLD = textwrap.dedent("""
+    import time, numpy as np, zyx, zyx.nn.functional as F
+    from zyx import nn, optim
+    zyx.manual_seed(0)
+    model = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+    opt = optim.{opt}(model.parameters(), lr=1e-3)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 784), dtype=np.float32); y = rng.integers(0, 10, 64)
+    def step():
+        loss = F.cross_entropy(model(zyx.Tensor(x)), zyx.Tensor(y))
+        opt.zero_grad(); loss.backward(); opt.step()
+    zyx.devices()
+    t0 = time.perf_counter(); step(); t1 = time.perf_counter(); step(); t2 = time.perf_counter()
+    print(t1 - t0, t2 - t1, zyx.stats()["kernels_compiled"])
+""")
+
+
+@pytest.mark.parametrize("opt", ["SGD", "Adam"])
+def test_first_step_cold_cache(benchmark, opt):
+    """First step of a fresh process with an empty kernel cache (every kernel compiled)."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, XDG_CACHE_HOME=cache)
+        res = benchmark.pedantic(lambda: subprocess.run(
+            [sys.executable, "-c", _COLD.format(opt=opt)], env=env, capture_output=True,
+            text=True, check=True), rounds=1, iterations=1)
+    first, second, compiled = res.stdout.split()
+    benchmark.group = "mlp-first-step"
+    benchmark.extra_info.update(first_step_ms=float(first) * 1e3,
+                                second_step_ms=float(second) * 1e3, kernels=int(compiled))
+    print(f"\nzyx {opt} cold first step {float(first) * 1e3:.0f} ms ({compiled} kernels "
+          f"compiled), second step {float(second) * 1e3:.2f} ms")

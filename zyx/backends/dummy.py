@@ -1,0 +1,73 @@
+"""Dummy backend: allocates bookkeeping-only buffers and "compiles"/"launches" without
+running anything. It lets scheduler and fusion tests count kernels, plans and bytes without
+a compiler. Disabled unless config says `{"dummy": {"enabled": true}}` or a test calls
+`zyx._RT.init(only=["dummy"])`. Values read back are zeros."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import AllocationError
+from . import Buffer, DeviceInfo, MemoryPool
+
+
+class DummyMemoryPool(MemoryPool):
+    name = "dummy"
+
+    def __init__(self, total_bytes=1 << 40):
+        super().__init__(total_bytes)
+        self.allocations = 0
+
+    def allocate(self, nbytes):
+        if nbytes > self.free_bytes:
+            raise AllocationError(f"dummy pool: {nbytes} bytes requested, {self.free_bytes} free")
+        self.used_bytes += nbytes
+        self.allocations += 1
+        return Buffer(self, object(), nbytes), None
+
+    def deallocate(self, buf, wait_events=()):
+        self.used_bytes -= buf.nbytes
+        buf.handle = None
+
+    def host_to_pool(self, src, dst, wait_events=()):
+        return None
+
+    def pool_to_host(self, src, dst, wait_events=()):
+        dst.reshape(-1).view(np.uint8)[:] = 0
+
+
+class DummyProgram:
+    __slots__ = ("kernel",)
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+
+class DummyDevice:
+    def __init__(self, pool, debug=0):
+        self.pool = pool
+        self.debug = debug
+        self.compiled = []
+        self.launched = 0
+        self._programs = {}
+
+    def info(self):
+        return DeviceInfo(name="dummy", compute=1.0)
+
+    def compile(self, kernel):
+        prog = self._programs.get(kernel)
+        if prog is None:
+            prog = self._programs[kernel] = DummyProgram(kernel)
+            self.compiled.append(kernel)
+        return prog
+
+    def launch(self, program, pool, args, wait_events=()):
+        self.launched += 1
+        return None
+
+    def release(self, program):
+        self._programs.pop(program.kernel, None)
+
+
+def initialize(cfg, debug=0):
+    pool = DummyMemoryPool(int(cfg.get("bytes", 1 << 40)))
+    return [pool], [DummyDevice(pool, debug)]
