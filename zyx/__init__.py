@@ -44,4 +44,8 @@ from .autograd import Tape, no_grad, enable_grad, set_grad_enabled, is_grad_enab
 from . import optim  # noqa: E402,F401
 # --- end autograd and optimizers ---
 
+# --- nn layers and functional ops (issue 3: zyx/nn) ---
+from . import nn  # noqa: E402,F401
+# --- end nn ---
+
 __version__ = "0.1.0"

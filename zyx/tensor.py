@@ -91,6 +91,12 @@ def _axis_kw(axis, dim):
     return axis
 
 
+def _dim0(axis, dim):
+    """axis=/dim= for ops whose axis defaults to 0 (cat, stack, split, chunk)."""
+    axis = _axis_kw(axis, dim)
+    return 0 if axis is None else axis
+
+
 class Tensor:
     """A lazily evaluated n-dimensional array.
 
@@ -109,9 +115,12 @@ class Tensor:
         else:
             arr = _to_numpy(data, d)
             d = d or dt.from_numpy(arr.dtype)
+            shape = arr.shape
             if d is dt.bfloat16:
                 arr = _f32_to_bf16_bits(arr)
             self._id = RT.from_numpy(arr, d)
+            if not shape:   # np.ascontiguousarray (runtime) turns 0-d arrays into shape (1,)
+                _graph.get(self._id).shape = ()
         self.requires_grad = requires_grad
         self.grad = None
         self._ctx = None
@@ -222,7 +231,7 @@ class Tensor:
 
     # ---- primitives (the only node constructors) ----------------------------------------
     def _make(self, op, arg, srcs, shape, dtype):
-        nid = _graph.add(op, arg, tuple(s._id for s in srcs), shape, dtype)
+        nid = _graph.add(op, arg, tuple([s._id for s in srcs]), shape, dtype)
         out = Tensor._wrap(nid)
         if _grad_hook is not None:
             _grad_hook(out, op, arg, srcs)
@@ -261,7 +270,8 @@ class Tensor:
 
     def _binary_prim(self, other, bop, out_dtype=None):
         # inputs already have equal shape and dtype
-        return self._make(G.BINARY, bop, (self, other), self.shape, out_dtype or self.dtype)
+        n = _graph.get(self._id)
+        return self._make(G.BINARY, bop, (self, other), n.shape, out_dtype or n.dtype)
 
     def reshape(self, *shape) -> "Tensor":
         shape = _shape_args(shape)
@@ -364,6 +374,9 @@ class Tensor:
     def _broadcasted(self, other, reverse=False, result=None):
         """Return (a, b) of one shape and dtype; `result` forces the common dtype."""
         if isinstance(other, Tensor):
+            na, nb = _graph.get(self._id), _graph.get(other._id)
+            if na.dtype is nb.dtype and na.shape == nb.shape and result in (None, na.dtype):
+                return (other, self) if reverse else (self, other)   # the common case
             d = result or dt.promote(self.dtype, other.dtype)
             shape = _broadcast_shape(self.shape, other.shape)
             a = self.cast(d).expand(shape) if self.shape != shape else self.cast(d)
@@ -371,9 +384,14 @@ class Tensor:
         else:
             if isinstance(other, (np.ndarray, list)):
                 return self._broadcasted(Tensor(other), reverse, result)
-            d = result or dt.promote_scalar(self.dtype, other)
+            n = _graph.get(self._id)
+            if type(other) is builtins.float and n.dtype.kind == "f" and result in (None, n.dtype):
+                # float scalar on a float tensor: no promotion, no cast (hot in training loops)
+                b = Tensor._wrap(_graph.add(G.CONST, other, (), n.shape, n.dtype))
+                return (b, self) if reverse else (self, b)
+            d = result or dt.promote_scalar(n.dtype, other)
             a = self.cast(d)
-            b = _const(other, d, self.shape)
+            b = _const(other, d, n.shape)
         return (b, a) if reverse else (a, b)
 
     def _bin(self, other, bop, reverse=False, out_dtype=None, result=None):
@@ -1050,6 +1068,8 @@ def _argext(self, axis, keepdim, largest):
     rev = (_iota(n, dt.int64) * -1 + (n - 1)).reshape(shape)   # first hit wins
     score = where(hit, rev, -1)
     r = (n - 1) - score._reduce(K.R_MAX, axis, keepdim)
+    if keepdim and x is not self:   # axis=None with keepdim: torch keeps every dim as size 1
+        r = r.reshape((1,) * self.ndim)
     return r
 
 
@@ -1224,10 +1244,10 @@ def _pad_torch(self, pad, mode="constant", value=0.0):
     return self._pad(pads, value)
 
 
-def cat(tensors: Sequence[Tensor], axis=0, dim=None) -> Tensor:
+def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
     """Concatenate along an existing axis (each input padded into place, then summed: one
     fused kernel, no copies)."""
-    axis = _axis_kw(axis, dim)
+    axis = _dim0(axis, dim)
     tensors = list(tensors)
     if not tensors:
         raise ShapeError("cat needs at least one tensor")
@@ -1261,8 +1281,8 @@ def cat(tensors: Sequence[Tensor], axis=0, dim=None) -> Tensor:
 concatenate = cat
 
 
-def stack(tensors: Sequence[Tensor], axis=0, dim=None) -> Tensor:
-    axis = _axis_kw(axis, dim)
+def stack(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
+    axis = _dim0(axis, dim)
     tensors = list(tensors)
     if not tensors:
         raise ShapeError("stack needs at least one tensor")
@@ -1274,8 +1294,8 @@ def stack(tensors: Sequence[Tensor], axis=0, dim=None) -> Tensor:
     return cat([t.unsqueeze(a) for t in tensors], a)
 
 
-def split(t: Tensor, split_size_or_sections, axis=0, dim=None):
-    axis = _one_axis(_axis_kw(axis, dim), t.ndim)
+def split(t: Tensor, split_size_or_sections, axis=None, dim=None):
+    axis = _one_axis(_dim0(axis, dim), t.ndim)
     n = t.shape[axis]
     if isinstance(split_size_or_sections, (int, np.integer)):
         s = builtins.int(split_size_or_sections)
@@ -1293,8 +1313,8 @@ def split(t: Tensor, split_size_or_sections, axis=0, dim=None):
     return tuple(out)
 
 
-def chunk(t: Tensor, chunks: int, axis=0, dim=None):
-    axis = _one_axis(_axis_kw(axis, dim), t.ndim)
+def chunk(t: Tensor, chunks: int, axis=None, dim=None):
+    axis = _one_axis(_dim0(axis, dim), t.ndim)
     n = t.shape[axis]
     size = -(-n // chunks) if chunks > 0 else 0
     if size == 0:
@@ -1404,7 +1424,7 @@ def _getitem(self, idx):
             full_idx += [slice(None)] * (self.ndim - n_real)
         else:
             full_idx.append(i)
-    if Ellipsis not in idx:
+    if not any(i is Ellipsis for i in idx):   # not `in`: Tensor.__eq__ is elementwise
         full_idx += [slice(None)] * (self.ndim - n_real)
     x = self
     bounds, flips, strides, out_shape_ops = [], [], [], []

@@ -181,8 +181,14 @@ def div(a, d):
             q[t] = c // d
         else:
             rest.append((t, c))
-    qc, rc = divmod(a.offset, d)
-    r = Sum(tuple(rest), rc)
+    # Move the largest multiple of d out of the offset that keeps the remainder expression
+    # non-negative: backends divide with C truncation, which equals floor division only on
+    # non-negative values (a plain divmod of the offset can leave `rest` negative, e.g. the
+    # flip of a reshape: (i - 4*j + 12) // 8 must not become (i - 4*j + 4) // 8 + 1).
+    tr = Sum(tuple(rest), 0)
+    qc = (a.offset + tr.lo) // d
+    rc = a.offset - qc * d
+    r = Sum(tr.terms, rc)
     if r.lo >= 0 and r.hi < d:
         return _make(q, qc)
     if len(q) == 0 and qc == 0 and r is not None:

@@ -198,6 +198,9 @@ def alu(dl, ops, op, v):
         return f"{dl.math_fn(_UNARY_F[u], d)}({x})"
     # BINARY
     b, x, y = op[2], v(op[3]), v(op[4])
+    if d.is_bool and b in (K.B_ADD, K.B_MUL):
+        # bool arithmetic is logical (torch/numpy): 1 + 1 must stay 1, not the byte 2
+        b = K.B_OR if b == K.B_ADD else K.B_AND
     if b in _BINARY_OP:
         e = f"({x} {_BINARY_OP[b]} {y})"
         if b in (K.B_SHL, K.B_SHR, K.B_BITXOR, K.B_BITOR, K.B_BITAND) or (

@@ -1,0 +1,171 @@
+"""Shared fixtures and helpers for the zyx test suite.
+
+* `device`: parametrized over `zyx.devices()`; while a test runs, realizations go to that
+  device (with one device, the usual case on a CPU-only machine, it is just its name).
+* numpy's global generator is seeded before every test, so failures reproduce.
+* `tol(dtype)` / `assert_close(...)`: per-dtype tolerances and a comparison that also checks
+  the result dtype and shape and treats NaNs at the same positions as equal.
+* bfloat16 helpers: round numpy float32 values to bfloat16 the way zyx stores them
+  (round to nearest even), so references can be computed at bf16 precision.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import zyx
+from zyx import dtype as zdt
+
+# ---------------------------------------------------------------------------------------
+# dtypes
+
+ALL_DTYPES = (zyx.bool, zyx.uint8, zyx.uint16, zyx.uint32, zyx.uint64, zyx.int8, zyx.int16,
+              zyx.int32, zyx.int64, zyx.float16, zyx.bfloat16, zyx.float32, zyx.float64)
+FLOAT_DTYPES = (zyx.float16, zyx.bfloat16, zyx.float32, zyx.float64)
+INT_DTYPES = (zyx.uint8, zyx.uint16, zyx.uint32, zyx.uint64, zyx.int8, zyx.int16, zyx.int32,
+              zyx.int64)
+SIGNED_INT_DTYPES = (zyx.int8, zyx.int16, zyx.int32, zyx.int64)
+NUMERIC_DTYPES = INT_DTYPES + FLOAT_DTYPES
+
+# numpy dtype used for the reference computation of each zyx dtype (bf16 has none: we keep
+# its values in float32, rounded to bf16 precision)
+_REF_NP = {d: (np.float32 if d is zyx.bfloat16 else d.np.type) for d in ALL_DTYPES}
+
+
+def ref_np(d):
+    """The numpy dtype that holds values of zyx dtype `d` (float32 for bfloat16)."""
+    return _REF_NP[d]
+
+
+def ids(dtypes):
+    return [d.name for d in dtypes]
+
+
+def bf16_round(a):
+    """Round float32 values to the nearest bfloat16 (ties to even), back as float32."""
+    a = np.asarray(a, dtype=np.float32)
+    shape = a.shape
+    a = np.ascontiguousarray(a).reshape(-1)
+    u = a.view(np.uint32).astype(np.uint64)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    r = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32)
+    out = r.view(np.float32).copy()
+    out[nan] = np.nan
+    return out.reshape(shape)
+
+
+def round_to(a, d):
+    """Values of numpy array `a` as zyx dtype `d` would store them (numpy dtype ref_np(d))."""
+    if d is zyx.bfloat16:
+        return bf16_round(a)
+    return np.asarray(a).astype(ref_np(d))
+
+
+def sample(shape, d, lo=-4.0, hi=4.0, rng=None):
+    """Random values of zyx dtype `d` as a numpy array (dtype ref_np(d)), inside [lo, hi]
+    clipped to the dtype's range. Integers are whole numbers, bools are random."""
+    rng = rng or np.random
+    if d is zyx.bool:
+        return rng.random(shape) < 0.5
+    if d.is_int:
+        info = np.iinfo(d.np)
+        lo_i = max(int(np.floor(lo)), int(info.min))
+        hi_i = min(int(np.ceil(hi)), int(info.max))
+        return rng.randint(lo_i, hi_i + 1, size=shape).astype(d.np)
+    a = rng.uniform(lo, hi, size=shape).astype(np.float32)
+    return round_to(a, d)
+
+
+# ---------------------------------------------------------------------------------------
+# tolerances and comparison
+
+_TOL = {zyx.float16: (2e-3, 2e-3), zyx.bfloat16: (1.6e-2, 1.6e-2),
+        zyx.float32: (2e-5, 1e-6), zyx.float64: (1e-12, 1e-13)}
+
+
+def tol(d, scale=1.0):
+    """(rtol, atol) for results of zyx dtype `d`; `scale` widens them for long chains."""
+    if d in _TOL:
+        r, a = _TOL[d]
+        return r * scale, a * scale
+    return 0.0, 0.0
+
+
+def assert_close(got, expected, dtype=None, rtol=None, atol=None, scale=1.0, msg=""):
+    """Compare a zyx Tensor (or array) with a numpy reference.
+
+    Checks the zyx dtype (when `dtype` is given), the shape, and values: exact for ints and
+    bools, within `tol(dtype)` for floats, NaN where the reference has NaN, and infinities
+    of the same sign."""
+    if isinstance(got, zyx.Tensor):
+        if dtype is not None:
+            assert got.dtype == dtype, f"{msg} dtype {got.dtype} != expected {dtype}"
+        d = got.dtype
+        g = got.numpy()
+    else:
+        d = dtype
+        g = np.asarray(got)
+    e = np.asarray(expected)
+    assert g.shape == e.shape, f"{msg} shape {g.shape} != expected {e.shape}"
+    if d is not None and not d.is_float:
+        assert np.array_equal(g.astype(e.dtype) if e.dtype != g.dtype else g, e), \
+            f"{msg}\n got {g}\n expected {e}"
+        return
+    r, a = tol(d, scale) if d is not None else (1e-6, 1e-6)
+    r = r if rtol is None else rtol
+    a = a if atol is None else atol
+    np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64), rtol=r, atol=a,
+                               equal_nan=True, err_msg=msg)
+
+
+# ---------------------------------------------------------------------------------------
+# fixtures
+
+@pytest.fixture(autouse=True)
+def _seed_numpy():
+    """Every test starts from the same numpy random state, so failures reproduce."""
+    np.random.seed(1234)
+    yield
+
+
+@pytest.fixture(params=zyx.devices())
+def device(request, monkeypatch):
+    """Run the test on one device: realizations pick it instead of the default choice."""
+    rt = zyx._RT
+    if len(rt.devices) > 1:
+        dev = next(d for d in rt.devices if d.info().name == request.param)
+        monkeypatch.setattr(rt, "device", lambda: dev)
+    yield request.param
+
+
+@pytest.fixture
+def kernel_counter():
+    """Call it around an action: returns the number of kernels launched by the action."""
+    def count(fn):
+        before = zyx.stats()["kernels_launched"]
+        out = fn()
+        return zyx.stats()["kernels_launched"] - before, out
+    return count
+
+
+def torch_or_none():
+    """PyTorch when installed (the optional oracle for dtypes and semantics), else None."""
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def torch_dtype(d):
+    """The torch dtype of zyx dtype `d` (torch must be installed)."""
+    import torch
+    return {"bool": torch.bool, "uint8": torch.uint8, "uint16": torch.uint16,
+            "uint32": torch.uint32, "uint64": torch.uint64, "int8": torch.int8,
+            "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
+            "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+            "float64": torch.float64}[d.name]
+
+
+def from_torch_dtype(td):
+    return zdt.to_dtype(str(td).replace("torch.", ""))

@@ -1,0 +1,168 @@
+"""Fusion and caching, counted through zyx.stats(): elementwise chains, elementwise into
+reductions, reduction epilogues and movement ops each cost one kernel; softmax costs three;
+a graph with the same structure reuses its cached plan; a second process compiles nothing."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import zyx
+from conftest import assert_close
+
+pytestmark = pytest.mark.usefixtures("device")
+
+
+def launched(fn):
+    """(kernels launched while fn ran, fn's result)."""
+    before = zyx.stats()["kernels_launched"]
+    out = fn()
+    return zyx.stats()["kernels_launched"] - before, out
+
+
+@pytest.fixture
+def xy():
+    a = np.random.randn(8, 16).astype(np.float32)
+    b = np.random.randn(8, 16).astype(np.float32)
+    return a, b, zyx.Tensor(a), zyx.Tensor(b)
+
+
+def test_elementwise_chain_is_one_kernel(xy):
+    a, b, x, y = xy
+    n, out = launched(lambda: ((x * 2 + 1).exp().sqrt() - y.abs() / (y * y + 1)).numpy())
+    assert n == 1
+    np.testing.assert_allclose(out, np.sqrt(np.exp(a * 2 + 1)) - np.abs(b) / (b * b + 1),
+                               rtol=1e-5)
+
+
+def test_elementwise_into_reduce_is_one_kernel(xy):
+    a, b, x, y = xy
+    n, out = launched(lambda: ((x * y).exp() + 1).sum(1).numpy())
+    assert n == 1
+    np.testing.assert_allclose(out, (np.exp(a * b) + 1).sum(1), rtol=1e-5)
+
+
+def test_reduce_epilogue_is_one_kernel(xy):
+    a, b, x, y = xy
+    n, out = launched(lambda: (x.sum(1) * 2 + 1).numpy())
+    assert n == 1
+    np.testing.assert_allclose(out, a.sum(1) * 2 + 1, rtol=1e-5)
+    n, out = launched(lambda: (x.max(-1).exp() - x.min(-1)).sqrt().numpy())
+    assert n == 1
+    np.testing.assert_allclose(out, np.sqrt(np.exp(a.max(-1)) - a.min(-1)), rtol=1e-5)
+
+
+def test_softmax_last_axis_is_three_kernels(xy):
+    a, b, x, y = xy
+    n, out = launched(lambda: x.softmax(-1).numpy())
+    assert n == 3
+    e = np.exp(a - a.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_movement_ops_are_index_math_not_kernels(xy):
+    a, b, x, y = xy
+    n, out = launched(lambda: (x.T.flip(0)[::2].reshape(4, 16) * 2 + y[:4]).numpy())
+    assert n == 1
+    np.testing.assert_allclose(out, a.T[::-1][::2].reshape(4, 16) * 2 + b[:4], rtol=1e-6)
+    n, out = launched(lambda: zyx.cat([x, y.flip(1), x * 3], 0).numpy())
+    assert n == 1
+    np.testing.assert_allclose(out, np.concatenate([a, b[:, ::-1], a * 3]), rtol=1e-6)
+    n, _ = launched(lambda: x.pad((1, 1)).expand(2, 8, 18).permute(2, 0, 1).numpy())
+    assert n == 1
+
+
+def test_matmul_is_one_kernel():
+    a = np.random.randn(6, 5).astype(np.float32)
+    b = np.random.randn(5, 7).astype(np.float32)
+    n, out = launched(lambda: ((zyx.Tensor(a) @ zyx.Tensor(b)) * 0.5 + 1).relu().numpy())
+    assert n == 1
+    np.testing.assert_allclose(out, np.maximum((a @ b) * 0.5 + 1, 0), rtol=1e-5, atol=1e-6)
+
+
+def test_constants_need_no_buffers_and_realized_tensors_no_kernels():
+    n, out = launched(lambda: (zyx.ones(3, 4) * 2 + zyx.full((4,), 0.5)).numpy())
+    assert n == 1 and np.all(out == 2.5)
+    x = zyx.Tensor(np.ones(5, np.float32))
+    n, _ = launched(lambda: x.numpy())          # a leaf reads its buffer, no kernel
+    assert n == 0
+    y = (x * 3).realize()
+    n, out = launched(lambda: y.numpy())        # already realized
+    assert n == 0 and np.all(out == 3)
+    n, _ = launched(lambda: (y + 1).numpy())    # the realized value is read, not recomputed
+    assert n == 1
+
+
+def test_shared_subexpression_two_results(xy):
+    a, b, x, y = xy
+    e = (x * y).exp()
+    p, q = e + 1, e * 2
+    n1, pv = launched(lambda: p.numpy())
+    n2, qv = launched(lambda: q.numpy())
+    assert n1 == 1 and n2 == 1
+    np.testing.assert_allclose(pv, np.exp(a * b) + 1, rtol=1e-5)
+    np.testing.assert_allclose(qv, np.exp(a * b) * 2, rtol=1e-5)
+
+
+def test_graph_cache_reuses_plan_with_new_buffers():
+    def step(a, b):
+        x, y = zyx.Tensor(a), zyx.Tensor(b)
+        return ((x @ y).relu().sum(0) * 0.5 - x.mean()).numpy()
+
+    a1, b1 = np.random.randn(4, 3).astype(np.float32), np.random.randn(3, 5).astype(np.float32)
+    a2, b2 = np.random.randn(4, 3).astype(np.float32), np.random.randn(3, 5).astype(np.float32)
+    step(a1, b1)                     # builds (or reuses) the plan
+    s0 = zyx.stats()
+    out = step(a2, b2)               # same structure, new buffers
+    s1 = zyx.stats()
+    assert s1["plans_built"] == s0["plans_built"]
+    assert s1["plan_cache_hits"] == s0["plan_cache_hits"] + 1
+    assert s1["kernels_compiled"] == s0["kernels_compiled"]
+    # and the cached plan computed with the new inputs
+    np.testing.assert_allclose(out, np.maximum(a2 @ b2, 0).sum(0) * 0.5 - a2.mean(), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_graph_cache_distinguishes_structure():
+    x = zyx.Tensor(np.arange(6, dtype=np.float32))
+    (x * 2).numpy()
+    s0 = zyx.stats()
+    out = (x * 3).numpy()            # a different constant is a different graph
+    assert zyx.stats()["plans_built"] == s0["plans_built"] + 1
+    assert out.tolist() == [0, 3, 6, 9, 12, 15]
+    z = zyx.Tensor(np.arange(6, dtype=np.int32))
+    s0 = zyx.stats()
+    assert (z * 3).numpy().tolist() == [0, 3, 6, 9, 12, 15]      # different dtype
+    assert zyx.stats()["plans_built"] == s0["plans_built"] + 1
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    """Compiled kernels live in the disk cache: a second process finds them there."""
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import numpy as np, zyx\n"
+        "x = zyx.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))\n"
+        "print(float((x.exp() * 1.25 - 0.75).sum(1).max().item()))\n")
+    env = dict(os.environ, ZYX_DEBUG="32")
+    runs = [subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           env=env, timeout=300) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    assert runs[0].stdout == runs[1].stdout
+    assert "compiled" not in runs[1].stderr, runs[1].stderr
+    e = np.exp(np.arange(12, dtype=np.float32).reshape(3, 4)) * 1.25 - 0.75
+    assert float(runs[1].stdout) == pytest.approx(float(e.sum(1).max()), rel=1e-5)
+
+
+def test_fused_results_match_unfused(xy):
+    """The same values whether intermediates are realized (kernel boundaries) or fused."""
+    a, b, x, y = xy
+    fused = ((x * y).exp().sum(1, keepdim=True) / (x.abs() + 1)).log_softmax(-1).numpy()
+    t = (x * y).exp().realize()
+    t = t.sum(1, keepdim=True).realize()
+    t = (t / (x.abs() + 1)).realize()
+    split = t.log_softmax(-1).numpy()
+    assert_close(fused, split, dtype=zyx.float32, rtol=1e-5, atol=1e-5)

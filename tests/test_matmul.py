@@ -1,0 +1,124 @@
+"""matmul / @ / dot against numpy: matrix, batched, broadcast batches, vector cases, dtypes,
+non-contiguous operands, empty inner dimension and shape errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import zyx
+from conftest import assert_close, ids, round_to, sample
+
+pytestmark = pytest.mark.usefixtures("device")
+
+CASES = [
+    ((3, 4), (4, 5)),
+    ((1, 7), (7, 1)),
+    ((4,), (4, 3)),            # vector @ matrix
+    ((3, 4), (4,)),            # matrix @ vector
+    ((6,), (6,)),              # vector @ vector -> 0-d
+    ((2, 3, 4), (4, 5)),       # batched @ matrix
+    ((4,), (2, 4, 3)),         # vector @ batched
+    ((2, 3, 4), (4,)),         # batched @ vector
+    ((2, 1, 3, 4), (5, 4, 2)),  # broadcast batch dims
+    ((3, 4), (2, 4, 5)),
+    ((17, 33), (33, 65)),      # sizes that are not multiples of vector widths
+    ((2, 16, 64), (2, 64, 16)),
+]
+
+
+@pytest.mark.parametrize("sa,sb", CASES, ids=[f"{a}@{b}" for a, b in CASES])
+def test_matmul_shapes(sa, sb):
+    a = np.random.randn(*sa).astype(np.float32)
+    b = np.random.randn(*sb).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    x, y = zyx.Tensor(a), zyx.Tensor(b)
+    assert_close(x @ y, ref.astype(np.float32), dtype=zyx.float32, rtol=1e-5, atol=1e-5)
+    assert_close(x.matmul(y), ref.astype(np.float32), dtype=zyx.float32, rtol=1e-5, atol=1e-5)
+    assert_close(zyx.matmul(x, y), ref.astype(np.float32), dtype=zyx.float32, rtol=1e-5,
+                 atol=1e-5)
+
+
+@pytest.mark.parametrize("d", (zyx.float64, zyx.float16, zyx.bfloat16, zyx.int32, zyx.int64,
+                               zyx.uint8, zyx.int8),
+                         ids=ids((zyx.float64, zyx.float16, zyx.bfloat16, zyx.int32, zyx.int64,
+                                  zyx.uint8, zyx.int8)))
+def test_matmul_dtypes(d):
+    a = sample((5, 6), d, -3, 3)
+    b = sample((6, 4), d, -3, 3)
+    got = zyx.Tensor(a, dtype=d) @ zyx.Tensor(b, dtype=d)
+    if d.is_float:
+        ref = round_to(a.astype(np.float64) @ b.astype(np.float64), d)
+        assert_close(got, ref, dtype=d, scale=2)
+    else:
+        # integer matmul keeps the dtype and wraps like integer arithmetic does
+        ref = (a.astype(np.int64) @ b.astype(np.int64)).astype(d.np)
+        assert_close(got, ref, dtype=d)
+
+
+def test_matmul_mixed_dtypes_promote():
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    b = np.random.randn(3, 2).astype(np.float32)
+    got = zyx.Tensor(a) @ zyx.Tensor(b)
+    assert_close(got, (a @ b).astype(np.float32), dtype=zyx.float32, rtol=1e-5, atol=1e-5)
+    got = zyx.Tensor(b.T.astype(np.float64)) @ zyx.Tensor(b)
+    assert got.dtype == zyx.float64
+
+
+def test_matmul_noncontiguous_operands():
+    a = np.random.randn(8, 5).astype(np.float32)
+    b = np.random.randn(8, 6).astype(np.float32)
+    x, y = zyx.Tensor(a), zyx.Tensor(b)
+    assert_close(x.T @ y, a.T @ b, dtype=zyx.float32, rtol=1e-5, atol=1e-5)
+    assert_close(x[::2].T @ y.flip(0)[::2], a[::2].T @ b[::-1][::2], dtype=zyx.float32,
+                 rtol=1e-5, atol=1e-5)
+    c = np.random.randn(5, 1).astype(np.float32)
+    assert_close(x @ zyx.Tensor(c).expand(5, 3), a @ np.broadcast_to(c, (5, 3)),
+                 dtype=zyx.float32, rtol=1e-5, atol=1e-5)
+    # reflected: numpy array on the left
+    assert_close(a.T @ x, a.T @ a, dtype=zyx.float32, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_fused_with_elementwise():
+    a = np.random.randn(4, 8).astype(np.float32)
+    w = np.random.randn(8, 3).astype(np.float32)
+    bias = np.random.randn(3).astype(np.float32)
+    got = (zyx.Tensor(a).relu() @ zyx.Tensor(w) + zyx.Tensor(bias)).tanh()
+    ref = np.tanh(np.maximum(a, 0) @ w + bias)
+    assert_close(got, ref, dtype=zyx.float32, rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_larger_square():
+    a = np.random.randn(128, 96).astype(np.float32)
+    b = np.random.randn(96, 112).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert_close(zyx.Tensor(a) @ zyx.Tensor(b), ref.astype(np.float32), dtype=zyx.float32,
+                 rtol=1e-4, atol=1e-4)
+
+
+def test_matmul_empty_inner_dim():
+    a = np.zeros((3, 0), np.float32)
+    b = np.zeros((0, 2), np.float32)
+    assert_close(zyx.Tensor(a) @ zyx.Tensor(b), np.zeros((3, 2), np.float32), dtype=zyx.float32)
+    assert (zyx.zeros(0, 4) @ zyx.zeros(4, 2)).numpy().shape == (0, 2)
+
+
+def test_dot():
+    a = np.random.randn(9).astype(np.float64)
+    b = np.random.randn(9).astype(np.float64)
+    got = zyx.Tensor(a).dot(zyx.Tensor(b))
+    assert got.shape == () and got.dtype == zyx.float64
+    assert got.item() == pytest.approx(float(a @ b), rel=1e-12)
+    assert zyx.dot(zyx.Tensor(a), zyx.Tensor(b)).item() == pytest.approx(float(a @ b), rel=1e-12)
+    with pytest.raises(zyx.ShapeError):
+        zyx.Tensor(a).dot(zyx.ones(3, 3))
+
+
+def test_matmul_errors_name_shapes():
+    with pytest.raises(zyx.ShapeError, match=r"\(3, 4\).*\(5, 2\)"):
+        zyx.ones(3, 4) @ zyx.ones(5, 2)
+    with pytest.raises(zyx.ShapeError):
+        zyx.ones(2, 3, 4) @ zyx.ones(3, 4, 2)      # batch dims 2 and 3 do not broadcast
+    with pytest.raises(zyx.ShapeError):
+        zyx.Tensor(1.0) @ zyx.ones(1)
+    with pytest.raises(zyx.ShapeError):
+        zyx.ones(4) @ zyx.ones(3)

@@ -1,0 +1,294 @@
+"""Movement ops against numpy: reshape/view/flatten/squeeze/unsqueeze/permute/transpose/T/
+expand/broadcast_to/flip/repeat/roll/contiguous, cat/stack/split/chunk, tril/triu and
+Tensor.pad, on contiguous and non-contiguous inputs, 0-d and empty tensors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import zyx
+from conftest import assert_close, ids, sample
+
+pytestmark = pytest.mark.usefixtures("device")
+
+
+@pytest.fixture
+def a():
+    return np.random.randn(2, 3, 4).astype(np.float32)
+
+
+def test_reshape_view_flatten(a):
+    x = zyx.Tensor(a)
+    assert_close(x.reshape(6, 4), a.reshape(6, 4), dtype=zyx.float32)
+    assert_close(x.reshape((4, -1)), a.reshape(4, -1), dtype=zyx.float32)
+    assert_close(x.view(-1), a.reshape(-1), dtype=zyx.float32)
+    assert_close(x.view(3, 2, 4) * 2, a.reshape(3, 2, 4) * 2, dtype=zyx.float32)
+    assert_close(x.flatten(), a.reshape(-1), dtype=zyx.float32)
+    assert_close(x.flatten(1), a.reshape(2, 12), dtype=zyx.float32)
+    assert_close(x.flatten(0, 1), a.reshape(6, 4), dtype=zyx.float32)
+    assert_close(x.flatten(start_dim=-2, end_dim=-1), a.reshape(2, 12), dtype=zyx.float32)
+    assert_close(zyx.flatten(x), a.reshape(-1), dtype=zyx.float32)
+    assert_close(zyx.reshape(x, (24,)), a.reshape(24), dtype=zyx.float32)
+    assert x.reshape(2, 3, 4) is x     # no-op reshapes build nothing
+    assert zyx.Tensor(1.0).flatten().shape == (1,)
+
+
+def test_reshape_errors_name_shapes(a):
+    x = zyx.Tensor(a)
+    with pytest.raises(zyx.ShapeError, match=r"\(2, 3, 4\).*\(5, 5\)"):
+        x.reshape(5, 5)
+    with pytest.raises(zyx.ShapeError):
+        x.reshape(-1, -1)
+    with pytest.raises(zyx.ShapeError):
+        x.reshape(5, -1)
+
+
+def test_squeeze_unsqueeze():
+    b = np.random.randn(1, 3, 1, 2).astype(np.float32)
+    x = zyx.Tensor(b)
+    assert_close(x.squeeze(), b.squeeze(), dtype=zyx.float32)
+    assert_close(x.squeeze(0), b.squeeze(0), dtype=zyx.float32)
+    assert_close(x.squeeze(-2), b.squeeze(-2), dtype=zyx.float32)
+    assert_close(x.squeeze(dim=1), b, dtype=zyx.float32)      # size 3: unchanged (torch)
+    assert_close(x.squeeze((0, 2)), b.squeeze((0, 2)), dtype=zyx.float32)
+    assert_close(x.unsqueeze(0), b[None], dtype=zyx.float32)
+    assert_close(x.unsqueeze(-1), b[..., None], dtype=zyx.float32)
+    assert_close(x.unsqueeze(dim=2), np.expand_dims(b, 2), dtype=zyx.float32)
+    assert_close(zyx.unsqueeze(zyx.squeeze(x), 1), b.squeeze()[:, None], dtype=zyx.float32)
+    assert zyx.Tensor(2.0).unsqueeze(0).shape == (1,)
+
+
+def test_permute_transpose_T(a):
+    x = zyx.Tensor(a)
+    assert_close(x.permute(2, 0, 1), a.transpose(2, 0, 1), dtype=zyx.float32)
+    assert_close(x.permute((1, 2, 0)), a.transpose(1, 2, 0), dtype=zyx.float32)
+    assert_close(x.permute(-1, 0, 1), a.transpose(2, 0, 1), dtype=zyx.float32)
+    assert_close(x.transpose(0, 2), a.swapaxes(0, 2), dtype=zyx.float32)
+    assert_close(x.transpose(dim0=-1, dim1=1), a.swapaxes(-1, 1), dtype=zyx.float32)
+    assert_close(x.transpose(), a.swapaxes(-2, -1), dtype=zyx.float32)
+    assert_close(x.T, a.transpose(2, 1, 0), dtype=zyx.float32)
+    assert_close(x.mT, a.swapaxes(-2, -1), dtype=zyx.float32)
+    assert_close(zyx.permute(x, (0, 2, 1)), a.transpose(0, 2, 1), dtype=zyx.float32)
+    assert_close(zyx.transpose(x, 0, 1), a.swapaxes(0, 1), dtype=zyx.float32)
+    with pytest.raises(zyx.ShapeError):
+        x.permute(0, 1)
+    with pytest.raises(zyx.ShapeError):
+        x.permute(0, 1, 1)
+
+
+def test_expand_broadcast_to():
+    b = np.random.randn(3, 1).astype(np.float32)
+    x = zyx.Tensor(b)
+    assert_close(x.expand(3, 4), np.broadcast_to(b, (3, 4)), dtype=zyx.float32)
+    assert_close(x.expand(2, -1, 5), np.broadcast_to(b, (2, 3, 5)), dtype=zyx.float32)
+    assert_close(x.broadcast_to((2, 3, 4)), np.broadcast_to(b, (2, 3, 4)), dtype=zyx.float32)
+    assert_close(zyx.broadcast_to(x, (3, 2)), np.broadcast_to(b, (3, 2)), dtype=zyx.float32)
+    assert_close(x.expand_as(zyx.zeros(3, 6)), np.broadcast_to(b, (3, 6)), dtype=zyx.float32)
+    assert_close(zyx.Tensor(1.5).expand(2, 2), np.full((2, 2), 1.5, np.float32),
+                 dtype=zyx.float32)
+    with pytest.raises(zyx.ShapeError, match=r"\(3, 1\)"):
+        x.expand(4, 4)
+    with pytest.raises(zyx.ShapeError):
+        x.expand(3)
+
+
+def test_flip(a):
+    x = zyx.Tensor(a)
+    assert_close(x.flip(0), a[::-1], dtype=zyx.float32)
+    assert_close(x.flip(-1), a[:, :, ::-1], dtype=zyx.float32)
+    assert_close(x.flip((0, 2)), a[::-1, :, ::-1], dtype=zyx.float32)
+    assert_close(x.flip(dims=[1]), a[:, ::-1], dtype=zyx.float32)
+    assert_close(x.flip(), a[::-1, ::-1, ::-1], dtype=zyx.float32)
+    assert_close(zyx.flip(x, 1).flip(1), a, dtype=zyx.float32)
+
+
+def test_repeat():
+    b = np.random.randn(2, 3).astype(np.float32)
+    x = zyx.Tensor(b)
+    assert_close(x.repeat(2, 2), np.tile(b, (2, 2)), dtype=zyx.float32)
+    assert_close(x.repeat(1, 3), np.tile(b, (1, 3)), dtype=zyx.float32)
+    assert_close(x.repeat((3, 1, 2)), np.tile(b, (3, 1, 2)), dtype=zyx.float32)
+    assert_close(x.T.repeat(2, 1), np.tile(b.T, (2, 1)), dtype=zyx.float32)
+    with pytest.raises(zyx.ShapeError):
+        x.repeat(2)
+
+
+def test_roll(a):
+    x = zyx.Tensor(a)
+    assert_close(x.roll(1, 0), np.roll(a, 1, 0), dtype=zyx.float32)
+    assert_close(x.roll(-1, dims=2), np.roll(a, -1, 2), dtype=zyx.float32)
+    assert_close(x.roll(5, 2), np.roll(a, 5, 2), dtype=zyx.float32)
+    assert_close(x.roll((1, 2), (1, 2)), np.roll(a, (1, 2), (1, 2)), dtype=zyx.float32)
+    assert_close(x.roll(3), np.roll(a, 3), dtype=zyx.float32)        # flattened
+    assert_close(zyx.roll(x, 4, 2), a, dtype=zyx.float32)
+
+
+def test_contiguous_clone_detach(a):
+    x = zyx.Tensor(a)
+    assert_close(x.T.contiguous(), a.transpose(2, 1, 0), dtype=zyx.float32)
+    assert_close(x.clone(), a, dtype=zyx.float32)
+    assert_close(x.detach() * 1, a, dtype=zyx.float32)
+    b = zyx.Tensor(np.array([True, False]))
+    assert_close(b.clone(), np.array([True, False]), dtype=zyx.bool)
+
+
+# ---------------------------------------------------------------------------------------
+# cat / stack / split / chunk
+
+@pytest.mark.parametrize("d", (zyx.float32, zyx.int32, zyx.bool, zyx.float16, zyx.uint8,
+                               zyx.int64),
+                         ids=ids((zyx.float32, zyx.int32, zyx.bool, zyx.float16, zyx.uint8,
+                                  zyx.int64)))
+def test_cat_stack_dtypes(d):
+    p, q = sample((2, 3), d, -9, 9), sample((2, 3), d, -9, 9)
+    x, y = zyx.Tensor(p, dtype=d), zyx.Tensor(q, dtype=d)
+    assert_close(zyx.cat([x, y]), np.concatenate([p, q]), dtype=d)
+    assert_close(zyx.cat([x, y, x], dim=1), np.concatenate([p, q, p], 1), dtype=d)
+    assert_close(zyx.stack([x, y]), np.stack([p, q]), dtype=d)
+    assert_close(zyx.stack([x, y], axis=-1), np.stack([p, q], -1), dtype=d)
+
+
+def test_cat_special_values_and_promotion():
+    p = np.array([np.nan, -0.0, np.inf], dtype=np.float32)
+    q = np.array([-np.inf, 1.0], dtype=np.float32)
+    got = zyx.cat([zyx.Tensor(p), zyx.Tensor(q)])
+    assert_close(got, np.concatenate([p, q]), dtype=zyx.float32)
+    i = np.array([1, 2], dtype=np.int32)
+    got = zyx.concatenate([zyx.Tensor(i), zyx.Tensor(q)])
+    assert_close(got, np.concatenate([i.astype(np.float32), q]), dtype=zyx.float32)
+
+
+def test_cat_noncontiguous_and_mixed_sizes(a):
+    x = zyx.Tensor(a)
+    b = np.random.randn(2, 5, 4).astype(np.float32)
+    got = zyx.cat([x.flip(1), zyx.Tensor(b)[:, ::2], x[:, :1]], dim=-2)
+    assert_close(got, np.concatenate([a[:, ::-1], b[:, ::2], a[:, :1]], -2), dtype=zyx.float32)
+    e = zyx.cat([x, zyx.Tensor(np.zeros((2, 0, 4), np.float32))], 1)
+    assert_close(e, a, dtype=zyx.float32)
+    with pytest.raises(zyx.ShapeError, match=r"\(2, 3, 4\).*\(2, 5, 3\)"):
+        zyx.cat([x, zyx.zeros(2, 5, 3)], 1)
+    with pytest.raises(zyx.ShapeError):
+        zyx.cat([])
+    with pytest.raises(zyx.ShapeError):
+        zyx.stack([x, zyx.zeros(2, 3, 5)])
+
+
+def test_split_chunk():
+    b = np.random.randn(7, 4).astype(np.float32)
+    x = zyx.Tensor(b)
+    parts = x.split(3)
+    ref = np.split(b, [3, 6])
+    assert len(parts) == 3
+    for p, r in zip(parts, ref):
+        assert_close(p, r, dtype=zyx.float32)
+    parts = zyx.split(x, [2, 5], dim=0)
+    for p, r in zip(parts, np.split(b, [2])):
+        assert_close(p, r, dtype=zyx.float32)
+    parts = x.split(2, dim=1)
+    for p, r in zip(parts, np.split(b, 2, axis=1)):
+        assert_close(p, r, dtype=zyx.float32)
+    chunks = x.chunk(3)
+    assert [c.shape for c in chunks] == [(3, 4), (3, 4), (1, 4)]     # torch sizes
+    assert_close(zyx.cat(chunks), b, dtype=zyx.float32)
+    chunks = zyx.chunk(x, 2, dim=-1)
+    for c, r in zip(chunks, np.split(b, 2, axis=1)):
+        assert_close(c, r, dtype=zyx.float32)
+    with pytest.raises(zyx.ShapeError):
+        x.split([3, 3])
+
+
+# ---------------------------------------------------------------------------------------
+# tril / triu / pad
+
+@pytest.mark.parametrize("k", [0, 1, -1, 3, -4])
+def test_tril_triu(k):
+    b = np.random.randn(2, 4, 5).astype(np.float32)
+    x = zyx.Tensor(b)
+    assert_close(x.tril(k), np.tril(b, k), dtype=zyx.float32)
+    assert_close(x.triu(k), np.triu(b, k), dtype=zyx.float32)
+    assert_close(zyx.tril(x, diagonal=k), np.tril(b, k), dtype=zyx.float32)
+    assert_close(zyx.triu(x, diagonal=k), np.triu(b, k), dtype=zyx.float32)
+
+
+def test_tril_triu_ints_and_views():
+    b = np.arange(12, dtype=np.int32).reshape(3, 4)
+    x = zyx.Tensor(b)
+    assert_close(x.tril(), np.tril(b), dtype=zyx.int32)
+    assert_close(x.T.triu(), np.triu(b.T), dtype=zyx.int32)
+    m = np.array([[True, True], [True, True]])
+    assert_close(zyx.Tensor(m).tril(), np.tril(m), dtype=zyx.bool)
+    with pytest.raises(zyx.ShapeError):
+        zyx.ones(3).tril()
+
+
+def test_tensor_pad():
+    b = np.random.randn(2, 3).astype(np.float32)
+    x = zyx.Tensor(b)
+    assert_close(x.pad((1, 2)), np.pad(b, ((0, 0), (1, 2))), dtype=zyx.float32)
+    assert_close(x.pad((1, 0, 0, 2), value=-1.5),
+                 np.pad(b, ((0, 2), (1, 0)), constant_values=-1.5), dtype=zyx.float32)
+    assert_close(x.pad((-1, 1)), np.pad(b, ((0, 0), (0, 1)))[:, 1:], dtype=zyx.float32)
+    assert_close(x.T.pad((2, 2, 1, 1)), np.pad(b.T, ((1, 1), (2, 2))), dtype=zyx.float32)
+    i = np.arange(4, dtype=np.int64)
+    assert_close(zyx.Tensor(i).pad((3, 1), value=7), np.pad(i, (3, 1), constant_values=7),
+                 dtype=zyx.int64)
+    with pytest.raises(zyx.ShapeError):
+        x.pad((1, 1, 1, 1, 1, 1))
+    with pytest.raises(NotImplementedError):
+        x.pad((1, 1), mode="reflect")
+
+
+def test_pad_then_reduce_and_chains(a):
+    """Padding inside fused kernels: padded values must read as the fill value."""
+    x = zyx.Tensor(a)
+    p = np.pad(a, ((0, 0), (1, 1), (2, 0)), constant_values=-np.inf)
+    got = x.pad((2, 0, 1, 1), value=float("-inf"))
+    assert_close(got.max(-1), p.max(-1), dtype=zyx.float32)
+    assert_close(got.exp().sum(1), np.exp(p).sum(1), dtype=zyx.float32, scale=2)
+
+
+# ---------------------------------------------------------------------------------------
+# deep chains of movement ops (index arithmetic must compose correctly)
+
+def test_movement_chain_compositions():
+    b = np.random.randn(4, 6, 5).astype(np.float32)
+    x = zyx.Tensor(b)
+    got = x.permute(2, 0, 1).reshape(5, 24)[:, 3:21].reshape(5, 3, 6).flip(1).transpose(0, 2)
+    ref = b.transpose(2, 0, 1).reshape(5, 24)[:, 3:21].reshape(5, 3, 6)[:, ::-1].swapaxes(0, 2)
+    assert_close(got, ref, dtype=zyx.float32)
+    got = x[::-1, 1::2].reshape(-1)[::3].reshape(4, 5).T.expand(2, 5, 4)
+    ref = np.broadcast_to(b[::-1, 1::2].reshape(-1)[::3].reshape(4, 5).T, (2, 5, 4))
+    assert_close(got, ref, dtype=zyx.float32)
+    got = x.flip(2).reshape(4, 30).roll(7, 1).reshape(4, 6, 5).permute(1, 2, 0) + 1
+    ref = np.roll(b[:, :, ::-1].reshape(4, 30), 7, 1).reshape(4, 6, 5).transpose(1, 2, 0) + 1
+    assert_close(got, ref, dtype=zyx.float32)
+    got = x.reshape(120).flip(0).reshape(6, 20)[1:5].reshape(8, 10).flip(0)
+    ref = b.reshape(120)[::-1].reshape(6, 20)[1:5].reshape(8, 10)[::-1]
+    assert_close(got, ref, dtype=zyx.float32)
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (3, 4, 5), (12,)])
+def test_reshape_flip_reshape_every_split(shape):
+    """Reshape -> flip -> reshape for every factorization: stresses floor vs truncation in
+    the symbolic index division."""
+    n = int(np.prod(shape))
+    b = np.arange(n, dtype=np.int32).reshape(shape)
+    x = zyx.Tensor(b)
+    for rows in [r for r in range(1, n + 1) if n % r == 0]:
+        got = x.reshape(rows, n // rows).flip(0).T.reshape(shape).flip(-1) - x
+        ref = b.reshape(rows, n // rows)[::-1].T.reshape(shape)[..., ::-1] - b
+        assert_close(got, ref, dtype=zyx.int32, msg=f"rows={rows}")
+
+
+def test_movement_zero_dim_and_empty():
+    s = zyx.Tensor(3.0)
+    assert_close(s.reshape(1, 1), np.full((1, 1), 3.0, np.float32), dtype=zyx.float32)
+    assert_close(s.expand(3), np.full(3, 3.0, np.float32), dtype=zyx.float32)
+    assert s.flip().item() == 3.0 and s.T.item() == 3.0 and s.permute().item() == 3.0
+    e = zyx.Tensor(np.zeros((0, 4), np.float32))
+    assert e.reshape(4, 0).shape == (4, 0)
+    assert e.T.numpy().shape == (4, 0)
+    assert e.flip(0).numpy().shape == (0, 4)
+    assert e.expand(2, 0, 4).numpy().shape == (2, 0, 4)
+    assert zyx.cat([e, e]).numpy().shape == (0, 4)
+    assert e.reshape(-1, 2).shape == (0, 2)

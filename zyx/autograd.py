@@ -1,0 +1,594 @@
+"""Reverse-mode autograd on the graph primitives.
+
+Recording happens at the primitive level: `Tensor._make` calls `zyx.tensor._grad_hook` for
+every node it creates, and the hook stores `(op, arg, srcs)` on the new Tensor (`_ctx`).
+A dozen backward rules, one per primitive (`_RULES` below), are enough for the whole
+Tensor API, because every higher op (softmax, matmul, getitem, cat, gather ...) is built from
+the primitives, and broadcasting is already explicit EXPAND nodes.
+
+Backward rules are written with Tensor ops, so gradients are lazy tensors: realized together
+with the forward pass they fuse into the same kernels, and when recording stays on during
+the backward pass (`create_graph=True` or an enclosing Tape) the gradients are themselves
+differentiable.
+
+Two ways in, one machinery:
+
+    with zyx.Tape() as tape:                  # zyx / TensorFlow style
+        loss = f(w)
+    dw = tape.gradient(loss, w)               # lazy; zeros for unconnected sources
+
+    w = zyx.Tensor(data, requires_grad=True)  # PyTorch style
+    f(w).backward(); w.grad                   # realized, accumulated
+
+What is recorded: inside an active Tape every floating-point op; outside, an op is recorded
+when one of its inputs has `requires_grad` (recorded outputs get `requires_grad=True`, as in
+torch). Nothing else costs more than one function call per op.
+
+Memory: the recorded structure lives only on the output tensors, so it dies with them.
+`backward()` and a non-persistent tape's `gradient()` free it after use (the walked tensors
+forget their inputs) unless `retain_graph=True`, so a training loop keeps no history.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import weakref
+
+from ._core import graph as G
+from ._core import kernel as K
+from .errors import ShapeError, ZyxError
+from .runtime import RT
+from .tensor import Tensor, _const, where
+
+# the module itself: `zyx.tensor` as an attribute is the tensor() function that
+# `from .tensor import *` exports, so `from . import tensor` would get the function
+_T = sys.modules[Tensor.__module__]
+
+__all__ = ["Tape", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "grad"]
+
+_graph = RT.graph
+_tapes = []          # active Tape contexts, innermost last
+_retained = {}       # id(tensor) -> weakref, non-leaves that asked for .grad (retain_grad)
+
+
+class _Freed:
+    """The `_ctx` of a tensor whose recorded inputs were released by an earlier backward."""
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<freed graph>"
+
+
+_FREED = _Freed()
+
+
+# ---------------------------------------------------------------------------------------
+# recording
+
+def _record(out, op, arg, srcs):
+    """The grad hook: store how `out` was made when someone may want its gradient."""
+    if not _tapes:
+        for s in srcs:
+            if s.requires_grad:
+                break
+        else:
+            return          # the common case when nothing needs grad: one loop, no work
+    if not _graph.get(out._id).dtype.is_float:
+        return              # ints and bools have no gradient
+    out._ctx = (op, arg, srcs)
+    out.requires_grad = True
+
+
+def _set_hook(on):
+    prev = _T._grad_hook is not None
+    _T._grad_hook = _record if on else None
+    return prev
+
+
+def is_grad_enabled() -> bool:
+    """Whether ops are currently recorded for autograd."""
+    return _T._grad_hook is not None
+
+
+class set_grad_enabled:
+    """Turn recording on or off; usable as a function, a context manager or a decorator."""
+
+    def __init__(self, mode: bool):
+        self.prev = _set_hook(bool(mode))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _set_hook(self.prev)
+        return False
+
+
+class _GradMode:
+    """Context manager / decorator that sets recording on or off for its body
+    (`with no_grad():`, `@no_grad()` and `@no_grad` all work)."""
+    mode = True
+
+    def __new__(cls, fn=None):
+        self = super().__new__(cls)
+        return self(fn) if callable(fn) else self
+
+    def __init__(self, fn=None):
+        pass
+
+    def __enter__(self):
+        self.prev = _set_hook(self.mode)
+        return self
+
+    def __exit__(self, *exc):
+        _set_hook(self.prev)
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with type(self)():
+                return fn(*args, **kwargs)
+        return wrapped
+
+
+class no_grad(_GradMode):
+    """Nothing written inside is recorded (inference, optimizer updates)."""
+    mode = False
+
+
+class enable_grad(_GradMode):
+    """Recording on again inside a `no_grad` block."""
+    mode = True
+
+
+# ---------------------------------------------------------------------------------------
+# backward rules: rule(out, g, arg, srcs, need) -> one gradient (or None) per src.
+# `g` has out's shape and dtype; `need[i]` says whether src i wants a gradient, so rules
+# skip work nobody asked for (e.g. the gradient of a constant exponent).
+
+def _zero_like(t):
+    return _const(0, t.dtype, t.shape)
+
+
+def _sign(x):
+    return (x > 0).cast(x.dtype) - (x < 0).cast(x.dtype)
+
+
+def _unary_rule(out, g, uop, srcs, need):
+    x = srcs[0]
+    if uop == K.U_NEG:
+        return (-g,)
+    if uop == K.U_EXP:
+        return (g * out,)
+    if uop == K.U_EXP2:
+        return (g * out * math.log(2.0),)
+    if uop == K.U_LOG:
+        return (g / x,)
+    if uop == K.U_LOG2:
+        return (g / (x * math.log(2.0)),)
+    if uop == K.U_RECIP:
+        return (-(g * out * out),)
+    if uop == K.U_SQRT:
+        return (g / (out * 2.0),)
+    if uop == K.U_SIN:
+        return (g * x.cos(),)
+    if uop == K.U_COS:
+        return (-(g * x.sin()),)
+    if uop == K.U_TANH:
+        return (g * (1.0 - out * out),)
+    if uop == K.U_ERF:
+        return (g * (-(x * x)).exp() * (2.0 / math.sqrt(math.pi)),)
+    if uop == K.U_ABS:
+        return (g * _sign(x),)
+    if uop in (K.U_FLOOR, K.U_TRUNC):
+        return (_zero_like(x),)        # piecewise constant
+    return (None,)
+
+
+def _binary_rule(out, g, bop, srcs, need):
+    a, b = srcs
+    if bop == K.B_ADD:
+        return g, g
+    if bop == K.B_SUB:
+        return g, (-g if need[1] else None)
+    if bop == K.B_MUL:
+        return (g * b if need[0] else None), (g * a if need[1] else None)
+    if bop == K.B_DIV:
+        return (g / b if need[0] else None), (-(g * a) / (b * b) if need[1] else None)
+    if bop == K.B_POW:
+        ga = gb = None
+        if need[0]:   # torch: 0 where the exponent is 0, else g * b * a^(b-1)
+            ga = where(b == 0, 0.0, g * b * a._binary_prim(b - 1.0, K.B_POW))
+        if need[1]:   # torch: 0 where a == 0 and b >= 0, else g * a^b * log(a)
+            gb = where((a == 0) & (b >= 0), 0.0, g * out * a.log())
+        return ga, gb
+    if bop in (K.B_MAX, K.B_MIN):
+        # ties split the gradient in half between both sides (torch.maximum/minimum)
+        eq = a == b
+        half = g * 0.5
+        zero = _const(0, g.dtype, ())
+        a_wins = (a > b) if bop == K.B_MAX else (a < b)
+        b_wins = (a < b) if bop == K.B_MAX else (a > b)
+        ga = where(eq, half, where(a_wins, g, zero)) if need[0] else None
+        gb = where(eq, half, where(b_wins, g, zero)) if need[1] else None
+        return ga, gb
+    if bop == K.B_MOD:   # fmod: a - trunc(a/b) * b
+        gb = -(g * a._binary_prim(b, K.B_DIV).trunc()) if need[1] else None
+        return g, gb
+    return None, None    # comparisons and bit ops have no gradient
+
+
+def _where_rule(out, g, arg, srcs, need):
+    c, a, b = srcs
+    zero = _const(0, g.dtype, ())
+    return (None, where(c, g, zero) if need[1] else None, where(c, zero, g) if need[2] else None)
+
+
+def _cast_rule(out, g, arg, srcs, need):
+    x = srcs[0]
+    return (g.cast(x.dtype) if x.dtype.is_float else None,)
+
+
+def _reduce_rule(out, g, arg, srcs, need):
+    rop, axes = arg
+    x = srcs[0]
+    shape = x.shape
+    if rop == K.R_SUM:
+        return (g.expand(shape),)
+    if rop in (K.R_MAX, K.R_MIN):
+        # the gradient goes to the positions holding the extreme value, split on ties
+        hit = x == out.expand(shape)
+        count = hit.cast(x.dtype)._reduce(K.R_SUM, axes, True)
+        return (where(hit, (g / count).expand(shape), _const(0, x.dtype, ())),)
+    if rop == K.R_PROD:
+        # d prod / d x_i = prod / x_i, except at zeros: the product of the other elements
+        # when x_i is the only zero, else 0 (out / x is 0 at nonzero x_i when a zero exists)
+        is_zero = x == 0
+        one = _const(1, x.dtype, ())
+        nonzero_prod = where(is_zero, one, x)._reduce(K.R_PROD, axes, True).expand(shape)
+        n_zero = is_zero.cast(x.dtype)._reduce(K.R_SUM, axes, True).expand(shape)
+        at_zero = where(n_zero == 1, nonzero_prod, _const(0, x.dtype, ()))
+        return (g.expand(shape) * where(is_zero, at_zero, out.expand(shape) / x),)
+    raise ZyxError(f"no backward rule for reduce op {rop}")
+
+
+def _reshape_rule(out, g, arg, srcs, need):
+    return (g.reshape(srcs[0].shape),)
+
+
+def _permute_rule(out, g, order, srcs, need):
+    inv = [0] * len(order)
+    for i, a in enumerate(order):
+        inv[a] = i
+    return (g.permute(inv),)
+
+
+def _expand_rule(out, g, arg, srcs, need):
+    x = srcs[0]
+    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, out.shape)) if a != b)
+    return (g._reduce(K.R_SUM, axes, True) if axes else g,)
+
+
+def _pad_rule(out, g, arg, srcs, need):
+    pads, _fill = arg     # padded positions hold a constant: no gradient flows there
+    return (g._pad(tuple((-a, -b) for a, b in pads)),)
+
+
+def _flip_rule(out, g, axes, srcs, need):
+    return (g.flip(axes),)
+
+
+_RULES = [None] * len(G.OP_NAMES)
+_RULES[G.CAST] = _cast_rule
+_RULES[G.UNARY] = _unary_rule
+_RULES[G.BINARY] = _binary_rule
+_RULES[G.WHERE] = _where_rule
+_RULES[G.REDUCE] = _reduce_rule
+_RULES[G.RESHAPE] = _reshape_rule
+_RULES[G.PERMUTE] = _permute_rule
+_RULES[G.EXPAND] = _expand_rule
+_RULES[G.PAD] = _pad_rule
+_RULES[G.FLIP] = _flip_rule
+
+
+# ---------------------------------------------------------------------------------------
+# the backward pass
+
+def _walk(targets, is_source):
+    """Depth-first over recorded inputs. Returns (post-order of tensors a source is
+    reachable from, set of their ids, every visited tensor)."""
+    needs = {}
+    order = []
+    visited = []
+    onpath = set()
+    for root in targets:
+        if id(root) in needs:
+            continue
+        stack = [(root, False)]
+        while stack:
+            t, done = stack.pop()
+            k = id(t)
+            ctx = t._ctx
+            if done:
+                n = is_source(t)
+                if ctx is _FREED:
+                    n = True           # it had inputs once; reaching it is an error below
+                elif ctx is not None:
+                    for s in ctx[2]:
+                        if needs.get(id(s)):
+                            n = True
+                            break
+                needs[k] = n
+                if n:
+                    order.append(t)
+                continue
+            if k in needs or k in onpath:
+                continue
+            onpath.add(k)
+            visited.append(t)
+            stack.append((t, True))
+            if ctx is not None and ctx is not _FREED:
+                for s in ctx[2]:
+                    if id(s) not in needs:
+                        stack.append((s, False))
+    return order, needs, visited
+
+
+def _run_backward(targets, out_grads, is_source, record):
+    """Gradients of sum(target * out_grad) for every tensor the walk marks as a source.
+    Returns ({id: grad}, visited tensors)."""
+    order, needs, visited = _walk(targets, is_source)
+    grads = {}
+    for t, g in zip(targets, out_grads):
+        k = id(t)
+        grads[k] = g if k not in grads else grads[k] + g
+    result = {}
+    prev = _set_hook(record)
+    if record:
+        # record every backward op, also those on leaves nobody marked (e.g. x in x * g
+        # when the forward ran under a Tape that has exited): the result must be
+        # differentiable with respect to everything the forward pass depended on
+        _tapes.append(None)
+    try:
+        for t in reversed(order):
+            k = id(t)
+            g = grads.pop(k, None)
+            if g is None:
+                continue
+            if is_source(t):
+                result[k] = g
+            ctx = t._ctx
+            if ctx is None:
+                continue
+            if ctx is _FREED:
+                if k in result:
+                    continue
+                raise ZyxError(
+                    "backward through a graph that was already freed by an earlier "
+                    "backward()/gradient(): pass retain_graph=True (or use Tape(persistent="
+                    "True)) the first time, or detach() the shared tensor")
+            op, arg, srcs = ctx
+            need = [needs.get(id(s), False) for s in srcs]
+            if not any(need):
+                continue
+            for s, n, gs in zip(srcs, need, _RULES[op](t, g, arg, srcs, need)):
+                if n and gs is not None:
+                    ks = id(s)
+                    grads[ks] = gs if ks not in grads else grads[ks] + gs
+    finally:
+        if record:
+            _tapes.pop()
+        _set_hook(prev)
+    return result, visited
+
+
+def _free(visited):
+    """Forget recorded inputs, so forward intermediates can be freed."""
+    for t in visited:
+        if t._ctx is not None:
+            t._ctx = _FREED
+            t.requires_grad = False
+
+
+def _as_list(x):
+    if isinstance(x, Tensor):
+        return [x], True
+    return list(x), False
+
+
+def _default_out_grads(targets, output_gradients, strict_scalar):
+    if output_gradients is None:
+        out = []
+        for t in targets:
+            if strict_scalar and t.numel() != 1:
+                raise ShapeError(f"backward() of a tensor of shape {t.shape} needs a gradient "
+                                 f"argument; only one-element tensors get an implicit one")
+            out.append(_const(1, t.dtype, t.shape))
+        return out
+    ogs, _ = _as_list(output_gradients)
+    if len(ogs) != len(targets):
+        raise ShapeError(f"{len(ogs)} output gradient(s) for {len(targets)} target(s)")
+    out = []
+    for t, g in zip(targets, ogs):
+        if g is None:
+            g = _const(1, t.dtype, t.shape)
+        elif not isinstance(g, Tensor):
+            g = Tensor(g, dtype=t.dtype)
+        if g.shape != t.shape:
+            raise ShapeError(f"output gradient of shape {g.shape} for a target of shape {t.shape}")
+        out.append(g.cast(t.dtype))
+    return out
+
+
+def _grads(tl, sl, output_gradients, record, keep, unconnected):
+    """Shared by grad() and Tape.gradient: lazy gradients of targets `tl` for sources `sl`."""
+    for s in sl:
+        if not isinstance(s, Tensor):
+            raise TypeError(f"gradient sources must be Tensors, got {type(s).__name__}")
+    ogs = _default_out_grads(tl, output_gradients, False)
+    ids = {id(s) for s in sl}
+    res, visited = _run_backward(tl, ogs, lambda t: id(t) in ids, record)
+    if not keep:
+        _free(visited)
+    out = []
+    for s in sl:
+        g = res.get(id(s))
+        if g is None and unconnected == "zero":
+            g = _zero_like(s)
+        out.append(g)
+    return out
+
+
+def grad(targets, sources, output_gradients=None, create_graph=False, retain_graph=None,
+         unconnected="zero"):
+    """Functional form (torch.autograd.grad-like): lazy gradients of `targets` with respect
+    to `sources` (a tensor, a list, or a dict). Unconnected sources get zeros
+    (`unconnected="zero"`) or None (`unconnected="none"`)."""
+    tl, _ = _as_list(targets)
+    if isinstance(sources, dict):
+        keys = list(sources)
+        vals = [sources[k] for k in keys]
+        got = grad(tl, vals, output_gradients, create_graph, retain_graph, unconnected)
+        return dict(zip(keys, got))
+    sl, single = _as_list(sources)
+    record = bool(create_graph) and is_grad_enabled()
+    keep = retain_graph if retain_graph is not None else record
+    out = _grads(tl, sl, output_gradients, record, keep, unconnected)
+    return out[0] if single else out
+
+
+class Tape:
+    """Records the ops written inside `with Tape() as tape:` for `tape.gradient`.
+
+    `persistent=True` allows several `gradient` calls (the graph is then kept until the
+    recorded tensors are dropped). Gradients of gradients: call `gradient` inside an outer
+    Tape, or pass `create_graph=True`."""
+
+    def __init__(self, persistent: bool = False):
+        self.persistent = persistent
+        self._used = False
+        self._active = False
+
+    def __enter__(self):
+        _tapes.append(self)
+        self._active = True
+        return self
+
+    def __exit__(self, *exc):
+        if self._active:
+            _tapes.remove(self)
+            self._active = False
+        return False
+
+    def stop_recording(self):
+        """Context in which nothing is recorded (tf spelling of no_grad)."""
+        return no_grad()
+
+    def gradient(self, target, sources, output_gradients=None, create_graph=False,
+                 retain_graph=None, unconnected_gradients="zero"):
+        """Lazy gradients of `target` (a tensor or a list: their sum) with respect to
+        `sources` (a tensor, a list or a dict; the result has the same structure).
+
+        `output_gradients` weights each target (default ones, also for non-scalar
+        targets, as in TensorFlow). Sources the target does not depend on get zeros
+        (`unconnected_gradients="none"` gives None instead). The backward ops are recorded
+        themselves when `create_graph=True` or another Tape encloses this call."""
+        if self._used and not self.persistent:
+            raise ZyxError("a non-persistent Tape computes gradients once; use "
+                           "Tape(persistent=True) to call gradient() several times")
+        self._used = True
+        outer = any(t is not self for t in _tapes)
+        record = (bool(create_graph) or outer) and is_grad_enabled()
+        keep = self.persistent or record if retain_graph is None else retain_graph
+        tl, _ = _as_list(target)
+        if isinstance(sources, dict):
+            keys = list(sources)
+            got = _grads(tl, [sources[k] for k in keys], output_gradients, record, keep,
+                         unconnected_gradients)
+            return dict(zip(keys, got))
+        sl, single = _as_list(sources)
+        got = _grads(tl, sl, output_gradients, record, keep, unconnected_gradients)
+        return got[0] if single else got
+
+
+# ---------------------------------------------------------------------------------------
+# PyTorch habit: requires_grad, backward(), .grad
+
+def _backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+    """Accumulate d(self)/d(leaf) into `.grad` of every leaf with requires_grad (or of
+    `inputs`). All gradients (and self, when not yet computed) realize in one pass."""
+    if self._ctx is None and not self.requires_grad:
+        raise ZyxError("backward() of a tensor that does not require grad and has no "
+                       "recorded graph (was it computed under no_grad, or detached?)")
+    if self._ctx is _FREED:
+        raise ZyxError("backward() through a graph that was already freed: pass "
+                       "retain_graph=True to the first backward()")
+    ogs = _default_out_grads([self], None if gradient is None else [gradient], True)
+    if inputs is not None:
+        il, _ = _as_list(inputs)
+        ids = {id(t) for t in il}
+        is_source = lambda t: id(t) in ids  # noqa: E731
+    else:
+        def is_source(t):
+            return (t._ctx is None and t.requires_grad) or id(t) in _retained
+    record = bool(create_graph) and is_grad_enabled()
+    res, visited = _run_backward([self], ogs, is_source, record)
+    by_id = {id(t): t for t in visited}
+    new = []
+    for k, g in res.items():
+        t = by_id[k]
+        if t.grad is not None:
+            with no_grad() if not record else enable_grad():
+                g = t.grad + g
+        new.append((t, g))
+    if not record:
+        RT.realize([self._id] + [g._id for _, g in new])
+    for t, g in new:
+        t.grad = g if record else g.detach()
+    if not (retain_graph if retain_graph is not None else create_graph):
+        _free(visited)
+
+
+def _requires_grad_(self, requires_grad=True):
+    """Mark this tensor as a leaf whose gradient `backward()` accumulates in `.grad`."""
+    self.requires_grad = bool(requires_grad)
+    return self
+
+
+def _is_leaf(self):
+    """True for tensors not made by a recorded op (torch semantics)."""
+    return self._ctx is None
+
+
+def _retain_grad(self):
+    """Also fill `.grad` of this non-leaf tensor on backward()."""
+    k = id(self)
+    _retained[k] = weakref.ref(self, lambda _r, k=k: _retained.pop(k, None))
+
+
+def _grad_fn(self):
+    """The primitive that made this tensor (name), or None for leaves."""
+    ctx = self._ctx
+    if ctx is None:
+        return None
+    if ctx is _FREED:
+        return "<freed>"
+    return G.OP_NAMES[ctx[0]]
+
+
+def _detach_(self):
+    self._ctx = None
+    self.requires_grad = False
+    return self
+
+
+Tensor.backward = _backward
+Tensor.requires_grad_ = _requires_grad_
+Tensor.is_leaf = property(_is_leaf)
+Tensor.retain_grad = _retain_grad
+Tensor.grad_fn = property(_grad_fn)
+Tensor.detach_ = _detach_
+
+_T._grad_hook = _record

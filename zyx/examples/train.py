@@ -1,0 +1,210 @@
+"""Train a small convnet on handwritten digits: ``python -m zyx.examples.train``.
+
+By default the data set is scikit-learn's bundled 8x8 digits (offline, 1,797 images, a
+seeded stratified 80/20 split); ``--mnist DIR`` trains on MNIST from the four IDX files in
+DIR instead. The loop is the PyTorch one:
+
+    logits = model(x); loss = F.cross_entropy(logits, y)
+    opt.zero_grad(); loss.backward(); opt.step()
+
+Every step has the same shapes (the last incomplete batch of an epoch is dropped and the
+test set is evaluated in fixed-size batches), so after the first step zyx's plan cache
+turns a step into graph building plus kernel launches. A progress bar on stderr shows the
+running loss and accuracy; the final test accuracy and the wall time go to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+
+import zyx
+import zyx.datasets
+
+__all__ = ["ConvNet", "ProgressBar", "train", "evaluate", "main"]
+
+
+def ConvNet(in_channels=1, image_size=(8, 8), num_classes=10, width=16):
+    """conv3x3-relu-maxpool twice, then a linear classifier (about 9k parameters for 8x8)."""
+    from zyx import nn
+    h, w = image_size
+    return nn.Sequential(
+        nn.Conv2d(in_channels, width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(width, 2 * width, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(2 * width * (h // 4) * (w // 4), num_classes))
+
+
+class ProgressBar:
+    """A one-line text progress bar on stderr (no dependencies).
+
+    On a terminal the line is redrawn in place at most `interval` seconds apart; when stderr
+    is a file or a pipe only the finished line of each bar is written, so logs stay short."""
+
+    def __init__(self, total, desc="", stream=None, width=24, interval=0.1):
+        self.total = max(int(total), 1)
+        self.desc = desc
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.interval = interval
+        self.n = 0
+        self.t0 = time.perf_counter()
+        self._last = 0.0
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def _line(self, fields):
+        frac = min(self.n / self.total, 1.0)
+        filled = int(round(frac * self.width))
+        bar = "#" * filled + "." * (self.width - filled)
+        el = time.perf_counter() - self.t0
+        rate = self.n / el if el > 0 else 0.0
+        extra = "  ".join(f"{k} {v}" for k, v in fields.items())
+        return (f"{self.desc} [{bar}] {self.n}/{self.total} {el:5.1f}s "
+                f"{rate:6.1f} it/s  {extra}").rstrip()
+
+    def update(self, n=1, **fields):
+        self.n += n
+        now = time.perf_counter()
+        if self.tty and (now - self._last >= self.interval or self.n >= self.total):
+            self._last = now
+            self.stream.write("\r" + self._line(fields) + "\x1b[K")
+            self.stream.flush()
+
+    def close(self, **fields):
+        line = self._line(fields)
+        self.stream.write(("\r" + line + "\x1b[K\n") if self.tty else line + "\n")
+        self.stream.flush()
+
+
+def _batches(n, batch_size, rng=None, drop_last=True):
+    idx = rng.permutation(n) if rng is not None else np.arange(n)
+    stop = n - n % batch_size if drop_last else n
+    for i in range(0, stop, batch_size):
+        yield idx[i:i + batch_size]
+
+
+def evaluate(model, x, y, batch_size=256):
+    """Accuracy of `model` on numpy data, in fixed-size batches (the last one zero-padded so
+    every batch reuses the same compiled plan)."""
+    model.eval()
+    correct = 0
+    with zyx.no_grad():
+        for i in range(0, len(x), batch_size):
+            xb = x[i:i + batch_size]
+            n = len(xb)
+            if n < batch_size:
+                xb = np.concatenate([xb, np.zeros((batch_size - n,) + xb.shape[1:], xb.dtype)])
+            pred = model(zyx.Tensor(xb)).argmax(axis=1).numpy()[:n]
+            correct += int((pred == y[i:i + n]).sum())
+    model.train()
+    return correct / max(len(x), 1)
+
+
+def train(x_train, y_train, x_test, y_test, epochs=15, batch_size=32, lr=3e-3, seed=0,
+          optimizer="adam", log=None, quiet=False):
+    """Train ConvNet on numpy data (images N x C x H x W float32, labels int64).
+    Returns a dict with the test accuracy, the wall time and the per-epoch history."""
+    from zyx import nn, optim
+    import zyx.nn.functional as F
+
+    t_start = time.perf_counter()
+    zyx.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    n_cls = int(max(y_train.max(), y_test.max())) + 1 if len(y_test) else int(y_train.max()) + 1
+    model = ConvNet(x_train.shape[1], x_train.shape[2:], max(n_cls, 10))
+    params = list(model.parameters())
+    if optimizer == "adam":
+        opt = optim.Adam(params, lr=lr)
+    elif optimizer == "sgd":
+        opt = optim.SGD(params, lr=lr, momentum=0.9)
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r} (adam or sgd)")
+    batch_size = min(batch_size, len(x_train))
+    steps = len(x_train) // batch_size
+    stream = log if log is not None else sys.stderr
+    history, first_step = [], None
+    for epoch in range(1, epochs + 1):
+        bar = None if quiet else ProgressBar(steps, f"epoch {epoch:>2}/{epochs}", stream)
+        loss_sum, correct, seen = 0.0, 0, 0
+        for idx in _batches(len(x_train), batch_size, rng):
+            t0 = time.perf_counter()
+            xb, yb = zyx.Tensor(x_train[idx]), zyx.Tensor(y_train[idx])
+            logits = model(xb)
+            loss = F.cross_entropy(logits, yb)
+            hits = (logits.detach().argmax(axis=1) == yb).sum()
+            opt.zero_grad()
+            loss.backward()          # realizes the loss together with every gradient
+            opt.step()
+            loss_v = loss.item()
+            correct += int(hits.item())
+            seen += len(idx)
+            loss_sum += loss_v * len(idx)
+            if first_step is None:
+                first_step = time.perf_counter() - t0
+            if bar is not None:
+                bar.update(1, loss=f"{loss_sum / seen:.4f}", acc=f"{100 * correct / seen:5.1f}%")
+        test_acc = evaluate(model, x_test, y_test)
+        history.append({"epoch": epoch, "loss": loss_sum / max(seen, 1),
+                        "train_acc": correct / max(seen, 1), "test_acc": test_acc})
+        if bar is not None:
+            bar.close(loss=f"{loss_sum / max(seen, 1):.4f}",
+                      acc=f"{100 * correct / max(seen, 1):5.1f}%",
+                      test_acc=f"{100 * test_acc:5.2f}%")
+        if not math.isfinite(loss_sum):
+            raise FloatingPointError(f"training diverged at epoch {epoch} (loss {loss_sum}); "
+                                     "try a smaller --lr")
+    return {"test_acc": history[-1]["test_acc"] if history else evaluate(model, x_test, y_test),
+            "seconds": time.perf_counter() - t_start, "first_step_seconds": first_step,
+            "history": history, "model": model}
+
+
+def _load(args):
+    if args.mnist:
+        x, y, xt, yt = zyx.datasets.load_mnist(args.mnist, normalize=True)
+        # the usual MNIST normalization (mean 0.1307, std 0.3081 of the training pixels)
+        x = ((x - 0.1307) / 0.3081).astype(np.float32)[:, None]
+        xt = ((xt - 0.1307) / 0.3081).astype(np.float32)[:, None]
+        name = f"MNIST from {args.mnist}"
+    else:
+        x, y, xt, yt = zyx.datasets.load_digits(seed=0)
+        name = "scikit-learn 8x8 digits"
+    if args.limit:
+        x, y = x[:args.limit], y[:args.limit]
+    if args.test_limit:
+        xt, yt = xt[:args.test_limit], yt[:args.test_limit]
+    return name, x, y, xt, yt
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m zyx.examples.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    p.add_argument("--mnist", metavar="DIR", help="train on MNIST IDX files (raw or .gz) in DIR")
+    p.add_argument("--limit", type=int, default=0, help="use only the first N training images")
+    p.add_argument("--test-limit", type=int, default=0, help="use only the first N test images")
+    p.add_argument("--save", metavar="PATH", help="write the trained weights (safetensors)")
+    args = p.parse_args(argv)
+    if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
+        p.error("--epochs and --batch-size must be positive and --lr > 0")
+    try:
+        name, x, y, xt, yt = _load(args)
+    except zyx.ZyxError as e:
+        p.exit(2, f"error: {e}\n")
+    print(f"zyx {zyx.__version__} on {', '.join(zyx.devices())}: {name}, "
+          f"{len(x)} train / {len(xt)} test images of {x.shape[1:]}", file=sys.stderr)
+    res = train(x, y, xt, yt, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                seed=args.seed, optimizer=args.optimizer)
+    if args.save:
+        zyx.save(res["model"].state_dict(), args.save)
+    print(f"test accuracy {100 * res['test_acc']:.2f}% after {args.epochs} epochs in "
+          f"{res['seconds']:.1f} s (first step {1e3 * res['first_step_seconds']:.0f} ms)")
+    return res
+
+
+if __name__ == "__main__":
+    main()

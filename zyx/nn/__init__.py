@@ -1,0 +1,14 @@
+"""zyx.nn: layers (torch.nn's names and state_dict keys), functional ops and initializers.
+
+    import zyx
+    from zyx import nn
+    import zyx.nn.functional as F
+    model = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+    loss = F.cross_entropy(model(x), y)
+"""
+from . import functional, init
+from .modules import *  # noqa: F401,F403
+from .modules import __dict__ as _mods
+
+__all__ = ["functional", "init"] + [n for n, v in _mods.items()
+                                    if isinstance(v, type) or n == "Parameter"]

@@ -1,0 +1,166 @@
+"""zyx.nn.init: PyTorch's weight initializers.
+
+Each `*_` function fills a tensor "in place" and returns it. zyx tensors are immutable
+values, so in place means the tensor object is pointed at a new value (its graph node is
+swapped); every holder of the object (a module, an optimizer) sees the new value, as with
+torch. Random numbers come from `zyx.runtime.RT.rng` (seeded by `zyx.manual_seed`).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import dtype as dt
+from ..errors import ShapeError
+from ..runtime import RT
+from ..tensor import Tensor
+
+__all__ = ["calculate_gain", "uniform_", "normal_", "constant_", "zeros_", "ones_", "eye_",
+           "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+           "xavier_normal_", "orthogonal_"]
+
+_graph = RT.graph
+
+
+def _assign(dst: Tensor, src) -> Tensor:
+    """Point tensor `dst` at the value of `src` (same shape; cast to dst's dtype).
+
+    The tensor object keeps its identity (and requires_grad/grad), only its graph node
+    changes: the zyx form of torch's `dst.copy_(src)`."""
+    if not isinstance(src, Tensor):
+        src = Tensor(np.asarray(src), dtype=dst.dtype)
+    if src.shape != dst.shape:
+        raise ShapeError(f"cannot assign a value of shape {src.shape} to a tensor of shape {dst.shape}")
+    src = src.cast(dst.dtype)
+    if src._id == dst._id:
+        return dst
+    _graph.retain(src._id)
+    old = dst._id
+    dst._id = src._id
+    _graph.release(old)
+    return dst
+
+
+def _fill(t: Tensor, values: np.ndarray) -> Tensor:
+    d = t.dtype
+    arr = values.astype(np.float32 if d is dt.bfloat16 else d.np)
+    return _assign(t, Tensor(arr, dtype=d))
+
+
+def calculate_gain(nonlinearity, param=None):
+    """The recommended gain for an activation (torch.nn.init.calculate_gain)."""
+    linear = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+              "conv_transpose3d", "sigmoid")
+    if nonlinearity in linear:
+        return 1.0
+    if nonlinearity == "tanh":
+        return 5.0 / 3
+    if nonlinearity == "relu":
+        return math.sqrt(2.0)
+    if nonlinearity == "leaky_relu":
+        slope = 0.01 if param is None else float(param)
+        return math.sqrt(2.0 / (1 + slope ** 2))
+    if nonlinearity == "selu":
+        return 3.0 / 4
+    raise ValueError(f"unsupported nonlinearity {nonlinearity!r}")
+
+
+def _fans(t: Tensor):
+    if t.ndim < 2:
+        raise ShapeError(f"fan in and fan out need a tensor of at least 2 dimensions, got {t.shape}")
+    receptive = 1
+    for s in t.shape[2:]:
+        receptive *= s
+    return t.shape[1] * receptive, t.shape[0] * receptive
+
+
+def _calculate_fan_in_and_fan_out(t: Tensor):
+    return _fans(t)
+
+
+def _fan(t, mode):
+    fan_in, fan_out = _fans(t)
+    if mode == "fan_in":
+        return fan_in
+    if mode == "fan_out":
+        return fan_out
+    raise ValueError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
+
+
+def uniform_(tensor: Tensor, a=0.0, b=1.0, generator=None) -> Tensor:
+    return _fill(tensor, RT.rng.uniform(a, b, size=tensor.shape))
+
+
+def normal_(tensor: Tensor, mean=0.0, std=1.0, generator=None) -> Tensor:
+    return _fill(tensor, RT.rng.normal(mean, std, size=tensor.shape))
+
+
+def trunc_normal_(tensor: Tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None) -> Tensor:
+    """Normal values redrawn until they fall in [a, b]."""
+    v = RT.rng.normal(mean, std, size=tensor.shape)
+    bad = (v < a) | (v > b)
+    while bad.any():
+        v[bad] = RT.rng.normal(mean, std, size=int(bad.sum()))
+        bad = (v < a) | (v > b)
+    return _fill(tensor, v)
+
+
+def constant_(tensor: Tensor, val) -> Tensor:
+    return _fill(tensor, np.full(tensor.shape, val, dtype=np.float64))
+
+
+def zeros_(tensor: Tensor) -> Tensor:
+    return constant_(tensor, 0.0)
+
+
+def ones_(tensor: Tensor) -> Tensor:
+    return constant_(tensor, 1.0)
+
+
+def eye_(tensor: Tensor) -> Tensor:
+    if tensor.ndim != 2:
+        raise ShapeError(f"eye_ needs a 2-D tensor, got {tensor.shape}")
+    return _fill(tensor, np.eye(*tensor.shape))
+
+
+def kaiming_uniform_(tensor: Tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu",
+                     generator=None) -> Tensor:
+    """U(-bound, bound), bound = gain * sqrt(3 / fan) (He et al.)."""
+    std = calculate_gain(nonlinearity, a) / math.sqrt(_fan(tensor, mode))
+    bound = math.sqrt(3.0) * std
+    return uniform_(tensor, -bound, bound)
+
+
+def kaiming_normal_(tensor: Tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu",
+                    generator=None) -> Tensor:
+    std = calculate_gain(nonlinearity, a) / math.sqrt(_fan(tensor, mode))
+    return normal_(tensor, 0.0, std)
+
+
+def xavier_uniform_(tensor: Tensor, gain=1.0, generator=None) -> Tensor:
+    """U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio)."""
+    fan_in, fan_out = _fans(tensor)
+    a = gain * math.sqrt(6.0 / (fan_in + fan_out))
+    return uniform_(tensor, -a, a)
+
+
+def xavier_normal_(tensor: Tensor, gain=1.0, generator=None) -> Tensor:
+    fan_in, fan_out = _fans(tensor)
+    return normal_(tensor, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)))
+
+
+def orthogonal_(tensor: Tensor, gain=1.0, generator=None) -> Tensor:
+    """A (semi-)orthogonal matrix from the QR decomposition of a normal matrix."""
+    if tensor.ndim < 2:
+        raise ShapeError(f"orthogonal_ needs at least 2 dimensions, got {tensor.shape}")
+    rows = tensor.shape[0]
+    cols = tensor.numel() // rows
+    m = RT.rng.normal(size=(rows, cols))
+    if rows < cols:
+        m = m.T
+    q, r = np.linalg.qr(m)
+    q = q * np.sign(np.diag(r))
+    if rows < cols:
+        q = q.T
+    return _fill(tensor, gain * q.reshape(tensor.shape))

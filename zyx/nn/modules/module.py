@@ -1,0 +1,399 @@
+"""Module: the base class of every layer (torch.nn.Module's API on zyx tensors).
+
+Assigning attributes registers them, as in torch: a Module becomes a submodule, a Tensor
+with `requires_grad=True` becomes a parameter, and `register_buffer` declares a buffer
+(state that is saved but not trained, like BatchNorm's running statistics).
+"""
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict, namedtuple
+from typing import Iterator
+
+import numpy as np
+
+from ... import dtype as dt
+from ...errors import ShapeError, ZyxError
+from ...tensor import Tensor
+from ..init import _assign
+
+__all__ = ["Module", "Parameter"]
+
+_IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+
+def Parameter(data=None, requires_grad=True) -> Tensor:  # noqa: N802  (torch spelling)
+    """A trainable tensor: a plain zyx.Tensor with requires_grad set (zyx has no Parameter
+    class; assigning such a tensor to a Module attribute registers it as a parameter)."""
+    t = data if isinstance(data, Tensor) else Tensor(np.asarray(data if data is not None else
+                                                                 np.zeros(0, np.float32)))
+    t = t.detach() if isinstance(data, Tensor) else t
+    t.requires_grad = requires_grad
+    return t
+
+
+def _to_tensor(value, like: Tensor) -> Tensor:
+    """A state-dict value (zyx Tensor, numpy array, torch tensor, list) as a zyx Tensor."""
+    if isinstance(value, Tensor):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "cpu"):   # a torch tensor
+        v = value.detach().cpu()
+        if str(v.dtype) == "torch.bfloat16":
+            v = v.float()
+        value = v.numpy()
+    arr = np.asarray(value)
+    return Tensor(arr, dtype=like.dtype)
+
+
+def _addindent(s: str, n: int) -> str:
+    lines = s.split("\n")
+    return lines[0] if len(lines) == 1 else "\n".join([lines[0]] + [" " * n + ln for ln in lines[1:]])
+
+
+class Module:
+    """Base class of layers: subclass it, assign parameters and submodules in __init__
+    (after `super().__init__()`), write `forward`, call the module like a function."""
+
+    training: bool
+
+    def __init__(self, *args, **kwargs):
+        d = self.__dict__
+        d["_parameters"] = OrderedDict()
+        d["_buffers"] = OrderedDict()
+        d["_non_persistent"] = set()
+        d["_modules"] = OrderedDict()
+        d["training"] = True
+
+    # -- registration ----------------------------------------------------------------------
+    def _dicts(self):
+        d = self.__dict__
+        if "_parameters" not in d:
+            raise ZyxError(f"{type(self).__name__}: call super().__init__() before assigning "
+                           f"attributes")
+        return d["_parameters"], d["_buffers"], d["_modules"]
+
+    def __setattr__(self, name, value):
+        params, buffers, modules = self._dicts()
+        if isinstance(value, Module):
+            params.pop(name, None)
+            buffers.pop(name, None)
+            self.__dict__.pop(name, None)
+            modules[name] = value
+        elif name in buffers:
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"cannot assign {type(value).__name__} as buffer {name!r} "
+                                f"(a zyx.Tensor or None expected)")
+            buffers[name] = value
+        elif isinstance(value, Tensor) and (value.requires_grad or name in params):
+            modules.pop(name, None)
+            self.__dict__.pop(name, None)
+            params[name] = value
+        elif value is None and (name in params or name in modules):
+            (params if name in params else modules)[name] = None
+        else:
+            if name in params or name in modules:
+                raise TypeError(f"cannot assign {type(value).__name__} to {name!r} of "
+                                f"{type(self).__name__} (it is a "
+                                f"{'parameter' if name in params else 'submodule'})")
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        d = self.__dict__
+        for key in ("_parameters", "_buffers", "_modules"):
+            table = d.get(key)
+            if table is not None and name in table:
+                return table[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __delattr__(self, name):
+        for table in self._dicts():
+            if name in table:
+                del table[name]
+                self.__dict__["_non_persistent"].discard(name)
+                return
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name: str, param) -> None:
+        if param is not None and not isinstance(param, Tensor):
+            raise TypeError(f"parameter {name!r} must be a zyx.Tensor or None")
+        params, buffers, modules = self._dicts()
+        if name in buffers or name in modules:
+            raise KeyError(f"attribute {name!r} already exists")
+        params[name] = param
+
+    def register_buffer(self, name: str, tensor, persistent: bool = True) -> None:
+        """Declare state that is not trained: saved in state_dict (unless persistent=False),
+        moved by to()/float(), never returned by parameters()."""
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(f"buffer {name!r} must be a zyx.Tensor or None")
+        params, buffers, modules = self._dicts()
+        if name in params or name in modules:
+            raise KeyError(f"attribute {name!r} already exists")
+        self.__dict__.pop(name, None)
+        buffers[name] = tensor
+        if persistent:
+            self._non_persistent.discard(name)
+        else:
+            self._non_persistent.add(name)
+
+    def add_module(self, name: str, module) -> None:
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module")
+        params, buffers, modules = self._dicts()
+        params.pop(name, None)
+        buffers.pop(name, None)
+        modules[name] = module
+
+    register_module = add_module
+
+    def get_submodule(self, target: str) -> "Module":
+        m = self
+        for part in target.split(".") if target else []:
+            m = m._modules.get(part) if isinstance(m, Module) else None
+            if m is None:
+                raise AttributeError(f"{type(self).__name__} has no submodule {target!r}")
+        return m
+
+    # -- traversal -------------------------------------------------------------------------
+    def named_modules(self, memo=None, prefix: str = "", remove_duplicate: bool = True):
+        if memo is None:
+            memo = set()
+        if remove_duplicate:
+            if id(self) in memo:
+                return
+            memo.add(id(self))
+        yield prefix, self
+        for name, m in self._modules.items():
+            if m is None:
+                continue
+            yield from m.named_modules(memo, prefix + ("." if prefix else "") + name,
+                                       remove_duplicate)
+
+    def modules(self) -> Iterator["Module"]:
+        for _, m in self.named_modules():
+            yield m
+
+    def named_children(self):
+        seen = set()
+        for name, m in self._modules.items():
+            if m is not None and id(m) not in seen:
+                seen.add(id(m))
+                yield name, m
+
+    def children(self) -> Iterator["Module"]:
+        for _, m in self.named_children():
+            yield m
+
+    def _named_members(self, table, prefix, recurse, remove_duplicate=True):
+        seen = set()
+        mods = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse \
+            else [(prefix, self)]
+        for mp, m in mods:
+            for name, t in m.__dict__[table].items():
+                if t is None or (remove_duplicate and id(t) in seen):
+                    continue
+                seen.add(id(t))
+                yield mp + ("." if mp else "") + name, t
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        yield from self._named_members("_parameters", prefix, recurse, remove_duplicate)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Tensor]:
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        yield from self._named_members("_buffers", prefix, recurse, remove_duplicate)
+
+    def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    def apply(self, fn) -> "Module":
+        for m in self.children():
+            m.apply(fn)
+        fn(self)
+        return self
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):
+        """Parameters and persistent buffers by dotted name (torch's key names and order).
+        Values are detached tensors (snapshots) unless keep_vars=True."""
+        if destination is None:
+            destination = OrderedDict()
+        for name, p in self._parameters.items():
+            if p is not None:
+                destination[prefix + name] = p if keep_vars else p.detach()
+        for name, b in self._buffers.items():
+            if b is not None and name not in self._non_persistent:
+                destination[prefix + name] = b if keep_vars else b.detach()
+        for name, m in self._modules.items():
+            if m is not None:
+                m.state_dict(destination, prefix + name + ".", keep_vars)
+        return destination
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Copy values into this module's parameters and buffers (same tensor objects, new
+        values). Keys missing from `state_dict` or unknown to the module raise a ZyxError
+        naming them when strict; a shape mismatch always raises. Nothing is loaded when an
+        error is raised. Returns (missing_keys, unexpected_keys)."""
+        own = self.state_dict(keep_vars=True)
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        errors = []
+        if strict:
+            if missing:
+                errors.append("missing key(s) in state_dict: " + ", ".join(repr(k) for k in missing))
+            if unexpected:
+                errors.append("unexpected key(s) in state_dict: " + ", ".join(repr(k) for k in unexpected))
+        values = {}
+        for k, dst in own.items():
+            if k not in state_dict:
+                continue
+            v = state_dict[k]
+            shape = tuple(v.shape) if hasattr(v, "shape") else np.shape(v)
+            if shape != dst.shape:
+                errors.append(f"size mismatch for {k!r}: copying a value of shape {shape} from "
+                              f"the state_dict, the shape in the current model is {dst.shape}")
+                continue
+            values[k] = v
+        if errors:
+            raise ZyxError(f"error(s) in loading state_dict for {type(self).__name__}: " +
+                           "; ".join(errors))
+        for k, v in values.items():
+            _assign(own[k], _to_tensor(v, own[k]))
+        return _IncompatibleKeys(missing, unexpected)
+
+    # -- modes, grads, dtypes ---------------------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        for m in self.modules():
+            m.__dict__["training"] = mode
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        for p in self.parameters():
+            p.requires_grad = requires_grad
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.parameters():
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad = p.grad * 0
+
+    def to(self, *args, dtype=None, **kwargs) -> "Module":
+        """Cast floating parameters and buffers to a dtype (device arguments are accepted
+        and ignored: zyx picks devices itself)."""
+        for a in args:
+            if not isinstance(a, str):
+                dtype = a
+        if dtype is None:
+            return self
+        d = dt.to_dtype(dtype)
+        if not d.is_float:
+            raise TypeError(f"Module.to only accepts floating dtypes, got {d.name}")
+        for t in list(self.parameters()) + list(self.buffers()):
+            if t.dtype.is_float and t.dtype is not d:
+                rg = t.requires_grad
+                _assign_cast(t, d)
+                t.requires_grad = rg
+        return self
+
+    def float(self) -> "Module":
+        return self.to(dt.float32)
+
+    def double(self) -> "Module":
+        return self.to(dt.float64)
+
+    def half(self) -> "Module":
+        return self.to(dt.float16)
+
+    def bfloat16(self) -> "Module":
+        return self.to(dt.bfloat16)
+
+    def cpu(self) -> "Module":
+        return self
+
+    # -- calling ----------------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} has no forward()")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # -- copying, printing ------------------------------------------------------------------
+    def __deepcopy__(self, memo):
+        """Deep copies share no tensors: every tensor reachable from a module attribute is
+        replaced by a fresh handle on the same value (zyx tensors are immutable values)."""
+        for m in self.modules():
+            for v in list(m.__dict__.values()) + list(m._parameters.values()) + \
+                    list(m._buffers.values()):
+                if isinstance(v, Tensor) and id(v) not in memo:
+                    c = v.detach()
+                    c.requires_grad = v.requires_grad
+                    memo[id(v)] = c
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            new.__dict__[k] = copy.deepcopy(v, memo)
+        return new
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self):
+        extra = self.extra_repr()
+        lines = extra.split("\n") if extra else []
+        for name, m in self._modules.items():
+            lines.append(f"({name}): " + _addindent(repr(m), 2))
+        main = type(self).__name__ + "("
+        if lines:
+            if len(lines) == 1 and not self._modules:
+                main += lines[0]
+            else:
+                main += "\n  " + "\n  ".join(lines) + "\n"
+        return main + ")"
+
+    def __dir__(self):
+        return sorted(set(object.__dir__(self)) | set(self._parameters) | set(self._buffers) |
+                      set(self._modules))
+
+
+def _assign_cast(t: Tensor, d) -> None:
+    _assign_any(t, t.cast(d))
+
+
+def _assign_any(dst: Tensor, src: Tensor) -> None:
+    """Like init._assign but lets the dtype change (Module.to)."""
+    from ...runtime import RT
+    RT.graph.retain(src._id)
+    old = dst._id
+    dst._id = src._id
+    RT.graph.release(old)
+
+
+def _check_shape(x: Tensor, ndims, what: str) -> None:
+    if x.ndim not in ndims:
+        raise ShapeError(f"{what} expects a {' or '.join(f'{n}-D' for n in ndims)} input, "
+                         f"got shape {x.shape}")
+
+
+def _param(*shape, dtype=None, fill=None) -> Tensor:
+    """A new trainable tensor of `shape` (zeros, or `fill`); initializers then give it its
+    values. Parameters are always realized buffers, never lazy constants."""
+    d = dt.to_dtype(dtype) if dtype is not None else dt.float32
+    arr = np.full(shape, 0.0 if fill is None else fill, dtype=np.float32 if d is dt.bfloat16 else d.np)
+    t = Tensor(arr, dtype=d)
+    t.requires_grad = True
+    return t
+
+
+def _buffer(arr, dtype=None) -> Tensor:
+    d = dt.to_dtype(dtype) if dtype is not None else None
+    return Tensor(np.asarray(arr), dtype=d)

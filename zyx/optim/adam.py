@@ -1,0 +1,68 @@
+"""Adam and AdamW (torch.optim semantics)."""
+from __future__ import annotations
+
+import math
+
+from ..tensor import _const
+from .optimizer import Optimizer
+
+
+class Adam(Optimizer):
+    """Adam with optional AMSGrad, L2 `weight_decay` (added to the gradient) and `maximize`.
+
+    The bias corrections change every step, so they enter the kernel as 0-d leaves
+    (`step_size = lr / (1 - beta1^t)` and `sqrt(1 - beta2^t)`): one plan serves all
+    steps after the first."""
+
+    _decoupled = False
+
+    def __init__(self, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, maximize=False):
+        if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"invalid betas {betas}")
+        if eps < 0:
+            raise ValueError(f"invalid eps {eps}")
+        if weight_decay < 0:
+            raise ValueError(f"invalid weight_decay {weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay, amsgrad=amsgrad,
+                                      maximize=maximize))
+
+    def _update(self, p, g, group, state):
+        b1, b2 = group["betas"]
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        t = state["step"]
+        if group["maximize"]:
+            g = -g
+        if wd != 0:
+            if self._decoupled:   # the factor is a leaf too: lr may follow a schedule
+                p = p * self.scalar(1.0 - lr * wd, p.dtype)
+            else:
+                g = g + p * wd
+        m = state.get("exp_avg")
+        v = state.get("exp_avg_sq")
+        if m is None:
+            m = _const(0, p.dtype, p.shape)
+            v = _const(0, p.dtype, p.shape)
+        m = m + (g - m) * (1.0 - b1)            # torch: exp_avg.lerp_(grad, 1 - beta1)
+        v = v * b2 + g * g * (1.0 - b2)
+        upd = {"exp_avg": m, "exp_avg_sq": v}
+        if group["amsgrad"]:
+            vmax = state.get("max_exp_avg_sq")
+            vmax = v if vmax is None else vmax.maximum(v)
+            upd["max_exp_avg_sq"] = vmax
+            v = vmax
+        step_size = self.fresh_scalar(lr / (1.0 - b1 ** t), p.dtype)
+        bc2_sqrt = self.fresh_scalar(math.sqrt(1.0 - b2 ** t), p.dtype)
+        denom = v.sqrt() / bc2_sqrt + eps
+        return p - step_size * (m / denom), upd
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay: p = p * (1 - lr * weight_decay) before the step."""
+
+    _decoupled = True
+
+    def __init__(self, params=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, maximize=False):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize)
