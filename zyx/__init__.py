@@ -29,6 +29,7 @@ def stats():
     s = dict(_RT.stats)
     if _RT.pools is not None:
         s["bytes_allocated"] = _RT.pool_bytes()
+        s["compiler_runs"] = sum(getattr(d, "compiled", 0) for d in _RT.devices)
     return s
 
 

@@ -51,12 +51,17 @@ def build_plan(graph, list order, list target_ids, device, int debug=0):
     for p, si in last.items():
         if p not in keep:
             free_after[si].append(p)
-    for st in steps:
-        if st.kernel is not None:
-            st.kernel = optimize(st.kernel)
-            if debug & 4:
-                print(format_kernel(st.kernel), file=sys.stderr)
-            st.program = device.compile(st.kernel)
+    live = [st for st in steps if st.kernel is not None]
+    for st in live:
+        st.kernel = optimize(st.kernel)
+        if debug & 4:
+            print(format_kernel(st.kernel), file=sys.stderr)
+    if hasattr(device, "compile_many"):
+        programs = device.compile_many([st.kernel for st in live])
+    else:
+        programs = [device.compile(st.kernel) for st in live]
+    for st, prog in zip(live, programs):
+        st.program = prog
     leaves = [p for p in range(len(order)) if graph.get(order[p]).op == LEAF]
     if debug & 2:
         print(f"zyx: plan of {len(steps)} kernel(s) for {len(order)} nodes in "

@@ -116,6 +116,7 @@ class CDevice:
         self.libs = (["-lmvec"] if self.mvec else []) + ["-lm"]
         self.dialect = CDialect99()
         self._programs = {}
+        self.compiled = 0      # compiler runs (disk-cache misses) in this process
         self._info = DeviceInfo(name=f"C ({os.path.basename(self.cc)}, "
                                      f"{os.cpu_count()} threads{', OpenMP' if self.openmp else ''})",
                                 compute=2e10 * (os.cpu_count() or 1),
@@ -238,22 +239,37 @@ class CDevice:
                 head.append("  " + pragma)
             head.append(f"  for (long long i{ssa} = 0; i{ssa} < {length}LL; i{ssa}++) {{")
         body = ["  " + ln for ln in r.lines] if idx else r.lines
-        src = (("" if not self.mvec else _simd_decls()) + _PRELUDE +
-               f"\nvoid {name}(void** restrict args) {{\n" + "\n".join(params) + "\n" +
-               "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n")
-        return src
+        return (f"\nvoid {name}(void** restrict args) {{\n" + "\n".join(params) + "\n" +
+                "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n")
+
+    def prelude(self):
+        return ("" if not self.mvec else _simd_decls()) + _PRELUDE
 
     def compile(self, kernel):
-        prog = self._programs.get(kernel)
-        if prog is not None:
-            return prog
-        name = "zyx_kernel"
-        src = self.render(kernel, name)
-        key = hashlib.sha256((src + "|" + self.cc + "|" + " ".join(self.flags + self.libs))
-                             .encode()).hexdigest()[:32]
+        return self.compile_many([kernel])[0]
+
+    def compile_many(self, kernels):
+        """Compile kernels not seen before into ONE shared library (one compiler run per
+        plan instead of per kernel); cached on disk by source + compiler + flags."""
+        todo = []
+        for k in kernels:
+            if k not in self._programs and k not in todo:
+                todo.append(k)
+        if todo:
+            names = [f"zyx_k{i}" for i in range(len(todo))]
+            funcs = [self.render(k, n) for k, n in zip(todo, names)]
+            src = self.prelude() + "".join(funcs)
+            key = hashlib.sha256((src + "|" + self.cc + "|" + " ".join(self.flags + self.libs))
+                                 .encode()).hexdigest()[:32]
+            if self.debug & 8:
+                print(f"zyx: C source {key}\n{src}", file=sys.stderr)
+            lib = self._build(src, key)
+            for k, n, f in zip(todo, names, funcs):
+                self._programs[k] = CProgram(lib, n, len(k.args), f)
+        return [self._programs[k] for k in kernels]
+
+    def _build(self, src, key):
         path = os.path.join(self.cache, f"c-{key}.so")
-        if self.debug & 8:
-            print(f"zyx: C source {key}\n{src}", file=sys.stderr)
         if not os.path.exists(path):
             t0 = time.perf_counter()
             fd, cpath = tempfile.mkstemp(suffix=".c", dir=self.cache)
@@ -266,16 +282,14 @@ class CDevice:
             if r.returncode != 0:
                 raise BackendError(f"C compiler failed ({self.cc}):\n{r.stderr}\n--- source ---\n{src}")
             os.replace(tmp_so, path)   # atomic: concurrent processes never load half a file
+            self.compiled += 1
             if self.debug & 32:
                 print(f"zyx: compiled {key} in {(time.perf_counter() - t0) * 1e3:.1f} ms",
                       file=sys.stderr)
         try:
-            lib = ctypes.CDLL(path)
+            return ctypes.CDLL(path)
         except OSError as e:
             raise BackendError(f"C backend: cannot load {path}: {e}") from None
-        prog = CProgram(lib, name, len(kernel.args), src)
-        self._programs[kernel] = prog
-        return prog
 
     def launch(self, program, pool, args, wait_events=()):
         program.fn(program.argtype(*[b.ptr for b in args]))
