@@ -3,7 +3,6 @@
 Shapes are shared between tests where possible: each new kernel costs a C compilation."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -232,7 +231,7 @@ def test_max_pool2d_numpy_reference_and_int_dtype():
 @pytest.mark.parametrize("kw", [dict(scale_factor=2), dict(size=(5, 11)), dict(size=(4, 4)),
                                 dict(scale_factor=(0.5, 1.5))])
 @pytest.mark.parametrize("mode,ac", [("nearest", None), ("bilinear", False), ("bilinear", True),
-                                     ("nearest-exact", None)])
+                                     ("nearest-exact", None), ("area", None)])
 def test_interpolate_matches_torch(kw, mode, ac):
     x = rnd(*X4)
     close(F.interpolate(Z(x), mode=mode, align_corners=ac, **kw),
@@ -245,6 +244,10 @@ def test_interpolate_linear_1d_matches_torch():
     for ac in (False, True):
         close(F.interpolate(Z(x), size=12, mode="linear", align_corners=ac),
               TF.interpolate(T(x), size=12, mode="linear", align_corners=ac), 1e-5, 1e-5)
+    x3 = rnd(1, 2, 3, 4, 5)
+    close(F.interpolate(Z(x3), size=(4, 3, 7), mode="trilinear"),
+          TF.interpolate(T(x3), size=(4, 3, 7), mode="trilinear"), 1e-5, 1e-5)
+    close(F.interpolate(Z(x3), scale_factor=2), TF.interpolate(T(x3), scale_factor=2))
     with pytest.raises(zyx.ShapeError, match="bilinear"):
         F.interpolate(Z(x), size=5, mode="bilinear")
 
@@ -260,6 +263,18 @@ def test_pad_modes_match_torch(mode):
         close(F.pad(Z(x), (-1, 2), value=0.5), TF.pad(T(x), (-1, 2), value=0.5))
     else:                    # torch allows 1-D padding of a 3-D input in these modes
         close(F.pad(Z(x[0]), (1, 2), mode=mode), TF.pad(T(x[0]), (1, 2), mode=mode))
+
+
+@needs_torch
+def test_pixel_shuffle_matches_torch():
+    x = rnd(2, 8, 3, 5)
+    close(F.pixel_shuffle(Z(x), 2), TF.pixel_shuffle(T(x), 2))
+    close(F.pixel_unshuffle(Z(x), 1), TF.pixel_unshuffle(T(x), 1))
+    y = rnd(2, 3, 6, 4)
+    close(F.pixel_unshuffle(Z(y), 2), TF.pixel_unshuffle(T(y), 2))
+    close(F.pixel_shuffle(F.pixel_unshuffle(Z(y), 2), 2), y)
+    with pytest.raises(zyx.ShapeError, match="divisible"):
+        F.pixel_shuffle(Z(y), 2)
 
 
 @needs_torch

@@ -1,4 +1,5 @@
 """zyx: lazy tensors fused into compiled kernels."""
+import builtins as _builtins
 from .dtype import (DType, bool_ as bool, uint8, uint16, uint32, uint64, int8, int16, int32, int64,
                     float16, bfloat16, float32, float64)
 from .errors import ZyxError, ShapeError, DTypeError, AllocationError, BackendError, NoBackendAvailable
@@ -29,7 +30,7 @@ def stats():
     s = dict(_RT.stats)
     if _RT.pools is not None:
         s["bytes_allocated"] = _RT.pool_bytes()
-        s["compiler_runs"] = sum(getattr(d, "compiled", 0) for d in _RT.devices)
+        s["compiler_runs"] = _builtins.sum(getattr(d, "compiled", 0) for d in _RT.devices)
     return s
 
 

@@ -39,7 +39,8 @@ from ._core import graph as G
 from ._core import kernel as K
 from .errors import ShapeError, ZyxError
 from .runtime import RT
-from .tensor import Tensor, _const, where
+from .dtype import bool_ as _BOOL
+from .tensor import Tensor, _const
 
 # the module itself: `zyx.tensor` as an attribute is the tensor() function that
 # `from .tensor import *` exports, so `from . import tensor` would get the function
@@ -147,41 +148,94 @@ class enable_grad(_GradMode):
 # backward rules: rule(out, g, arg, srcs, need) -> one gradient (or None) per src.
 # `g` has out's shape and dtype; `need[i]` says whether src i wants a gradient, so rules
 # skip work nobody asked for (e.g. the gradient of a constant exponent).
+#
+# Rules build nodes with `_make` directly: shapes and dtypes are known to fit, so the
+# Tensor methods' argument checks, promotion and broadcasting would only cost time (the
+# backward pass makes about as many nodes as the forward pass).
+
+_get = _graph.get
+_LN2 = math.log(2.0)
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _c(like, value):
+    """A constant with `like`'s shape and dtype (folded into kernels, no memory)."""
+    n = _get(like._id)
+    return Tensor._wrap(_graph.add(G.CONST, float(value), (), n.shape, n.dtype))
+
 
 def _zero_like(t):
-    return _const(0, t.dtype, t.shape)
+    n = _get(t._id)
+    return _const(0, n.dtype, n.shape)
 
 
-def _sign(x):
-    return (x > 0).cast(x.dtype) - (x < 0).cast(x.dtype)
+def _un(x, uop):
+    n = _get(x._id)
+    return x._make(G.UNARY, uop, (x,), n.shape, n.dtype)
+
+
+def _bin(a, b, bop):
+    n = _get(a._id)
+    return a._make(G.BINARY, bop, (a, b), n.shape, n.dtype)
+
+
+def _cmp(a, b, bop):
+    return a._make(G.BINARY, bop, (a, b), _get(a._id).shape, _BOOL)
+
+
+def _where(c, a, b):
+    n = _get(a._id)
+    return c._make(G.WHERE, None, (c, a, b), n.shape, n.dtype)
+
+
+def _cast(x, d):
+    n = _get(x._id)
+    return x if n.dtype is d else x._make(G.CAST, d, (x,), n.shape, d)
+
+
+def _expand(x, shape):
+    n = _get(x._id)
+    return x if n.shape == shape else x._make(G.EXPAND, shape, (x,), shape, n.dtype)
+
+
+def _sum_keep(x, axes):
+    n = _get(x._id)
+    shape = tuple(1 if i in axes else s for i, s in enumerate(n.shape))
+    return x._make(G.REDUCE, (K.R_SUM, axes), (x,), shape, n.dtype)
+
+
+def _mul(a, b):
+    return _bin(a, b, K.B_MUL)
 
 
 def _unary_rule(out, g, uop, srcs, need):
     x = srcs[0]
     if uop == K.U_NEG:
-        return (-g,)
+        return (_un(g, K.U_NEG),)
     if uop == K.U_EXP:
-        return (g * out,)
+        return (_mul(g, out),)
     if uop == K.U_EXP2:
-        return (g * out * math.log(2.0),)
+        return (_mul(_mul(g, out), _c(g, _LN2)),)
     if uop == K.U_LOG:
-        return (g / x,)
+        return (_bin(g, x, K.B_DIV),)
     if uop == K.U_LOG2:
-        return (g / (x * math.log(2.0)),)
+        return (_bin(g, _mul(x, _c(x, _LN2)), K.B_DIV),)
     if uop == K.U_RECIP:
-        return (-(g * out * out),)
+        return (_un(_mul(_mul(g, out), out), K.U_NEG),)
     if uop == K.U_SQRT:
-        return (g / (out * 2.0),)
+        return (_bin(g, _mul(out, _c(out, 2.0)), K.B_DIV),)
     if uop == K.U_SIN:
-        return (g * x.cos(),)
+        return (_mul(g, _un(x, K.U_COS)),)
     if uop == K.U_COS:
-        return (-(g * x.sin()),)
+        return (_un(_mul(g, _un(x, K.U_SIN)), K.U_NEG),)
     if uop == K.U_TANH:
-        return (g * (1.0 - out * out),)
+        return (_mul(g, _bin(_c(out, 1.0), _mul(out, out), K.B_SUB)),)
     if uop == K.U_ERF:
-        return (g * (-(x * x)).exp() * (2.0 / math.sqrt(math.pi)),)
-    if uop == K.U_ABS:
-        return (g * _sign(x),)
+        return (_mul(_mul(g, _un(_un(_mul(x, x), K.U_NEG), K.U_EXP)), _c(g, _TWO_OVER_SQRT_PI)),)
+    if uop == K.U_ABS:     # sign(x) * g, 0 at x == 0 like torch
+        z = _c(x, 0.0)
+        return (_where(_cmp(x, z, K.B_CMPGT), g,
+                       _where(_cmp(x, z, K.B_CMPLT), _un(g, K.U_NEG), _c(g, 0.0))),)
     if uop in (K.U_FLOOR, K.U_TRUNC):
         return (_zero_like(x),)        # piecewise constant
     return (None,)
@@ -192,92 +246,108 @@ def _binary_rule(out, g, bop, srcs, need):
     if bop == K.B_ADD:
         return g, g
     if bop == K.B_SUB:
-        return g, (-g if need[1] else None)
+        return g, (_un(g, K.U_NEG) if need[1] else None)
     if bop == K.B_MUL:
-        return (g * b if need[0] else None), (g * a if need[1] else None)
+        return (_mul(g, b) if need[0] else None), (_mul(g, a) if need[1] else None)
     if bop == K.B_DIV:
-        return (g / b if need[0] else None), (-(g * a) / (b * b) if need[1] else None)
+        ga = _bin(g, b, K.B_DIV) if need[0] else None
+        gb = _un(_bin(_mul(g, a), _mul(b, b), K.B_DIV), K.U_NEG) if need[1] else None
+        return ga, gb
     if bop == K.B_POW:
         ga = gb = None
+        zero = _c(g, 0.0)
         if need[0]:   # torch: 0 where the exponent is 0, else g * b * a^(b-1)
-            ga = where(b == 0, 0.0, g * b * a._binary_prim(b - 1.0, K.B_POW))
+            a_pow = _bin(a, _bin(b, _c(b, 1.0), K.B_SUB), K.B_POW)
+            ga = _where(_cmp(b, zero, K.B_EQ), zero, _mul(_mul(g, b), a_pow))
         if need[1]:   # torch: 0 where a == 0 and b >= 0, else g * a^b * log(a)
-            gb = where((a == 0) & (b >= 0), 0.0, g * out * a.log())
+            skip = _bin(_cmp(a, zero, K.B_EQ),
+                        _un(_cmp(b, zero, K.B_CMPLT), K.U_BITNOT), K.B_AND)
+            gb = _where(skip, zero, _mul(_mul(g, out), _un(a, K.U_LOG)))
         return ga, gb
     if bop in (K.B_MAX, K.B_MIN):
         # ties split the gradient in half between both sides (torch.maximum/minimum)
-        eq = a == b
-        half = g * 0.5
-        zero = _const(0, g.dtype, ())
-        a_wins = (a > b) if bop == K.B_MAX else (a < b)
-        b_wins = (a < b) if bop == K.B_MAX else (a > b)
-        ga = where(eq, half, where(a_wins, g, zero)) if need[0] else None
-        gb = where(eq, half, where(b_wins, g, zero)) if need[1] else None
+        eq = _cmp(a, b, K.B_EQ)
+        half = _mul(g, _c(g, 0.5))
+        zero = _c(g, 0.0)
+        a_op, b_op = (K.B_CMPGT, K.B_CMPLT) if bop == K.B_MAX else (K.B_CMPLT, K.B_CMPGT)
+        ga = _where(eq, half, _where(_cmp(a, b, a_op), g, zero)) if need[0] else None
+        gb = _where(eq, half, _where(_cmp(a, b, b_op), g, zero)) if need[1] else None
         return ga, gb
     if bop == K.B_MOD:   # fmod: a - trunc(a/b) * b
-        gb = -(g * a._binary_prim(b, K.B_DIV).trunc()) if need[1] else None
+        gb = None
+        if need[1]:
+            gb = _un(_mul(g, _un(_bin(a, b, K.B_DIV), K.U_TRUNC)), K.U_NEG)
         return g, gb
     return None, None    # comparisons and bit ops have no gradient
 
 
 def _where_rule(out, g, arg, srcs, need):
-    c, a, b = srcs
-    zero = _const(0, g.dtype, ())
-    return (None, where(c, g, zero) if need[1] else None, where(c, zero, g) if need[2] else None)
+    c = srcs[0]
+    zero = _c(g, 0.0)
+    return (None, _where(c, g, zero) if need[1] else None, _where(c, zero, g) if need[2] else None)
 
 
 def _cast_rule(out, g, arg, srcs, need):
-    x = srcs[0]
-    return (g.cast(x.dtype) if x.dtype.is_float else None,)
+    d = _get(srcs[0]._id).dtype
+    return (_cast(g, d) if d.is_float else None,)
 
 
 def _reduce_rule(out, g, arg, srcs, need):
     rop, axes = arg
     x = srcs[0]
-    shape = x.shape
+    shape = _get(x._id).shape
     if rop == K.R_SUM:
-        return (g.expand(shape),)
+        return (_expand(g, shape),)
+    zero = _c(x, 0.0)
     if rop in (K.R_MAX, K.R_MIN):
         # the gradient goes to the positions holding the extreme value, split on ties
-        hit = x == out.expand(shape)
-        count = hit.cast(x.dtype)._reduce(K.R_SUM, axes, True)
-        return (where(hit, (g / count).expand(shape), _const(0, x.dtype, ())),)
+        hit = _cmp(x, _expand(out, shape), K.B_EQ)
+        count = _sum_keep(_cast(hit, _get(x._id).dtype), axes)
+        return (_where(hit, _expand(_bin(g, count, K.B_DIV), shape), zero),)
     if rop == K.R_PROD:
         # d prod / d x_i = prod / x_i, except at zeros: the product of the other elements
         # when x_i is the only zero, else 0 (out / x is 0 at nonzero x_i when a zero exists)
-        is_zero = x == 0
-        one = _const(1, x.dtype, ())
-        nonzero_prod = where(is_zero, one, x)._reduce(K.R_PROD, axes, True).expand(shape)
-        n_zero = is_zero.cast(x.dtype)._reduce(K.R_SUM, axes, True).expand(shape)
-        at_zero = where(n_zero == 1, nonzero_prod, _const(0, x.dtype, ()))
-        return (g.expand(shape) * where(is_zero, at_zero, out.expand(shape) / x),)
+        n = _get(x._id)
+        is_zero = _cmp(x, zero, K.B_EQ)
+        nz = _where(is_zero, _c(x, 1.0), x)
+        kshape = tuple(1 if i in axes else s for i, s in enumerate(shape))
+        nonzero_prod = _expand(x._make(G.REDUCE, (K.R_PROD, axes), (nz,), kshape, n.dtype), shape)
+        n_zero = _expand(_sum_keep(_cast(is_zero, n.dtype), axes), shape)
+        at_zero = _where(_cmp(n_zero, _c(x, 1.0), K.B_EQ), nonzero_prod, zero)
+        return (_mul(_expand(g, shape),
+                     _where(is_zero, at_zero, _bin(_expand(out, shape), x, K.B_DIV))),)
     raise ZyxError(f"no backward rule for reduce op {rop}")
 
 
 def _reshape_rule(out, g, arg, srcs, need):
-    return (g.reshape(srcs[0].shape),)
+    n = _get(srcs[0]._id)
+    return (g._make(G.RESHAPE, n.shape, (g,), n.shape, n.dtype),)
 
 
 def _permute_rule(out, g, order, srcs, need):
     inv = [0] * len(order)
     for i, a in enumerate(order):
         inv[a] = i
-    return (g.permute(inv),)
+    n = _get(srcs[0]._id)
+    return (g._make(G.PERMUTE, tuple(inv), (g,), n.shape, n.dtype),)
 
 
 def _expand_rule(out, g, arg, srcs, need):
-    x = srcs[0]
-    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, out.shape)) if a != b)
-    return (g._reduce(K.R_SUM, axes, True) if axes else g,)
+    xs, os = _get(srcs[0]._id).shape, _get(out._id).shape
+    axes = tuple(i for i, (a, b) in enumerate(zip(xs, os)) if a != b)
+    return (_sum_keep(g, axes) if axes else g,)
 
 
 def _pad_rule(out, g, arg, srcs, need):
     pads, _fill = arg     # padded positions hold a constant: no gradient flows there
-    return (g._pad(tuple((-a, -b) for a, b in pads)),)
+    n = _get(srcs[0]._id)
+    inv = tuple((-a, -b) for a, b in pads)
+    return (g._make(G.PAD, (inv, 0.0), (g,), n.shape, n.dtype),)
 
 
 def _flip_rule(out, g, axes, srcs, need):
-    return (g.flip(axes),)
+    n = _get(g._id)
+    return (g._make(G.FLIP, axes, (g,), n.shape, n.dtype),)
 
 
 _RULES = [None] * len(G.OP_NAMES)
@@ -376,7 +446,8 @@ def _run_backward(targets, out_grads, is_source, record):
             for s, n, gs in zip(srcs, need, _RULES[op](t, g, arg, srcs, need)):
                 if n and gs is not None:
                     ks = id(s)
-                    grads[ks] = gs if ks not in grads else grads[ks] + gs
+                    prev_g = grads.get(ks)
+                    grads[ks] = gs if prev_g is None else _bin(prev_g, gs, K.B_ADD)
     finally:
         if record:
             _tapes.pop()

@@ -6,9 +6,8 @@
     model = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
     loss = F.cross_entropy(model(x), y)
 """
-from . import functional, init
+from . import functional, init, utils
 from .modules import *  # noqa: F401,F403
-from .modules import __dict__ as _mods
+from .modules import __all__ as _modules_all
 
-__all__ = ["functional", "init"] + [n for n, v in _mods.items()
-                                    if isinstance(v, type) or n == "Parameter"]
+__all__ = ["functional", "init", "utils"] + list(_modules_all)

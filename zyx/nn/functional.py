@@ -19,12 +19,14 @@ from .. import dtype as dt
 from .._core import kernel as K
 from ..errors import DTypeError, ShapeError, ZyxError
 from ..tensor import Tensor, _const, _iota, rand, where
+from .init import _assign   # in-place update of running stats (torch's copy_)
 
 __all__ = [
     # convolution and pooling
     "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
     "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
     "adaptive_avg_pool1d", "adaptive_avg_pool2d", "interpolate", "upsample", "pad", "unfold",
+    "pixel_shuffle", "pixel_unshuffle",
     # linear, normalization, dropout, sparse
     "linear", "bilinear", "layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm",
     "normalize", "dropout", "dropout1d", "dropout2d", "dropout3d", "embedding", "one_hot",
@@ -170,7 +172,8 @@ def _conv_padding(padding, k, d, s, nd, what):
                 total = dd * (kk - 1)
                 out.append((total // 2, total - total // 2))   # extra on the right, as torch
             return out
-        raise ValueError(f"{what}: padding must be an int, a tuple, 'same' or 'valid', got {padding!r}")
+        raise ValueError(f"{what}: padding must be an int, a tuple, 'same' or 'valid', "
+                         f"got {padding!r}")
     return [(p, p) for p in _tuple(padding, nd, f"{what} padding")]
 
 
@@ -178,7 +181,8 @@ def _convnd(x, weight, bias, stride, padding, dilation, groups, nd, what):
     x, w = _t(x), _t(weight)
     x, squeeze = _batched(x, nd, what)
     if w.ndim != nd + 2:
-        raise ShapeError(f"{what}: weight must be {nd + 2}-D (out, in/groups, *kernel), got {w.shape}")
+        raise ShapeError(f"{what}: weight must be {nd + 2}-D (out, in/groups, *kernel), "
+                         f"got {w.shape}")
     n, cin = x.shape[:2]
     cout, cg = w.shape[:2]
     k = w.shape[2:]
@@ -233,7 +237,8 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
     x, w = _t(x), _t(weight)
     x, squeeze = _batched(x, nd, what)
     if w.ndim != nd + 2:
-        raise ShapeError(f"{what}: weight must be {nd + 2}-D (in, out/groups, *kernel), got {w.shape}")
+        raise ShapeError(f"{what}: weight must be {nd + 2}-D (in, out/groups, *kernel), "
+                         f"got {w.shape}")
     n, cin = x.shape[:2]
     g = int(groups)
     if g < 1 or w.shape[0] != cin or cin % g:
@@ -490,7 +495,7 @@ def _source_index(o, i, scale, align_corners, mode):
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                 recompute_scale_factor=None, antialias=False):
     """Resize the spatial dims of (N, C, *spatial): modes 'nearest', 'nearest-exact',
-    'linear', 'bilinear', 'trilinear' (torch's coordinate rules, align_corners too).
+    'linear', 'bilinear', 'trilinear', 'area' (torch's coordinate rules, align_corners too).
     Each axis is resampled separately: an integer nearest upscale is an expand, anything
     else a gather or a small interpolation matrix."""
     x = _t(input)
@@ -504,7 +509,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
         if linear[mode] != nd:
             raise ShapeError(f"interpolate: mode {mode!r} needs {linear[mode]} spatial dims, "
                              f"input {x.shape} has {nd}")
-    elif mode not in ("nearest", "nearest-exact"):
+    elif mode not in ("nearest", "nearest-exact", "area"):
         raise NotImplementedError(f"interpolate mode {mode!r}")
     elif align_corners is not None:
         raise ValueError("align_corners can only be set with the linear modes")
@@ -521,6 +526,8 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
         outs = [int(math.floor(i * f)) for i, f in zip(ins, sf)]
         scales = [i / o for i, o in zip(ins, outs)] if recompute_scale_factor else \
             [1.0 / f for f in sf]
+    if mode == "area":   # torch's area mode is adaptive average pooling
+        return _adaptive_avg(x, tuple(outs), nd, "interpolate")
     if mode in linear:
         x = _float(x)
     for j, (i, o, sc) in enumerate(zip(ins, outs, scales)):
@@ -597,6 +604,30 @@ def pad(input, pad, mode="constant", value=None):
     return x
 
 
+def pixel_shuffle(input, upscale_factor):
+    """(N, C*r*r, H, W) -> (N, C, H*r, W*r): channels become spatial sub-positions."""
+    x, r = _t(input), int(upscale_factor)
+    if x.ndim < 3 or x.shape[-3] % (r * r):
+        raise ShapeError(f"pixel_shuffle: channels of {x.shape} are not divisible by {r * r}")
+    *lead, c, h, w = x.shape
+    lead, nl = tuple(lead), len(lead)
+    x = x.reshape(lead + (c // (r * r), r, r, h, w))
+    x = x.permute(list(range(nl)) + [nl, nl + 3, nl + 1, nl + 4, nl + 2])
+    return x.reshape(lead + (c // (r * r), h * r, w * r))
+
+
+def pixel_unshuffle(input, downscale_factor):
+    """(N, C, H*r, W*r) -> (N, C*r*r, H, W), the inverse of pixel_shuffle."""
+    x, r = _t(input), int(downscale_factor)
+    if x.ndim < 3 or x.shape[-1] % r or x.shape[-2] % r:
+        raise ShapeError(f"pixel_unshuffle: spatial dims of {x.shape} are not divisible by {r}")
+    *lead, c, h, w = x.shape
+    lead, nl = tuple(lead), len(lead)
+    x = x.reshape(lead + (c, h // r, r, w // r, r))
+    x = x.permute(list(range(nl)) + [nl, nl + 2, nl + 4, nl + 1, nl + 3])
+    return x.reshape(lead + (c * r * r, h // r, w // r))
+
+
 # ---------------------------------------------------------------------------------------
 # linear, normalization
 def linear(input, weight, bias=None):
@@ -650,17 +681,10 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     machine epsilon, as in torch."""
     x = _float(_t(input))
     _, axes = _norm_dims(x, normalized_shape, "rms_norm")
-    if eps is None:
-        eps = float(np.finfo(np.float32 if x.dtype is dt.bfloat16 else x.dtype.np).eps) \
-            if x.dtype is not dt.bfloat16 else 0.0078125
+    if eps is None:   # machine epsilon of the dtype (bfloat16 has 7 mantissa bits)
+        eps = 2.0 ** -7 if x.dtype is dt.bfloat16 else float(np.finfo(x.dtype.np).eps)
     y = x * ((x * x).mean(axes, keepdim=True) + eps).rsqrt()
     return y * weight if weight is not None else y
-
-
-def _assign(dst: Tensor, src: Tensor) -> None:
-    """Point `dst` at the value of `src` (torch's in-place copy_, for buffers)."""
-    from .init import _assign as assign
-    assign(dst, src)
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
@@ -696,7 +720,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                 _assign(running_var, running_var * (1 - mom) + unb.cast(running_var.dtype) * mom)
     else:
         if running_mean is None or running_var is None:
-            raise ZyxError("batch_norm: running_mean and running_var are required when not training")
+            raise ZyxError("batch_norm: running_mean and running_var are required when not "
+                           "training")
         m = running_mean.cast(x.dtype).reshape(bshape)
         d = x - m
         v = running_var.cast(x.dtype).reshape(bshape)
@@ -828,6 +853,11 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
         raise ShapeError(f"embedding weight must be 2-D, got {w.shape}")
     if max_norm is not None:
         raise NotImplementedError("embedding: max_norm (an in-place renorm) is not supported")
+    if padding_idx is not None:
+        # the padding row reads a detached copy: it never receives a gradient (torch's rule)
+        v = w.shape[0]
+        pad_row = (_iota(v, dt.int64) == int(padding_idx) % v).reshape(v, 1)
+        w = where(pad_row, w.detach(), w)
     return _take(w, 0, idx)
 
 

@@ -31,7 +31,8 @@ def _assign(dst: Tensor, src) -> Tensor:
     if not isinstance(src, Tensor):
         src = Tensor(np.asarray(src), dtype=dst.dtype)
     if src.shape != dst.shape:
-        raise ShapeError(f"cannot assign a value of shape {src.shape} to a tensor of shape {dst.shape}")
+        raise ShapeError(f"cannot assign a value of shape {src.shape} to a tensor of shape "
+                         f"{dst.shape}")
     src = src.cast(dst.dtype)
     if src._id == dst._id:
         return dst
@@ -68,7 +69,8 @@ def calculate_gain(nonlinearity, param=None):
 
 def _fans(t: Tensor):
     if t.ndim < 2:
-        raise ShapeError(f"fan in and fan out need a tensor of at least 2 dimensions, got {t.shape}")
+        raise ShapeError(f"fan in and fan out need a tensor of at least 2 dimensions, "
+                         f"got {t.shape}")
     receptive = 1
     for s in t.shape[2:]:
         receptive *= s

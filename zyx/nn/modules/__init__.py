@@ -1,7 +1,8 @@
 """The layers of zyx.nn, one file per family (as torch.nn.modules)."""
 from .module import Module, Parameter
 from .container import Sequential, ModuleList, ModuleDict
-from .linear import Identity, Linear, Bilinear, Flatten, Unflatten
+from .linear import (Identity, Linear, Bilinear, Flatten, Unflatten, PixelShuffle,
+                     PixelUnshuffle)
 from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from .pooling import (MaxPool1d, MaxPool2d, MaxPool3d, AvgPool1d, AvgPool2d, AvgPool3d,
                       AdaptiveAvgPool1d, AdaptiveAvgPool2d)
@@ -19,3 +20,6 @@ from .transformer import (MultiheadAttention, CausalSelfAttention, PositionalEnc
                           TransformerDecoder)
 from .loss import (MSELoss, L1Loss, SmoothL1Loss, HuberLoss, CrossEntropyLoss, NLLLoss, BCELoss,
                    BCEWithLogitsLoss, KLDivLoss)
+
+__all__ = sorted(n for n, v in dict(globals()).items()
+                 if not n.startswith("_") and (isinstance(v, type) or n == "Parameter"))

@@ -1,4 +1,5 @@
-"""Linear layers and shape helpers: Identity, Linear, Bilinear, Flatten, Unflatten."""
+"""Linear layers and shape helpers: Identity, Linear, Bilinear, Flatten, Unflatten,
+PixelShuffle, PixelUnshuffle."""
 from __future__ import annotations
 
 import math
@@ -7,7 +8,8 @@ from .. import functional as F
 from .. import init
 from .module import Module, _param
 
-__all__ = ["Identity", "Linear", "Bilinear", "Flatten", "Unflatten"]
+__all__ = ["Identity", "Linear", "Bilinear", "Flatten", "Unflatten", "PixelShuffle",
+           "PixelUnshuffle"]
 
 
 class Identity(Module):
@@ -106,3 +108,27 @@ class Unflatten(Module):
 
     def extra_repr(self):
         return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
+
+
+class PixelShuffle(Module):
+    def __init__(self, upscale_factor: int):
+        super().__init__()
+        self.upscale_factor = upscale_factor
+
+    def forward(self, x):
+        return F.pixel_shuffle(x, self.upscale_factor)
+
+    def extra_repr(self):
+        return f"upscale_factor={self.upscale_factor}"
+
+
+class PixelUnshuffle(Module):
+    def __init__(self, downscale_factor: int):
+        super().__init__()
+        self.downscale_factor = downscale_factor
+
+    def forward(self, x):
+        return F.pixel_unshuffle(x, self.downscale_factor)
+
+    def extra_repr(self):
+        return f"downscale_factor={self.downscale_factor}"

@@ -24,10 +24,11 @@ _IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_
 
 def Parameter(data=None, requires_grad=True) -> Tensor:  # noqa: N802  (torch spelling)
     """A trainable tensor: a plain zyx.Tensor with requires_grad set (zyx has no Parameter
-    class; assigning such a tensor to a Module attribute registers it as a parameter)."""
-    t = data if isinstance(data, Tensor) else Tensor(np.asarray(data if data is not None else
-                                                                 np.zeros(0, np.float32)))
-    t = t.detach() if isinstance(data, Tensor) else t
+    class; assigning such a tensor to a Module attribute registers it as a parameter).
+    A Tensor argument is not copied: a new handle on the same value is returned."""
+    if data is None:
+        data = np.zeros(0, np.float32)
+    t = data.detach() if isinstance(data, Tensor) else Tensor(np.asarray(data))
     t.requires_grad = requires_grad
     return t
 
@@ -47,7 +48,9 @@ def _to_tensor(value, like: Tensor) -> Tensor:
 
 def _addindent(s: str, n: int) -> str:
     lines = s.split("\n")
-    return lines[0] if len(lines) == 1 else "\n".join([lines[0]] + [" " * n + ln for ln in lines[1:]])
+    if len(lines) == 1:
+        return lines[0]
+    return "\n".join([lines[0]] + [" " * n + ln for ln in lines[1:]])
 
 
 class Module:
@@ -195,7 +198,8 @@ class Module:
                 seen.add(id(t))
                 yield mp + ("." if mp else "") + name, t
 
-    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True):
         yield from self._named_members("_parameters", prefix, recurse, remove_duplicate)
 
     def parameters(self, recurse: bool = True) -> Iterator[Tensor]:
@@ -243,9 +247,11 @@ class Module:
         errors = []
         if strict:
             if missing:
-                errors.append("missing key(s) in state_dict: " + ", ".join(repr(k) for k in missing))
+                errors.append("missing key(s) in state_dict: " +
+                              ", ".join(repr(k) for k in missing))
             if unexpected:
-                errors.append("unexpected key(s) in state_dict: " + ", ".join(repr(k) for k in unexpected))
+                errors.append("unexpected key(s) in state_dict: " +
+                              ", ".join(repr(k) for k in unexpected))
         values = {}
         for k, dst in own.items():
             if k not in state_dict:
@@ -388,7 +394,8 @@ def _param(*shape, dtype=None, fill=None) -> Tensor:
     """A new trainable tensor of `shape` (zeros, or `fill`); initializers then give it its
     values. Parameters are always realized buffers, never lazy constants."""
     d = dt.to_dtype(dtype) if dtype is not None else dt.float32
-    arr = np.full(shape, 0.0 if fill is None else fill, dtype=np.float32 if d is dt.bfloat16 else d.np)
+    arr = np.full(shape, 0.0 if fill is None else fill,
+                  dtype=np.float32 if d is dt.bfloat16 else d.np)
     t = Tensor(arr, dtype=d)
     t.requires_grad = True
     return t

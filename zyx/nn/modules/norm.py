@@ -5,6 +5,7 @@ import numpy as np
 
 from ... import dtype as dt
 from ...errors import ShapeError
+from ..._core.graph import LEAF
 from ...runtime import RT
 from .. import functional as F
 from .. import init
@@ -82,7 +83,8 @@ class GroupNorm(Module):
         if num_channels % num_groups:
             raise ShapeError(f"num_channels {num_channels} must be divisible by num_groups "
                              f"{num_groups}")
-        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+        self.num_groups, self.num_channels = num_groups, num_channels
+        self.eps, self.affine = eps, affine
         if affine:
             self.weight = _param(num_channels, dtype=dtype, fill=1.0)
             self.bias = _param(num_channels, dtype=dtype)
@@ -100,7 +102,7 @@ class GroupNorm(Module):
 def _realize_pending(*tensors):
     """Realize buffers still holding last step's lazy update, so the chain of running-stat
     updates never grows past one step (a training loop rarely reads them)."""
-    ids = [t._id for t in tensors if t is not None and RT.graph.get(t._id).op != 0]
+    ids = [t._id for t in tensors if t is not None and RT.graph.get(t._id).op != LEAF]
     if ids:
         RT.realize(ids)
 
@@ -181,7 +183,8 @@ class _InstanceNorm(Module):
         super().__init__()
         if track_running_stats:
             raise NotImplementedError("InstanceNorm with track_running_stats=True")
-        self.num_features, self.eps, self.momentum, self.affine = num_features, eps, momentum, affine
+        self.num_features, self.eps = num_features, eps
+        self.momentum, self.affine = momentum, affine
         self.track_running_stats = False
         if affine:
             self.weight = _param(num_features, dtype=dtype, fill=1.0)
