@@ -38,8 +38,10 @@ def batches():
 def init_weights(seed=0):
     """torch.nn.Linear's default init (uniform in +-1/sqrt(fan_in)), made in numpy."""
     rng = np.random.default_rng(seed)
-    u = lambda shape, fan: rng.uniform(-1 / np.sqrt(fan), 1 / np.sqrt(fan), shape).astype(np.float32)  # noqa
-    return {"0.weight": u((H, D), D), "0.bias": u(H, D), "2.weight": u((C, H), H), "2.bias": u(C, H)}
+    def u(shape, fan):
+        return rng.uniform(-1 / np.sqrt(fan), 1 / np.sqrt(fan), shape).astype(np.float32)
+    return {"0.weight": u((H, D), D), "0.bias": u(H, D),
+            "2.weight": u((C, H), H), "2.bias": u(C, H)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,7 +50,7 @@ class NumpyMLP:
     """Forward, softmax cross-entropy, backward and the optimizer update, by hand."""
 
     def __init__(self, w, opt):
-        self.p = [w["0.weight"].copy(), w["0.bias"].copy(), w["2.weight"].copy(), w["2.bias"].copy()]
+        self.p = [w[k].copy() for k in ("0.weight", "0.bias", "2.weight", "2.bias")]
         self.opt, self.lr, self.t = opt, LR[opt], 0
         self.m = [np.zeros_like(p) for p in self.p]
         self.v = [np.zeros_like(p) for p in self.p]
@@ -92,6 +94,9 @@ def make_numpy(w, opt):
 
 def make_torch(w, opt):
     torch = need_torch()
+    # as many threads as this process may run on (taskset / cgroups), like zyx's OpenMP
+    torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                          else os.cpu_count() or 1)
     model = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.ReLU(), torch.nn.Linear(H, C))
     model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in w.items()})
     o = (torch.optim.SGD if opt == "sgd" else torch.optim.Adam)(model.parameters(), lr=LR[opt])

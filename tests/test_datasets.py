@@ -19,7 +19,8 @@ def make_mnist(directory, n_train=12, n_test=5, rows=28, cols=28, gz=False, seed
             "test_labels": rng.integers(0, 10, n_test, dtype=np.uint8)}
     for key, base in MNIST_FILES.items():
         a = data[key]
-        raw = struct.pack(">HBB", 0, 0x08, a.ndim) + struct.pack(f">{a.ndim}I", *a.shape) + a.tobytes()
+        raw = (struct.pack(">HBB", 0, 0x08, a.ndim) + struct.pack(f">{a.ndim}I", *a.shape) +
+               a.tobytes())
         path = directory / (base + (".gz" if gz else ""))
         path.write_bytes(gzip.compress(raw) if gz else raw)
     return data
@@ -109,7 +110,8 @@ def test_load_digits_split_is_deterministic_and_stratified():
     np.testing.assert_array_equal(y, y2)
     np.testing.assert_array_equal(xt, xt2)
     # every digit is in both splits in about the requested proportion
-    frac = np.bincount(yt, minlength=10) / (np.bincount(y, minlength=10) + np.bincount(yt, minlength=10))
+    n_test = np.bincount(yt, minlength=10)
+    frac = n_test / (np.bincount(y, minlength=10) + n_test)
     np.testing.assert_allclose(frac, 0.2, atol=0.01)
     # the split is a partition of the data set: no image in both halves
     from sklearn.datasets import load_digits as sk

@@ -241,6 +241,25 @@ def test_int_floor_division_and_mod_signs(d):
     assert_close(x.fmod(y), np.fmod(a, b), dtype=d)
 
 
+@pytest.mark.parametrize("d", (zyx.float32, zyx.float64), ids=["float32", "float64"])
+def test_float_floor_division_and_remainder_edge_cases(d):
+    """Python/numpy/torch semantics: a == (a // b) * b + a % b, so 1 // 0.1 is 9, not the
+    10 that floor(1 / 0.1) gives; infinities and zero divisors like numpy."""
+    a = np.array([1.0, -1.0, np.inf, 5.0, -5.0, 7.5, -7.5, 0.0, 3.0, np.nan, -3.0, 0.7],
+                 dtype=d.np)
+    b = np.array([0.1, 0.1, 2.0, np.inf, np.inf, -2.0, 2.0, -2.0, 0.0, 1.0, 0.0, -0.1],
+                 dtype=d.np)
+    x, y = zyx.Tensor(a), zyx.Tensor(b)
+    with np.errstate(all="ignore"):
+        assert_close(x // y, np.floor_divide(a, b), dtype=d)
+        assert_close(x % y, np.remainder(a, b), dtype=d)
+        assert_close(x.div(y, rounding_mode="floor"), np.floor_divide(a, b), dtype=d)
+        assert_close(x // 0.1, np.floor_divide(a, d.np.type(0.1)), dtype=d)
+        assert_close(1.0 // y, np.floor_divide(d.np.type(1.0), b), dtype=d)
+    q, r = (x // y).numpy()[[0, 1, 5, 6, 11]], (x % y).numpy()[[0, 1, 5, 6, 11]]
+    np.testing.assert_allclose(q * b[[0, 1, 5, 6, 11]] + r, a[[0, 1, 5, 6, 11]], rtol=1e-6)
+
+
 def test_float_division_by_zero():
     a = np.array([1.0, -1.0, 0.0, 3.0], dtype=np.float32)
     b = np.array([0.0, 0.0, 0.0, -0.0], dtype=np.float32)
@@ -622,3 +641,91 @@ def test_large_elementwise_chain():
     expected = np.sqrt(np.abs(a * np.float32(2) - np.float32(1))) + np.sin(a) * np.float32(0.5)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     assert got.shape == (n,)
+
+
+# ---------------------------------------------------------------------------------------
+# PyTorch as an oracle for semantics on tricky inputs (values and result dtypes)
+
+_TRICKY = np.array([-2.5, -1.5, -0.5, -0.0, 0.0, 0.5, 1.5, 2.5, 3.7, -3.7, 1e-8, 7.0, -7.0,
+                    np.inf, -np.inf, np.nan], dtype=np.float32)
+_TORCH_UNARY = ["round", "floor", "ceil", "trunc", "sign", "abs", "neg", "sigmoid", "tanh",
+                "erf", "exp", "exp2", "relu", "square", "reciprocal", "rsqrt", "sqrt", "log",
+                "log2", "sin", "cos", "tan", "sinh", "cosh", "isnan", "isinf", "isfinite"]
+
+
+@pytest.mark.parametrize("name", _TORCH_UNARY)
+def test_unary_against_torch(name):
+    torch = pytest.importorskip("torch")
+    t = getattr(torch, name)(torch.tensor(_TRICKY))
+    got = getattr(zyx.Tensor(_TRICKY), name)()
+    from conftest import from_torch_dtype
+    assert got.dtype == from_torch_dtype(t.dtype)
+    assert_close(got, t.numpy(), scale=4, msg=name)
+
+
+_TORCH_BINARY = {
+    "remainder": (lambda x, y: x % y, "remainder"),
+    "floor_divide": (lambda x, y: x // y, "floor_divide"),
+    "fmod": (lambda x, y: x.fmod(y), "fmod"),
+    "div_trunc": (lambda x, y: x.div(y, rounding_mode="trunc"), None),
+    "maximum": (zyx.maximum, "maximum"),
+    "minimum": (zyx.minimum, "minimum"),
+    "pow": (lambda x, y: x ** y, "pow"),
+    "lt": (lambda x, y: x < y, "lt"),
+    "ge": (lambda x, y: x >= y, "ge"),
+}
+
+
+@pytest.mark.parametrize("name", list(_TORCH_BINARY))
+@pytest.mark.parametrize("kind", ["float32", "int32"])
+def test_binary_against_torch(name, kind):
+    torch = pytest.importorskip("torch")
+    from conftest import from_torch_dtype
+    if kind == "float32":
+        a = np.array([7.5, -7.5, 7.5, -7.5, 0.0, 1.0, 2.0, -2.0, 0.3, np.nan, np.inf],
+                     dtype=np.float32)
+        b = np.array([2.0, 2.0, -2.0, -2.0, 3.0, 0.1, 0.5, 3.0, 0.7, 1.0, 2.0], dtype=np.float32)
+    else:
+        if name == "pow":
+            a = np.array([-3, -2, 0, 1, 2, 5], dtype=np.int32)
+            b = np.array([3, 2, 0, 7, 10, 2], dtype=np.int32)
+        else:
+            a = np.array([7, -7, 7, -7, 0, 9, -9, 1], dtype=np.int32)
+            b = np.array([2, 2, -2, -2, 3, 3, 4, -5], dtype=np.int32)
+    fn, tname = _TORCH_BINARY[name]
+    ta, tb = torch.tensor(a), torch.tensor(b)
+    t = torch.div(ta, tb, rounding_mode="trunc") if tname is None else getattr(torch, tname)(ta, tb)
+    got = fn(zyx.Tensor(a), zyx.Tensor(b))
+    assert got.dtype == from_torch_dtype(t.dtype)
+    assert_close(got, t.numpy(), msg=f"{name} {kind}")
+
+
+def test_shifts_and_bitwise_against_torch():
+    torch = pytest.importorskip("torch")
+    a = np.array([-8, -1, 0, 1, 5, 127, -128, 64], dtype=np.int8)
+    s = np.array([1, 2, 3, 0, 1, 1, 1, 1], dtype=np.int8)
+    x, y = zyx.Tensor(a), zyx.Tensor(s)
+    ta, ts = torch.tensor(a), torch.tensor(s)
+    assert_close(x >> y, (ta >> ts).numpy(), dtype=zyx.int8)
+    assert_close(x << y, (ta << ts).numpy(), dtype=zyx.int8)
+    assert_close(~x, (~ta).numpy(), dtype=zyx.int8)
+    u = np.array([0, 1, 200, 255], dtype=np.uint8)
+    assert_close(~zyx.Tensor(u), (~torch.tensor(u)).numpy(), dtype=zyx.uint8)
+    assert_close(-zyx.Tensor(u), (-torch.tensor(u)).numpy(), dtype=zyx.uint8)
+
+
+def test_reduction_dtypes_against_torch():
+    torch = pytest.importorskip("torch")
+    from conftest import from_torch_dtype, torch_dtype
+    for d in (zyx.bool, zyx.uint8, zyx.int8, zyx.int32, zyx.float16, zyx.bfloat16, zyx.float32):
+        x = zyx.zeros(2, 3, dtype=d)
+        t = torch.zeros(2, 3, dtype=torch_dtype(d))
+        pairs = [(x.sum(0), t.sum(0)), (x.prod(1), t.prod(1)), (x.cumsum(1), t.cumsum(1)),
+                 (x.amax(0), t.amax(0)), (x.argmax(1), t.argmax(1)), (x.any(0), t.any(0)),
+                 (x.all(), t.all())]
+        if d.is_float:
+            pairs += [(x.mean(0), t.mean(0)), (x.var(1), t.var(1)), (x.softmax(-1), t.softmax(-1)),
+                      (x.logsumexp(0), t.logsumexp(0))]
+        for z, tt in pairs:
+            assert z.dtype == from_torch_dtype(tt.dtype), (d, z.dtype, tt.dtype)
+            assert z.shape == tuple(tt.shape)

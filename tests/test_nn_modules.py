@@ -663,3 +663,15 @@ def test_clip_grad_matches_torch(norm_type):
     nn.utils.vector_to_parameters(v * 2, z.parameters())
     assert z.weight is w
     close(z.bias, 2 * t.bias.detach().numpy())
+
+
+def test_state_dict_through_safetensors_file(tmp_path):
+    a, b = Net(), Net()
+    a(Z(rnd(2, 3, 5, 5))).realize()          # one training step moves the BatchNorm stats
+    path = str(tmp_path / "net.safetensors")
+    zyx.save(a.state_dict(), path)
+    b.load_state_dict(zyx.load(path))
+    a.eval(), b.eval()
+    x = Z(rnd(2, 3, 5, 5))
+    np.testing.assert_array_equal(b(x).numpy(), a(x).numpy())
+    assert b.bn.num_batches_tracked.item() == 1

@@ -191,6 +191,23 @@ def test_changing_lr_compiles_no_new_kernel():
     np.testing.assert_allclose(p.numpy(), expected, rtol=1e-6)
 
 
+def test_adam_under_a_schedule_compiles_no_new_kernel():
+    """Bias corrections and scheduled lrs change every step; kernels stay the same."""
+    p = zyx.Tensor(np.linspace(-1, 1, 16).astype(np.float32))
+    opt = optim.AdamW(p, lr=0.1, amsgrad=True)
+    sched = optim.StepLR(opt, step_size=1, gamma=0.7)
+    g = zyx.Tensor(np.linspace(0.5, 1.5, 16).astype(np.float32))
+    for _ in range(3):   # warm-up: at step 2 the AMSGrad max and exp_avg_sq share a node
+        opt.update([p], [g])
+        sched.step()
+    compiled = zyx.stats()["kernels_compiled"]
+    for _ in range(3):
+        opt.update([p], [g])
+        sched.step()
+    assert zyx.stats()["kernels_compiled"] == compiled
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.7 ** 6)
+
+
 def test_params_rebound_in_place_and_groups():
     a = zyx.Tensor(np.ones(3, np.float32), requires_grad=True)
     b = zyx.Tensor(np.ones(2, np.float32), requires_grad=True)

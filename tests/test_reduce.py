@@ -326,3 +326,13 @@ def test_large_sum():
     np.testing.assert_allclose(y.sum(1).numpy(), m.astype(np.float64).sum(1), rtol=1e-5)
     i = zyx.Tensor(np.ones(n, dtype=np.int32))
     assert i.sum().item() == n
+
+
+def test_large_argmax_softmax_rows():
+    a = np.random.randn(4096, 1024).astype(np.float32)
+    x = zyx.Tensor(a)
+    e = np.exp(a - a.max(-1, keepdims=True))
+    assert_close(x.softmax(-1), e / e.sum(-1, keepdims=True), dtype=zyx.float32, atol=1e-7)
+    assert np.array_equal(x.argmax(1).numpy(), a.argmax(1))
+    assert np.array_equal(x.argmin(0).numpy(), a.argmin(0))
+    assert x.reshape(-1).argmax().item() == a.argmax()

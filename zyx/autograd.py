@@ -6,10 +6,10 @@ A dozen backward rules, one per primitive (`_RULES` below), are enough for the w
 Tensor API, because every higher op (softmax, matmul, getitem, cat, gather ...) is built from
 the primitives, and broadcasting is already explicit EXPAND nodes.
 
-Backward rules are written with Tensor ops, so gradients are lazy tensors: realized together
-with the forward pass they fuse into the same kernels, and when recording stays on during
-the backward pass (`create_graph=True` or an enclosing Tape) the gradients are themselves
-differentiable.
+Backward rules build graph nodes like any Tensor op, so gradients are lazy tensors: realized
+together with the forward pass they fuse into the same kernels, and when recording stays on
+during the backward pass (`create_graph=True` or an enclosing Tape) the gradients are
+themselves differentiable (any order).
 
 Two ways in, one machinery:
 
@@ -26,7 +26,17 @@ torch). Nothing else costs more than one function call per op.
 
 Memory: the recorded structure lives only on the output tensors, so it dies with them.
 `backward()` and a non-persistent tape's `gradient()` free it after use (the walked tensors
-forget their inputs) unless `retain_graph=True`, so a training loop keeps no history.
+forget their inputs and stop requiring grad, so `total = total + loss` after backward keeps
+no history) unless `retain_graph=True`; a later backward through a freed tensor raises.
+
+Semantics chosen where torch and TensorFlow differ or are silent:
+- `tape.gradient` gives zeros for sources the target does not depend on (TF's
+  `unconnected_gradients="zero"`; pass "none" for None) and an implicit gradient of ones
+  for non-scalar targets (TF); `backward()` of a non-scalar tensor needs `gradient=` (torch).
+- ties: max/min reductions split the gradient equally between equal extremes (torch's
+  amax); elementwise maximum/minimum give each side half on ties (torch.maximum), so
+  relu(x) = maximum(x, 0) passes 0.5 * g at exactly x == 0 (torch.relu passes 0).
+- abs'(0) = 0, floor/trunc/round/sign have zero gradient, integer and bool tensors none.
 """
 from __future__ import annotations
 
@@ -37,9 +47,9 @@ import weakref
 
 from ._core import graph as G
 from ._core import kernel as K
+from .dtype import bool_ as _BOOL
 from .errors import ShapeError, ZyxError
 from .runtime import RT
-from .dtype import bool_ as _BOOL
 from .tensor import Tensor, _const
 
 # the module itself: `zyx.tensor` as an attribute is the tensor() function that

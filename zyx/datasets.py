@@ -127,7 +127,8 @@ def load_mnist(directory, normalize=False):
     for split in ("train", "test"):
         x, y = parts[f"{split}_images"], parts[f"{split}_labels"]
         if x.ndim != 3:
-            raise DatasetError(f"MNIST {split} images must be 3-d (N, rows, cols), got shape {x.shape}")
+            raise DatasetError(f"MNIST {split} images must be 3-d (N, rows, cols), "
+                               f"got shape {x.shape}")
         if y.ndim != 1:
             raise DatasetError(f"MNIST {split} labels must be 1-d, got shape {y.shape}")
         if len(x) != len(y):

@@ -23,6 +23,9 @@ DEBUG_DEVICES, DEBUG_SCHEDULE, DEBUG_IR, DEBUG_SOURCE, DEBUG_MEMORY, DEBUG_COMPI
     DEBUG_PERF = 1, 2, 4, 8, 16, 32, 64
 
 
+MAX_PLANS = 4096   # plan cache entries kept in memory (compiled programs stay cached)
+
+
 def _env_debug():
     try:
         return int(os.environ.get("ZYX_DEBUG", "0"), 0)
@@ -104,8 +107,9 @@ class Runtime:
         key = (id(dev), key)
         plan = self.plans.get(key)
         if plan is None:
-            n_before = sum(1 for _ in ())
             plan = scheduler.build_plan(self.graph, order, ids, dev, self.debug)
+            if len(self.plans) >= MAX_PLANS:   # bounded: drop the oldest plan (dicts keep order)
+                del self.plans[next(iter(self.plans))]
             self.plans[key] = plan
             self.stats["plans_built"] += 1
             self.stats["kernels_compiled"] += sum(1 for s in plan.steps if s.program is not None)

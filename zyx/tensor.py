@@ -741,7 +741,15 @@ def _ge(a, o):
 
 def _floordiv(a, b):
     if a.dtype.is_float:
-        return a._binary_prim(b, K.B_DIV).floor()
+        # Python/numpy/torch floor division: derived from fmod so that a == (a // b) * b +
+        # a % b holds exactly; floor(a / b) is off by one where a / b rounds up to an
+        # integer (1 // 0.1 is 9, not 10) and wrong for infinities (-5 // inf is -1).
+        mod = a._binary_prim(b, K.B_MOD)                        # C fmod
+        div = (a - mod)._binary_prim(b, K.B_DIV)
+        div = where((mod != 0) & ((b < 0) ^ (mod < 0)), div - 1, div)
+        fl = div.floor()
+        fl = where(div - fl > 0.5, fl + 1, fl)
+        return where(b == 0, a._binary_prim(b, K.B_DIV), fl)
     if a.dtype.is_bool:
         raise DTypeError("floor division of bool tensors is not supported")
     q = a._binary_prim(b, K.B_DIV)   # C truncation

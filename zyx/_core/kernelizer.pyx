@@ -34,14 +34,33 @@ class Step:
         self.program = None
 
 
-def decide_stored(list nodes, list consumers, list targets):
-    """Positions of nodes whose value must be written to a buffer (see module doc)."""
+ELEMENTWISE = frozenset((CAST, UNARY, BINARY, WHERE))
+MOVEMENT_OPS = frozenset((RESHAPE, PERMUTE, EXPAND, PAD, FLIP))
+
+
+def decide_stored(list nodes, list consumers, list srcpos, list targets):
+    """Positions of nodes whose value must be written to a buffer (see module doc).
+
+    Besides targets and non-epilogue reduces, an elementwise node is stored when it reaches
+    a reduce's body through an expand and is not trivial: inlined there it would be
+    recomputed once per expanded element (a conv's weight gradient would redo the whole
+    activation backward for every kernel tap)."""
     cdef Py_ssize_t n = len(nodes), p
     stored = [False] * n
     for t in targets:
         if nodes[t].op != LEAF:
             stored[t] = True
+    # forward: rough cost of inlining a node = its elementwise ops + the inputs it reads
+    cost = [0] * n
+    for p in range(n):
+        op = nodes[p].op
+        if op == LEAF or op == REDUCE:
+            cost[p] = 1
+        elif op != CONST:
+            cost[p] = (1 if op in ELEMENTWISE else 0) + sum([cost[q] for q in srcpos[p]])
     sink = [-1] * n
+    in_body = [False] * n        # inlined into some reduce's body
+    under_expand = [False] * n   # ... through an expand: recomputed per expanded element
     for p in range(n - 1, -1, -1):
         node = nodes[p]
         if node.op == LEAF or node.op == CONST:
@@ -50,19 +69,35 @@ def decide_stored(list nodes, list consumers, list targets):
             sink[p] = p
             continue
         s = -2
+        body = False
+        expanded = False
         for c in consumers[p]:
-            cs = sink[c] if nodes[c].op in EPILOGUE else -1
+            cn = nodes[c]
+            cs = sink[c] if cn.op in EPILOGUE else -1
             if s == -2:
                 s = cs
             elif s != cs:
                 s = -1
+            if cn.op == REDUCE:
+                body = True
+            elif not stored[c]:
+                body = body or in_body[c]
+                expanded = expanded or under_expand[c] or (cn.op == EXPAND and in_body[c])
         if s == -2:
             s = -1
         if node.op == REDUCE and s == -1:
             stored[p] = True
             s = p
+        elif node.op in ELEMENTWISE and expanded and cost[p] >= RECOMPUTE_LIMIT:
+            stored[p] = True
+            s = p
         sink[p] = s
+        in_body[p] = body and not stored[p]
+        under_expand[p] = expanded and not stored[p]
     return stored
+
+
+RECOMPUTE_LIMIT = 4   # ops + inputs above which an expanded reduce input gets stored
 
 
 def accumulator_dtype(dt):
@@ -447,13 +482,45 @@ def _hoist_index(list ops):
 
 
 def reshape_index(tuple dims, tuple shape, tuple src_shape):
-    """Indices into `src_shape` of the element at `dims` of its reshape to `shape`."""
+    """Indices into `src_shape` of the element at `dims` of its reshape to `shape`.
+
+    Axes are matched in groups whose sizes multiply to the same number (a split or a merge),
+    and only within a group is the index linearized and unravelled, so unrelated axes keep
+    their plain index and no needless div/mod appears."""
     a = [d for d in shape if d != 1]
     b = [d for d in src_shape if d != 1]
     if a == b:  # only size-1 axes were added or removed: map the others one to one
         it = iter([dims[i] for i, d in enumerate(shape) if d != 1])
         return tuple([next(it) if d != 1 else sym.constant(0) for d in src_shape])
-    return sym.unravel(sym.linearize(dims, shape), src_shape)
+    out = [None] * len(src_shape)
+    cdef Py_ssize_t i = 0, j = 0, i0, j0
+    cdef long long pa, pb
+    while i < len(shape) or j < len(src_shape):
+        i0, j0 = i, j
+        pa = shape[i] if i < len(shape) else 1
+        pb = src_shape[j] if j < len(src_shape) else 1
+        i += 1
+        j += 1
+        while pa != pb:
+            if pa < pb:
+                if i >= len(shape):
+                    break
+                pa *= shape[i]
+                i += 1
+            else:
+                if j >= len(src_shape):
+                    break
+                pb *= src_shape[j]
+                j += 1
+        if pa != pb:   # cannot happen for equal element counts; stay correct anyway
+            return sym.unravel(sym.linearize(dims, shape), src_shape)
+        lin = sym.linearize(dims[i0:i], shape[i0:i])
+        for k, v in enumerate(sym.unravel(lin, src_shape[j0:j])):
+            out[j0 + k] = v
+    for k in range(len(out)):
+        if out[k] is None:
+            out[k] = sym.constant(0)
+    return tuple(out)
 
 
 def kernelize(graph, list order, list target_ids):
@@ -469,7 +536,8 @@ def kernelize(graph, list order, list target_ids):
         for s in nodes[p].srcs:
             consumers[pos[s]].append(p)
     targets = [pos[t] for t in target_ids]
-    stored = decide_stored(nodes, consumers, targets)
+    srcpos = [[pos[s] for s in nodes[p].srcs] for p in range(n)]
+    stored = decide_stored(nodes, consumers, srcpos, targets)
     steps = []
     for p in range(n):
         if not stored[p]:

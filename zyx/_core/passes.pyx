@@ -22,11 +22,18 @@ _NP_BINARY = {B_ADD: np.add, B_SUB: np.subtract, B_MUL: np.multiply, B_MAX: np.m
 
 
 def _py(v, dt):
+    """A folded value as the Python scalar the IR keeps for dtype `dt`. Integers wrap to the
+    dtype's two's-complement range like the generated code does (a folded int8 300 is 44),
+    so later folds (numpy arrays of that dtype) never overflow."""
     if dt.is_bool:
         return bool(v)
     if dt.is_float:
         return float(v)
-    return int(v)
+    bits = dt.itemsize * 8
+    v = int(v) & ((1 << bits) - 1)
+    if dt.kind == "i" and v >> (bits - 1):
+        v -= 1 << bits
+    return v
 
 
 def _fold_binary(bop, dt, a, b, in_dt):
@@ -37,7 +44,7 @@ def _fold_binary(bop, dt, a, b, in_dt):
         return _py(r, dt)
     if bop in (B_DIV, B_MOD) and in_dt.is_int and b != 0:
         q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)  # C truncation
-        return q if bop == B_DIV else a - q * b
+        return _py(q if bop == B_DIV else a - q * b, dt)
     return None
 
 
@@ -70,18 +77,26 @@ def simplify(list ops):
                 scopes.append({})
             continue
         # CSE: an identical pure op visible in an enclosing scope is reused
+        key = _cse_key(op)
         hit = None
         for s in scopes:
-            hit = s.get(op)
+            hit = s.get(key)
             if hit is not None:
                 break
         if hit is not None:
             remap[i] = hit
             continue
         remap[i] = len(out)
-        scopes[-1][op] = len(out)
+        scopes[-1][key] = len(out)
         out.append(op)
     return out
+
+
+def _cse_key(tuple op):
+    # constants compare by spelling: 0.0 == -0.0 in Python, but they are different values
+    if op[0] == CONST:
+        return (CONST, op[1], repr(op[2]))
+    return op
 
 
 def _const(list out, int r):
@@ -99,6 +114,11 @@ def _simplify_op(tuple op, list out):
             return op[2]
         is_c, v = _const(out, op[2])
         if is_c and not op[1].name in ("float16", "bfloat16"):
+            if op[1].is_int and isinstance(v, float):
+                if v != v:
+                    return _emit_const(out, op[1], 0)     # NaN -> 0, as the backends do
+                if v in (float("inf"), float("-inf")):
+                    return None                           # no int value: left to the target
             return _emit_const(out, op[1], _py(v, op[1]))
     elif c == BINARY:
         bop, a, b = op[2], op[3], op[4]
@@ -142,7 +162,7 @@ def _emit_const(list out, dt, v):
     op = (CONST, dt, v)
     # constants are hoisted by the backend; reuse an existing identical one
     for j, o in enumerate(out):
-        if o == op and type(o[2]) is type(v):
+        if o == op and type(o[2]) is type(v) and repr(o[2]) == repr(v):
             return j
     out.append(op)
     return len(out) - 1

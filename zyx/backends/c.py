@@ -188,11 +188,15 @@ class CDevice:
                     depth -= 1
                 elif o[0] == K.STORE and ops[o[2]][2] == K.SCOPE_REGISTER:
                     if ops[o[2]][5] == 1:   # scalar accumulator: an OpenMP reduction
-                        accs.setdefault(ops[o[2]][6], []).append(f"acc{o[2]}")
+                        d = ops[o[2]]
+                        op_name = _OMP_RED[d[6]]
+                        if d[1].is_float and op_name in ("max", "min"):
+                            op_name = "zyx_nan" + op_name   # NaN-propagating combiner
+                        accs.setdefault(op_name, []).append(f"acc{o[2]}")
                     else:                   # one accumulator per lane: plain SIMD loop
                         lanes = True
                 j += 1
-            red = " ".join(f"reduction({_OMP_RED[r]}:{','.join(a)})" for r, a in accs.items())
+            red = " ".join(f"reduction({r}:{','.join(a)})" for r, a in accs.items())
             top = _is_top(ops, i)
             parallel = (omp and idx_work == 1 and top
                         and _loop_work(ops, i) >= PARALLEL_MIN_WORK)
@@ -243,7 +247,8 @@ class CDevice:
                 "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n")
 
     def prelude(self):
-        return ("" if not self.mvec else _simd_decls()) + _PRELUDE
+        return (("" if not self.mvec else _simd_decls()) + _PRELUDE +
+                (_NAN_REDUCTIONS if self.openmp else ""))
 
     def compile(self, kernel):
         return self.compile_many([kernel])[0]
@@ -300,6 +305,13 @@ class CDevice:
 
 
 _OMP_RED = {K.R_SUM: "+", K.R_MAX: "max", K.R_MIN: "min", K.R_PROD: "*"}
+# OpenMP's built-in max/min combiners drop NaN lanes; these keep NaN like numpy/torch do
+# (gcc still vectorizes loops using them).
+_NAN_REDUCTIONS = "".join(
+    f"#pragma omp declare reduction(zyx_nan{op} : {t} : omp_out = (omp_in {cmp} omp_out || "
+    f"omp_in != omp_in) ? omp_in : omp_out) initializer(omp_priv = {init})\n"
+    for t in ("float", "double")
+    for op, cmp, init in (("max", ">", "-INFINITY"), ("min", "<", "INFINITY")))
 
 
 def _is_top(ops, i):

@@ -215,18 +215,30 @@ def alu(dl, ops, op, v):
         if d.is_float:
             return f"(({x} < {y} || {x} != {x}) ? {x} : {y})"
         return f"({x} < {y} ? {x} : {y})"
+    if b in (K.B_DIV, K.B_MOD) and not d.is_float:
+        # Integer x / 0 is 0 (no trap), and so is x % 0. MIN / -1 overflows and traps
+        # (SIGFPE on x86) for the native-width signed types: there x / -1 is a wrapping
+        # negation and x % -1 is 0. Narrower types are promoted to int by C and cannot trap.
+        t = dl.ctype(d)
+        yop = ops[op[4]]
+        yc = yop[2] if yop[0] == K.CONST else None
+        traps = d.kind == "i" and d.itemsize >= 4
+        neg = f"({t})(0 - (unsigned {t}){x})"
+        if b == K.B_DIV:
+            if yc is not None and yc != 0:
+                return neg if (traps and yc == -1) else f"({x} / {y})"
+            if traps:
+                return f"({y} == 0 ? ({t})0 : {y} == -1 ? {neg} : ({t})({x} / {y}))"
+            return f"({y} == 0 ? ({t})0 : ({t})({x} / {y}))"
+        if yc is not None and yc != 0:
+            return f"({t})0" if (traps and yc == -1) else f"({x} % {y})"
+        if traps:
+            return f"(({y} == 0 || {y} == -1) ? ({t})0 : ({t})({x} % {y}))"
+        return f"({y} == 0 ? ({t})0 : ({t})({x} % {y}))"
     if b == K.B_DIV:
-        if d.is_float:
-            return f"({x} / {y})"
-        if ops[op[4]][0] == K.CONST and ops[op[4]][2] != 0:
-            return f"({x} / {y})"
-        return f"({y} == 0 ? ({dl.ctype(d)})0 : ({dl.ctype(d)})({x} / {y}))"
+        return f"({x} / {y})"
     if b == K.B_MOD:
-        if d.is_float:
-            return f"{dl.math_fn('fmod', d)}({x}, {y})"
-        if ops[op[4]][0] == K.CONST and ops[op[4]][2] != 0:
-            return f"({x} % {y})"
-        return f"({y} == 0 ? ({dl.ctype(d)})0 : ({dl.ctype(d)})({x} % {y}))"
+        return f"{dl.math_fn('fmod', d)}({x}, {y})"
     if b == K.B_POW:
         if d.is_float:
             return f"{dl.math_fn('pow', d)}({x}, {y})"

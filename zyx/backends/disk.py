@@ -103,7 +103,8 @@ class DiskMemoryPool(MemoryPool):
             raise BackendError(f"disk pool over {self.path!r} is read-only")
         flat = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
         if flat.size > dst.nbytes:
-            raise BackendError(f"disk pool: {flat.size} bytes do not fit a {dst.nbytes}-byte buffer")
+            raise BackendError(f"disk pool: {flat.size} bytes do not fit a "
+                               f"{dst.nbytes}-byte buffer")
         if flat.size:
             self._map[dst.handle:dst.handle + flat.size] = flat.tobytes()
         self.bytes_written += flat.size

@@ -82,7 +82,8 @@ def save(tensors, path, metadata: Mapping[str, str] | None = None) -> None:
     if hasattr(tensors, "state_dict") and not isinstance(tensors, Mapping):
         tensors = tensors.state_dict()
     if not isinstance(tensors, Mapping):
-        raise SafetensorsError(f"save needs a mapping of names to tensors, got {type(tensors).__name__}")
+        raise SafetensorsError("save needs a mapping of names to tensors, got "
+                               f"{type(tensors).__name__}")
     for name in tensors:
         if not isinstance(name, str):
             raise SafetensorsError(f"tensor names must be strings, got {name!r}")

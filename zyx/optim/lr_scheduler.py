@@ -77,7 +77,8 @@ class CosineAnnealingLR(LRScheduler):
     """eta_min + (base_lr - eta_min) * (1 + cos(pi * epoch / T_max)) / 2, computed
     recursively like torch (so external lr changes are respected)."""
 
-    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1):  # noqa: N803
+    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0,  # noqa: N803
+                 last_epoch: int = -1):
         self.T_max = T_max
         self.eta_min = eta_min
         super().__init__(optimizer, last_epoch)
