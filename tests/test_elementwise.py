@@ -75,7 +75,8 @@ def test_unary_special_values(d):
         got = op(x)
         assert_close(got, expected.astype(d.np), dtype=d, scale=4, msg=name)
     rounding = {"floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "round": np.round,
-                "abs": np.abs, "neg": np.negative, "sign": np.sign, "square": np.square,
+                "abs": np.abs, "neg": np.negative, "square": np.square,
+                "sign": lambda a: np.where(np.isnan(a), 0, np.sign(a)),   # torch: sign(nan)=0
                 "relu": lambda a: np.where(np.isnan(a), a, np.maximum(a, 0))}
     for name, ref in rounding.items():
         got = getattr(x, name)()
@@ -721,8 +722,11 @@ def test_reduction_dtypes_against_torch():
         x = zyx.zeros(2, 3, dtype=d)
         t = torch.zeros(2, 3, dtype=torch_dtype(d))
         pairs = [(x.sum(0), t.sum(0)), (x.prod(1), t.prod(1)), (x.cumsum(1), t.cumsum(1)),
-                 (x.amax(0), t.amax(0)), (x.argmax(1), t.argmax(1)), (x.any(0), t.any(0)),
-                 (x.all(), t.all())]
+                 (x.amax(0), t.amax(0))]
+        if d is not zyx.uint8:    # torch keeps uint8 for any/all (a legacy quirk); zyx: bool
+            pairs += [(x.any(0), t.any(0)), (x.all(), t.all())]
+        if not d.is_bool:
+            pairs.append((x.argmax(1), t.argmax(1)))
         if d.is_float:
             pairs += [(x.mean(0), t.mean(0)), (x.var(1), t.var(1)), (x.softmax(-1), t.softmax(-1)),
                       (x.logsumexp(0), t.logsumexp(0))]

@@ -83,6 +83,9 @@ def _step(data, pool):
     if kind == "reduce" and nd > 0 and a.size > 0:
         name = data.draw(st.sampled_from(sorted(REDUCE)))
         ax = data.draw(st.integers(-nd, nd - 1))
+        if nd > 1 and data.draw(st.booleans()):   # several axes at once, any order
+            ax = tuple(data.draw(st.lists(st.integers(-nd, nd - 1), min_size=2, max_size=nd,
+                                          unique_by=lambda v: v % nd)))
         keep = data.draw(st.booleans())
         f, g = REDUCE[name]
         return f(x, ax, keep), g(a, ax, keep), f"{name}({ax}, keepdim={keep})"

@@ -66,6 +66,9 @@ class Runtime:
 
     # -- memory ---------------------------------------------------------------------------
     def _free_buffer(self, buf):
+        buf.refs -= 1
+        if buf.refs > 0:
+            return
         if buf.pool is not None and buf.handle is not None:
             buf.pool.deallocate(buf, [buf.event] if buf.event is not None else [])
 

@@ -673,10 +673,7 @@ class Tensor:
         z = _const(0, self.dtype, self.shape)
         pos = (self > 0).cast(self.dtype)
         neg = (self < 0).cast(self.dtype)
-        r = pos - neg if self.dtype.kind != "u" else pos
-        if self.dtype.is_float:
-            return where(self.isnan(), self, r)
-        return r
+        return pos - neg if self.dtype.kind != "u" else pos   # sign(nan) is 0, as in torch
 
     def square(self):
         return self * self
@@ -835,7 +832,10 @@ def _to_numpy(data, d):
             if arr.dtype.kind == "f":
                 d = dt.float32
             elif arr.dtype.kind in "iu":
-                d = dt.int32 if arr.size == 0 or (np.abs(arr).max() < 2**31) else dt.int64
+                if arr.size == 0 or _fits_int32(arr.min(), arr.max()):
+                    d = dt.int32
+                else:   # numpy picked uint64 only for values int64 cannot hold
+                    d = dt.uint64 if arr.dtype == np.uint64 else dt.int64
             elif arr.dtype.kind == "b":
                 d = dt.bool_
             else:
@@ -888,12 +888,18 @@ def arange(start, end=None, step=1, dtype=None) -> Tensor:
     if step == 0:
         raise ValueError("arange step must be nonzero")
     n = builtins.max(0, math.ceil((end - start) / step))
-    isfloat = any(isinstance(v, builtins.float) for v in (start, end, step))
-    d = dt.to_dtype(dtype) if dtype is not None else (dt.float32 if isfloat else dt.int32)
+    isfloat = any(isinstance(v, (builtins.float, np.floating)) for v in (start, end, step))
+    if dtype is not None:
+        d = dt.to_dtype(dtype)
+    elif isfloat:
+        d = dt.float32
+    else:   # Python ints are int32 unless the values need int64 (torch would use int64)
+        d = dt.int32 if _fits_int32(start, start + (n - 1) * step) else dt.int64
     if n == 0:
         return _const(0, d, (0,))
-    # cumulative sum of ones gives 1..n without host data: index arithmetic only
-    idx = _iota(n, d if not d.is_float else dt.float32)
+    # 0..n-1 (cached for small n), scaled and shifted in the kernel that uses it; float64
+    # keeps its own precision, f16/bf16 count in float32 (exact up to 2**24)
+    idx = _iota(n, d if (not d.is_float or d is dt.float64) else dt.float32)
     r = idx * step + start if (step != 1 or start != 0) else idx
     return r.cast(d)
 
@@ -972,9 +978,16 @@ def randint(low, high=None, size=(), dtype=None) -> Tensor:
         low, high = 0, low
     if high <= low:
         raise ValueError(f"randint needs low < high, got {low}, {high}")
-    d = dt.to_dtype(dtype) if dtype is not None else dt.int32
+    if dtype is not None:
+        d = dt.to_dtype(dtype)
+    else:
+        d = dt.int32 if _fits_int32(low, high - 1) else dt.int64
     size = _shape_of(size if isinstance(size, (tuple, list)) else (size,))
     return Tensor(RT.rng.integers(low, high, size=size).astype(d.np), dtype=d)
+
+
+def _fits_int32(*values):
+    return all(-2 ** 31 <= v < 2 ** 31 for v in values)
 
 
 def where(cond, a, b) -> Tensor:

@@ -26,12 +26,13 @@ EPILOGUE = frozenset((CAST, UNARY, BINARY, WHERE, RESHAPE))
 
 class Step:
     """One kernel of a plan: `args[0]` is the node position it writes, the rest it reads."""
-    __slots__ = ("kernel", "args", "program")
+    __slots__ = ("kernel", "args", "program", "alias")
 
-    def __init__(self, kernel, args):
+    def __init__(self, kernel, args, alias=False):
         self.kernel = kernel
         self.args = args
         self.program = None
+        self.alias = alias   # args[0] shares the buffer of args[1] (no kernel)
 
 
 ELEMENTWISE = frozenset((CAST, UNARY, BINARY, WHERE))
@@ -481,6 +482,17 @@ def _hoist_index(list ops):
     return out
 
 
+def _is_identity_copy(list ops):
+    """True when the kernel only stores arg 1 element i into arg 0 element i."""
+    loads = [op for op in ops if op[0] == LOAD]
+    stores = [op for op in ops if op[0] == STORE]
+    if len(loads) != 1 or len(stores) != 1 or any(op[0] == LOOP for op in ops):
+        return False
+    ld, st = loads[0], stores[0]
+    return (ld[4] == -1 and ops[ld[2]][3] == 1 and ops[st[2]][3] == 0 and ld[3] == st[3]
+            and st[4] == ops.index(ld))
+
+
 def reshape_index(tuple dims, tuple shape, tuple src_shape):
     """Indices into `src_shape` of the element at `dims` of its reshape to `shape`.
 
@@ -538,9 +550,19 @@ def kernelize(graph, list order, list target_ids):
     targets = [pos[t] for t in target_ids]
     srcpos = [[pos[s] for s in nodes[p].srcs] for p in range(n)]
     stored = decide_stored(nodes, consumers, srcpos, targets)
+    aliases = {}
+    for t in targets:   # a target that only reshapes a buffer needs no kernel
+        q = t
+        while nodes[q].op == RESHAPE:
+            q = srcpos[q][0]
+        if q != t and (nodes[q].op == LEAF or stored[q]):
+            aliases[t] = q
     steps = []
     for p in range(n):
         if not stored[p]:
+            continue
+        if p in aliases:
+            steps.append(Step(None, [p, aliases[p]], True))
             continue
         numel = 1
         for d in nodes[p].shape:
@@ -550,6 +572,11 @@ def kernelize(graph, list order, list target_ids):
             continue
         b = _Builder(nodes, stored, p)
         ops, args = b.build(pos)
+        if len(args) == 2 and args[0][0] is args[1][0] and args[0][1] == args[1][1] \
+                and _is_identity_copy(ops):
+            q = [k for k, a in b.argpos.items() if a == 1][0]
+            steps.append(Step(None, [p, q], True))   # e.g. a transpose of a transpose
+            continue
         up = choose_upcast(b, nodes[p].shape)
         if up is not None:
             b = _Builder(nodes, stored, p)

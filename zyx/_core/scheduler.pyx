@@ -83,8 +83,16 @@ def execute(plan, graph, list order, pool, move_to_pool, stats):
     nbytes = plan.nbytes
     free_after = plan.free_after
     launched = 0
+    free = graph.free_buffer
     for si, st in enumerate(plan.steps):
         out = st.args[0]
+        if st.alias:   # a contiguous reshape of a buffer: share it, copy nothing
+            buf = bufs[st.args[1]]
+            buf.refs += 1
+            bufs[out] = buf
+            for p in free_after[si]:
+                free(bufs.pop(p))
+            continue
         buf, ev = pool.allocate(nbytes[out])
         bufs[out] = buf
         if st.program is not None and nbytes[out]:
@@ -92,7 +100,7 @@ def execute(plan, graph, list order, pool, move_to_pool, stats):
                                       [bufs[a].event for a in st.args[1:] if bufs[a].event is not None])
             launched += 1
         for p in free_after[si]:
-            pool.deallocate(bufs.pop(p), ())
+            free(bufs.pop(p))
     stats["kernels_launched"] += launched
     seen = set()
     for p in plan.targets:

@@ -87,7 +87,10 @@ class Module:
                 raise TypeError(f"cannot assign {type(value).__name__} as buffer {name!r} "
                                 f"(a zyx.Tensor or None expected)")
             buffers[name] = value
-        elif isinstance(value, Tensor) and (value.requires_grad or name in params):
+        elif isinstance(value, Tensor) and (name in params or (
+                value.requires_grad and getattr(value, "is_leaf", True))):
+            # only leaves become parameters: an intermediate of a recorded op also has
+            # requires_grad=True, and caching one on the module must not register it
             modules.pop(name, None)
             self.__dict__.pop(name, None)
             params[name] = value
