@@ -111,7 +111,9 @@ class CDevice:
         self.threads = int(cfg.get("threads", os.environ.get("ZYX_THREADS", 0)) or 0)
         self.base_flags = list(cfg.get("flags", ["-O3", "-march=native", "-fPIC", "-shared",
                                                   "-fwrapv", "-fno-math-errno"]))
-        self.openmp, self.mvec = self._probe()
+        self.openmp, self.mvec, native = self._probe()
+        if not native:   # e.g. Apple clang < 15 rejects -march=native
+            self.base_flags = [f for f in self.base_flags if f != "-march=native"]
         self.flags = list(self.base_flags) + (["-fopenmp"] if self.openmp else [])
         self.libs = (["-lmvec"] if self.mvec else []) + ["-lm"]
         self.dialect = CDialect99()
@@ -127,15 +129,24 @@ class CDevice:
     # -- capability probe, cached on disk per compiler -----------------------------------
     def _probe(self):
         st = os.stat(self.cc)
-        tag = hashlib.sha256(f"{self.cc}|{st.st_mtime}|{self.base_flags}|{sys.platform}|v2"
+        tag = hashlib.sha256(f"{self.cc}|{st.st_mtime}|{self.base_flags}|{sys.platform}|v3"
                              .encode()).hexdigest()[:16]
         marker = os.path.join(self.cache, f"cprobe-{tag}.txt")
         try:
             with open(marker) as f:
-                omp, mvec = f.read().split()
-                return omp == "1", mvec == "1"
+                omp, mvec, native = f.read().split()
+                return omp == "1", mvec == "1", native == "1"
         except (OSError, ValueError):
             pass
+        native = True
+        if not self._try_compile("int f(int x){return x+1;}", [], []):
+            if "-march=native" not in self.base_flags:
+                raise BackendError(f"C backend: {self.cc} cannot build a shared library with "
+                                   f"flags {self.base_flags}")
+            self.base_flags = [f for f in self.base_flags if f != "-march=native"]
+            native = False
+            if not self._try_compile("int f(int x){return x+1;}", [], []):
+                raise BackendError(f"C backend: {self.cc} cannot build a shared library")
         omp = self._try_compile("int f(int n){int s=0;\n#pragma omp parallel for reduction(+:s)\n"
                                 "for(int i=0;i<n;i++)s+=i;return s;}", ["-fopenmp"], [])
         mvec = omp and sys.platform.startswith("linux") and self._try_compile(
@@ -143,10 +154,10 @@ class CDevice:
             "for(int i=0;i<n;i++)a[i]=expf(a[i]);}", ["-fopenmp"], ["-lmvec", "-lm"])
         try:
             with open(marker, "w") as f:
-                f.write(f"{int(omp)} {int(bool(mvec))}")
+                f.write(f"{int(omp)} {int(bool(mvec))} {int(native)}")
         except OSError:
             pass
-        return omp, bool(mvec)
+        return omp, bool(mvec), native
 
     def _try_compile(self, src, extra, libs):
         with tempfile.TemporaryDirectory() as d:
