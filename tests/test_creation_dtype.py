@@ -59,6 +59,8 @@ def test_from_lists_and_scalars():
     assert zyx.tensor([1.0, 2.0], dtype=float).dtype == zyx.float32
     assert zyx.tensor([0.1], dtype=zyx.bfloat16).item() == float(bf16_round(np.float32(0.1)))
     assert zyx.Tensor([2 ** 40]).item() == 2 ** 40
+    assert zyx.Tensor([-2 ** 31, 2 ** 31 - 1]).dtype == zyx.int32
+    assert zyx.Tensor([2 ** 63]).dtype == zyx.uint64 and zyx.Tensor([2 ** 63]).item() == 2 ** 63
     x = zyx.Tensor(np.arange(3.0))
     assert zyx.Tensor(x).tolist() == [0.0, 1.0, 2.0]
     assert zyx.Tensor(x, dtype=zyx.int32).dtype == zyx.int32
@@ -190,6 +192,13 @@ def test_arange_dtype_argument():
     assert_close(zyx.arange(1, 7, 2, dtype=zyx.int64), np.arange(1, 7, 2), dtype=zyx.int64)
     assert_close(zyx.arange(0, 2, 0.5, dtype=zyx.float16), np.arange(0, 2, 0.5, dtype=np.float16),
                  dtype=zyx.float16)
+    # values beyond int32 make an int64 tensor (not a wrapped int32 one)
+    got = zyx.arange(2 ** 40, 2 ** 40 + 3)
+    assert got.dtype == zyx.int64 and got.tolist() == [2 ** 40, 2 ** 40 + 1, 2 ** 40 + 2]
+    # float64 counts in float64 (float32 cannot hold 2**25 + 1)
+    assert zyx.arange(2 ** 25, 2 ** 25 + 3, dtype=zyx.float64).tolist() == \
+        [2.0 ** 25, 2.0 ** 25 + 1, 2.0 ** 25 + 2]
+    assert zyx.arange(np.float32(0.5), 2).tolist() == [0.5, 1.5]
     big = 1 << 17          # larger than the small-iota cache
     assert zyx.arange(big).sum().item() == big * (big - 1) // 2
     with pytest.raises(ValueError):
@@ -277,6 +286,8 @@ def test_uniform_normal_randint():
     assert v.min() == -2 and v.max() == 4 and set(np.unique(v)) == set(range(-2, 5))
     r = zyx.randint(3, size=(5, 5), dtype=zyx.int64)
     assert r.dtype == zyx.int64 and r.shape == (5, 5) and set(r.numpy().ravel()) <= {0, 1, 2}
+    r = zyx.randint(2 ** 40, 2 ** 40 + 5, size=(100,))      # bounds beyond int32: int64
+    assert r.dtype == zyx.int64 and set(r.numpy()) <= set(range(2 ** 40, 2 ** 40 + 5))
     with pytest.raises(ValueError):
         zyx.randint(5, 5)
 

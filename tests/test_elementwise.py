@@ -548,6 +548,28 @@ def test_promotion_table(a):
         assert zyx.cat([x, y]).dtype == exp
 
 
+# PyTorch's documented promotion for representative pairs: checked even without torch
+_PROMOTION_TABLE = [
+    (zyx.bool, zyx.bool, zyx.bool), (zyx.bool, zyx.uint8, zyx.uint8),
+    (zyx.bool, zyx.float16, zyx.float16), (zyx.uint8, zyx.int8, zyx.int16),
+    (zyx.uint8, zyx.int16, zyx.int16), (zyx.int8, zyx.int64, zyx.int64),
+    (zyx.int32, zyx.float16, zyx.float16), (zyx.int64, zyx.bfloat16, zyx.bfloat16),
+    (zyx.float16, zyx.bfloat16, zyx.float32), (zyx.float16, zyx.float32, zyx.float32),
+    (zyx.bfloat16, zyx.float64, zyx.float64), (zyx.uint8, zyx.float32, zyx.float32),
+    (zyx.int32, zyx.int64, zyx.int64), (zyx.float32, zyx.float64, zyx.float64),
+    (zyx.uint16, zyx.int32, zyx.int32), (zyx.uint32, zyx.int32, zyx.int64),
+    (zyx.uint64, zyx.int64, zyx.int64), (zyx.uint16, zyx.uint32, zyx.uint32),
+]
+
+
+@pytest.mark.parametrize("a,b,expected", _PROMOTION_TABLE,
+                         ids=[f"{a.name}-{b.name}" for a, b, _ in _PROMOTION_TABLE])
+def test_promotion_documented_pairs(a, b, expected):
+    x, y = zyx.zeros(1, dtype=a), zyx.zeros(1, dtype=b)
+    assert (x + y).dtype == expected and (y - x if not expected.is_bool else y * x).dtype == expected
+    assert zyx.dtype.promote(a, b) is expected and zyx.dtype.promote(b, a) is expected
+
+
 def test_promotion_scalars_against_torch():
     torch = pytest.importorskip("torch")
     from conftest import from_torch_dtype, torch_dtype

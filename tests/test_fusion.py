@@ -146,12 +146,14 @@ def test_second_process_compiles_nothing(tmp_path):
         "import numpy as np, zyx\n"
         "x = zyx.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))\n"
         "print(float((x.exp() * 1.25 - 0.75).sum(1).max().item()))\n")
-    env = dict(os.environ, ZYX_DEBUG="32")
+    # a private, empty cache: the first process must compile, the second must not
+    env = dict(os.environ, ZYX_DEBUG="32", XDG_CACHE_HOME=str(tmp_path / "cache"))
     runs = [subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                            env=env, timeout=300) for _ in range(2)]
     for r in runs:
         assert r.returncode == 0, r.stderr
     assert runs[0].stdout == runs[1].stdout
+    assert "compiled" in runs[0].stderr, runs[0].stderr
     assert "compiled" not in runs[1].stderr, runs[1].stderr
     e = np.exp(np.arange(12, dtype=np.float32).reshape(3, 4)) * 1.25 - 0.75
     assert float(runs[1].stdout) == pytest.approx(float(e.sum(1).max()), rel=1e-5)

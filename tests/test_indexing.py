@@ -60,6 +60,8 @@ def test_index_errors():
         x[1.5]
     with pytest.raises(IndexError):
         x[zyx.Tensor(np.array([0.0]))]
+    with pytest.raises(IndexError, match="mask"):     # data-dependent shape
+        x[zyx.Tensor(np.array([True, False, True, True]))]
     with pytest.raises(zyx.ZyxError):   # tensors are immutable
         x[0] = 1.0
 
@@ -76,6 +78,11 @@ TENSOR_IDX = [
     lambda: (Ellipsis, np.array([3, 1])),
     lambda: (slice(1, 3), np.array([0, 4]), slice(None, None, -1)),
     lambda: ([0, 2, 3],),                                       # a plain list
+    lambda: (np.array(2),),                                     # 0-d index tensor
+    lambda: (slice(None), np.array(1), np.array([5, 0])),
+    lambda: (np.array([1, 0]), None),
+    lambda: (None, np.array([3, 0])),
+    lambda: (np.zeros(0, np.int64),),                           # empty index
 ]
 
 

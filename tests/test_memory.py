@@ -27,6 +27,8 @@ def _workload(i, a):
         y = y.softmax(-1)                 # three kernels, two temporaries
     if i % 5 == 0:
         y = y.realize() + zyx.Tensor(a[::-1].copy())
+    if i % 7 == 0:   # realized views may share their source's buffer
+        y = y.realize().reshape(-1).realize().reshape(4, 8).T.T.realize()
     s = y.sum()
     return s.item()
 
@@ -104,3 +106,24 @@ def test_stats_report_bytes():
     x = zyx.Tensor(np.ones(512, np.float32))
     assert zyx.stats()["bytes_allocated"] == s["bytes_allocated"] + 2048
     del x
+
+
+def test_realized_views_keep_values_and_release_memory():
+    bytes0, nodes0 = _state()
+    a = np.arange(12, dtype=np.float32)
+    x = zyx.Tensor(a)
+    r = x.reshape(3, 4).realize()          # may share x's buffer
+    tt = r.T.T.realize()                   # a copy that is element-for-element: may share too
+    s = (x * 2).reshape(4, 3).realize()
+    del x
+    gc.collect()
+    np.testing.assert_array_equal(r.numpy(), a.reshape(3, 4))
+    np.testing.assert_array_equal(tt.numpy(), a.reshape(3, 4))
+    np.testing.assert_array_equal((r + 1).numpy(), a.reshape(3, 4) + 1)
+    np.testing.assert_array_equal(s.numpy(), (a * 2).reshape(4, 3))
+    assert RT.pool_bytes() <= bytes0 + 3 * 48
+    del r
+    gc.collect()
+    np.testing.assert_array_equal(tt.numpy(), a.reshape(3, 4))   # still valid
+    del tt, s
+    assert _state() == (bytes0, nodes0)

@@ -14,8 +14,16 @@ long = int64
 int = int32  # noqa: A001
 
 # --- files and datasets (issue 3: zyx/io, zyx/datasets.py) ---
-from .io import save, load  # noqa: E402
-from . import io, datasets  # noqa: E402
+def save(state_dict, path, metadata=None):
+    """Write a dict of tensors as a safetensors file (see zyx.io.save)."""
+    from .io import save as _save
+    return _save(state_dict, path, metadata)
+
+
+def load(path):
+    """Open a safetensors file lazily: tensors are read when used (see zyx.io.load)."""
+    from .io import load as _load
+    return _load(path)
 # --- end files and datasets ---
 
 
@@ -43,11 +51,16 @@ def set_debug(mask: "int") -> None:
 
 # --- autograd and optimizers (issue 3) ---
 from .autograd import Tape, no_grad, enable_grad, set_grad_enabled, is_grad_enabled  # noqa: E402
-from . import optim  # noqa: E402,F401
 # --- end autograd and optimizers ---
 
-# --- nn layers and functional ops (issue 3: zyx/nn) ---
-from . import nn  # noqa: E402,F401
-# --- end nn ---
+# nn, optim, io and datasets load on first use: `import zyx` stays cheap for a first result
+_LAZY = ("nn", "optim", "io", "datasets", "examples")
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'zyx' has no attribute {name!r}")
 
 __version__ = "0.1.0"

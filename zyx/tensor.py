@@ -97,6 +97,27 @@ def _dim0(axis, dim):
     return 0 if axis is None else axis
 
 
+def _fast_binary(self, o, bop, reverse):
+    """Hot path of + - * / for the common cases (same shape and dtype, or a float scalar on
+    a float tensor): one node, no promotion or broadcasting work. None means "take the
+    general path"."""
+    n = _graph.get(self._id)
+    if type(o) is Tensor:
+        m = _graph.get(o._id)
+        if m.dtype is not n.dtype or m.shape != n.shape or n.dtype.kind != "f":
+            return None
+        a, b = (o, self) if reverse else (self, o)
+    elif type(o) is builtins.float and n.dtype.kind == "f":
+        c = Tensor._wrap(_graph.add(G.CONST, o, (), n.shape, n.dtype))
+        a, b = (c, self) if reverse else (self, c)
+    else:
+        return None
+    out = Tensor._wrap(_graph.add(G.BINARY, bop, (a._id, b._id), n.shape, n.dtype))
+    if _grad_hook is not None:
+        _grad_hook(out, G.BINARY, bop, (a, b))
+    return out
+
+
 class Tensor:
     """A lazily evaluated n-dimensional array.
 
@@ -406,30 +427,38 @@ class Tensor:
         return self._bin(other * alpha if alpha != 1 else other, K.B_ADD)
 
     def __add__(self, o):
-        return self._bin(o, K.B_ADD)
+        r = _fast_binary(self, o, K.B_ADD, False)
+        return r if r is not None else self._bin(o, K.B_ADD)
 
     def __radd__(self, o):
-        return self._bin(o, K.B_ADD, True)
+        r = _fast_binary(self, o, K.B_ADD, True)
+        return r if r is not None else self._bin(o, K.B_ADD, True)
 
     def sub(self, other):
         return self._bin(other, K.B_SUB)
 
     def __sub__(self, o):
+        r = _fast_binary(self, o, K.B_SUB, False)
+        if r is not None:
+            return r
         if self.dtype.is_bool and (isinstance(o, Tensor) and o.dtype.is_bool):
             raise DTypeError("subtraction of bool tensors is not supported; use ^ or logical_xor")
         return self._bin(o, K.B_SUB)
 
     def __rsub__(self, o):
-        return self._bin(o, K.B_SUB, True)
+        r = _fast_binary(self, o, K.B_SUB, True)
+        return r if r is not None else self._bin(o, K.B_SUB, True)
 
     def mul(self, other):
         return self._bin(other, K.B_MUL)
 
     def __mul__(self, o):
-        return self._bin(o, K.B_MUL)
+        r = _fast_binary(self, o, K.B_MUL, False)
+        return r if r is not None else self._bin(o, K.B_MUL)
 
     def __rmul__(self, o):
-        return self._bin(o, K.B_MUL, True)
+        r = _fast_binary(self, o, K.B_MUL, True)
+        return r if r is not None else self._bin(o, K.B_MUL, True)
 
     def _true_div_dtype(self, o):
         d = dt.promote(self.dtype, o.dtype) if isinstance(o, Tensor) else dt.promote_scalar(self.dtype, o)
@@ -448,7 +477,8 @@ class Tensor:
     divide = div
 
     def __truediv__(self, o):
-        return self._bin(o, K.B_DIV, result=self._true_div_dtype(o))
+        r = _fast_binary(self, o, K.B_DIV, False)
+        return r if r is not None else self._bin(o, K.B_DIV, result=self._true_div_dtype(o))
 
     def __rtruediv__(self, o):
         return self._bin(o, K.B_DIV, True, result=self._true_div_dtype(o))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 
@@ -34,8 +35,8 @@ __all__ = ["ConvNet", "ProgressBar", "train", "evaluate", "main"]
 
 
 def ConvNet(in_channels=1, image_size=(8, 8), num_classes=10, width=16):
-    """conv5x5(pad 2)-relu-maxpool2, then a linear classifier: about 3k parameters on 8x8
-    digits, ~98.5% test accuracy after 10 epochs.
+    """conv5x5(pad 2)-relu-maxpool2, then a linear classifier: about 3k parameters; on the
+    8x8 digits 97.8-99.2% test accuracy after 15 epochs (seeds 0-7).
 
     A second conv layer adds little on 8x8 images and currently makes a step several times
     slower: the kernelizer fuses the max-pool/ReLU backward of its output into the weight
@@ -112,7 +113,7 @@ def evaluate(model, x, y, batch_size=256):
     return correct / max(len(x), 1)
 
 
-def train(x_train, y_train, x_test, y_test, epochs=10, batch_size=32, lr=1e-2, seed=0,
+def train(x_train, y_train, x_test, y_test, epochs=15, batch_size=32, lr=1e-2, seed=0,
           optimizer="adam", label_smoothing=0.1, tape=False, log=None, quiet=False):
     """Train ConvNet on numpy data (images N x C x H x W float32, labels int64) with a
     cosine learning-rate schedule and label smoothing (which keeps this tiny model from
@@ -206,9 +207,14 @@ def _load(args):
 
 
 def main(argv=None):
+    # OpenMP threads that spin while waiting (libgomp's default) steal the CPU from the
+    # thread doing the work whenever another process is busy on a 2-core machine: a small
+    # kernel then takes milliseconds instead of microseconds. Sleeping waiters avoid that.
+    # Must be set before the first kernel loads libgomp; an explicit user setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     p = argparse.ArgumentParser(prog="python -m zyx.examples.train",
                                 description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-2, help="peak learning rate (cosine decay)")
     p.add_argument("--seed", type=int, default=0)
