@@ -170,9 +170,6 @@ def test_fused_results_match_unfused(xy):
     assert_close(fused, split, dtype=zyx.float32, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="graph.collect's structural key (graph.pyx) and "
-                   "Kernel.key (kernel.pyx) compare constants with ==, and 0.0 == -0.0, so "
-                   "x + 0.0 reuses the plan and program built for x + -0.0")
 def test_graph_cache_tells_signed_zero_constants_apart():
     x = zyx.Tensor(np.array([-0.0, 1.0], np.float32))
     a = (x + (-0.0)).numpy()

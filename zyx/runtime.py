@@ -80,12 +80,13 @@ class Runtime:
     def from_numpy(self, arr: np.ndarray, dtype) -> int:
         self._ensure()
         pool = self.device().pool
+        shape = tuple(arr.shape)            # ascontiguousarray turns 0-d into (1,)
         arr = np.ascontiguousarray(arr)
         buf, _ = pool.allocate(arr.nbytes)
         buf.event = pool.host_to_pool(arr, buf, [])
         if self.debug & DEBUG_MEMORY:
             print(f"zyx: host -> {pool.name} {arr.nbytes} B", file=sys.stderr)
-        return self.graph.leaf(buf, tuple(arr.shape), dtype)
+        return self.graph.leaf(buf, shape, dtype)
 
     def _move_to_pool(self, node, pool):
         """Bring a leaf living in another pool (disk, other device) into `pool`, once."""

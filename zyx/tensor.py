@@ -136,12 +136,9 @@ class Tensor:
         else:
             arr = _to_numpy(data, d)
             d = d or dt.from_numpy(arr.dtype)
-            shape = arr.shape
             if d is dt.bfloat16:
                 arr = _f32_to_bf16_bits(arr)
             self._id = RT.from_numpy(arr, d)
-            if not shape:   # np.ascontiguousarray (runtime) turns 0-d arrays into shape (1,)
-                _graph.get(self._id).shape = ()
         self.requires_grad = requires_grad
         self.grad = None
         self._ctx = None

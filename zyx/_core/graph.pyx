@@ -130,6 +130,9 @@ cdef class Graph:
                     order.append(i)
                     if n.op == LEAF:
                         key.append((LEAF, n.shape, n.dtype.code))
+                    elif n.op == CONST and type(n.arg) is float:
+                        # float.hex tells 0.0 from -0.0 and makes NaN equal to itself
+                        key.append((CONST, n.arg.hex(), n.shape, n.dtype.code, ()))
                     else:
                         key.append((n.op, n.arg, n.shape, n.dtype.code,
                                     tuple([pos[s] for s in n.srcs])))

@@ -86,7 +86,10 @@ class Kernel:
     @property
     def key(self):
         if self._key is None:
-            self._key = (tuple(self.ops), tuple([(d.code, n, ro) for d, n, ro in self.args]))
+            # float constants by their exact bits: 0.0 == -0.0 but they compile differently
+            ops = tuple([(op[0], op[1], op[2].hex()) if op[0] == CONST and type(op[2]) is float
+                         else op for op in self.ops])
+            self._key = (ops, tuple([(d.code, n, ro) for d, n, ro in self.args]))
         return self._key
 
     def __hash__(self):
