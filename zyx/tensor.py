@@ -1155,7 +1155,8 @@ def _softmax(self, axis=-1, dim=None, dtype=None):
     x = self._float_input() if dtype is None else self.cast(dtype)
     m = x._reduce(K.R_MAX, axis, True)
     e = (x - m).exp()
-    return e / e._reduce(K.R_SUM, axis, True)
+    # one reciprocal per row (hoisted out of the inner loop) instead of a divide per element
+    return e * e._reduce(K.R_SUM, axis, True).reciprocal()
 
 
 def _log_softmax(self, axis=-1, dim=None, dtype=None):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -111,9 +112,13 @@ class CDevice:
         self.threads = int(cfg.get("threads", os.environ.get("ZYX_THREADS", 0)) or 0)
         self.base_flags = list(cfg.get("flags", ["-O3", "-march=native", "-fPIC", "-shared",
                                                   "-fwrapv", "-fno-math-errno"]))
-        self.openmp, self.mvec, native = self._probe()
+        self.openmp, self.mvec, native, wide = self._probe()
         if not native:   # e.g. Apple clang < 15 rejects -march=native
             self.base_flags = [f for f in self.base_flags if f != "-march=native"]
+        if wide and "flags" not in cfg:
+            # x86 compilers default to 256-bit vectors even on AVX-512 CPUs; 512-bit ones
+            # (and libmvec's 16-wide expf) measured 1.4-1.6x faster on exp-heavy kernels
+            self.base_flags.append(WIDE_VECTORS)
         self.flags = list(self.base_flags) + (["-fopenmp"] if self.openmp else [])
         self.libs = (["-lmvec"] if self.mvec else []) + ["-lm"]
         self.dialect = CDialect99()
@@ -134,13 +139,13 @@ class CDevice:
     # -- capability probe, cached on disk per compiler -----------------------------------
     def _probe(self):
         st = os.stat(self.cc)
-        tag = hashlib.sha256(f"{self.cc}|{st.st_mtime}|{self.base_flags}|{sys.platform}|v3"
+        tag = hashlib.sha256(f"{self.cc}|{st.st_mtime}|{self.base_flags}|{sys.platform}|v4"
                              .encode()).hexdigest()[:16]
         marker = os.path.join(self.cache, f"cprobe-{tag}.txt")
         try:
             with open(marker) as f:
-                omp, mvec, native = f.read().split()
-                return omp == "1", mvec == "1", native == "1"
+                omp, mvec, native, wide = f.read().split()
+                return omp == "1", mvec == "1", native == "1", wide == "1"
         except (OSError, ValueError):
             pass
         native = True
@@ -152,6 +157,8 @@ class CDevice:
             native = False
             if not self._try_compile("int f(int x){return x+1;}", [], []):
                 raise BackendError(f"C backend: {self.cc} cannot build a shared library")
+        wide = native and _has_avx512() and self._try_compile(
+            "int f(int x){return x+1;}", [WIDE_VECTORS], [])
         omp = self._try_compile("int f(int n){int s=0;\n#pragma omp parallel for reduction(+:s)\n"
                                 "for(int i=0;i<n;i++)s+=i;return s;}", ["-fopenmp"], [])
         mvec = omp and sys.platform.startswith("linux") and self._try_compile(
@@ -159,10 +166,10 @@ class CDevice:
             "for(int i=0;i<n;i++)a[i]=expf(a[i]);}", ["-fopenmp"], ["-lmvec", "-lm"])
         try:
             with open(marker, "w") as f:
-                f.write(f"{int(omp)} {int(bool(mvec))} {int(native)}")
+                f.write(f"{int(omp)} {int(bool(mvec))} {int(native)} {int(wide)}")
         except OSError:
             pass
-        return omp, bool(mvec), native
+        return omp, bool(mvec), native, wide
 
     def _try_compile(self, src, extra, libs):
         with tempfile.TemporaryDirectory() as d:
@@ -318,6 +325,23 @@ class CDevice:
 
     def release(self, program):
         pass
+
+
+WIDE_VECTORS = "-mprefer-vector-width=512"
+
+
+def _has_avx512():
+    """True on x86-64 CPUs with AVX-512F (read from /proc/cpuinfo; False elsewhere)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return " avx512f " in line + " "
+    except OSError:
+        pass
+    return False
 
 
 _OMP_RED = {K.R_SUM: "+", K.R_MAX: "max", K.R_MIN: "min", K.R_PROD: "*"}
