@@ -270,6 +270,28 @@ class _Builder:
             return self.emit((K_WHERE, node.dtype, cond, v, self.const(node.dtype, fill)))
         raise AssertionError(f"kernelizer cannot render op {op}")
 
+    def open_reduce_loops(self, tuple dims, tuple axes, tuple sshape):
+        """Open one LOOP (and memo scope) per reduced axis of size > 1; returns the reduce
+        input's index with those axes replaced by the loop variables, and the loops."""
+        new = list(dims)
+        loops = []
+        for ax in axes:
+            n = sshape[ax]
+            if n == 1:
+                new[ax] = sym.constant(0)
+                continue
+            v = self.new_var(n)
+            loops.append(self.emit((LOOP, IDX, n)))
+            self.var_ssa[v.id] = loops[-1]
+            self.scopes.append({})
+            new[ax] = sym.var(v)
+        return new, loops
+
+    def close_loops(self, list loops):
+        for loop in reversed(loops):
+            self.scopes.pop()
+            self.emit((ENDLOOP, None, loop))
+
     def src(self, node, int i):
         return self.pos[node.srcs[i]]
 
@@ -281,28 +303,14 @@ class _Builder:
         acc_dt = accumulator_dtype(node.dtype)
         acc = self.emit((DEFINE, acc_dt, SCOPE_REGISTER, reduce_identity(rop, acc_dt), False, 1,
                          rop))
-        new = list(dims)
-        loops = []
-        for ax in axes:
-            n = sshape[ax]
-            if n == 1:
-                new[ax] = sym.constant(0)
-                continue
-            v = self.new_var(n)
-            loop = self.emit((LOOP, IDX, n))
-            self.var_ssa[v.id] = loop
-            self.scopes.append({})
-            loops.append(loop)
-            new[ax] = sym.var(v)
+        new, loops = self.open_reduce_loops(dims, axes, sshape)
         self.reduce_log.append((p, [sym.var_of(new[ax]) for ax in axes]))
         x = self.render(src, tuple(new), valid)
         if self.ops[x][1] is not acc_dt:
             x = self.emit((K_CAST, acc_dt, x))
         cur = self.emit((LOAD, acc_dt, acc, -1, -1))
         self.emit((STORE, None, acc, -1, self.emit((K_BINARY, acc_dt, REDUCE_BINARY[rop], cur, x))))
-        for loop in reversed(loops):
-            self.scopes.pop()
-            self.emit((ENDLOOP, None, loop))
+        self.close_loops(loops)
         r = self.emit((LOAD, acc_dt, acc, -1, -1))
         if acc_dt is not node.dtype:
             r = self.emit((K_CAST, node.dtype, r))
@@ -351,9 +359,7 @@ class _Builder:
         val = self.render(self.out, dims, ())
         idx = self.index(sym.linearize(dims, node.shape))
         self.emit((STORE, None, out_def, idx, val))
-        for loop in reversed(loops):
-            self.scopes.pop()
-            self.emit((ENDLOOP, None, loop))
+        self.close_loops(loops)
         # INDEX ops must lead the kernel (backends open their loops/threads there)
         return _hoist_index(self.ops), self.args
 
@@ -377,18 +383,7 @@ class _Builder:
         rdims = reshape_index(dims, node.shape, rnode.shape)
         accs = [self.emit((DEFINE, acc_dt, SCOPE_REGISTER, reduce_identity(rop, acc_dt), False,
                            1, rop)) for _ in combos]
-        new = list(rdims)
-        loops = []
-        for ax in axes:
-            n = sshape[ax]
-            if n == 1:
-                new[ax] = sym.constant(0)
-                continue
-            v = self.new_var(n)
-            loops.append(self.emit((LOOP, IDX, n)))
-            self.var_ssa[v.id] = loops[-1]
-            self.scopes.append({})
-            new[ax] = sym.var(v)
+        new, loops = self.open_reduce_loops(rdims, axes, sshape)
         for c, acc in zip(combos, accs):
             x = self.render(src, at(c, tuple(new)), ())
             if self.ops[x][1] is not acc_dt:
@@ -396,9 +391,7 @@ class _Builder:
             cur = self.emit((LOAD, acc_dt, acc, -1, -1))
             self.emit((STORE, None, acc, -1,
                        self.emit((K_BINARY, acc_dt, REDUCE_BINARY[rop], cur, x))))
-        for loop in reversed(loops):
-            self.scopes.pop()
-            self.emit((ENDLOOP, None, loop))
+        self.close_loops(loops)
         for c, acc in zip(combos, accs):
             v = self.emit((LOAD, acc_dt, acc, -1, -1))
             if acc_dt is not rnode.dtype:
@@ -430,18 +423,7 @@ class _Builder:
             total *= J
         acc = self.emit((DEFINE, acc_dt, SCOPE_REGISTER, reduce_identity(rop, acc_dt), False,
                          total, rop))
-        new = list(dims)
-        loops = []
-        for ax in axes:
-            n = sshape[ax]
-            if n == 1:
-                new[ax] = sym.constant(0)
-                continue
-            v = self.new_var(n)
-            loops.append(self.emit((LOOP, IDX, n)))
-            self.var_ssa[v.id] = loops[-1]
-            self.scopes.append({})
-            new[ax] = sym.var(v)
+        new, loops = self.open_reduce_loops(dims, axes, sshape)
         for lane, J in lanes:
             loops.append(self.emit((LOOP, IDX, J)))
             self.var_ssa[lane.id] = loops[-1]
@@ -452,9 +434,7 @@ class _Builder:
         li = self.lane_index(lanes)
         cur = self.emit((LOAD, acc_dt, acc, li, -1))
         self.emit((STORE, None, acc, li, self.emit((K_BINARY, acc_dt, REDUCE_BINARY[rop], cur, x))))
-        for loop in reversed(loops):
-            self.scopes.pop()
-            self.emit((ENDLOOP, None, loop))
+        self.close_loops(loops)
 
         def value():
             r = self.emit((LOAD, acc_dt, acc, self.lane_index(lanes), -1))
