@@ -818,6 +818,18 @@ def _scalar_of(v, d):
     return v
 
 
+def _rebind(dst: "Tensor", src: "Tensor") -> None:
+    """Point tensor object `dst` at `src`'s graph node (new node retained before the old is
+    released). The object keeps its identity, so user references (model parameters held by
+    an optimizer, a module's buffers) see the new value: zyx's form of an in-place update."""
+    if dst._id == src._id:
+        return
+    _graph.retain(src._id)
+    old = dst._id
+    dst._id = src._id
+    _graph.release(old)
+
+
 def _const(value, d, shape=()):
     """A constant of any shape: one node, no memory; folded into kernels."""
     nid = _graph.add(G.CONST, _scalar_of(value, d), (), tuple(shape), d)

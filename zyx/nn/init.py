@@ -14,13 +14,12 @@ import numpy as np
 from .. import dtype as dt
 from ..errors import ShapeError
 from ..runtime import RT
-from ..tensor import Tensor
+from ..tensor import Tensor, _rebind
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "constant_", "zeros_", "ones_", "eye_",
            "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
            "xavier_normal_", "orthogonal_"]
 
-_graph = RT.graph
 
 
 def _assign(dst: Tensor, src) -> Tensor:
@@ -33,13 +32,7 @@ def _assign(dst: Tensor, src) -> Tensor:
     if src.shape != dst.shape:
         raise ShapeError(f"cannot assign a value of shape {src.shape} to a tensor of shape "
                          f"{dst.shape}")
-    src = src.cast(dst.dtype)
-    if src._id == dst._id:
-        return dst
-    _graph.retain(src._id)
-    old = dst._id
-    dst._id = src._id
-    _graph.release(old)
+    _rebind(dst, src.cast(dst.dtype))
     return dst
 
 

@@ -18,18 +18,7 @@ import numpy as np
 from ..autograd import enable_grad, no_grad
 from ..errors import ZyxError
 from ..runtime import RT
-from ..tensor import Tensor
-
-
-def _rebind(dst: Tensor, src: Tensor) -> None:
-    """Point `dst` at `src`'s graph node (retain the new node before releasing the old)."""
-    if dst._id == src._id:
-        return
-    graph = RT.graph
-    graph.retain(src._id)
-    old = dst._id
-    dst._id = src._id
-    graph.release(old)
+from ..tensor import Tensor, _rebind
 
 
 def _as_list(x):

@@ -14,7 +14,7 @@ import numpy as np
 
 from ... import dtype as dt
 from ...errors import ShapeError, ZyxError
-from ...tensor import Tensor
+from ...tensor import Tensor, _rebind
 from ..init import _assign
 
 __all__ = ["Module", "Parameter"]
@@ -380,11 +380,7 @@ def _assign_cast(t: Tensor, d) -> None:
 
 def _assign_any(dst: Tensor, src: Tensor) -> None:
     """Like init._assign but lets the dtype change (Module.to)."""
-    from ...runtime import RT
-    RT.graph.retain(src._id)
-    old = dst._id
-    dst._id = src._id
-    RT.graph.release(old)
+    _rebind(dst, src)
 
 
 def _check_shape(x: Tensor, ndims, what: str) -> None:
