@@ -706,7 +706,9 @@ class Tensor:
         return self * self
 
     def relu(self):
-        return self.maximum(0)
+        # where, not maximum: the gradient at exactly 0 is 0 as in torch (maximum splits
+        # ties); `<= 0` keeps NaN flowing through like torch.relu
+        return where(self <= 0, _const(0, self.dtype, ()), self)
 
     def sigmoid(self):
         x = self._float_input()
