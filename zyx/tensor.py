@@ -293,6 +293,12 @@ class Tensor:
 
     def reshape(self, *shape) -> "Tensor":
         shape = _shape_args(shape)
+        node = _graph.get(self._id)
+        if shape == node.shape:
+            return self
+        if all([type(s) is builtins.int and s >= 0 for s in shape]) and \
+                _prod(shape) == _prod(node.shape):   # the common, fully specified case
+            return self._make(G.RESHAPE, shape, (self,), shape, node.dtype)
         n = self.numel()
         if any(not isinstance(s, (int, np.integer)) for s in shape):
             raise ShapeError(f"reshape sizes must be ints, got {shape}")
@@ -329,7 +335,13 @@ class Tensor:
 
     def expand(self, *shape) -> "Tensor":
         shape = _shape_args(shape)
-        cur = self.shape
+        node = _graph.get(self._id)
+        cur = node.shape
+        if shape == cur:
+            return self
+        if len(shape) == len(cur) and all([c == s or c == 1 for c, s in zip(cur, shape)]) \
+                and all([type(s) is builtins.int and s >= 0 for s in shape]):
+            return self._make(G.EXPAND, shape, (self,), shape, node.dtype)   # common case
         if len(shape) < len(cur):
             raise ShapeError(f"cannot expand shape {cur} to {shape}: fewer dimensions")
         x = self
@@ -798,8 +810,12 @@ def _pymod(a, b):
 
 
 def _shape_args(shape):
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        return tuple(shape[0])
+    if len(shape) == 1:
+        s0 = shape[0]
+        if type(s0) is tuple:
+            return s0
+        if isinstance(s0, (tuple, list)):
+            return tuple(s0)
     return tuple(shape)
 
 
