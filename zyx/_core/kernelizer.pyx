@@ -15,6 +15,7 @@ axis, loads with guards for padding, one store.
 from . import symbolic as sym
 from .graph import (LEAF, CONST, CAST, UNARY, BINARY, WHERE, REDUCE, RESHAPE, PERMUTE, EXPAND,
                     PAD, FLIP)
+from .passes import REFS
 from .kernel import (Kernel, IDX, CONST as K_CONST, DEFINE, INDEX, LOOP, ENDLOOP, LOAD, STORE,
                      CAST as K_CAST, UNARY as K_UNARY, BINARY as K_BINARY, WHERE as K_WHERE,
                      SCOPE_GLOBAL, SCOPE_REGISTER, B_ADD, B_MUL, B_DIV, B_MOD, B_CMPLT, B_CMPGT,
@@ -36,7 +37,6 @@ class Step:
 
 
 ELEMENTWISE = frozenset((CAST, UNARY, BINARY, WHERE))
-MOVEMENT_OPS = frozenset((RESHAPE, PERMUTE, EXPAND, PAD, FLIP))
 
 
 def decide_stored(list nodes, list consumers, list srcpos, list targets):
@@ -537,7 +537,6 @@ def _choose_unroll(b, tuple shape, list axes, k, Py_ssize_t r):
 
 def _hoist_index(list ops):
     """Move INDEX ops (and the DEFINEs before them) to the front, renumbering references."""
-    from .passes import REFS
     first = [i for i, op in enumerate(ops) if op[0] == INDEX or op[0] == DEFINE and op[2] == SCOPE_GLOBAL]
     rest = [i for i, op in enumerate(ops) if not (op[0] == INDEX or op[0] == DEFINE and op[2] == SCOPE_GLOBAL)]
     order = first + rest

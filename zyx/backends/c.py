@@ -78,10 +78,6 @@ def _simd_decls():
     return "\n".join(out) + "\n"
 
 
-class CDialect99(CDialect):
-    pass
-
-
 def _find_compiler(cfg):
     for cand in (cfg.get("compiler"), os.environ.get("ZYX_CC"), os.environ.get("CC"), "cc", "gcc",
                  "clang"):
@@ -121,7 +117,7 @@ class CDevice:
             self.base_flags.append(WIDE_VECTORS)
         self.flags = list(self.base_flags) + (["-fopenmp"] if self.openmp else [])
         self.libs = (["-lmvec"] if self.mvec else []) + ["-lm"]
-        self.dialect = CDialect99()
+        self.dialect = CDialect()
         self._programs = {}
         self.compiled = 0      # compiler runs (disk-cache misses) in this process
         self._info = DeviceInfo(name=f"C ({os.path.basename(self.cc)}, "
