@@ -150,34 +150,28 @@ def test_matmul_torch(benchmark, rng, n):
 OPS_PER_GRAPH = 100
 
 
+def _build_ops(x, y):
+    """OPS_PER_GRAPH elementwise ops; the same code builds a zyx graph or runs torch eager."""
+    z = x
+    for _ in range(OPS_PER_GRAPH // 2):
+        z = z * y + 1.0
+    return z
+
+
 @pytest.mark.benchmark(group="graph-build-100-ops")
 def test_graph_build_zyx(benchmark):
     """Building 100 lazy ops (no realization): the per-op Python overhead."""
     x = zyx.Tensor(np.ones((8, 8), dtype=np.float32))
     y = zyx.Tensor(np.ones((8, 8), dtype=np.float32))
-
-    def build():
-        z = x
-        for _ in range(OPS_PER_GRAPH // 2):
-            z = z * y + 1.0
-        return z
     benchmark.extra_info["ops"] = OPS_PER_GRAPH
-    benchmark(build)
+    benchmark(_build_ops, x, y)
 
 
 @pytest.mark.benchmark(group="graph-build-100-ops")
 def test_graph_build_torch_eager(benchmark):
     t = need_torch()
-    x = t.ones(8, 8)
-    y = t.ones(8, 8)
-
-    def build():
-        z = x
-        for _ in range(OPS_PER_GRAPH // 2):
-            z = z * y + 1.0
-        return z
     benchmark.extra_info["ops"] = OPS_PER_GRAPH
-    benchmark(build)
+    benchmark(_build_ops, t.ones(8, 8), t.ones(8, 8))
 
 
 @pytest.mark.benchmark(group="tiny-realize")
