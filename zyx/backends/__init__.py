@@ -80,10 +80,11 @@ class MemoryPool:
         return self.total_bytes - self.used_bytes
 
     def sync_events(self, events):
-        pass
+        """Block until `events` complete. Synchronous pools (host, C, disk) never create
+        events, so there is nothing to wait for; asynchronous backends override this."""
 
     def release_events(self, events):
-        pass
+        """Free event objects without waiting. Nothing to free in synchronous pools."""
 
 
 def config_path():

@@ -325,7 +325,8 @@ class CDevice:
         return None
 
     def release(self, program):
-        pass
+        """Programs stay loaded: the shared library is owned by the program cache and
+        ctypes cannot unload it safely while a function pointer may still be in use."""
 
 
 WIDE_VECTORS = "-mprefer-vector-width=512"
