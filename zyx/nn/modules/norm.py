@@ -21,6 +21,19 @@ def _shape(normalized_shape):
     return tuple(int(s) for s in normalized_shape)
 
 
+def _affine(module, shape, affine, bias, dtype):
+    """torch's affine parameters of a norm layer: weight ones and bias zeros of `shape`, or
+    registered as None (so state_dict and named_parameters match torch)."""
+    if affine:
+        module.weight = _param(*shape, dtype=dtype, fill=1.0)
+    else:
+        module.register_parameter("weight", None)
+    if affine and bias:
+        module.bias = _param(*shape, dtype=dtype)
+    else:
+        module.register_parameter("bias", None)
+
+
 class LayerNorm(Module):
     """Normalize over the trailing `normalized_shape` dims; weight ones, bias zeros."""
 
@@ -29,15 +42,7 @@ class LayerNorm(Module):
         super().__init__()
         self.normalized_shape = _shape(normalized_shape)
         self.eps, self.elementwise_affine = eps, elementwise_affine
-        if elementwise_affine:
-            self.weight = _param(*self.normalized_shape, dtype=dtype, fill=1.0)
-            if bias:
-                self.bias = _param(*self.normalized_shape, dtype=dtype)
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, self.normalized_shape, elementwise_affine, bias, dtype)
 
     def reset_parameters(self):
         if self.weight is not None:
@@ -85,12 +90,7 @@ class GroupNorm(Module):
                              f"{num_groups}")
         self.num_groups, self.num_channels = num_groups, num_channels
         self.eps, self.affine = eps, affine
-        if affine:
-            self.weight = _param(num_channels, dtype=dtype, fill=1.0)
-            self.bias = _param(num_channels, dtype=dtype)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, (num_channels,), affine, True, dtype)
 
     def forward(self, x):
         return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
@@ -115,12 +115,7 @@ class _BatchNorm(Module):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
-        if affine:
-            self.weight = _param(num_features, dtype=dtype, fill=1.0)
-            self.bias = _param(num_features, dtype=dtype)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, (num_features,), affine, True, dtype)
         if track_running_stats:
             d = dtype or dt.float32
             self.register_buffer("running_mean", _buffer(np.zeros(num_features), d))
@@ -186,12 +181,7 @@ class _InstanceNorm(Module):
         self.num_features, self.eps = num_features, eps
         self.momentum, self.affine = momentum, affine
         self.track_running_stats = False
-        if affine:
-            self.weight = _param(num_features, dtype=dtype, fill=1.0)
-            self.bias = _param(num_features, dtype=dtype)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _affine(self, (num_features,), affine, True, dtype)
 
     def forward(self, x):
         unbatched = x.ndim == self._nd + 1
