@@ -116,7 +116,7 @@ class Runtime:
                 del self.plans[next(iter(self.plans))]
             self.plans[key] = plan
             self.stats["plans_built"] += 1
-            self.stats["kernels_compiled"] += sum(1 for s in plan.steps if s.program is not None)
+            self.stats["kernels_compiled"] += plan.nkernels
         else:
             self.stats["plan_cache_hits"] += 1
         scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool, self.stats)

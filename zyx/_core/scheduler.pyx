@@ -15,7 +15,8 @@ from .passes import optimize
 
 
 class Plan:
-    __slots__ = ("steps", "nbytes", "free_after", "targets", "leaves", "device", "stored")
+    __slots__ = ("steps", "nbytes", "free_after", "targets", "leaves", "device", "stored",
+                 "nkernels", "runner", "slot", "owned", "root", "arena_bytes", "nslots")
 
     def __init__(self, steps, nbytes, free_after, targets, leaves, device, stored):
         self.steps = steps
@@ -25,6 +26,72 @@ class Plan:
         self.leaves = leaves
         self.device = device
         self.stored = stored
+        self.nkernels = sum(1 for st in steps if st.kernel is not None and nbytes.get(st.args[0]))
+        self.runner = None     # a device-side program running every kernel (compile_plan)
+
+
+ARENA_ALIGN = 64
+
+
+def layout_memory(plan):
+    """Where every stored position lives when the device runs the whole plan at once.
+
+    Leaves and the buffers that outlive the plan (targets, and a temporary a target
+    aliases) get their own pool buffers, passed as slots 1.. of a pointer table. Every
+    other temporary gets an offset in one arena (slot 0) allocated per run; temporaries
+    whose lifetimes do not overlap share bytes (first fit), so memory stays near the
+    peak a kernel-by-kernel run would need while the host allocates once."""
+    steps = plan.steps
+    root = {}
+    for st in steps:
+        if st.alias:
+            out, src = st.args
+            root[out] = root.get(src, src)
+    leaves = set(plan.leaves)
+    owned = []
+    for t in plan.targets:
+        r = root.get(t, t)
+        if r not in leaves and plan.stored[r] and r not in owned:
+            owned.append(r)
+    slot = {}
+    for p in plan.leaves:
+        slot[p] = ("t", len(slot) + 1)
+    for p in owned:
+        slot[p] = ("t", len(slot) + 1)
+    # lifetimes of arena temporaries, in kernel steps: [written, last read]
+    start, end = {}, {}
+    for si, st in enumerate(steps):
+        if st.alias:
+            continue
+        out = root.get(st.args[0], st.args[0])
+        if out not in slot:
+            start.setdefault(out, si)
+            end.setdefault(out, si)
+        for a in st.args[1:]:
+            r = root.get(a, a)
+            if r not in slot:
+                end[r] = si
+    live = []          # (offset, size, last step) of placed temporaries
+    top = 0
+    for p in sorted(start, key=start.get):
+        size = (plan.nbytes.get(p, 0) + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
+        live = [b for b in live if b[2] >= start[p]]
+        off = 0
+        for b in sorted(live):
+            if off + size <= b[0]:
+                break
+            off = max(off, b[0] + b[1])
+        live.append((off, size, end[p]))
+        top = max(top, off + size)
+        slot[p] = ("a", off)
+    for p, r in root.items():
+        if r in slot:
+            slot[p] = slot[r]
+    plan.slot = slot
+    plan.owned = owned
+    plan.root = root
+    plan.arena_bytes = top
+    plan.nslots = 1 + len(plan.leaves) + len(owned)
 
 
 def build_plan(graph, list order, list target_ids, device, int debug=0):
@@ -56,23 +123,78 @@ def build_plan(graph, list order, list target_ids, device, int debug=0):
         st.kernel = optimize(st.kernel)
         if debug & 4:
             print(format_kernel(st.kernel), file=sys.stderr)
-    if hasattr(device, "compile_many"):
-        programs = device.compile_many([st.kernel for st in live])
-    else:
-        programs = [device.compile(st.kernel) for st in live]
-    for st, prog in zip(live, programs):
-        st.program = prog
     leaves = [p for p in range(len(order)) if graph.get(order[p]).op == LEAF]
+    plan = Plan(steps, nbytes, free_after, targets, leaves, device, stored)
+    if hasattr(device, "compile_plan"):
+        # the device runs the whole plan from one call (one launch, one thread team)
+        layout_memory(plan)
+        plan.runner = device.compile_plan(
+            [(st.kernel, [plan.slot[a] for a in st.args]) for st in live
+             if nbytes.get(st.args[0])], plan.nslots)
+    else:
+        if hasattr(device, "compile_many"):
+            programs = device.compile_many([st.kernel for st in live])
+        else:
+            programs = [device.compile(st.kernel) for st in live]
+        for st, prog in zip(live, programs):
+            st.program = prog
     if debug & 2:
         print(f"zyx: plan of {len(steps)} kernel(s) for {len(order)} nodes in "
               f"{(time.perf_counter() - t0) * 1e3:.2f} ms", file=sys.stderr)
-    return Plan(steps, nbytes, free_after, targets, leaves, device, stored)
+    return plan
+
+
+def execute_runner(plan, graph, list order, pool, move_to_pool, stats):
+    """Run a plan compiled into one device program: allocate the arena and the buffers
+    that outlive the run, fill the pointer table, make one call."""
+    cdef list table = [0] * plan.nslots
+    cdef dict bufs = {}
+    cdef Py_ssize_t p
+    slot = plan.slot
+    for p in plan.leaves:
+        node = graph.get(order[p])
+        b = node.buffer
+        if b.pool is not pool:
+            b = move_to_pool(node, pool)
+        bufs[p] = b
+        table[slot[p][1]] = b.ptr
+    nbytes = plan.nbytes
+    for p in plan.owned:
+        b, _ = pool.allocate(nbytes[p])
+        bufs[p] = b
+        table[slot[p][1]] = b.ptr
+    arena = None
+    if plan.arena_bytes:
+        arena, _ = pool.allocate(plan.arena_bytes)
+        table[0] = arena.ptr
+    plan.device.run_plan(plan.runner, table)
+    stats["kernels_launched"] += plan.nkernels
+    free = graph.free_buffer
+    if arena is not None:
+        free(arena)
+    root = plan.root
+    seen = set()
+    for p in plan.targets:
+        if p in seen or not plan.stored[p]:
+            continue
+        seen.add(p)
+        r = root.get(p, p)
+        b = bufs[r]
+        if r != p:
+            b.refs += 1      # shared with the aliased leaf / buffer
+        graph.set_buffer(order[p], b)
+    for p in plan.owned:     # owned temporaries only a target's alias kept alive
+        if p not in seen:
+            free(bufs[p])
 
 
 def execute(plan, graph, list order, pool, move_to_pool, stats):
     """Run `plan` on the subgraph `order`; realized targets become LEAF nodes."""
     cdef dict bufs = {}
     cdef Py_ssize_t p, si
+    if plan.runner is not None:
+        execute_runner(plan, graph, order, pool, move_to_pool, stats)
+        return
     device = plan.device
     for p in plan.leaves:
         node = graph.get(order[p])

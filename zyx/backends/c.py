@@ -99,6 +99,19 @@ class CProgram:
         self.source = source
 
 
+class CPlanProgram:
+    """A compiled plan: `zyx_plan(void** table)` runs every kernel of one realization."""
+    __slots__ = ("fn", "lib", "argtype", "source")
+
+    def __init__(self, lib, nslots, source):
+        self.lib = lib
+        self.fn = lib.zyx_plan
+        self.fn.argtypes = [ctypes.c_void_p]
+        self.fn.restype = None
+        self.argtype = ctypes.c_void_p * max(nslots, 1)
+        self.source = source
+
+
 class CDevice:
     def __init__(self, cfg, pool, debug=0):
         self.debug = debug
@@ -186,7 +199,16 @@ class CDevice:
 
     # -- codegen -------------------------------------------------------------------------
     def render(self, kernel, name):
+        """C source of `kernel` as a function `void name(void** args)` callable on its own."""
+        return self._render(kernel, name, False)[0]
+
+    def _render(self, kernel, name, orphan):
+        """(source, kind). With `orphan`, parallel index loops use `omp for` so the function
+        must be called by every thread of an enclosing parallel region (kind "for");
+        kind "serial" kernels run on one thread and kind "region" ones (a parallel
+        reduction into a scalar, whose accumulator must be shared) open their own region."""
         dl = self.dialect
+        kinds = set()
         ops = kernel.ops
         has_loops = any(op[0] == K.LOOP for op in ops)
         idx_work = 1
@@ -227,6 +249,7 @@ class CDevice:
             if not omp:
                 return ""
             if parallel:
+                kinds.add("region")
                 return f"#pragma omp parallel for{'' if inner else ' simd'} {red}".rstrip()
             if not inner and accs:
                 return f"#pragma omp simd {red}"
@@ -248,27 +271,31 @@ class CDevice:
                 loop_work *= op[2]
         work = idx_work * loop_work
         par = omp and work >= PARALLEL_MIN_WORK and idx
+        if par:
+            kinds.add("for")
+        pfor = "#pragma omp for" if orphan else "#pragma omp parallel for"
         for n, (ssa, axis, length) in enumerate(idx):
             pragma = ""
             if omp:
                 last = n == len(idx) - 1
                 if has_loops:
                     if n == 0 and par:
-                        pragma = f"#pragma omp parallel for collapse({len(idx)})" if len(idx) > 1 \
-                            else "#pragma omp parallel for"
+                        pragma = f"{pfor} collapse({len(idx)})" if len(idx) > 1 else pfor
                 elif len(idx) == 1:
-                    pragma = "#pragma omp parallel for simd" if par else "#pragma omp simd"
+                    pragma = f"{pfor} simd" if par else "#pragma omp simd"
                 elif n == 0 and par:
-                    pragma = f"#pragma omp parallel for collapse({len(idx) - 1})" if len(idx) > 2 \
-                        else "#pragma omp parallel for"
+                    pragma = f"{pfor} collapse({len(idx) - 1})" if len(idx) > 2 else pfor
                 elif last:
                     pragma = "#pragma omp simd"
             if pragma:
                 head.append("  " + pragma)
             head.append(f"  for (long long i{ssa} = 0; i{ssa} < {length}LL; i{ssa}++) {{")
         body = ["  " + ln for ln in r.lines] if idx else r.lines
+        kind = "region" if "region" in kinds else ("for" if "for" in kinds else "serial")
+        if orphan and kind == "region":
+            return self._render(kernel, name, False)
         return (f"\nvoid {name}(void** restrict args) {{\n" + "\n".join(params) + "\n" +
-                "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n")
+                "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n"), kind
 
     def prelude(self):
         return (("" if not self.mvec else _simd_decls()) + _PRELUDE +
@@ -296,6 +323,68 @@ class CDevice:
             for k, n, f in zip(todo, names, funcs):
                 self._programs[k] = CProgram(lib, n, len(k.args), f)
         return [self._programs[k] for k in kernels]
+
+    def compile_plan(self, items, nslots):
+        """One function running a whole plan: `items` are (kernel, arg locations) in order,
+        a location being ("t", i) = pointer table entry i or ("a", off) = arena + off
+        (table entry 0 is the arena). Consecutive kernels share one OpenMP parallel region:
+        the thread team starts once per realization, kernels are separated by the barrier
+        that ends each `omp for` / `omp single`, and Python makes one call instead of one
+        per kernel."""
+        bodies, funcs = {}, []
+        for k, _ in items:
+            if k not in bodies:
+                name = f"zyx_b{len(bodies)}"
+                src, kind = self._render(k, name, True)
+                bodies[k] = (name, kind)
+                funcs.append(src.replace("\nvoid ", "\nstatic __attribute__((noinline)) void ", 1))
+        calls = []
+        for k, locs in items:
+            name, kind = bodies[k]
+            args = ", ".join(f"s[{v}]" if where == "t" else f"(void*)(arena + {v}LL)"
+                             for where, v in locs)
+            calls.append((kind, f"{{ void* a[] = {{{args}}}; {name}(a); }}"))
+        lines = []
+        i = 0
+        while i < len(calls):
+            if calls[i][0] == "region" or not self.openmp:
+                lines.append("  " + calls[i][1])
+                i += 1
+                continue
+            j = i
+            while j < len(calls) and calls[j][0] != "region":
+                j += 1
+            seg = calls[i:j]
+            if any(kind == "for" for kind, _ in seg):
+                lines.append("  #pragma omp parallel\n  {")
+                n = 0
+                while n < len(seg):
+                    if seg[n][0] == "for":
+                        lines.append("    " + seg[n][1])
+                        n += 1
+                        continue
+                    # a run of small kernels: one thread does them all, one barrier after
+                    lines.append("    #pragma omp single\n    {")
+                    while n < len(seg) and seg[n][0] == "serial":
+                        lines.append("      " + seg[n][1])
+                        n += 1
+                    lines.append("    }")
+                lines.append("  }")
+            else:   # nothing parallel: do not wake the thread team
+                lines.extend("  " + call for _, call in seg)
+            i = j
+        src = (self.prelude() + "".join(funcs) +
+               "\nvoid zyx_plan(void** restrict s) {\n  char* arena = (char*)s[0];\n  (void)arena;\n" +
+               "\n".join(lines) + "\n}\n")
+        key = hashlib.sha256((src + "|" + self.cc + "|" + " ".join(self.flags + self.libs))
+                             .encode()).hexdigest()[:32]
+        if self.debug & 8:
+            print(f"zyx: C source {key}\n{src}", file=sys.stderr)
+        lib = self._build(src, key)
+        return CPlanProgram(lib, nslots, src)
+
+    def run_plan(self, program, table):
+        program.fn(program.argtype(*table))
 
     def _build(self, src, key):
         path = os.path.join(self.cache, f"c-{key}.so")

@@ -52,8 +52,8 @@ class Adam(Optimizer):
             vmax = v if vmax is None else vmax.maximum(v)
             upd["max_exp_avg_sq"] = vmax
             v = vmax
-        step_size = self.fresh_scalar(lr / (1.0 - b1 ** t), p.dtype)
-        bc2_sqrt = self.fresh_scalar(math.sqrt(1.0 - b2 ** t), p.dtype)
+        step_size = self.step_scalar(("step_size", id(group)), lr / (1.0 - b1 ** t), p.dtype)
+        bc2_sqrt = self.step_scalar(("bc2_sqrt", id(group)), math.sqrt(1.0 - b2 ** t), p.dtype)
         denom = v.sqrt() / bc2_sqrt + eps
         return p - step_size * (m / denom), upd
 

@@ -18,7 +18,15 @@ import numpy as np
 from ..autograd import enable_grad, no_grad
 from ..errors import ZyxError
 from ..runtime import RT
-from ..tensor import Tensor, _rebind
+from .. import dtype as dt
+from ..tensor import Tensor, _f32_to_bf16_bits, _rebind
+
+
+def _scalar_bits(value, dtype):
+    """`value` as one element of `dtype`, the bytes a leaf of that dtype stores."""
+    if dtype is dt.bfloat16:
+        return _f32_to_bf16_bits(np.array(value, dtype=np.float32))
+    return np.array(value, dtype=dtype.np)
 
 
 def _as_list(x):
@@ -35,6 +43,9 @@ class Optimizer:
         self.state = {}            # id(param) -> dict of state tensors and the step count
         self._group_of = {}        # id(param) -> group
         self._scalar_cache = {}    # (value, dtype) -> 0-d leaf tensor
+        self._live = {}            # (name, dtype) -> [[0-d leaf rewritten per step, value]]
+        self._used = {}            # this update: ((name, dtype), value) -> leaf
+        self._taken = {}           # this update: (name, dtype) -> leaves handed out
         if params is None:
             params = []
         if isinstance(params, Tensor):
@@ -184,14 +195,43 @@ class Optimizer:
 
     @staticmethod
     def fresh_scalar(value, dtype) -> Tensor:
-        """A new 0-d leaf (for values that change every step)."""
+        """A new 0-d leaf."""
         return Tensor(np.array(value, dtype=np.float64), dtype=dtype)
+
+    def step_scalar(self, name, value, dtype) -> Tensor:
+        """A 0-d leaf for a value that changes every step (Adam's bias corrections).
+
+        Leaves are reused across steps and their memory rewritten, instead of a new tensor
+        and host->device copy per parameter per step. Within one update, equal values share
+        a leaf and different values (parameters at different step counts) get different
+        leaves. Safe because the leaves never leave the optimizer and `_apply` realizes
+        every update that reads them before returning."""
+        key = (name, dtype)
+        t = self._used.get((key, value))
+        if t is not None:
+            return t
+        leaves = self._live.setdefault(key, [])
+        n = self._taken.get(key, 0)
+        self._taken[key] = n + 1
+        if n == len(leaves):
+            leaves.append([self.fresh_scalar(value, dtype), value])
+        slot = leaves[n]
+        t = slot[0]
+        if slot[1] != value:
+            buf = RT.graph.get(t._id).buffer
+            buf.pool.host_to_pool(_scalar_bits(value, dtype), buf,
+                                  [buf.event] if buf.event is not None else [])
+            slot[1] = value
+        self._used[(key, value)] = t
+        return t
 
     def _apply(self, triples, extra):
         if not triples:
             if extra:
                 RT.realize([t._id for t in extra])
             return
+        self._used.clear()
+        self._taken.clear()
         with no_grad():
             new_params = []
             new_states = []
