@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 
 import zyx  # noqa: E402
 
-CORE = ("graph", "kernel", "kernelizer", "passes", "scheduler", "slab", "symbolic")
+CORE = ("graph", "kernel", "kernelizer", "passes", "scheduler", "slab", "symbolic", "tensorbase")
 
 
 def main():

@@ -1,7 +1,8 @@
 """Reverse-mode autograd on the graph primitives.
 
-Recording happens at the primitive level: `Tensor._make` calls `zyx.tensor._grad_hook` for
-every node it creates, and the hook stores `(op, arg, srcs)` on the new Tensor (`_ctx`).
+Recording happens at the primitive level: while recording is on, `Tensor._make`
+(zyx/_core/tensorbase.pyx) stores `(op, arg, srcs)` on every new Tensor whose inputs need
+a gradient (`_ctx`).
 A dozen backward rules, one per primitive (`_RULES` below), are enough for the whole
 Tensor API, because every higher op (softmax, matmul, getitem, cat, gather ...) is built from
 the primitives, and broadcasting is already explicit EXPAND nodes.
@@ -42,19 +43,15 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import weakref
 
 from ._core import graph as G
 from ._core import kernel as K
+from ._core import tensorbase as _TB
 from .dtype import bool_ as _BOOL
 from .errors import ShapeError, ZyxError
 from .runtime import RT
 from .tensor import Tensor, _const
-
-# the module itself: `zyx.tensor` as an attribute is the tensor() function that
-# `from .tensor import *` exports, so `from . import tensor` would get the function
-_T = sys.modules[Tensor.__module__]
 
 __all__ = ["Tape", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "grad"]
 
@@ -77,29 +74,15 @@ _FREED = _Freed()
 # ---------------------------------------------------------------------------------------
 # recording
 
-def _record(out, op, arg, srcs):
-    """The grad hook: store how `out` was made when someone may want its gradient."""
-    if not _tapes:
-        for s in srcs:
-            if s.requires_grad:
-                break
-        else:
-            return          # the common case when nothing needs grad: one loop, no work
-    if not _graph.get(out._id).dtype.is_float:
-        return              # ints and bools have no gradient
-    out._ctx = (op, arg, srcs)
-    out.requires_grad = True
-
-
 def _set_hook(on):
-    prev = _T._grad_hook is not None
-    _T._grad_hook = _record if on else None
-    return prev
+    """Switch recording of new nodes (zyx._core.tensorbase does it in Tensor._make);
+    returns the previous state."""
+    return _TB.set_recording(bool(on))
 
 
 def is_grad_enabled() -> bool:
     """Whether ops are currently recorded for autograd."""
-    return _T._grad_hook is not None
+    return _TB.is_recording()
 
 
 class set_grad_enabled:
@@ -376,44 +359,7 @@ _RULES[G.FLIP] = _flip_rule
 # ---------------------------------------------------------------------------------------
 # the backward pass
 
-def _walk(targets, is_source):
-    """Depth-first over recorded inputs. Returns (post-order of tensors a source is
-    reachable from, set of their ids, every visited tensor)."""
-    needs = {}
-    order = []
-    visited = []
-    onpath = set()
-    for root in targets:
-        if id(root) in needs:
-            continue
-        stack = [(root, False)]
-        while stack:
-            t, done = stack.pop()
-            k = id(t)
-            ctx = t._ctx
-            if done:
-                n = is_source(t)
-                if ctx is _FREED:
-                    n = True           # it had inputs once; reaching it is an error below
-                elif ctx is not None:
-                    for s in ctx[2]:
-                        if needs.get(id(s)):
-                            n = True
-                            break
-                needs[k] = n
-                if n:
-                    order.append(t)
-                continue
-            if k in needs or k in onpath:
-                continue
-            onpath.add(k)
-            visited.append(t)
-            stack.append((t, True))
-            if ctx is not None and ctx is not _FREED:
-                for s in ctx[2]:
-                    if id(s) not in needs:
-                        stack.append((s, False))
-    return order, needs, visited
+_walk = _TB.walk   # compiled: the walk touches every recorded tensor
 
 
 def _run_backward(targets, out_grads, is_source, record):
@@ -672,4 +618,5 @@ Tensor.retain_grad = _retain_grad
 Tensor.grad_fn = property(_grad_fn)
 Tensor.detach_ = _detach_
 
-_T._grad_hook = _record
+_TB.setup(None, None, _tapes, _FREED)
+_TB.set_recording(True)

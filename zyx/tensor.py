@@ -19,6 +19,7 @@ from ._core import graph as G
 from ._core import kernel as K
 from .errors import DTypeError, ShapeError, ZyxError
 from .runtime import RT
+from ._core import tensorbase as _TB
 
 __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
            "empty", "arange", "linspace", "eye", "rand", "randn", "uniform", "normal", "randint",
@@ -30,11 +31,10 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
            "broadcast_to", "squeeze", "unsqueeze", "flatten", "isnan", "isinf", "isfinite"]
 
 _graph = RT.graph
+_wrap = _TB.wrap
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
-# autograd installs itself here: called as _record(out, op, arg, srcs) after a node is made
-_grad_hook = None
 
 
 def _prod(shape):
@@ -108,23 +108,24 @@ def _fast_binary(self, o, bop, reverse):
             return None
         a, b = (o, self) if reverse else (self, o)
     elif type(o) is builtins.float and n.dtype.kind == "f":
-        c = Tensor._wrap(_graph.add(G.CONST, o, (), n.shape, n.dtype))
+        c = _wrap(_graph.add(G.CONST, o, (), n.shape, n.dtype))
         a, b = (c, self) if reverse else (self, c)
     else:
         return None
-    out = Tensor._wrap(_graph.add(G.BINARY, bop, (a._id, b._id), n.shape, n.dtype))
-    if _grad_hook is not None:
-        _grad_hook(out, G.BINARY, bop, (a, b))
-    return out
+    return _TB.make(G.BINARY, bop, (a, b), n.shape, n.dtype)
 
 
-class Tensor:
+class Tensor(_TB.TensorBase):
     """A lazily evaluated n-dimensional array.
 
     `Tensor(data, dtype=None)` accepts numpy arrays, nested lists, Python scalars and other
     Tensors. Python floats become float32 and ints int32 unless `dtype` says otherwise;
-    numpy arrays keep their dtype (float64 stays float64)."""
-    __slots__ = ("_id", "requires_grad", "grad", "_ctx", "__weakref__")
+    numpy arrays keep their dtype (float64 stays float64).
+
+    The per-object fields (`_id` of its graph node, `requires_grad`, `grad`, `_ctx`), the
+    node reference count, `shape`/`dtype`/`ndim` and `_make` live in the compiled base
+    class (zyx/_core/tensorbase.pyx)."""
+    __slots__ = ()
     __array_priority__ = 1000
 
     def __init__(self, data, dtype=None, requires_grad=False):
@@ -143,34 +144,9 @@ class Tensor:
         self.grad = None
         self._ctx = None
 
-    @staticmethod
-    def _wrap(nid):
-        t = Tensor.__new__(Tensor)
-        t._id = nid
-        t.requires_grad = False
-        t.grad = None
-        t._ctx = None
-        return t
-
-    def __del__(self):
-        try:
-            _graph.release(self._id)
-        except Exception:   # interpreter shutdown or a failed __init__
-            pass
+    _wrap = staticmethod(_TB.wrap)
 
     # ---- metadata ----------------------------------------------------------------------
-    @property
-    def shape(self) -> tuple:
-        return _graph.get(self._id).shape
-
-    @property
-    def dtype(self) -> dt.DType:
-        return _graph.get(self._id).dtype
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
     def dim(self) -> int:
         return len(self.shape)
 
@@ -242,19 +218,12 @@ class Tensor:
     def detach(self) -> "Tensor":
         """Same values, cut from autograd."""
         _graph.retain(self._id)
-        return Tensor._wrap(self._id)
+        return _wrap(self._id)
 
     def clone(self) -> "Tensor":
         return self + 0 if not self.dtype.is_bool else self.cast(dt.bool_)
 
-    # ---- primitives (the only node constructors) ----------------------------------------
-    def _make(self, op, arg, srcs, shape, dtype):
-        nid = _graph.add(op, arg, tuple([s._id for s in srcs]), shape, dtype)
-        out = Tensor._wrap(nid)
-        if _grad_hook is not None:
-            _grad_hook(out, op, arg, srcs)
-        return out
-
+    # ---- primitives: `_make` (compiled base class) is the only node constructor -------
     def _unary(self, uop, dtype=None):
         return self._make(G.UNARY, uop, (self,), self.shape, dtype or self.dtype)
 
@@ -417,7 +386,7 @@ class Tensor:
             n = _graph.get(self._id)
             if type(other) is builtins.float and n.dtype.kind == "f" and result in (None, n.dtype):
                 # float scalar on a float tensor: no promotion, no cast (hot in training loops)
-                b = Tensor._wrap(_graph.add(G.CONST, other, (), n.shape, n.dtype))
+                b = _wrap(_graph.add(G.CONST, other, (), n.shape, n.dtype))
                 return (b, self) if reverse else (self, b)
             d = result or dt.promote_scalar(n.dtype, other)
             a = self.cast(d)
@@ -851,7 +820,7 @@ def _rebind(dst: "Tensor", src: "Tensor") -> None:
 def _const(value, d, shape=()):
     """A constant of any shape: one node, no memory; folded into kernels."""
     nid = _graph.add(G.CONST, _scalar_of(value, d), (), tuple(shape), d)
-    return Tensor._wrap(nid)
+    return _wrap(nid)
 
 
 def _f32_to_bf16_bits(arr):
@@ -1702,3 +1671,6 @@ for _name in ("exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu", "ab
               "transpose", "broadcast_to", "squeeze", "unsqueeze", "flatten", "isnan", "isinf",
               "isfinite", "maximum", "minimum"):
     globals()[_name] = _module_fn(_name)
+
+
+_TB.setup(_graph, Tensor, None, None)
