@@ -32,6 +32,7 @@ __all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like
 
 _graph = RT.graph
 _wrap = _TB.wrap
+_make = _TB.make
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
@@ -374,8 +375,13 @@ class Tensor(_TB.TensorBase):
         """Return (a, b) of one shape and dtype; `result` forces the common dtype."""
         if isinstance(other, Tensor):
             na, nb = _graph.get(self._id), _graph.get(other._id)
-            if na.dtype is nb.dtype and na.shape == nb.shape and result in (None, na.dtype):
-                return (other, self) if reverse else (self, other)   # the common case
+            if na.dtype is nb.dtype and result in (None, na.dtype):
+                if na.shape == nb.shape:
+                    return (other, self) if reverse else (self, other)   # the common case
+                # same dtype, broadcasting (a bias, a 0-d learning rate): no casts
+                shape = _broadcast_shape(na.shape, nb.shape)
+                a, b = _expand_to(self, na, shape), _expand_to(other, nb, shape)
+                return (b, a) if reverse else (a, b)
             d = result or dt.promote(self.dtype, other.dtype)
             shape = _broadcast_shape(self.shape, other.shape)
             a = self.cast(d).expand(shape) if self.shape != shape else self.cast(d)
@@ -689,7 +695,16 @@ class Tensor(_TB.TensorBase):
     def relu(self):
         # where, not maximum: the gradient at exactly 0 is 0 as in torch (maximum splits
         # ties); `<= 0` keeps NaN flowing through like torch.relu
-        return where(self <= 0, _const(0, self.dtype, ()), self)
+        n = _graph.get(self._id)
+        d, sh = n.dtype, n.shape
+        if d.kind != "f":
+            return where(self <= 0, _const(0, d, ()), self)
+        # the same nodes as the line above, without the general broadcasting machinery
+        z = _wrap(_graph.add(G.CONST, 0.0, (), sh, d))
+        lt = _make(G.BINARY, K.B_CMPLT, (self, z), sh, dt.bool_)
+        eq = _make(G.BINARY, K.B_EQ, (self, z), sh, dt.bool_)
+        le = _make(G.BINARY, K.B_OR, (lt, eq), sh, dt.bool_)
+        return _make(G.WHERE, None, (le, z, self), sh, d)
 
     def sigmoid(self):
         x = self._float_input()
@@ -1423,6 +1438,12 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Matrix product with torch semantics: 1-D operands are vectors, leading dims broadcast."""
     if not isinstance(b, Tensor):
         b = Tensor(b)
+    na, nb = _graph.get(a._id), _graph.get(b._id)
+    if len(na.shape) == 2 and len(nb.shape) == 2 and na.dtype is nb.dtype \
+            and na.shape[1] == nb.shape[0]:
+        # the common case, as the general path below builds it
+        bt = _make(G.PERMUTE, (1, 0), (b,), (nb.shape[1], nb.shape[0]), nb.dtype)
+        return _matmul_nt(a, bt)
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError("matmul does not accept 0-d tensors; use *")
     d = dt.promote(a.dtype, b.dtype)
@@ -1447,6 +1468,33 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if vb:
         acc = acc.squeeze(-1)
     return acc
+
+
+def _expand_to(x: Tensor, node, shape: tuple) -> Tensor:
+    """x (whose graph node is `node`) broadcast to `shape`, already known to be valid."""
+    cur = node.shape
+    if cur == shape:
+        return x
+    if len(cur) < len(shape):
+        cur = (1,) * (len(shape) - len(cur)) + cur
+        x = _make(G.RESHAPE, cur, (x,), cur, node.dtype)
+        if cur == shape:
+            return x
+    return _make(G.EXPAND, shape, (x,), shape, node.dtype)
+
+
+def _matmul_nt(a: Tensor, bt: Tensor) -> Tensor:
+    """a (m, k) times bt (n, k) transposed, same dtype: sum over k of the (m, n, k) product
+    (a linear layer's x @ W.T without permuting W twice)."""
+    (m, k), n = _graph.get(a._id).shape, _graph.get(bt._id).shape[0]
+    d = _graph.get(a._id).dtype
+    x = _make(G.EXPAND, (m, n, k), (_make(G.RESHAPE, (m, 1, k), (a,), (m, 1, k), d),),
+              (m, n, k), d)
+    y = _make(G.EXPAND, (m, n, k), (_make(G.RESHAPE, (1, n, k), (bt,), (1, n, k), d),),
+              (m, n, k), d)
+    prod = _make(G.BINARY, K.B_MUL, (x, y), (m, n, k), d)
+    acc = _make(G.REDUCE, (K.R_SUM, (2,)), (prod,), (m, n, 1), d)
+    return _make(G.RESHAPE, (m, n), (acc,), (m, n), d)
 
 
 def dot(a: Tensor, b: Tensor) -> Tensor:

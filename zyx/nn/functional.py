@@ -16,9 +16,10 @@ from typing import Sequence
 import numpy as np
 
 from .. import dtype as dt
+from .._core import graph as _G
 from .._core import kernel as K
 from ..errors import DTypeError, ShapeError, ZyxError
-from ..tensor import Tensor, _const, _iota, rand, where
+from ..tensor import Tensor, _const, _iota, _matmul_nt, rand, where
 from .init import _assign   # in-place update of running stats (torch's copy_)
 
 __all__ = [
@@ -633,6 +634,10 @@ def pixel_unshuffle(input, downscale_factor):
 def linear(input, weight, bias=None):
     """y = x @ W.T + b with W of shape (out_features, in_features)."""
     x, w = _t(input), _t(weight)
+    xs, ws = x.shape, w.shape
+    if len(xs) == 2 and len(ws) == 2 and xs[1] == ws[1] and x.dtype is w.dtype:
+        y = _matmul_nt(x, w)     # the common case: no transpose nodes
+        return y if bias is None else y + bias
     if w.ndim not in (1, 2) or x.ndim == 0 or x.shape[-1] != w.shape[-1]:
         raise ShapeError(f"linear: input {x.shape} and weight {w.shape} do not fit "
                          f"(need input.shape[-1] == weight.shape[-1])")
@@ -1164,12 +1169,45 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     return _reduce_loss(loss, reduction)
 
 
+def _cross_entropy_2d(x, y, ignore_index):
+    """The training-loop case of cross_entropy: logits (N, C), integer targets (N,), mean,
+    no weight / smoothing / in-range ignore_index. Builds the nodes of the general path
+    (log_softmax, one-hot select, sum / number of counted rows) directly; None when the
+    case does not apply."""
+    xs, ys = x.shape, y.shape
+    yd = y.dtype
+    if len(xs) != 2 or ys != xs[:1] or not (yd.is_int and not yd.is_bool) or \
+            (ignore_index is not None and 0 <= ignore_index < xs[1]):
+        return None
+    (n, c), d = xs, x.dtype
+    mk = x._make
+    nc, n1 = (n, c), (n, 1)
+    m = mk(_G.REDUCE, (K.R_MAX, (1,)), (x,), n1, d)
+    z = x - mk(_G.EXPAND, nc, (m,), nc, d)
+    lse = mk(_G.REDUCE, (K.R_SUM, (1,)), (z.exp(),), n1, d).log()
+    logp = z - mk(_G.EXPAND, nc, (lse,), nc, d)
+    ye = mk(_G.EXPAND, nc, (mk(_G.RESHAPE, n1, (y,), n1, yd),), nc, yd)
+    cls = _iota(c, yd)
+    ce = mk(_G.EXPAND, nc, (mk(_G.RESHAPE, (1, c), (cls,), (1, c), yd),), nc, yd)
+    hit = mk(_G.BINARY, K.B_EQ, (ye, ce), nc, dt.bool_)
+    zero = _const(0.0, d, nc)
+    picked = mk(_G.REDUCE, (K.R_SUM, (1,)), (mk(_G.WHERE, None, (hit, logp, zero), nc, d),),
+                n1, d)
+    total = mk(_G.REDUCE, (K.R_SUM, (0, 1)), (picked,), (1, 1), d)
+    wt = mk(_G.REDUCE, (K.R_SUM, (0, 1)), (mk(_G.CAST, d, (hit,), nc, d),), (1, 1), d)
+    return mk(_G.RESHAPE, (), (-total / wt,), (), d)
+
+
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                   reduction="mean", label_smoothing=0.0):
     """log_softmax over dim 1 followed by NLL; targets are class indices (N, *) or class
     probabilities (same shape as input). Matches torch's rules for weight, ignore_index,
     label_smoothing and every reduction."""
     x, y = _float(_t(input)), _t(target)
+    if weight is None and label_smoothing == 0 and reduction == "mean":
+        fast = _cross_entropy_2d(x, y, ignore_index)
+        if fast is not None:
+            return fast
     if x.ndim == 0:
         raise ShapeError("cross_entropy needs an input of at least 1 dimension")
     cdim = 0 if x.ndim == 1 else 1
