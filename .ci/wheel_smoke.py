@@ -1,7 +1,8 @@
 """Smoke test of an installed zyx wheel (cibuildwheel's test-command; also run by
 tests/test_packaging.py against the working tree).
 
-Checks that zyx imports, that every core module is a compiled extension, and that a fused
+Checks that zyx imports, that every core module (and every Python module setup.py
+compiles) is a compiled extension, and that a fused
 elementwise+reduce kernel and a matmul realized through the C backend match numpy.
 
 Realizing a kernel needs a C compiler at run time. The manylinux images have gcc and macOS
@@ -23,6 +24,9 @@ import numpy as np  # noqa: E402
 import zyx  # noqa: E402
 
 CORE = ("graph", "kernel", "kernelizer", "passes", "scheduler", "slab", "symbolic", "tensorbase")
+# plain Python modules that wheels also carry compiled (setup.py COMPILED_PY)
+COMPILED = ("zyx.tensor", "zyx.autograd", "zyx.nn.functional", "zyx.optim.optimizer",
+            "zyx.optim.sgd", "zyx.optim.adam")
 
 
 def main():
@@ -31,6 +35,11 @@ def main():
         mod = importlib.import_module(f"zyx._core.{name}")
         if not mod.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
             sys.exit(f"zyx._core.{name} is not a compiled extension: {mod.__file__}")
+    for name in COMPILED:
+        importlib.import_module(name)
+        path = sys.modules[name].__file__
+        if not path.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
+            sys.exit(f"{name} is not compiled: {path}")
     try:
         print("devices:", zyx.devices())
         realize_and_compare()

@@ -29,6 +29,16 @@ except ImportError:  # Python 3.10: pytest depends on tomli there
 ROOT = Path(__file__).resolve().parent.parent
 CORE_DIR = ROOT / "zyx" / "_core"
 PYX_MODULES = sorted(p.stem for p in CORE_DIR.glob("*.pyx"))
+
+
+def compiled_py():
+    """setup.py's COMPILED_PY: plain Python modules that are also built as extensions."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    return next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", None) == "COMPILED_PY")
+
+
+COMPILED_PY = compiled_py()
 SOURCE_SUFFIXES = (".c", ".pyx", ".pxd", ".html")
 
 
@@ -95,6 +105,19 @@ def test_core_module_is_compiled_and_fresh(name):
             "`python setup.py build_ext --inplace`")
 
 
+@pytest.mark.parametrize("path", COMPILED_PY)
+def test_compiled_python_module_is_compiled_and_fresh(path):
+    name = path[:-len(".py")].replace("/", ".")
+    importlib.import_module(name)
+    mod = sys.modules[name]   # zyx.tensor the attribute is the tensor() function
+    so = Path(mod.__file__)
+    assert so.name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)), (
+        f"{name} was imported from {so}, not from its compiled extension")
+    if ROOT in so.parents:
+        assert so.stat().st_mtime >= (ROOT / path).stat().st_mtime, (
+            f"{so.name} is older than {path}: rebuild with `python setup.py build_ext --inplace`")
+
+
 def test_setup_builds_one_extension_per_pyx():
     code = ("import runpy, setuptools\n"
             "kw = {}\n"
@@ -104,7 +127,9 @@ def test_setup_builds_one_extension_per_pyx():
     r = run_python(["-c", code], cwd=ROOT)
     assert r.returncode == 0, r.stderr
     exts = dict(line.split(maxsplit=1) for line in r.stdout.splitlines())
-    assert exts == {f"zyx._core.{m}": f"zyx/_core/{m}.pyx" for m in PYX_MODULES}
+    want = {f"zyx._core.{m}": f"zyx/_core/{m}.pyx" for m in PYX_MODULES}
+    want.update({p[:-len(".py")].replace("/", "."): p for p in COMPILED_PY})
+    assert exts == want
 
 
 # -- wheel contents ------------------------------------------------------------------------
@@ -143,6 +168,9 @@ def test_wheel_smoke_script(tmp_path):
     core = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
                 and getattr(n.targets[0], "id", None) == "CORE")
     assert sorted(core) == PYX_MODULES
+    compiled = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                    and getattr(n.targets[0], "id", None) == "COMPILED")
+    assert sorted(compiled) == sorted(p[:-len(".py")].replace("/", ".") for p in COMPILED_PY)
     r = run_python([str(smoke)], cwd=tmp_path, env_extra={"PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stdout + r.stderr
     assert "zyx smoke ok" in r.stdout

@@ -1,5 +1,30 @@
 """zyx: lazy tensors fused into compiled kernels."""
 import builtins as _builtins
+
+
+def _warn_stale_builds():
+    """In a source checkout (editable install), Python imports a module's compiled
+    extension even when its .py was edited after `build_ext --inplace`: say so."""
+    import glob
+    import os
+    import warnings
+    here = os.path.dirname(os.path.abspath(__file__))
+    if not os.path.exists(os.path.join(os.path.dirname(here), "setup.py")):
+        return
+    stale = []
+    for src in glob.glob(os.path.join(here, "**", "*.py"), recursive=True) + \
+            glob.glob(os.path.join(here, "_core", "*.pyx")):
+        builds = glob.glob(os.path.splitext(src)[0] + ".*.so") + \
+            glob.glob(os.path.splitext(src)[0] + ".*.pyd")
+        if builds and os.path.getmtime(src) > max(os.path.getmtime(b) for b in builds):
+            stale.append(os.path.relpath(src, os.path.dirname(here)))
+    if stale:
+        warnings.warn(f"zyx: {', '.join(sorted(stale))} changed after the compiled build and "
+                      "the old build is what runs; rebuild with `python setup.py build_ext "
+                      "--inplace`", stacklevel=2)
+
+
+_warn_stale_builds()
 from .dtype import (DType, bool_ as bool, uint8, uint16, uint32, uint64, int8, int16, int32, int64,
                     float16, bfloat16, float32, float64)
 from .errors import ZyxError, ShapeError, DTypeError, AllocationError, BackendError, NoBackendAvailable

@@ -25,17 +25,17 @@ class HostMemoryPool(MemoryPool):
 
     def __init__(self, total_bytes=None, cache_limit=1 << 30):
         super().__init__(total_bytes or _physical_memory())
-        self._cache = {}          # nbytes -> [ndarray, ...]
+        self._cache = {}          # nbytes -> [(ndarray, address), ...]
         self._cached_bytes = 0
         self.cache_limit = cache_limit
 
     def allocate(self, nbytes):
-        if nbytes > self.free_bytes:
+        if nbytes > self.total_bytes - self.used_bytes:
             self.trim()
             raise AllocationError(f"host pool: {nbytes} bytes requested, {self.free_bytes} free")
         lst = self._cache.get(nbytes)
-        if lst:
-            arr = lst.pop()
+        if lst:   # the steady state of a training loop: same sizes every step
+            arr, ptr = lst.pop()
             self._cached_bytes -= nbytes
         else:
             try:
@@ -48,14 +48,19 @@ class HostMemoryPool(MemoryPool):
                     raise AllocationError(f"host pool: cannot allocate {nbytes} bytes") from None
             off = (-raw.ctypes.data) % ALIGN
             arr = raw[off:off + nbytes]
+            ptr = arr.ctypes.data
         self.used_bytes += nbytes
-        return Buffer(self, arr, nbytes, arr.ctypes.data), None
+        return Buffer(self, arr, nbytes, ptr), None
 
     def deallocate(self, buf, wait_events=()):
-        self.used_bytes -= buf.nbytes
-        if self._cached_bytes + buf.nbytes <= self.cache_limit:
-            self._cache.setdefault(buf.nbytes, []).append(buf.handle)
-            self._cached_bytes += buf.nbytes
+        n = buf.nbytes
+        self.used_bytes -= n
+        if self._cached_bytes + n <= self.cache_limit:
+            lst = self._cache.get(n)
+            if lst is None:
+                self._cache[n] = lst = []
+            lst.append((buf.handle, buf.ptr))   # the address is slow to ask numpy for
+            self._cached_bytes += n
         buf.handle = None
         buf.ptr = 0
 
