@@ -19,9 +19,9 @@ def _warn_stale_builds():
         if builds and os.path.getmtime(src) > max(os.path.getmtime(b) for b in builds):
             stale.append(os.path.relpath(src, os.path.dirname(here)))
     if stale:
-        warnings.warn(f"zyx: {', '.join(sorted(stale))} changed after the compiled build and "
-                      "the old build is what runs; rebuild with `python setup.py build_ext "
-                      "--inplace`", stacklevel=2)
+        warnings.warn(f"zyx: {', '.join(sorted(stale))} is newer than its built extension, "
+                      "which is what Python imports; rebuild with `python setup.py "
+                      "build_ext --inplace`", stacklevel=2)
 
 
 _warn_stale_builds()

@@ -88,6 +88,16 @@ class Runtime:
             print(f"zyx: host -> {pool.name} {arr.nbytes} B", file=sys.stderr)
         return self.graph.leaf(buf, shape, dtype)
 
+    def share_numpy(self, arr: np.ndarray, dtype):
+        """A leaf reading `arr`'s memory in place when the device computes in host memory
+        (zyx.from_numpy); None when a copy is needed (another device, odd layout)."""
+        self._ensure()
+        pool = self.device().pool
+        if not hasattr(pool, "borrow") or not arr.flags.c_contiguous or \
+                not arr.dtype.isnative or arr.nbytes == 0:
+            return None
+        return self.graph.leaf(pool.borrow(arr), tuple(arr.shape), dtype)
+
     def _move_to_pool(self, node, pool):
         """Bring a leaf living in another pool (disk, other device) into `pool`, once."""
         src = node.buffer

@@ -21,7 +21,7 @@ from .errors import DTypeError, ShapeError, ZyxError
 from .runtime import RT
 from ._core import tensorbase as _TB
 
-__all__ = ["Tensor", "tensor", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
+__all__ = ["Tensor", "tensor", "from_numpy", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
            "empty", "arange", "linspace", "eye", "rand", "randn", "uniform", "normal", "randint",
            "manual_seed", "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
            "dot", "split", "chunk", "tril", "triu", "gather", "masked_fill", "exp", "log",
@@ -890,6 +890,17 @@ def _to_numpy(data, d):
 def tensor(data, dtype=None, requires_grad=False) -> Tensor:
     """Create a tensor from data (torch.tensor)."""
     return Tensor(data, dtype=dtype, requires_grad=requires_grad)
+
+
+def from_numpy(arr: np.ndarray) -> Tensor:
+    """A tensor sharing `arr`'s memory (torch.from_numpy): no copy when zyx computes in host
+    memory (the C backend), so writes to `arr` before the tensor is realized are seen, as
+    in torch. Falls back to a copy for other devices, non-contiguous arrays and bfloat16."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"from_numpy expects a numpy.ndarray, got {type(arr).__name__}")
+    d = dt.from_numpy(arr.dtype)
+    nid = RT.share_numpy(arr, d) if d is not dt.bfloat16 else None
+    return Tensor(arr) if nid is None else _wrap(nid)
 
 
 def full(shape, fill_value, dtype=None) -> Tensor:

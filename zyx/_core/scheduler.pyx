@@ -96,7 +96,7 @@ def layout_memory(plan):
 
 def build_plan(graph, list order, list target_ids, device, int debug=0):
     t0 = time.perf_counter()
-    steps, stored = kernelize(graph, order, target_ids)
+    steps, stored = kernelize(graph, order, target_ids, device.info().preferred_vector_size)
     pos = {nid: p for p, nid in enumerate(order)}
     targets = [pos[t] for t in target_ids]
     nbytes = {}

@@ -53,15 +53,16 @@ class DeviceInfo:
 class Buffer:
     """A piece of memory in a pool. `handle` is the pool's own object, `ptr` an address
     where the backend has one, `event` the event its contents become valid at."""
-    __slots__ = ("pool", "handle", "nbytes", "ptr", "event", "refs", "__weakref__")
+    __slots__ = ("pool", "handle", "nbytes", "ptr", "event", "refs", "borrowed", "__weakref__")
 
-    def __init__(self, pool, handle, nbytes, ptr=0, event=None):
+    def __init__(self, pool, handle, nbytes, ptr=0, event=None, borrowed=False):
         self.refs = 1           # graph nodes sharing it (a realized reshape aliases its source)
         self.pool = pool
         self.handle = handle
         self.nbytes = nbytes
         self.ptr = ptr
         self.event = event
+        self.borrowed = borrowed   # memory the user owns (zyx.from_numpy): never reused
 
     def __repr__(self):
         return f"Buffer({type(self.pool).__name__}, {self.nbytes} B)"

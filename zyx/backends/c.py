@@ -32,6 +32,16 @@ _SIMD_FUNCS = ("exp", "exp2", "log", "log2", "sin", "cos", "tanh", "erf", "pow")
 _PRELUDE = r"""
 #include <string.h>
 #include <math.h>
+#if defined(__clang__)
+#define ZYX_ASSOC_FN
+#define ZYX_REASSOC _Pragma("clang fp reassociate(on)")
+#elif defined(__GNUC__)
+#define ZYX_ASSOC_FN __attribute__((optimize("associative-math", "no-signed-zeros", "no-trapping-math")))
+#define ZYX_REASSOC
+#else
+#define ZYX_ASSOC_FN
+#define ZYX_REASSOC
+#endif
 #if defined(__FLT16_MAX__) && !defined(ZYX_NO_FLOAT16)
 static inline float zyx_h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
 static inline unsigned short zyx_f2h(float x) { _Float16 f = (_Float16)x; unsigned short h; memcpy(&h, &f, 2); return h; }
@@ -136,7 +146,8 @@ class CDevice:
         self._info = DeviceInfo(name=f"C ({os.path.basename(self.cc)}, "
                                      f"{os.cpu_count()} threads{', OpenMP' if self.openmp else ''})",
                                 compute=2e10 * (os.cpu_count() or 1),
-                                num_cores=os.cpu_count() or 1, preferred_vector_size=64)
+                                num_cores=os.cpu_count() or 1,
+                                preferred_vector_size=_vector_bytes(self.flags))
         if self.openmp and self.threads:
             os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
         if self.openmp and not any(v in os.environ for v in
@@ -251,6 +262,15 @@ class CDevice:
             if parallel:
                 kinds.add("region")
                 return f"#pragma omp parallel for{'' if inner else ' simd'} {red}".rstrip()
+            if not inner and list(accs) == ["+"] and _sums_products_only(ops) and all(
+                    ops[o[2]][1].is_float for o in ops[i + 1:j] if o[0] == K.STORE
+                    and ops[o[2]][2] == K.SCOPE_REGISTER):
+                # Float sums into scalar accumulators (a matmul's 4x4 tile): gcc turns
+                # `omp simd reduction` into a serial lane-by-lane epilogue per accumulator
+                # that costs as much as the loop; allowing reassociation in this kernel
+                # vectorizes the same loop with a tree epilogue (matmul 148 -> 124 us).
+                kinds.add("assoc")
+                return ("", "ZYX_REASSOC")
             if not inner and accs:
                 return f"#pragma omp simd {red}"
             if not inner and lanes:
@@ -294,7 +314,8 @@ class CDevice:
         kind = "region" if "region" in kinds else ("for" if "for" in kinds else "serial")
         if orphan and kind == "region":
             return self._render(kernel, name, False)
-        return (f"\nvoid {name}(void** restrict args) {{\n" + "\n".join(params) + "\n" +
+        attr = "ZYX_ASSOC_FN " if "assoc" in kinds else ""
+        return (f"\n{attr}void {name}(void** restrict args) {{\n" + "\n".join(params) + "\n" +
                 "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n"), kind
 
     def prelude(self):
@@ -337,7 +358,7 @@ class CDevice:
                 name = f"zyx_b{len(bodies)}"
                 src, kind = self._render(k, name, True)
                 bodies[k] = (name, kind)
-                funcs.append(src.replace("\nvoid ", "\nstatic __attribute__((noinline)) void ", 1))
+                funcs.append(src.replace("void ", "static __attribute__((noinline)) void ", 1))
         calls = []
         for k, locs in items:
             name, kind = bodies[k]
@@ -421,6 +442,13 @@ class CDevice:
 WIDE_VECTORS = "-mprefer-vector-width=512"
 
 
+def _vector_bytes(flags):
+    """Vector register width the compiled kernels use (a register-tiling hint)."""
+    if WIDE_VECTORS in flags:
+        return 64
+    return 32 if platform.machine().lower() in ("x86_64", "amd64") else 16
+
+
 def _has_avx512():
     """True on x86-64 CPUs with AVX-512F (read from /proc/cpuinfo; False elsewhere)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -443,6 +471,22 @@ _NAN_REDUCTIONS = "".join(
     f"omp_in != omp_in) ? omp_in : omp_out) initializer(omp_priv = {init})\n"
     for t in ("float", "double")
     for op, cmp, init in (("max", ">", "-INFINITY"), ("min", "<", "INFINITY")))
+
+
+def _sums_products_only(ops):
+    """True when the kernel's float arithmetic is only + - * (a plain matmul, maybe with a
+    bias): reassociating it reorders sums and nothing else. Kernels with exp, division or
+    selects keep strict evaluation (an LSTM's fused gates gave NaN gradients with gcc's
+    associative-math)."""
+    for op in ops:
+        c = op[0]
+        if c in (K.CONST, K.DEFINE, K.INDEX, K.LOOP, K.ENDLOOP, K.LOAD, K.STORE, K.IF_OP,
+                 K.END_IF, K.BARRIER) or not op[1].is_float:
+            continue
+        if c == K.MAD or (c == K.BINARY and op[2] in (K.B_ADD, K.B_SUB, K.B_MUL)):
+            continue
+        return False
+    return True
 
 
 def _is_top(ops, i):

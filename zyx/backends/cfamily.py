@@ -88,7 +88,7 @@ class Rendered:
 
 def render_body(kernel, dl, loop_pragma=None):
     """Render every op after the leading DEFINE/INDEX block. `loop_pragma(op_i, ops)` may
-    return a pragma line to put before a LOOP."""
+    return a pragma line to put before a LOOP, or a (before, first line of the body) pair."""
     ops = kernel.ops
     r = Rendered()
     names = {}
@@ -121,12 +121,17 @@ def render_body(kernel, dl, loop_pragma=None):
             r.indices.append((i, op[2], op[3]))
         elif c == K.LOOP:
             names[i] = f"r{i}"
+            inside = ""
             if loop_pragma is not None:
-                p = loop_pragma(i, ops)
+                p = loop_pragma(i, ops)   # a line before the loop, or (before, first in body)
+                if isinstance(p, tuple):
+                    p, inside = p
                 if p:
                     lines.append(ind + p)
             lines.append(f"{ind}for ({dl.int64} r{i} = 0; r{i} < {op[2]}; r{i}++) {{")
             depth += 1
+            if inside:
+                lines.append("  " * depth + inside)
         elif c == K.ENDLOOP or c == K.END_IF:
             depth -= 1
             lines.append("  " * depth + "}")

@@ -52,7 +52,17 @@ class HostMemoryPool(MemoryPool):
         self.used_bytes += nbytes
         return Buffer(self, arr, nbytes, ptr), None
 
+    def borrow(self, arr):
+        """A buffer over the memory of the C-contiguous array `arr` (zero copy); freeing
+        it only drops the reference. Not counted in used_bytes: the user owns it."""
+        flat = arr.reshape(-1).view(np.uint8)
+        return Buffer(self, flat, arr.nbytes, arr.ctypes.data, borrowed=True)
+
     def deallocate(self, buf, wait_events=()):
+        if buf.borrowed:
+            buf.handle = None
+            buf.ptr = 0
+            return
         n = buf.nbytes
         self.used_bytes -= n
         if self._cached_bytes + n <= self.cache_limit:
