@@ -128,7 +128,7 @@ def make_zyx(w, opt):
     last = {}
 
     def step(x, y):
-        loss = F.cross_entropy(model(zyx.Tensor(x)), zyx.Tensor(y))
+        loss = F.cross_entropy(model(zyx.from_numpy(x)), zyx.from_numpy(y))
         o.zero_grad()
         loss.backward()
         o.step()
@@ -145,7 +145,7 @@ def make_zyx_tape(w, opt):
 
     def step(x, y):
         with zyx.Tape() as tape:
-            loss = F.cross_entropy(model(zyx.Tensor(x)), zyx.Tensor(y))
+            loss = F.cross_entropy(model(zyx.from_numpy(x)), zyx.from_numpy(y))
         o.update(params, tape.gradient(loss, params), realize=[loss])
         last["loss"] = loss
     return step, lambda: last["loss"].item()
@@ -192,7 +192,7 @@ _COLD = textwrap.dedent("""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 784), dtype=np.float32); y = rng.integers(0, 10, 64)
     def step():
-        loss = F.cross_entropy(model(zyx.Tensor(x)), zyx.Tensor(y))
+        loss = F.cross_entropy(model(zyx.from_numpy(x)), zyx.from_numpy(y))
         opt.zero_grad(); loss.backward(); opt.step()
     zyx.devices()
     t0 = time.perf_counter(); step(); t1 = time.perf_counter(); step(); t2 = time.perf_counter()

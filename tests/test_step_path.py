@@ -252,3 +252,35 @@ def test_adam_with_parameters_at_different_step_counts_matches_torch():
         to.step()
     for a, c in zip(zp, tp):
         np.testing.assert_allclose(a.numpy(), c.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+# -- thread team or calling thread, measured per plan -----------------------------------------
+
+def test_thread_choice_keeps_the_faster_mode():
+    tc = scheduler.ThreadChoice(True)
+    modes = []
+    times = {True: 3e-4, False: 1e-4}     # serial is faster here
+    while tc.parallel is None:
+        m = tc.next()
+        modes.append(m)
+        tc.record(m, times[m], 0)
+    assert modes[0] is True and set(modes[1:]) == {True, False}
+    assert tc.parallel is False and tc.next() is False
+    tc = scheduler.ThreadChoice(True)
+    tc.record(tc.next(), 1.0, 0)          # a long first run: stays parallel, no measuring
+    assert tc.parallel is True
+    assert scheduler.ThreadChoice(False).next() is True
+
+
+def test_plan_results_are_the_same_in_both_thread_modes():
+    """The first runs of a plan alternate between the thread team and one thread."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((256, 300), dtype=np.float32)
+    b = rng.standard_normal((300, 64), dtype=np.float32)
+    ref = np.exp(np.tanh(a @ b)).sum(0)
+    for _ in range(2 * scheduler.ThreadChoice.RUNS + 3):
+        got = (zyx.Tensor(a) @ zyx.Tensor(b)).tanh().exp().sum(0).numpy()
+        np.testing.assert_allclose(got, ref, rtol=1e-4)
+    plan = _last_plan()
+    if plan.runner is not None and plan.runner.parallel:
+        assert plan.threads.parallel in (True, False)

@@ -129,7 +129,8 @@ class Runtime:
             self.stats["kernels_compiled"] += plan.nkernels
         else:
             self.stats["plan_cache_hits"] += 1
-        scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool, self.stats)
+        scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool, self.stats,
+                          self.debug)
         self.stats["realizations"] += 1
         if self.debug & DEBUG_PERF:
             print(f"zyx: realized {len(ids)} tensor(s), {len(plan.steps)} kernel(s) in "

@@ -108,38 +108,52 @@ cdef class Graph:
 
         The key names ops, args, shapes, dtypes and how nodes connect, never buffer
         identities, so a training loop that rebuilds the same graph on new buffers hits the
-        same cached plan."""
+        same cached plan. It is one flat tuple (op, [arg,] shape, dtype code, source
+        positions... per node; an op's arity is fixed), cheaper to build and hash than a
+        tuple per node: this runs on every realization."""
         cdef list order = []
         cdef dict pos = {}
         cdef list stack = []
         cdef list key = []
+        cdef list items = self.nodes.items
         cdef Node n
         cdef Py_ssize_t t, i, s
-        cdef bint done
         for t in targets:
             if t in pos:
                 continue
-            stack.append((t, False))
+            stack.append(t)
             while stack:
-                i, done = stack.pop()
-                if i in pos:
-                    continue
-                n = <Node?>self.nodes.items[i]   # checked: a dead id raises, never crashes
-                if done or n.op == LEAF or not n.srcs:
+                i = stack.pop()
+                if i < 0:              # all sources placed: place the node
+                    i = ~i
+                    if i in pos:
+                        continue
+                    n = <Node>items[i]
                     pos[i] = len(order)
                     order.append(i)
-                    if n.op == LEAF:
-                        key.append((LEAF, n.shape, n.dtype.code))
-                    elif n.op == CONST and type(n.arg) is float:
-                        # float.hex tells 0.0 from -0.0 and makes NaN equal to itself
-                        key.append((CONST, n.arg.hex(), n.shape, n.dtype.code, ()))
-                    else:
-                        key.append((n.op, n.arg, n.shape, n.dtype.code,
-                                    tuple([pos[s] for s in n.srcs])))
+                    key.append(n.op)
+                    key.append(n.arg)
+                    key.append(n.shape)
+                    key.append(n.dtype.code)
+                    for s in n.srcs:
+                        key.append(pos[s])
                     continue
-                stack.append((i, True))
+                if i in pos:
+                    continue
+                n = <Node?>items[i]    # checked: a dead id raises, never crashes
+                if n.op == LEAF or not n.srcs:
+                    pos[i] = len(order)
+                    order.append(i)
+                    key.append(n.op)
+                    if n.op == CONST:
+                        # float.hex tells 0.0 from -0.0 and makes NaN equal to itself
+                        key.append(n.arg.hex() if type(n.arg) is float else n.arg)
+                    key.append(n.shape)
+                    key.append(n.dtype.code)
+                    continue
+                stack.append(~i)
                 for s in reversed(n.srcs):
                     if s not in pos:
-                        stack.append((s, False))
+                        stack.append(s)
         key.append(tuple([pos[t] for t in targets]))
         return order, tuple(key)

@@ -14,9 +14,51 @@ from .kernel import format_kernel
 from .passes import optimize
 
 
+class ThreadChoice:
+    """Whether a plan program runs on the thread team or on the calling thread, measured.
+
+    Waking the team and the barrier after every kernel cost tens of microseconds; on a
+    small plan (a training step of a small model) that is more than the threads save, on
+    a big one it is nothing. So the runs after the first alternate between the two, and
+    after RUNS of each the faster median stays. Plans whose first run took longer than
+    LONG_S stay parallel without measuring."""
+    RUNS = 4
+    LONG_S = 2e-3
+    __slots__ = ("parallel", "times", "runs")
+
+    def __init__(self, can_choose):
+        self.parallel = None if can_choose else True   # None: still measuring
+        self.times = ([], [])                             # serial, parallel seconds
+        self.runs = 0
+
+    def next(self):
+        """Mode of the next run (True = parallel)."""
+        if self.parallel is not None:
+            return self.parallel
+        return self.runs == 0 or self.runs % 2 == 0
+
+    def record(self, parallel, seconds, debug):
+        if self.parallel is not None:
+            return
+        self.runs += 1
+        if self.runs == 1:          # the cold first run only says whether to bother
+            if seconds > self.LONG_S:
+                self.parallel = True
+            return
+        self.times[1 if parallel else 0].append(seconds)
+        if min(len(t) for t in self.times) >= self.RUNS:
+            s, p = (sorted(t)[len(t) // 2] for t in self.times)
+            self.parallel = p < s
+            if debug & 2:
+                print(f"zyx: plan runs {'parallel' if self.parallel else 'on one thread'} "
+                      f"(median {s * 1e6:.0f} us serial, {p * 1e6:.0f} us parallel)",
+                      file=sys.stderr)
+
+
 class Plan:
     __slots__ = ("steps", "nbytes", "free_after", "targets", "leaves", "device", "stored",
-                 "nkernels", "runner", "slot", "owned", "root", "arena_bytes", "nslots")
+                 "nkernels", "runner", "slot", "owned", "root", "arena_bytes", "nslots",
+                 "threads")
 
     def __init__(self, steps, nbytes, free_after, targets, leaves, device, stored):
         self.steps = steps
@@ -131,6 +173,7 @@ def build_plan(graph, list order, list target_ids, device, int debug=0):
         plan.runner = device.compile_plan(
             [(st.kernel, [plan.slot[a] for a in st.args]) for st in live
              if nbytes.get(st.args[0])], plan.nslots)
+        plan.threads = ThreadChoice(getattr(plan.runner, "parallel", False))
     else:
         if hasattr(device, "compile_many"):
             programs = device.compile_many([st.kernel for st in live])
@@ -144,7 +187,7 @@ def build_plan(graph, list order, list target_ids, device, int debug=0):
     return plan
 
 
-def execute_runner(plan, graph, list order, pool, move_to_pool, stats):
+def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
     """Run a plan compiled into one device program: allocate the arena and the buffers
     that outlive the run, fill the pointer table, make one call."""
     cdef list table = [0] * plan.nslots
@@ -167,7 +210,14 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats):
     if plan.arena_bytes:
         arena, _ = pool.allocate(plan.arena_bytes)
         table[0] = arena.ptr
-    plan.device.run_plan(plan.runner, table)
+    threads = plan.threads
+    parallel = threads.next()
+    if threads.parallel is None:
+        t0 = time.perf_counter()
+        plan.device.run_plan(plan.runner, table, parallel)
+        threads.record(parallel, time.perf_counter() - t0, debug)
+    else:
+        plan.device.run_plan(plan.runner, table, parallel)
     stats["kernels_launched"] += plan.nkernels
     free = graph.free_buffer
     if arena is not None:
@@ -188,12 +238,12 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats):
             free(bufs[p])
 
 
-def execute(plan, graph, list order, pool, move_to_pool, stats):
+def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
     """Run `plan` on the subgraph `order`; realized targets become LEAF nodes."""
     cdef dict bufs = {}
     cdef Py_ssize_t p, si
     if plan.runner is not None:
-        execute_runner(plan, graph, order, pool, move_to_pool, stats)
+        execute_runner(plan, graph, order, pool, move_to_pool, stats, debug)
         return
     device = plan.device
     for p in plan.leaves:

@@ -110,16 +110,18 @@ class CProgram:
 
 
 class CPlanProgram:
-    """A compiled plan: `zyx_plan(void** table)` runs every kernel of one realization."""
-    __slots__ = ("fn", "lib", "argtype", "source")
+    """A compiled plan: `zyx_plan(void** table, int par)` runs every kernel of one
+    realization; `parallel` says whether any of them would use the thread team."""
+    __slots__ = ("fn", "lib", "argtype", "source", "parallel")
 
-    def __init__(self, lib, nslots, source):
+    def __init__(self, lib, nslots, source, parallel):
         self.lib = lib
         self.fn = lib.zyx_plan
-        self.fn.argtypes = [ctypes.c_void_p]
+        self.fn.argtypes = [ctypes.c_void_p, ctypes.c_int]
         self.fn.restype = None
         self.argtype = ctypes.c_void_p * max(nslots, 1)
         self.source = source
+        self.parallel = parallel
 
 
 class CDevice:
@@ -213,7 +215,7 @@ class CDevice:
         """C source of `kernel` as a function `void name(void** args)` callable on its own."""
         return self._render(kernel, name, False)[0]
 
-    def _render(self, kernel, name, orphan):
+    def _render(self, kernel, name, orphan, par_if=False):
         """(source, kind). With `orphan`, parallel index loops use `omp for` so the function
         must be called by every thread of an enclosing parallel region (kind "for");
         kind "serial" kernels run on one thread and kind "region" ones (a parallel
@@ -261,7 +263,8 @@ class CDevice:
                 return ""
             if parallel:
                 kinds.add("region")
-                return f"#pragma omp parallel for{'' if inner else ' simd'} {red}".rstrip()
+                cond = " if(parallel: zyx_par)" if par_if else ""
+                return f"#pragma omp parallel for{'' if inner else ' simd'}{cond} {red}".rstrip()
             if not inner and list(accs) == ["+"] and _sums_products_only(ops) and all(
                     ops[o[2]][1].is_float for o in ops[i + 1:j] if o[0] == K.STORE
                     and ops[o[2]][2] == K.SCOPE_REGISTER):
@@ -313,7 +316,7 @@ class CDevice:
         body = ["  " + ln for ln in r.lines] if idx else r.lines
         kind = "region" if "region" in kinds else ("for" if "for" in kinds else "serial")
         if orphan and kind == "region":
-            return self._render(kernel, name, False)
+            return self._render(kernel, name, False, par_if)
         attr = "ZYX_ASSOC_FN " if "assoc" in kinds else ""
         return (f"\n{attr}void {name}(void** restrict args) {{\n" + "\n".join(params) + "\n" +
                 "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n"), kind
@@ -356,7 +359,7 @@ class CDevice:
         for k, _ in items:
             if k not in bodies:
                 name = f"zyx_b{len(bodies)}"
-                src, kind = self._render(k, name, True)
+                src, kind = self._render(k, name, True, True)
                 bodies[k] = (name, kind)
                 funcs.append(src.replace("void ", "static __attribute__((noinline)) void ", 1))
         calls = []
@@ -377,7 +380,7 @@ class CDevice:
                 j += 1
             seg = calls[i:j]
             if any(kind == "for" for kind, _ in seg):
-                lines.append("  #pragma omp parallel\n  {")
+                lines.append("  #pragma omp parallel if(par)\n  {")
                 n = 0
                 while n < len(seg):
                     if seg[n][0] == "for":
@@ -394,18 +397,23 @@ class CDevice:
             else:   # nothing parallel: do not wake the thread team
                 lines.extend("  " + call for _, call in seg)
             i = j
-        src = (self.prelude() + "".join(funcs) +
-               "\nvoid zyx_plan(void** restrict s) {\n  char* arena = (char*)s[0];\n  (void)arena;\n" +
-               "\n".join(lines) + "\n}\n")
+        # `par` = 0 runs every kernel on the calling thread: for small plans, waking the
+        # thread team and the barriers between kernels can cost more than they save (the
+        # scheduler measures both and keeps the faster, see scheduler.ThreadChoice)
+        src = (self.prelude() + "static int zyx_par = 1;\n" + "".join(funcs) +
+               "\nvoid zyx_plan(void** restrict s, int par) {\n  char* arena = (char*)s[0];\n"
+               "  (void)arena;\n  zyx_par = par;\n" + "\n".join(lines) + "\n}\n")
         key = hashlib.sha256((src + "|" + self.cc + "|" + " ".join(self.flags + self.libs))
                              .encode()).hexdigest()[:32]
         if self.debug & 8:
             print(f"zyx: C source {key}\n{src}", file=sys.stderr)
         lib = self._build(src, key)
-        return CPlanProgram(lib, nslots, src)
+        parallel = self.openmp and any(kind != "serial" for kind, _ in calls)
+        return CPlanProgram(lib, nslots, src, parallel)
 
-    def run_plan(self, program, table):
-        program.fn(program.argtype(*table))
+    def run_plan(self, program, table, parallel=True):
+        """Run a compiled plan; parallel=False keeps every kernel on this thread."""
+        program.fn(program.argtype(*table), 1 if parallel else 0)
 
     def _build(self, src, key):
         path = os.path.join(self.cache, f"c-{key}.so")

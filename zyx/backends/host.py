@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from ..errors import AllocationError
+from .._core.slab import address_of
 from . import Buffer, MemoryPool
 
 ALIGN = 64
@@ -46,9 +47,9 @@ class HostMemoryPool(MemoryPool):
                     raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
                 except MemoryError:
                     raise AllocationError(f"host pool: cannot allocate {nbytes} bytes") from None
-            off = (-raw.ctypes.data) % ALIGN
+            off = (-address_of(raw)) % ALIGN
             arr = raw[off:off + nbytes]
-            ptr = arr.ctypes.data
+            ptr = address_of(arr)
         self.used_bytes += nbytes
         return Buffer(self, arr, nbytes, ptr), None
 
@@ -56,7 +57,7 @@ class HostMemoryPool(MemoryPool):
         """A buffer over the memory of the C-contiguous array `arr` (zero copy); freeing
         it only drops the reference. Not counted in used_bytes: the user owns it."""
         flat = arr.reshape(-1).view(np.uint8)
-        return Buffer(self, flat, arr.nbytes, arr.ctypes.data, borrowed=True)
+        return Buffer(self, flat, arr.nbytes, address_of(arr), borrowed=True)
 
     def deallocate(self, buf, wait_events=()):
         if buf.borrowed:
@@ -69,7 +70,7 @@ class HostMemoryPool(MemoryPool):
             lst = self._cache.get(n)
             if lst is None:
                 self._cache[n] = lst = []
-            lst.append((buf.handle, buf.ptr))   # the address is slow to ask numpy for
+            lst.append((buf.handle, buf.ptr))
             self._cached_bytes += n
         buf.handle = None
         buf.ptr = 0
