@@ -25,8 +25,9 @@ import zyx  # noqa: E402
 
 CORE = ("graph", "kernel", "kernelizer", "passes", "scheduler", "slab", "symbolic", "tensorbase")
 # plain Python modules that wheels also carry compiled (setup.py COMPILED_PY)
-COMPILED = ("zyx.tensor", "zyx.autograd", "zyx.nn.functional", "zyx.optim.optimizer",
-            "zyx.optim.sgd", "zyx.optim.adam")
+COMPILED = ("zyx.tensor", "zyx.autograd", "zyx.nn.functional", "zyx.nn.modules.module",
+            "zyx.nn.modules.container", "zyx.nn.modules.linear", "zyx.nn.modules.activation",
+            "zyx.optim.optimizer", "zyx.optim.sgd", "zyx.optim.adam")
 
 
 def main():
