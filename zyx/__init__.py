@@ -4,20 +4,31 @@ import builtins as _builtins
 
 def _warn_stale_builds():
     """In a source checkout (editable install), Python imports a module's compiled
-    extension even when its .py was edited after `build_ext --inplace`: say so."""
-    import glob
+    extension even when its .py was edited after `build_ext --inplace`: say so. (One
+    directory scan per package directory: this runs on every import in a checkout.)"""
     import os
     import warnings
     here = os.path.dirname(os.path.abspath(__file__))
     if not os.path.exists(os.path.join(os.path.dirname(here), "setup.py")):
         return
     stale = []
-    for src in glob.glob(os.path.join(here, "**", "*.py"), recursive=True) + \
-            glob.glob(os.path.join(here, "_core", "*.pyx")):
-        builds = glob.glob(os.path.splitext(src)[0] + ".*.so") + \
-            glob.glob(os.path.splitext(src)[0] + ".*.pyd")
-        if builds and os.path.getmtime(src) > max(os.path.getmtime(b) for b in builds):
-            stale.append(os.path.relpath(src, os.path.dirname(here)))
+    for sub in ("", "_core", "nn", os.path.join("nn", "modules"), "optim"):
+        d = os.path.join(here, sub)
+        src, built = {}, {}
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            stem, ext = os.path.splitext(e.name)
+            if ext in (".py", ".pyx"):
+                src[stem] = (e.stat().st_mtime, e.name)
+            elif ext in (".so", ".pyd"):
+                stem = stem.split(".")[0]
+                built[stem] = max(built.get(stem, 0.0), e.stat().st_mtime)
+        for stem, (mtime, name) in src.items():
+            if stem in built and mtime > built[stem]:
+                stale.append(os.path.join("zyx", sub, name))
     if stale:
         warnings.warn(f"zyx: {', '.join(sorted(stale))} is newer than its built extension, "
                       "which is what Python imports; rebuild with `python setup.py "
