@@ -48,12 +48,15 @@ class build_ext(_build_ext):
     def finalize_options(self):
         from Cython.Build import cythonize
 
+        # Runs again when a command re-initializes build_ext (pip's editable install does):
+        # extensions cythonized the first time (sources now .c) must stay in the list.
         exts = self.distribution.ext_modules
         core = [e for e in exts if e.sources[0].endswith(".pyx")]
         py = [e for e in exts if e.sources[0].endswith(".py")]
-        exts[:] = (cythonize(core, quiet=True, compiler_directives=CYTHON_DIRECTIVES) +
+        done = [e for e in exts if e not in core and e not in py]
+        exts[:] = (done + cythonize(core, quiet=True, compiler_directives=CYTHON_DIRECTIVES) +
                    cythonize(py, quiet=True, compiler_directives=PY_DIRECTIVES))
-        self._compiled_py = {e.name for e in py}
+        self._compiled_py = {_ext(p).name for p in COMPILED_PY}
         super().finalize_options()
         if self.parallel is None:
             self.parallel = os.cpu_count() or 1

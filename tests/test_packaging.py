@@ -210,3 +210,23 @@ def test_readme_tour_runs(tmp_path):
     script.write_text(code)
     r = run_python([str(script)], cwd=tmp_path, env_extra={"PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_build_ext_survives_reinitialization():
+    """pip's editable install finalizes build_ext twice; the second time the extensions are
+    already cythonized (.c sources) and must still all be built."""
+    pytest.importorskip("Cython")
+    code = ("import runpy, setuptools\n"
+            "from setuptools.dist import Distribution\n"
+            "kw = {}\n"
+            "setuptools.setup = kw.update\n"
+            "ns = runpy.run_path('setup.py')\n"
+            "dist = Distribution({'ext_modules': kw['ext_modules'], 'cmdclass': kw['cmdclass']})\n"
+            "for _ in range(2):\n"
+            "    cmd = dist.reinitialize_command('build_ext')\n"
+            "    cmd.ensure_finalized()\n"
+            "    print(len(cmd.extensions))\n")
+    r = run_python(["-c", code], cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    counts = [int(x) for x in r.stdout.split()]
+    assert counts == [len(PYX_MODULES) + len(COMPILED_PY)] * 2, counts
