@@ -187,20 +187,29 @@ def build_plan(graph, list order, list target_ids, device, int debug=0):
     return plan
 
 
-def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
-    """Run a plan compiled into one device program: allocate the arena and the buffers
-    that outlive the run, fill the pointer table, make one call."""
-    cdef list table = [0] * plan.nslots
+def leaf_buffers(plan, graph, list order, pool, move_to_pool):
+    """{position: buffer} of the plan's leaves, each in `pool` (moved there the first time
+    a leaf from another pool, e.g. the disk, is read)."""
     cdef dict bufs = {}
     cdef Py_ssize_t p
-    slot = plan.slot
     for p in plan.leaves:
         node = graph.get(order[p])
         b = node.buffer
         if b.pool is not pool:
             b = move_to_pool(node, pool)
         bufs[p] = b
-        table[slot[p][1]] = b.ptr
+    return bufs
+
+
+def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
+    """Run a plan compiled into one device program: allocate the arena and the buffers
+    that outlive the run, fill the pointer table, make one call."""
+    cdef list table = [0] * plan.nslots
+    cdef dict bufs = leaf_buffers(plan, graph, order, pool, move_to_pool)
+    cdef Py_ssize_t p
+    slot = plan.slot
+    for p in plan.leaves:
+        table[slot[p][1]] = bufs[p].ptr
     nbytes = plan.nbytes
     for p in plan.owned:
         b, _ = pool.allocate(nbytes[p])
@@ -246,12 +255,7 @@ def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
         execute_runner(plan, graph, order, pool, move_to_pool, stats, debug)
         return
     device = plan.device
-    for p in plan.leaves:
-        node = graph.get(order[p])
-        b = node.buffer
-        if b.pool is not pool:
-            b = move_to_pool(node, pool)
-        bufs[p] = b
+    bufs = leaf_buffers(plan, graph, order, pool, move_to_pool)
     nbytes = plan.nbytes
     free_after = plan.free_after
     launched = 0

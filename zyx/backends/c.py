@@ -339,11 +339,7 @@ class CDevice:
             names = [f"zyx_k{i}" for i in range(len(todo))]
             funcs = [self.render(k, n) for k, n in zip(todo, names)]
             src = self.prelude() + "".join(funcs)
-            key = hashlib.sha256((src + "|" + self.cc + "|" + " ".join(self.flags + self.libs))
-                                 .encode()).hexdigest()[:32]
-            if self.debug & 8:
-                print(f"zyx: C source {key}\n{src}", file=sys.stderr)
-            lib = self._build(src, key)
+            lib = self._build(src)
             for k, n, f in zip(todo, names, funcs):
                 self._programs[k] = CProgram(lib, n, len(k.args), f)
         return [self._programs[k] for k in kernels]
@@ -403,11 +399,7 @@ class CDevice:
         src = (self.prelude() + "static int zyx_par = 1;\n" + "".join(funcs) +
                "\nvoid zyx_plan(void** restrict s, int par) {\n  char* arena = (char*)s[0];\n"
                "  (void)arena;\n  zyx_par = par;\n" + "\n".join(lines) + "\n}\n")
-        key = hashlib.sha256((src + "|" + self.cc + "|" + " ".join(self.flags + self.libs))
-                             .encode()).hexdigest()[:32]
-        if self.debug & 8:
-            print(f"zyx: C source {key}\n{src}", file=sys.stderr)
-        lib = self._build(src, key)
+        lib = self._build(src)
         parallel = self.openmp and any(kind != "serial" for kind, _ in calls)
         return CPlanProgram(lib, nslots, src, parallel)
 
@@ -415,7 +407,13 @@ class CDevice:
         """Run a compiled plan; parallel=False keeps every kernel on this thread."""
         program.fn(program.argtype(*table), 1 if parallel else 0)
 
-    def _build(self, src, key):
+    def _build(self, src):
+        """Load the shared library of `src`, compiling it unless the disk cache (keyed by
+        source + compiler + flags) has it."""
+        key = hashlib.sha256((src + "|" + self.cc + "|" + " ".join(self.flags + self.libs))
+                             .encode()).hexdigest()[:32]
+        if self.debug & 8:
+            print(f"zyx: C source {key}\n{src}", file=sys.stderr)
         path = os.path.join(self.cache, f"c-{key}.so")
         if not os.path.exists(path):
             t0 = time.perf_counter()
