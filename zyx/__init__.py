@@ -70,7 +70,8 @@ def devices():
 
 
 def stats():
-    """Counters: kernels compiled and launched, plans built/reused, bytes in use per pool."""
+    """Counters: kernels compiled and launched, plans built/reused, backward passes replayed
+    from a template, bytes in use per pool."""
     s = dict(_RT.stats)
     if _RT.pools is not None:
         s["bytes_allocated"] = _RT.pool_bytes()

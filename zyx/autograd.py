@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import weakref
 
 from ._core import graph as G
 from ._core import kernel as K
+from ._core import replay as _replay
 from ._core import tensorbase as _TB
 from .dtype import bool_ as _BOOL
 from .errors import ShapeError, ZyxError
@@ -360,12 +362,48 @@ _RULES[G.FLIP] = _flip_rule
 # the backward pass
 
 _walk = _TB.walk   # compiled: the walk touches every recorded tensor
+_needs_of = _TB.needs_of
+
+
+# Backward templates (zyx/_core/replay.pyx): "on" replays a structure seen before, "off"
+# always runs the rules, "always" also replays right after tracing (tests use it to run
+# every backward of the suite through a template).
+_REPLAY_MODE = os.environ.get("ZYX_BACKWARD_REPLAY", "on").lower()
+MAX_TEMPLATES = 1024
+_templates = {}
 
 
 def _run_backward(targets, out_grads, is_source, record):
     """Gradients of sum(target * out_grad) for every tensor the walk marks as a source.
     Returns ({id: grad}, visited tensors)."""
-    order, needs, visited = _walk(targets, is_source)
+    order, visited = _walk(targets, is_source)
+    if record or _REPLAY_MODE == "off":
+        return _apply_rules(targets, out_grads, order, _needs_of(visited), record), visited
+    key, ins = _replay.backward_key(_graph, targets, out_grads, order, _FREED)
+    tpl = _templates.get(key, False) if key is not None else None
+    if tpl:
+        RT.stats["backward_replays"] += 1
+        return tpl.run(_graph, ins, order, Tensor._wrap), visited
+    needs = _needs_of(visited)
+    if tpl is None:           # freed, or traced before and not replayable
+        return _apply_rules(targets, out_grads, order, needs, record), visited
+    _graph.trace = trace = []
+    try:
+        result = _apply_rules(targets, out_grads, order, needs, record)
+    finally:
+        _graph.trace = None
+    tpl = _replay.build_template(trace, ins, result, order)
+    if len(_templates) >= MAX_TEMPLATES:     # bounded: drop the oldest
+        del _templates[next(iter(_templates))]
+    _templates[key] = tpl
+    if tpl is not None and _REPLAY_MODE == "always":
+        del result
+        result = tpl.run(_graph, ins, order, Tensor._wrap)
+    return result, visited
+
+
+def _apply_rules(targets, out_grads, order, needs, record):
+    """The backward pass proper: every recorded op's rule, in reverse walk order."""
     grads = {}
     for t, g in zip(targets, out_grads):
         k = id(t)
@@ -383,7 +421,7 @@ def _run_backward(targets, out_grads, is_source, record):
             g = grads.pop(k, None)
             if g is None:
                 continue
-            if is_source(t):
+            if needs[k] == 2:      # a source (walk's mark)
                 result[k] = g
             ctx = t._ctx
             if ctx is None:
@@ -408,7 +446,7 @@ def _run_backward(targets, out_grads, is_source, record):
         if record:
             _tapes.pop()
         _set_hook(prev)
-    return result, visited
+    return result
 
 
 def _free(visited):

@@ -44,7 +44,8 @@ class Runtime:
         self.plans = {}
         self.rng = np.random.Generator(np.random.PCG64(0))
         self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
-                      "plan_cache_hits": 0, "realizations": 0}
+                      "plan_cache_hits": 0, "realizations": 0,
+                      "backward_replays": 0}
 
     # -- devices --------------------------------------------------------------------------
     def init(self, only=None):

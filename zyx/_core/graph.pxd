@@ -8,10 +8,13 @@ cdef class Node:
     cdef public object dtype
     cdef public Py_ssize_t rc
     cdef public object buffer
+    cdef Py_ssize_t cstamp    # Graph.collect: epoch of the last collect that placed it
+    cdef Py_ssize_t cpos      # and its position in that order
 
 cdef class Graph:
     cdef public Slab nodes
     cdef public object free_buffer
+    cdef public list trace
     cpdef Py_ssize_t add(self, int op, object arg, tuple srcs, tuple shape, object dtype)
     cpdef Py_ssize_t leaf(self, object buffer, tuple shape, object dtype)
     cpdef void retain(self, Py_ssize_t nid)

@@ -9,6 +9,8 @@ goes back to its memory pool through `free_buffer`.
 Realization turns a computed node into a LEAF in place (`set_buffer`), which drops the
 references to its sources, so graphs never grow without bound in a training loop.
 """
+from libc.stdlib cimport realloc
+
 from .slab cimport Slab
 
 # Primitive graph ops. Everything in the Tensor API is built from these.
@@ -31,38 +33,70 @@ MOVEMENT = frozenset((RESHAPE, PERMUTE, EXPAND, PAD, FLIP))
 
 
 cdef class Node:
-    def __cinit__(self, int op, object arg, tuple srcs, tuple shape, object dtype):
-        self.op = op
-        self.arg = arg
-        self.srcs = srcs
-        self.shape = shape
-        self.dtype = dtype
-        self.rc = 0
-        self.buffer = None
+    # made only by _node (no __init__ argument parsing: a training step makes hundreds)
 
     def __repr__(self):
         return (f"Node({OP_NAMES[self.op]}, arg={self.arg!r}, srcs={self.srcs}, "
                 f"shape={self.shape}, dtype={self.dtype}, rc={self.rc})")
 
 
+cdef Py_ssize_t _collect_epoch = 0
+cdef Py_ssize_t* _stack = NULL      # collect's depth-first stack (grown, never shrunk)
+cdef Py_ssize_t _stack_cap = 0
+
+
+cdef void _stack_reserve(Py_ssize_t n) except *:
+    global _stack, _stack_cap
+    if n <= _stack_cap:
+        return
+    cdef Py_ssize_t cap = max(n, 2 * _stack_cap, 256)
+    cdef Py_ssize_t* p = <Py_ssize_t*>realloc(_stack, cap * sizeof(Py_ssize_t))
+    if p == NULL:
+        raise MemoryError()
+    _stack = p
+    _stack_cap = cap
+
+
+cdef inline Node _live(list items, Py_ssize_t i):
+    """Node `i`; an id that is dead or was never made raises instead of crashing."""
+    if i < 0 or i >= len(items) or items[i] is None:
+        raise KeyError(f"graph node {i} does not exist (released?)")
+    return <Node>items[i]
+
+
+cdef inline Node _node(int op, object arg, tuple srcs, tuple shape, object dtype):
+    cdef Node n = Node.__new__(Node)
+    n.op = op
+    n.arg = arg
+    n.srcs = srcs
+    n.shape = shape
+    n.dtype = dtype
+    n.rc = 1
+    return n
+
+
 cdef class Graph:
     def __cinit__(self):
         self.nodes = Slab()
         self.free_buffer = None
+        self.trace = None      # a list while autograd records a backward template
 
     cpdef Py_ssize_t add(self, int op, object arg, tuple srcs, tuple shape, object dtype):
         """Add a node; it starts with one reference (owned by the caller's Tensor)."""
-        cdef Node n = Node(op, arg, srcs, shape, dtype)
+        cdef Node n = _node(op, arg, srcs, shape, dtype)
         cdef Py_ssize_t s
         for s in srcs:
             (<Node>self.nodes.items[s]).rc += 1
-        n.rc = 1
-        return self.nodes.push(n)
+        cdef Py_ssize_t nid = self.nodes.push(n)
+        if self.trace is not None:
+            self.trace.append((op, arg, srcs, shape, dtype, nid))
+        return nid
 
     cpdef Py_ssize_t leaf(self, object buffer, tuple shape, object dtype):
-        cdef Node n = Node(LEAF, None, (), shape, dtype)
+        cdef Node n = _node(LEAF, None, (), shape, dtype)
         n.buffer = buffer
-        n.rc = 1
+        if self.trace is not None:
+            self.trace.append(None)     # a new buffer cannot be replayed from a template
         return self.nodes.push(n)
 
     cpdef Node get(self, Py_ssize_t nid):
@@ -110,39 +144,50 @@ cdef class Graph:
         identities, so a training loop that rebuilds the same graph on new buffers hits the
         same cached plan. It is one flat tuple (op, [arg,] shape, dtype code, source
         positions... per node; an op's arity is fixed), cheaper to build and hash than a
-        tuple per node: this runs on every realization."""
+        tuple per node: this runs on every realization. Visited nodes are marked on the
+        nodes themselves (an epoch stamp and their position), and the depth-first stack
+        is a C array, so the walk allocates nothing per node."""
+        global _collect_epoch
+        _collect_epoch += 1
+        cdef Py_ssize_t ep = _collect_epoch
         cdef list order = []
-        cdef dict pos = {}
-        cdef list stack = []
         cdef list key = []
         cdef list items = self.nodes.items
         cdef Node n
-        cdef Py_ssize_t t, i, s
+        cdef Py_ssize_t i, s, sp = 0, k
+        cdef tuple srcs
         for t in targets:
-            if t in pos:
+            n = _live(items, t)
+            if n.cstamp == ep:
                 continue
-            stack.append(t)
-            while stack:
-                i = stack.pop()
+            _stack_reserve(1)
+            _stack[0] = t
+            sp = 1
+            while sp:
+                sp -= 1
+                i = _stack[sp]
                 if i < 0:              # all sources placed: place the node
                     i = ~i
-                    if i in pos:
-                        continue
                     n = <Node>items[i]
-                    pos[i] = len(order)
+                    if n.cstamp == ep:
+                        continue
+                    n.cstamp = ep
+                    n.cpos = len(order)
                     order.append(i)
                     key.append(n.op)
                     key.append(n.arg)
                     key.append(n.shape)
                     key.append(n.dtype.code)
                     for s in n.srcs:
-                        key.append(pos[s])
+                        key.append((<Node>items[s]).cpos)
                     continue
-                if i in pos:
+                n = _live(items, i)
+                if n.cstamp == ep:
                     continue
-                n = <Node?>items[i]    # checked: a dead id raises, never crashes
-                if n.op == LEAF or not n.srcs:
-                    pos[i] = len(order)
+                srcs = n.srcs
+                if n.op == LEAF or not srcs:
+                    n.cstamp = ep
+                    n.cpos = len(order)
                     order.append(i)
                     key.append(n.op)
                     if n.op == CONST:
@@ -151,9 +196,13 @@ cdef class Graph:
                     key.append(n.shape)
                     key.append(n.dtype.code)
                     continue
-                stack.append(~i)
-                for s in reversed(n.srcs):
-                    if s not in pos:
-                        stack.append(s)
-        key.append(tuple([pos[t] for t in targets]))
+                _stack_reserve(sp + 1 + len(srcs))
+                _stack[sp] = ~i
+                sp += 1
+                for k in range(len(srcs) - 1, -1, -1):
+                    s = srcs[k]
+                    if (<Node>items[s]).cstamp != ep:
+                        _stack[sp] = s
+                        sp += 1
+        key.append(tuple([(<Node>items[t]).cpos for t in targets]))
         return order, tuple(key)

@@ -46,13 +46,7 @@ def is_recording():
     return _recording
 
 
-cdef class TensorBase:
-    cdef public Py_ssize_t _id
-    cdef public bint requires_grad
-    cdef public object grad
-    cdef public object _ctx
-    cdef object __weakref__
-
+cdef class TensorBase:      # fields: tensorbase.pxd
     def __cinit__(self, *args, **kwargs):
         self._id = -1
 
@@ -117,45 +111,63 @@ cdef void record(TensorBase out, int op, object arg, tuple srcs):
     out.requires_grad = True
 
 
+cdef Py_ssize_t _walk_epoch = 0
+
+
 def walk(list targets, is_source):
     """Depth-first over recorded inputs. Returns (post-order of tensors a source is
-    reachable from, {id: reaches a source}, every visited tensor)."""
-    cdef dict needs = {}
+    reachable from, every visited tensor). Each visited tensor's mark (`needs_of`) says
+    2 for a source, 1 when a source is reachable from it, else 0; the marks live on the
+    tensors (stamped with the walk's epoch) instead of in dicts keyed by id()."""
+    global _walk_epoch
+    _walk_epoch += 1
+    cdef Py_ssize_t ep = _walk_epoch
     cdef list order = []
     cdef list visited = []
-    cdef set onpath = set()
-    cdef list stack
-    cdef TensorBase t
-    cdef object k, ctx
-    cdef bint done, n
+    cdef list stack = []
+    cdef list phase = []
+    cdef TensorBase t, s
+    cdef object ctx
+    cdef int n
     for root in targets:
-        if id(root) in needs:
+        t = <TensorBase?>root
+        if t._wstamp == ep:
             continue
-        stack = [(root, False)]
+        stack.append(t)
+        phase.append(False)
         while stack:
-            t, done = stack.pop()
-            k = id(t)
+            t = <TensorBase>stack.pop()
             ctx = t._ctx
-            if done:
-                n = is_source(t)
+            if phase.pop():          # every input done: mark t
+                n = 2 if is_source(t) else 0
                 if ctx is _FREED:
-                    n = True           # it had inputs once; reaching it is an error later
+                    n = n or 1         # it had inputs once; reaching it is an error later
                 elif ctx is not None and not n:
-                    for s in (<tuple>ctx)[2]:
-                        if needs.get(id(s)):
-                            n = True
+                    for x in (<tuple>ctx)[2]:
+                        if (<TensorBase>x)._wneed > 0:
+                            n = 1
                             break
-                needs[k] = n
+                t._wneed = n
                 if n:
                     order.append(t)
                 continue
-            if k in needs or k in onpath:
+            if t._wstamp == ep:        # done, or on the current path
                 continue
-            onpath.add(k)
+            t._wstamp = ep
+            t._wneed = -1
             visited.append(t)
-            stack.append((t, True))
+            stack.append(t)
+            phase.append(True)
             if ctx is not None and ctx is not _FREED:
-                for s in (<tuple>ctx)[2]:
-                    if id(s) not in needs:
-                        stack.append((s, False))
-    return order, needs, visited
+                for x in (<tuple>ctx)[2]:
+                    s = <TensorBase?>x
+                    if s._wstamp != ep:
+                        stack.append(s)
+                        phase.append(False)
+    return order, visited
+
+
+def needs_of(list visited):
+    """{id(tensor): mark} of the last walk over `visited` (see `walk`)."""
+    cdef TensorBase t
+    return {id(t): t._wneed for t in visited}

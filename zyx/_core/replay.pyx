@@ -1,0 +1,191 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Backward templates: a training loop's backward pass, replayed instead of re-derived.
+
+`loss.backward()` runs a Python rule per recorded op, and the rules build the same
+gradient nodes step after step: they look only at the recorded structure (ops, args,
+shapes, dtypes, which inputs need a gradient), never at values. So the first backward of
+a structure is traced (every node the rules add, `Graph.trace`) and turned into a
+`Template`: the added nodes as (op, arg, source refs, shape, dtype), the refs pointing at
+the walked tensors' nodes or at earlier added nodes. A later backward over an equal
+structure (`backward_key`) adds the same nodes in one loop, without rules, tensor objects
+or dict bookkeeping: the gradient graph is identical, node for node, so it fuses and
+caches exactly as the traced one did.
+
+Only the non-recording backward is replayed (`create_graph` records the backward ops for
+autograd, which the rules do through Tensor objects). A trace that reads a node outside
+the walked structure, or makes a buffer, is not replayable; its key remembers that.
+"""
+from libc.stdlib cimport realloc
+
+from .graph cimport Graph, Node
+from .tensorbase cimport TensorBase
+
+
+cdef Py_ssize_t _epoch = 0          # one per backward_key call
+cdef Py_ssize_t* _nstamp = NULL     # per node id: epoch that numbered it
+cdef Py_ssize_t* _nindex = NULL     # per node id: its input index in that key
+cdef Py_ssize_t _ncap = 0
+
+
+cdef void _reserve(Py_ssize_t n) except *:
+    global _nstamp, _nindex, _ncap
+    if n <= _ncap:
+        return
+    cdef Py_ssize_t cap = max(n, 2 * _ncap, 1024), i
+    cdef Py_ssize_t* a = <Py_ssize_t*>realloc(_nstamp, cap * sizeof(Py_ssize_t))
+    if a == NULL:
+        raise MemoryError()
+    _nstamp = a
+    a = <Py_ssize_t*>realloc(_nindex, cap * sizeof(Py_ssize_t))
+    if a == NULL:
+        raise MemoryError()
+    _nindex = a
+    for i in range(_ncap, cap):
+        _nstamp[i] = 0
+    _ncap = cap
+
+
+cdef inline void _ref(TensorBase t, Py_ssize_t ep, list ins, list key, list items,
+                      Py_ssize_t* ntensors):
+    """Append tensor `t`'s canonical reference to `key`: the number of a tensor seen
+    before, or -1 and a node number (a new tensor on a node seen before), or -2 and the
+    new node's shape and dtype code (tensors and nodes are numbered in order of first
+    appearance; `ins` collects the nodes' ids)."""
+    if t._kstamp == ep:
+        key.append(t._kindex)
+        return
+    t._kstamp = ep
+    t._kindex = ntensors[0]
+    ntensors[0] += 1
+    cdef Py_ssize_t nid = t._id
+    if _nstamp[nid] == ep:
+        key.append(-1)
+        key.append(_nindex[nid])
+        return
+    _nstamp[nid] = ep
+    _nindex[nid] = len(ins)
+    ins.append(nid)
+    cdef Node n = <Node>items[nid]
+    key.append(-2)
+    key.append(n.shape)
+    key.append(n.dtype.code)
+
+
+def backward_key(Graph graph, list targets, list out_grads, list order, freed):
+    """(structural key, input node ids) of a backward pass over `order` right after the
+    walk that made it (the key reads the walk's marks); the key is None when the
+    structure holds a freed recording (the rules raise there)."""
+    global _epoch
+    _epoch += 1
+    cdef Py_ssize_t ep = _epoch, nt = 0
+    cdef list ins = []
+    cdef list key = [len(targets)]
+    cdef list items = graph.nodes.items
+    cdef TensorBase t
+    _reserve(len(items))
+    for x in targets:
+        _ref(<TensorBase?>x, ep, ins, key, items, &nt)
+    for x in out_grads:
+        _ref(<TensorBase?>x, ep, ins, key, items, &nt)
+    for x in order:
+        t = <TensorBase>x
+        ctx = t._ctx
+        if ctx is freed:
+            return None, None
+        _ref(t, ep, ins, key, items, &nt)
+        key.append(t._wneed)
+        if ctx is None:
+            key.append(-3)
+            continue
+        key.append((<tuple>ctx)[0])
+        key.append((<tuple>ctx)[1])
+        for s in (<tuple>ctx)[2]:
+            t = <TensorBase?>s
+            _ref(t, ep, ins, key, items, &nt)
+            key.append(t._wneed)
+    return tuple(key), ins
+
+
+cdef class Template:
+    """The nodes one backward pass added, ready to add again on other inputs."""
+    cdef readonly list ops        # (op, arg, source refs, shape, dtype) per added node
+    cdef readonly list results    # (position in walk order of the source, ref of its grad)
+    cdef readonly Py_ssize_t n_in
+
+    def __init__(self, list ops, list results, Py_ssize_t n_in):
+        self.ops = ops
+        self.results = results
+        self.n_in = n_in
+
+    def run(self, Graph graph, list ins, list order, wrap):
+        """Add the template's nodes on input nodes `ins`; {id(source tensor): gradient},
+        in the traced pass's order."""
+        cdef list ids = list(ins)
+        cdef tuple rec, refs
+        cdef Py_ssize_t r, j
+        for rec in self.ops:
+            refs = <tuple>rec[2]
+            if len(refs) == 1:
+                srcs = (ids[<Py_ssize_t>refs[0]],)
+            elif len(refs) == 2:
+                srcs = (ids[<Py_ssize_t>refs[0]], ids[<Py_ssize_t>refs[1]])
+            else:
+                srcs = tuple([ids[<Py_ssize_t>x] for x in refs])
+            ids.append(graph.add(rec[0], rec[1], srcs, rec[3], rec[4]))
+        cdef dict out = {}
+        for pos, r in self.results:
+            nid = ids[r]
+            graph.retain(nid)            # the gradient tensor's own reference
+            out[id(order[pos])] = wrap(nid)
+        for j in range(self.n_in, len(ids)):
+            graph.release(ids[j])        # drop the adding reference; consumers keep theirs
+        return out
+
+
+def build_template(list trace, list ins, dict result, list order):
+    """A Template from the trace of one backward pass (Graph.trace records) and its result
+    {id(source tensor): gradient tensor}; None when the trace cannot be replayed."""
+    cdef dict ref = {}
+    cdef Py_ssize_t n_in = len(ins), i
+    for i in range(n_in):
+        ref[ins[i]] = i
+    cdef list ops = []
+    for rec in trace:
+        if rec is None:
+            return None
+        op, arg, srcs, shape, dtype, nid = rec
+        refs = []
+        for s in srcs:
+            r = ref.get(s)
+            if r is None:
+                return None              # read a node the key does not describe
+            refs.append(r)
+        ref[nid] = n_in + len(ops)       # an id freed and reused in the trace maps anew
+        ops.append((op, arg, tuple(refs), shape, dtype))
+    pos = {id(t): i for i, t in enumerate(order)}
+    cdef list results = []
+    for k, g in result.items():
+        r = ref.get(g._id)
+        if r is None:
+            return None
+        results.append((pos[k], r))
+    # drop nodes no gradient reads (rule temporaries that died in the traced pass)
+    cdef list live = [False] * len(ops)
+    for _, r in results:
+        if r >= n_in:
+            live[r - n_in] = True
+    for i in range(len(ops) - 1, -1, -1):
+        if live[i]:
+            for r in ops[i][2]:
+                if r >= n_in:
+                    live[r - n_in] = True
+    cdef list renum = list(range(n_in))
+    cdef list kept = []
+    for i in range(len(ops)):
+        if live[i]:
+            op, arg, refs, shape, dtype = ops[i]
+            kept.append((op, arg, tuple([renum[r] for r in refs]), shape, dtype))
+            renum.append(n_in + len(kept) - 1)
+        else:
+            renum.append(-1)
+    return Template(kept, [(p, renum[r]) for p, r in results], n_in)
