@@ -118,12 +118,15 @@ def test_compiled_python_module_is_compiled_and_fresh(path):
             f"{so.name} is older than {path}: rebuild with `python setup.py build_ext --inplace`")
 
 
+# runs setup.py with setuptools.setup replaced: its keyword arguments end up in `kw`
+_SETUP_KWARGS = ("import runpy, setuptools\n"
+                 "kw = {}\n"
+                 "setuptools.setup = kw.update\n"
+                 "runpy.run_path('setup.py')\n")
+
+
 def test_setup_builds_one_extension_per_pyx():
-    code = ("import runpy, setuptools\n"
-            "kw = {}\n"
-            "setuptools.setup = kw.update\n"
-            "runpy.run_path('setup.py')\n"
-            "for e in kw['ext_modules']: print(e.name, *e.sources)\n")
+    code = _SETUP_KWARGS + "for e in kw['ext_modules']: print(e.name, *e.sources)\n"
     r = run_python(["-c", code], cwd=ROOT)
     assert r.returncode == 0, r.stderr
     exts = dict(line.split(maxsplit=1) for line in r.stdout.splitlines())
@@ -216,11 +219,7 @@ def test_build_ext_survives_reinitialization():
     """pip's editable install finalizes build_ext twice; the second time the extensions are
     already cythonized (.c sources) and must still all be built."""
     pytest.importorskip("Cython")
-    code = ("import runpy, setuptools\n"
-            "from setuptools.dist import Distribution\n"
-            "kw = {}\n"
-            "setuptools.setup = kw.update\n"
-            "ns = runpy.run_path('setup.py')\n"
+    code = (_SETUP_KWARGS + "from setuptools.dist import Distribution\n"
             "dist = Distribution({'ext_modules': kw['ext_modules'], 'cmdclass': kw['cmdclass']})\n"
             "for _ in range(2):\n"
             "    cmd = dist.reinitialize_command('build_ext')\n"

@@ -10,6 +10,8 @@ cdef class Node:
     cdef public object buffer
     cdef Py_ssize_t cstamp    # Graph.collect: epoch of the last collect that placed it
     cdef Py_ssize_t cpos      # and its position in that order
+    cdef Py_ssize_t kstamp    # replay.backward_key: epoch of the last key that numbered it
+    cdef Py_ssize_t kindex    # and its number in that key
 
 cdef class Graph:
     cdef public Slab nodes

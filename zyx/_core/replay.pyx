@@ -15,34 +15,11 @@ Only the non-recording backward is replayed (`create_graph` records the backward
 autograd, which the rules do through Tensor objects). A trace that reads a node outside
 the walked structure, or makes a buffer, is not replayable; its key remembers that.
 """
-from libc.stdlib cimport realloc
-
 from .graph cimport Graph, Node
 from .tensorbase cimport TensorBase
 
 
-cdef Py_ssize_t _epoch = 0          # one per backward_key call
-cdef Py_ssize_t* _nstamp = NULL     # per node id: epoch that numbered it
-cdef Py_ssize_t* _nindex = NULL     # per node id: its input index in that key
-cdef Py_ssize_t _ncap = 0
-
-
-cdef void _reserve(Py_ssize_t n) except *:
-    global _nstamp, _nindex, _ncap
-    if n <= _ncap:
-        return
-    cdef Py_ssize_t cap = max(n, 2 * _ncap, 1024), i
-    cdef Py_ssize_t* a = <Py_ssize_t*>realloc(_nstamp, cap * sizeof(Py_ssize_t))
-    if a == NULL:
-        raise MemoryError()
-    _nstamp = a
-    a = <Py_ssize_t*>realloc(_nindex, cap * sizeof(Py_ssize_t))
-    if a == NULL:
-        raise MemoryError()
-    _nindex = a
-    for i in range(_ncap, cap):
-        _nstamp[i] = 0
-    _ncap = cap
+cdef Py_ssize_t _epoch = 0          # one per backward_key call: stamps on tensors and nodes
 
 
 cdef inline void _ref(TensorBase t, Py_ssize_t ep, list ins, list key, list items,
@@ -58,14 +35,14 @@ cdef inline void _ref(TensorBase t, Py_ssize_t ep, list ins, list key, list item
     t._kindex = ntensors[0]
     ntensors[0] += 1
     cdef Py_ssize_t nid = t._id
-    if _nstamp[nid] == ep:
-        key.append(-1)
-        key.append(_nindex[nid])
-        return
-    _nstamp[nid] = ep
-    _nindex[nid] = len(ins)
-    ins.append(nid)
     cdef Node n = <Node>items[nid]
+    if n.kstamp == ep:
+        key.append(-1)
+        key.append(n.kindex)
+        return
+    n.kstamp = ep
+    n.kindex = len(ins)
+    ins.append(nid)
     key.append(-2)
     key.append(n.shape)
     key.append(n.dtype.code)
@@ -82,7 +59,6 @@ def backward_key(Graph graph, list targets, list out_grads, list order, freed):
     cdef list key = [len(targets)]
     cdef list items = graph.nodes.items
     cdef TensorBase t
-    _reserve(len(items))
     for x in targets:
         _ref(<TensorBase?>x, ep, ins, key, items, &nt)
     for x in out_grads:
