@@ -256,20 +256,54 @@ def test_adam_with_parameters_at_different_step_counts_matches_torch():
 
 # -- thread team or calling thread, measured per plan -----------------------------------------
 
+def _run_choice(tc, times, n):
+    """Feed `n` runs to `tc` with run times {parallel: seconds}; returns the modes used."""
+    modes = []
+    for _ in range(n):
+        m = tc.next()
+        modes.append(m)
+        tc.record(m, times[m], 0)
+    return modes
+
+
 def test_thread_choice_keeps_the_faster_mode():
     tc = scheduler.ThreadChoice(True)
     modes = []
     times = {True: 3e-4, False: 1e-4}     # serial is faster here
     while tc.parallel is None:
-        m = tc.next()
-        modes.append(m)
-        tc.record(m, times[m], 0)
+        modes += _run_choice(tc, times, 1)
     assert modes[0] is True and set(modes[1:]) == {True, False}
     assert tc.parallel is False and tc.next() is False
     tc = scheduler.ThreadChoice(True)
-    tc.record(tc.next(), 1.0, 0)          # a long first run: stays parallel, no measuring
+    _run_choice(tc, {True: 1.0, False: 2.0}, 2)   # long in both modes: parallel, unwatched
+    assert tc.parallel is True and not tc.watching
+    assert _run_choice(tc, {True: 1.0, False: 2.0}, 100) == [True] * 100
+    tc = scheduler.ThreadChoice(True)
+    _run_choice(tc, {True: 1.0, False: 1e-4}, 2)  # slow only in parallel: keeps measuring
+    assert tc.parallel is None and tc.watching
+    no_choice = scheduler.ThreadChoice(False)     # nothing parallel in the plan
+    assert _run_choice(no_choice, {True: 1e-4, False: 1e-5}, 200) == [True] * 200
+
+
+def test_thread_choice_follows_a_change_of_load():
+    """A machine that gets loaded (parallel runs 10x slower) moves the plan to one thread
+    within a window of runs, and back when the load goes; a mode that stays worse is
+    probed less and less often."""
+    tc = scheduler.ThreadChoice(True)
+    quiet, loaded = {True: 1e-4, False: 2e-4}, {True: 2e-3, False: 2.2e-4}
+    while tc.parallel is None:
+        _run_choice(tc, quiet, 1)
     assert tc.parallel is True
-    assert scheduler.ThreadChoice(False).next() is True
+    modes = _run_choice(tc, loaded, 2 * tc.WINDOW + tc.PROBE)
+    assert tc.parallel is False and tc.switches == 1
+    assert modes[-1] is False
+    # settled on one thread: probes of the team come ever more rarely
+    modes = _run_choice(tc, loaded, 3000)
+    assert tc.parallel is False and tc.interval == tc.PROBE_MAX
+    assert 0 < modes.count(True) <= 8 * tc.PROBE
+    # the load goes: the next probe finds the team faster again
+    _run_choice(tc, quiet, tc.PROBE_MAX + tc.PROBE)
+    assert tc.parallel is True and tc.switches == 2
 
 
 def test_plan_results_are_the_same_in_both_thread_modes():

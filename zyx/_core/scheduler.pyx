@@ -14,45 +14,134 @@ from .kernel import format_kernel
 from .passes import optimize
 
 
-class ThreadChoice:
-    """Whether a plan program runs on the thread team or on the calling thread, measured.
+cdef double _mean(list xs):
+    return sum(xs) / len(xs)
+
+
+cdef class ThreadChoice:
+    """Whether a plan program runs on the thread team or on the calling thread, measured
+    and kept under watch.
 
     Waking the team and the barrier after every kernel cost tens of microseconds; on a
     small plan (a training step of a small model) that is more than the threads save, on
-    a big one it is nothing. So the runs after the first alternate between the two, and
-    after RUNS of each the faster median stays. Plans whose first run took longer than
-    LONG_S stay parallel without measuring."""
+    a big one it is nothing. And the answer changes while a program runs: when another
+    process takes a core, or the hypervisor steals the team's virtual CPU, each barrier
+    waits for a thread that is not running (an MLP step measured 4-20 ms parallel against
+    1.5 ms on one thread under one busy process). So:
+
+    - the runs alternate between the two modes and after RUNS of each (the cold first
+      run aside) the faster is kept; plans whose first two runs (one per mode) both took
+      longer than LONG_S stay parallel: barriers are noise there;
+    - afterwards every run is timed; every `interval` runs (or at once when the mean of
+      the last WINDOW runs grew past DRIFT times its value at the last decision) the
+      other mode is tried for PROBE runs and taken when its mean is below SWITCH times
+      the current one. A probe that loses doubles the interval (up to PROBE_MAX), so a
+      plan that is settled pays a few runs in a thousand for the check.
+    Means, not medians: under load a parallel plan is fast most runs and 10x slower in
+    the rest, and the rest is what the user waits for."""
     RUNS = 4
     LONG_S = 2e-3
-    __slots__ = ("parallel", "times", "runs")
+    WINDOW = 8
+    PROBE = 4
+    PROBE_FIRST = 32
+    PROBE_MAX = 2048
+    SWITCH = 0.85
+    DRIFT = 2.0
+    cdef public object parallel      # None while measuring, then the mode in use
+    cdef public int runs, interval, until_probe, probing, switches
+    cdef public double reference     # mean time of the current mode at the last decision
+    cdef public tuple times          # first measurements: (serial, parallel) seconds
+    cdef public list recent          # last WINDOW runs of the current mode
+    cdef list probe_times
 
     def __init__(self, can_choose):
-        self.parallel = None if can_choose else True   # None: still measuring
-        self.times = ([], [])                             # serial, parallel seconds
+        self.parallel = None if can_choose else True
+        self.times = ([], [])
         self.runs = 0
+        self.recent = []
+        self.probe_times = []
+        self.interval = self.PROBE_FIRST
+        self.until_probe = self.PROBE_FIRST
+        self.probing = 0
+        self.switches = 0
+        self.reference = 0.0
+        if not can_choose:
+            self.until_probe = -1
+
+    @property
+    def watching(self):
+        """True while the choice is measured (False: parallel, no choice to make)."""
+        return self.parallel is None or self.until_probe >= 0
 
     def next(self):
         """Mode of the next run (True = parallel)."""
-        if self.parallel is not None:
-            return self.parallel
-        return self.runs == 0 or self.runs % 2 == 0
+        if self.parallel is None:
+            return self.runs == 0 or self.runs % 2 == 0
+        if self.probing:
+            return not self.parallel
+        return self.parallel
 
-    def record(self, parallel, seconds, debug):
-        if self.parallel is not None:
-            return
+    def record(self, parallel, double seconds, int debug):
+        """Account one run of `seconds` in mode `parallel` (as next() said)."""
+        if self.parallel is None:
+            self._measure(parallel, seconds, debug)
+        elif self.until_probe < 0:
+            return                       # fixed parallel (long plan or no choice)
+        elif parallel == self.parallel:
+            self._keep(seconds)
+        else:
+            self._probe(seconds, debug)
+
+    cdef _measure(self, parallel, double seconds, int debug):
         self.runs += 1
-        if self.runs == 1:          # the cold first run only says whether to bother
-            if seconds > self.LONG_S:
-                self.parallel = True
+        if self.runs == 1:              # cold (first touch of the arena): kept aside
+            self.reference = seconds
+            return
+        if self.runs == 2 and seconds > self.LONG_S and self.reference > self.LONG_S:
+            # long in both modes (a slow first parallel run alone may be a loaded machine)
+            self.parallel = True
+            self.until_probe = -1
             return
         self.times[1 if parallel else 0].append(seconds)
         if min(len(t) for t in self.times) >= self.RUNS:
-            s, p = (sorted(t)[len(t) // 2] for t in self.times)
+            s, p = _mean(self.times[0]), _mean(self.times[1])
             self.parallel = p < s
+            self.recent = list(self.times[1 if self.parallel else 0])
+            self.reference = min(s, p)
             if debug & 2:
                 print(f"zyx: plan runs {'parallel' if self.parallel else 'on one thread'} "
-                      f"(median {s * 1e6:.0f} us serial, {p * 1e6:.0f} us parallel)",
+                      f"(mean {s * 1e6:.0f} us serial, {p * 1e6:.0f} us parallel)",
                       file=sys.stderr)
+
+    cdef _keep(self, double seconds):
+        self.recent.append(seconds)
+        if len(self.recent) > self.WINDOW:
+            del self.recent[0]
+        self.until_probe -= 1
+        if (self.until_probe <= 0 or (len(self.recent) == self.WINDOW and
+                                      _mean(self.recent) > self.DRIFT * self.reference)):
+            self.probing = self.PROBE
+            self.probe_times = []
+            self.until_probe = 0
+
+    cdef _probe(self, double seconds, int debug):
+        self.probe_times.append(seconds)
+        self.probing -= 1
+        if self.probing:
+            return
+        alt, cur = _mean(self.probe_times), _mean(self.recent)
+        if alt < self.SWITCH * cur:
+            self.parallel = not self.parallel
+            self.recent = self.probe_times
+            self.switches += 1
+            if debug & 2:
+                print(f"zyx: plan now runs {'parallel' if self.parallel else 'on one thread'}"
+                      f" (mean {alt * 1e6:.0f} us against {cur * 1e6:.0f} us)",
+                      file=sys.stderr)
+        else:
+            self.interval = min(2 * self.interval, self.PROBE_MAX)
+        self.reference = min(alt, cur)
+        self.until_probe = self.interval
 
 
 class Plan:
@@ -219,9 +308,9 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
     if plan.arena_bytes:
         arena, _ = pool.allocate(plan.arena_bytes)
         table[0] = arena.ptr
-    threads = plan.threads
+    cdef ThreadChoice threads = plan.threads
     parallel = threads.next()
-    if threads.parallel is None:
+    if threads.parallel is None or threads.until_probe >= 0:
         t0 = time.perf_counter()
         plan.device.run_plan(plan.runner, table, parallel)
         threads.record(parallel, time.perf_counter() - t0, debug)
