@@ -98,15 +98,36 @@ def _dim0(axis, dim):
     return 0 if axis is None else axis
 
 
+def _fits_into(small, big):
+    """True when shape `small` broadcasts to shape `big` unchanged."""
+    k = len(big) - len(small)
+    if k < 0:
+        return False
+    for i in range(len(small)):
+        d = small[i]
+        if d != 1 and d != big[k + i]:
+            return False
+    return True
+
+
 def _fast_binary(self, o, bop, reverse):
-    """Hot path of + - * / for the common cases (same shape and dtype, or a float scalar on
-    a float tensor): one node, no promotion or broadcasting work. None means "take the
-    general path"."""
+    """Hot path of + - * / for the common cases (float tensors of one dtype where one shape
+    broadcasts into the other, or a float scalar on a float tensor): no promotion and no
+    general broadcasting work. None means "take the general path"."""
     n = _graph.get(self._id)
     if type(o) is Tensor:
         m = _graph.get(o._id)
-        if m.dtype is not n.dtype or m.shape != n.shape or n.dtype.kind != "f":
+        if m.dtype is not n.dtype or n.dtype.kind != "f":
             return None
+        if m.shape != n.shape:
+            # one side broadcasts into the other (a bias, a 0-d learning rate)
+            if _fits_into(m.shape, n.shape):
+                o = _expand_to(o, m, n.shape)
+            elif _fits_into(n.shape, m.shape):
+                self = _expand_to(self, n, m.shape)
+                n = m
+            else:
+                return None
         a, b = (o, self) if reverse else (self, o)
     elif type(o) is builtins.float and n.dtype.kind == "f":
         c = _wrap(_graph.add(G.CONST, o, (), n.shape, n.dtype))

@@ -18,6 +18,12 @@ cdef double _mean(list xs):
     return sum(xs) / len(xs)
 
 
+cdef enum:
+    _WINDOW = 8          # ThreadChoice.WINDOW: runs averaged for the current mode
+    _PROBE = 4           # ThreadChoice.PROBE: runs of the other mode per probe
+cdef double _DRIFT = 2.0
+
+
 cdef class ThreadChoice:
     """Whether a plan program runs on the thread team or on the calling thread, measured
     and kept under watch.
@@ -41,24 +47,26 @@ cdef class ThreadChoice:
     the rest, and the rest is what the user waits for."""
     RUNS = 4
     LONG_S = 2e-3
-    WINDOW = 8
-    PROBE = 4
+    WINDOW = _WINDOW
+    PROBE = _PROBE
     PROBE_FIRST = 32
     PROBE_MAX = 2048
     SWITCH = 0.85
-    DRIFT = 2.0
+    DRIFT = _DRIFT
     cdef public object parallel      # None while measuring, then the mode in use
     cdef public int runs, interval, until_probe, probing, switches
     cdef public double reference     # mean time of the current mode at the last decision
     cdef public tuple times          # first measurements: (serial, parallel) seconds
-    cdef public list recent          # last WINDOW runs of the current mode
+    cdef double ring[_WINDOW]        # last WINDOW runs of the current mode, and their sum
+    cdef double ring_sum
+    cdef int nring, pos
     cdef list probe_times
 
     def __init__(self, can_choose):
         self.parallel = None if can_choose else True
         self.times = ([], [])
         self.runs = 0
-        self.recent = []
+        self.nring = 0
         self.probe_times = []
         self.interval = self.PROBE_FIRST
         self.until_probe = self.PROBE_FIRST
@@ -67,6 +75,28 @@ cdef class ThreadChoice:
         self.reference = 0.0
         if not can_choose:
             self.until_probe = -1
+
+    @property
+    def recent(self):
+        """The last (up to WINDOW) run times of the current mode, oldest first."""
+        if self.nring < _WINDOW:
+            return [self.ring[i] for i in range(self.nring)]
+        return [self.ring[(self.pos + i) % _WINDOW] for i in range(_WINDOW)]
+
+    cdef void _restart_window(self, list times):
+        self.nring = self.pos = 0
+        self.ring_sum = 0.0
+        for t in times[-_WINDOW:]:
+            self._push(t)
+
+    cdef inline void _push(self, double seconds):
+        if self.nring == _WINDOW:
+            self.ring_sum -= self.ring[self.pos]
+        else:
+            self.nring += 1
+        self.ring[self.pos] = seconds
+        self.ring_sum += seconds
+        self.pos = (self.pos + 1) % _WINDOW
 
     @property
     def watching(self):
@@ -106,7 +136,7 @@ cdef class ThreadChoice:
         if min(len(t) for t in self.times) >= self.RUNS:
             s, p = _mean(self.times[0]), _mean(self.times[1])
             self.parallel = p < s
-            self.recent = list(self.times[1 if self.parallel else 0])
+            self._restart_window(self.times[1 if self.parallel else 0])
             self.reference = min(s, p)
             if debug & 2:
                 print(f"zyx: plan runs {'parallel' if self.parallel else 'on one thread'} "
@@ -114,13 +144,11 @@ cdef class ThreadChoice:
                       file=sys.stderr)
 
     cdef _keep(self, double seconds):
-        self.recent.append(seconds)
-        if len(self.recent) > self.WINDOW:
-            del self.recent[0]
+        self._push(seconds)
         self.until_probe -= 1
-        if (self.until_probe <= 0 or (len(self.recent) == self.WINDOW and
-                                      _mean(self.recent) > self.DRIFT * self.reference)):
-            self.probing = self.PROBE
+        if (self.until_probe <= 0 or (self.nring == _WINDOW and
+                                      self.ring_sum > _WINDOW * _DRIFT * self.reference)):
+            self.probing = _PROBE
             self.probe_times = []
             self.until_probe = 0
 
@@ -129,10 +157,10 @@ cdef class ThreadChoice:
         self.probing -= 1
         if self.probing:
             return
-        alt, cur = _mean(self.probe_times), _mean(self.recent)
+        alt, cur = _mean(self.probe_times), self.ring_sum / self.nring
         if alt < self.SWITCH * cur:
             self.parallel = not self.parallel
-            self.recent = self.probe_times
+            self._restart_window(self.probe_times)
             self.switches += 1
             if debug & 2:
                 print(f"zyx: plan now runs {'parallel' if self.parallel else 'on one thread'}"
