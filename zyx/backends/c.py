@@ -154,14 +154,17 @@ class CDevice:
             os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
         if self.openmp and not any(v in os.environ for v in
                                    ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")):
-            # How long idle OpenMP threads spin before sleeping. libgomp's default (300k
-            # spins) and "active" make small kernels wait for descheduled spinners whenever
-            # anything else runs (MLP step 52 ms loaded); "passive" wakes threads with a
-            # syscall every kernel (2.9 ms quiet). A short spin covers the gap between
-            # back-to-back launches: 1.9 ms quiet, 2.7 ms with two busy processes.
-            # (KMP_BLOCKTIME is the same knob for LLVM's libomp, in ms.) Users can override.
-            os.environ["GOMP_SPINCOUNT"] = "30000"
-            os.environ["KMP_BLOCKTIME"] = "1"
+            # How long idle OpenMP threads spin before sleeping (~1.5 ms here). A plan
+            # program is one parallel region, and a training loop runs Python for a few
+            # hundred microseconds between two of them: a thread that fell asleep in that
+            # gap makes the next region wait for its wake-up, which under a hypervisor
+            # stealing time costs milliseconds (MLP step 1.38 ms with this spin against
+            # 1.61 ms with a 0.3 ms one, same window). "active" (spin forever) would burn a
+            # core for good; a loaded machine is handled by scheduler.ThreadChoice moving
+            # the plan to one thread. (KMP_BLOCKTIME: the same knob for LLVM's libomp, in
+            # ms.) Users can override both.
+            os.environ["GOMP_SPINCOUNT"] = "300000"
+            os.environ["KMP_BLOCKTIME"] = "2"
 
     # -- capability probe, cached on disk per compiler -----------------------------------
     def _probe(self):
