@@ -320,13 +320,47 @@ def test_backward_accumulates_and_realizes_once():
     loss = (x * x * x).sum()
     before = zyx.stats()["realizations"]
     loss.backward()
-    assert zyx.stats()["realizations"] - before == 1       # loss and grads in one pass
-    assert zyx._RT.graph.get(x.grad._id).op == 0 and zyx._RT.graph.get(loss._id).op == 0
+    # deferred: loss and gradients are computed by the next realization, in one pass
+    assert zyx.stats()["realizations"] == before
     np.testing.assert_allclose(x.grad.numpy(), 3 * a ** 2)
+    assert zyx.stats()["realizations"] - before == 1
+    assert zyx._RT.graph.get(x.grad._id).op == 0 and zyx._RT.graph.get(loss._id).op == 0
     np.testing.assert_allclose(loss.item(), 36.0)
+    assert zyx.stats()["realizations"] - before == 1
     (x * 2).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), 3 * a ** 2 + 2)
     assert x.is_leaf and not loss.is_leaf and x.grad.is_leaf and not x.grad.requires_grad
+
+
+def test_backward_defers_to_the_next_realization():
+    """backward() + opt.step() is one realization; gradients accumulated by two pending
+    backward() calls add up; tensors the user dropped are neither kept nor computed."""
+    from zyx import optim
+    a = np.array([1.0, 2.0, 3.0], np.float32)
+    w = zyx.Tensor(a, requires_grad=True)
+    opt = optim.SGD([w], lr=0.1)
+    loss = (w * w).sum()
+    before = zyx.stats()["realizations"]
+    loss.backward()
+    opt.step()
+    assert zyx.stats()["realizations"] - before == 1        # loss, grad and update together
+    np.testing.assert_allclose(w.numpy(), a - 0.1 * 2 * a, rtol=1e-6)
+    np.testing.assert_allclose(loss.item(), (a * a).sum(), rtol=1e-6)
+    assert zyx.stats()["realizations"] - before == 1
+    # two backward() calls before anything is realized accumulate
+    x = zyx.Tensor(a, requires_grad=True)
+    (x * x).sum().backward()          # losses dropped at once: never computed
+    (x * 3).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * a + 3, rtol=1e-6)
+    # cleared gradients of pending passes free their graphs, and the list stays bounded
+    nodes = len(zyx._RT.graph)
+    for _ in range(600):
+        x.grad = None
+        (x * x).sum().backward()
+    x.grad = None
+    assert len(zyx._RT.pending) <= 300
+    zyx.Tensor(a).sum().numpy()       # a realization empties the list
+    assert zyx._RT.pending == [] and len(zyx._RT.graph) <= nodes + 2
 
 
 def test_backward_errors():

@@ -583,7 +583,10 @@ class Tape:
 
 def _backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
     """Accumulate d(self)/d(leaf) into `.grad` of every leaf with requires_grad (or of
-    `inputs`). All gradients (and self, when not yet computed) realize in one pass."""
+    `inputs`). The gradients (and self, when not yet computed) are computed by the next
+    realization, whatever it is for: `opt.step()`, `.numpy()`, `.item()`, ... all in one
+    pass with it, so a training step runs one plan. Inputs shared with numpy
+    (`zyx.from_numpy`) are therefore read then, not here."""
     if self._ctx is None and not self.requires_grad:
         raise ZyxError("backward() of a tensor that does not require grad and has no "
                        "recorded graph (was it computed under no_grad, or detached?)")
@@ -608,10 +611,10 @@ def _backward(self, gradient=None, retain_graph=None, create_graph=False, inputs
             with no_grad() if not record else enable_grad():
                 g = t.grad + g
         new.append((t, g))
-    if not record:
-        RT.realize([self._id] + [g._id for _, g in new])
     for t, g in new:
         t.grad = g if record else g.detach()
+    if not record:
+        RT.defer([self] + [t.grad for t, _ in new])
     if not (retain_graph if retain_graph is not None else create_graph):
         _free(visited)
 

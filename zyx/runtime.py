@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 import time
 
 import numpy as np
@@ -42,6 +43,7 @@ class Runtime:
         self.pools = None
         self.devices = None
         self.plans = {}
+        self.pending = []       # tensors to compute with the next realization (defer)
         self.rng = np.random.Generator(np.random.PCG64(0))
         self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
                       "plan_cache_hits": 0, "realizations": 0,
@@ -111,7 +113,23 @@ class Runtime:
         return buf
 
     # -- realization ----------------------------------------------------------------------
+    def defer(self, tensors):
+        """Compute `tensors` with the next realization, whatever it is for: backward()'s
+        gradients then share one plan with the optimizer update that reads them.
+
+        Held weakly: a deferred tensor the user dropped (a loss nobody kept, gradients
+        cleared by zero_grad()) can never be read, so it is neither kept alive nor
+        computed."""
+        pending = self.pending
+        if len(pending) > 256:     # backward() after backward() with nothing realized
+            pending[:] = [r for r in pending if r() is not None]
+        pending.extend([weakref.ref(t) for t in tensors])
+
     def realize(self, ids):
+        if self.pending:
+            live = [r() for r in self.pending]   # strong refs until the plan has run
+            self.pending = []
+            ids = list(ids) + [t._id for t in live if t is not None]
         ids = [i for i in ids if self.graph.get(i).op != LEAF]
         if not ids:
             return

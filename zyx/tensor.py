@@ -916,7 +916,10 @@ def tensor(data, dtype=None, requires_grad=False) -> Tensor:
 def from_numpy(arr: np.ndarray) -> Tensor:
     """A tensor sharing `arr`'s memory (torch.from_numpy): no copy when zyx computes in host
     memory (the C backend), so writes to `arr` before the tensor is realized are seen, as
-    in torch. Falls back to a copy for other devices, non-contiguous arrays and bfloat16."""
+    in torch. A `backward()` through it computes at the next realization (usually
+    `opt.step()`), so refill a reused batch array after the step, not between backward()
+    and step(). Falls back to a copy for other devices, non-contiguous arrays and
+    bfloat16."""
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"from_numpy expects a numpy.ndarray, got {type(arr).__name__}")
     d = dt.from_numpy(arr.dtype)
