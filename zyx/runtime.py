@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
-import weakref
 import time
+import weakref
 
 import numpy as np
 
@@ -43,7 +43,7 @@ class Runtime:
         self.pools = None
         self.devices = None
         self.plans = {}
-        self.pending = []       # tensors to compute with the next realization (defer)
+        self.pending = []       # weak refs to tensors the next realization computes (defer)
         self.rng = np.random.Generator(np.random.PCG64(0))
         self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
                       "plan_cache_hits": 0, "realizations": 0,
