@@ -640,6 +640,27 @@ def test_parameter_gradients_match_torch(name, make, shape):
         close(p.grad, tg[n].grad, 2e-3, 2e-5)
 
 
+def test_clip_grad_then_step_is_one_pass():
+    """backward(), clipping and the optimizer step realize together, and afterwards the
+    clipped gradients and the norm are stored values (reading them computes nothing)."""
+    zyx.manual_seed(0)
+    z = nn.Linear(6, 4)
+    w0 = z.weight.numpy()
+    opt = zyx.optim.SGD(z.parameters(), lr=0.1)
+    x = rnd(5, 6) * 10
+    before = zyx.stats()["realizations"]
+    (z(Z(x)) ** 2).sum().backward()
+    total = nn.utils.clip_grad_norm_(z.parameters(), 1.5)
+    opt.step()
+    assert zyx.stats()["realizations"] - before == 1
+    g, n = z.weight.grad.numpy(), total.item()
+    assert zyx.stats()["realizations"] - before == 1      # stored by the step's plan
+    assert n > 1.5
+    gb = z.bias.grad.numpy()
+    assert abs(np.sqrt((g ** 2).sum() + (gb ** 2).sum()) - 1.5) < 1e-3
+    close(z.weight, w0 - 0.1 * g, 1e-5, 1e-6)
+
+
 @needs_torch
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
 def test_clip_grad_matches_torch(norm_type):

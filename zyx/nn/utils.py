@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..errors import ShapeError
+from ..runtime import RT
 from ..tensor import Tensor, cat, stack
 from .init import _assign
 
@@ -14,7 +15,8 @@ def _params(parameters):
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
     """Scale the gradients so that their joint norm is at most max_norm; returns the norm
-    before clipping. Lazy: the norm and the scaled gradients realize with the next step."""
+    before clipping. Lazy: the norm and the scaled gradients are computed by the next
+    realization (usually opt.step()), in one pass with the backward and the update."""
     params = _params(parameters)   # a generator can be walked only once
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
@@ -30,14 +32,19 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     for p in params:
         if p.grad is not None:
             p.grad = p.grad * coef.cast(p.grad.dtype)
+    # stored by the next realization like the gradients backward() made: reading them (or
+    # logging the norm) after the step must not recompute the backward pass
+    RT.defer([total] + [p.grad for p in params if p.grad is not None])
     return total
 
 
 def clip_grad_value_(parameters, clip_value, foreach=None):
     """Clamp every gradient element into [-clip_value, clip_value]."""
-    for p in _params(parameters):
+    params = _params(parameters)
+    for p in params:
         if p.grad is not None:
             p.grad = p.grad.clamp(-clip_value, clip_value)
+    RT.defer([p.grad for p in params if p.grad is not None])
 
 
 def parameters_to_vector(parameters):
