@@ -275,9 +275,11 @@ def test_thread_choice_keeps_the_faster_mode():
     assert modes[0] is True and set(modes[1:]) == {True, False}
     assert tc.parallel is False and tc.next() is False
     tc = scheduler.ThreadChoice(True)
-    _run_choice(tc, {True: 1.0, False: 2.0}, 2)   # long in both modes: parallel, unwatched
-    assert tc.parallel is True and not tc.watching
+    _run_choice(tc, {True: 1.0, False: 2.0}, 2)   # long in both modes: parallel at once,
+    assert tc.parallel is True and tc.watching    # probed at the longest interval
     assert _run_choice(tc, {True: 1.0, False: 2.0}, 100) == [True] * 100
+    _run_choice(tc, {True: 5.0, False: 2.0}, tc.WINDOW + tc.PROBE)   # the team stalls
+    assert tc.parallel is False
     tc = scheduler.ThreadChoice(True)
     _run_choice(tc, {True: 1.0, False: 1e-4}, 2)  # slow only in parallel: keeps measuring
     assert tc.parallel is None and tc.watching

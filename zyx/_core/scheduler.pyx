@@ -37,7 +37,8 @@ cdef class ThreadChoice:
 
     - the runs alternate between the two modes and after RUNS of each (the cold first
       run aside) the faster is kept; plans whose first two runs (one per mode) both took
-      longer than LONG_S stay parallel: barriers are noise there;
+      longer than LONG_S go parallel at once and start at the longest probe interval:
+      barriers are noise there;
     - afterwards every run is timed; every `interval` runs (or at once when the mean of
       the last WINDOW runs grew past DRIFT times its value at the last decision) the
       other mode is tried for PROBE runs and taken when its mean is below SWITCH times
@@ -100,7 +101,7 @@ cdef class ThreadChoice:
 
     @property
     def watching(self):
-        """True while the choice is measured (False: parallel, no choice to make)."""
+        """True while runs are timed (False: nothing parallel in the plan to choose)."""
         return self.parallel is None or self.until_probe >= 0
 
     def next(self):
@@ -116,7 +117,7 @@ cdef class ThreadChoice:
         if self.parallel is None:
             self._measure(parallel, seconds, debug)
         elif self.until_probe < 0:
-            return                       # fixed parallel (long plan or no choice)
+            return                       # nothing parallel in the plan: no choice
         elif parallel == self.parallel:
             self._keep(seconds)
         else:
@@ -128,9 +129,11 @@ cdef class ThreadChoice:
             self.reference = seconds
             return
         if self.runs == 2 and seconds > self.LONG_S and self.reference > self.LONG_S:
-            # long in both modes (a slow first parallel run alone may be a loaded machine)
+            # long in both modes (a slow first parallel run alone may be a loaded machine):
+            # parallel, and the other mode probed only rarely or when the time doubles
             self.parallel = True
-            self.until_probe = -1
+            self.interval = self.until_probe = self.PROBE_MAX
+            self.reference = 0.0         # set from the first full window (_keep)
             return
         self.times[1 if parallel else 0].append(seconds)
         if min(len(t) for t in self.times) >= self.RUNS:
@@ -146,6 +149,8 @@ cdef class ThreadChoice:
     cdef _keep(self, double seconds):
         self._push(seconds)
         self.until_probe -= 1
+        if self.reference == 0.0 and self.nring == _WINDOW:
+            self.reference = self.ring_sum / _WINDOW
         if (self.until_probe <= 0 or (self.nring == _WINDOW and
                                       self.ring_sum > _WINDOW * _DRIFT * self.reference)):
             self.probing = _PROBE
