@@ -14,13 +14,19 @@ from .kernel import format_kernel
 from .passes import optimize
 
 
-cdef double _mean(list xs):
-    return sum(xs) / len(xs)
+cdef double _trimmed_mean(list xs):
+    """Mean without the largest sample (when there are three or more): one run that the
+    hypervisor or another process stalled for milliseconds must not decide a mode, while
+    a mode that is slow in many runs still shows."""
+    cdef double total = sum(xs)
+    if len(xs) >= 3:
+        return (total - max(xs)) / (len(xs) - 1)
+    return total / len(xs)
 
 
 cdef enum:
-    _WINDOW = 8          # ThreadChoice.WINDOW: runs averaged for the current mode
-    _PROBE = 4           # ThreadChoice.PROBE: runs of the other mode per probe
+    _WINDOW = 8          # ThreadChoice.WINDOW: runs watched for the current mode
+    _PROBE = 4           # ThreadChoice.PROBE: runs of each mode per (interleaved) probe
 cdef double _DRIFT = 2.0
 
 
@@ -35,17 +41,22 @@ cdef class ThreadChoice:
     waits for a thread that is not running (an MLP step measured 4-20 ms parallel against
     1.5 ms on one thread under one busy process). So:
 
-    - the runs alternate between the two modes and after RUNS of each (the cold first
-      run aside) the faster is kept; plans whose first two runs (one per mode) both took
-      longer than LONG_S go parallel at once and start at the longest probe interval:
-      barriers are noise there;
-    - afterwards every run is timed; every `interval` runs (or at once when the mean of
-      the last WINDOW runs grew past DRIFT times its value at the last decision) the
-      other mode is tried for PROBE runs and taken when its mean is below SWITCH times
-      the current one. A probe that loses doubles the interval (up to PROBE_MAX), so a
-      plan that is settled pays a few runs in a thousand for the check.
-    Means, not medians: under load a parallel plan is fast most runs and 10x slower in
-    the rest, and the rest is what the user waits for."""
+    - the first runs alternate between the two modes and after RUNS of each (the cold
+      first run aside) the faster is kept; plans whose first two runs (one per mode) both
+      took longer than LONG_S go parallel at once and start at the longest probe
+      interval: barriers are noise there;
+    - afterwards every run is timed; every `interval` runs (or at once when the last
+      WINDOW runs got DRIFT times slower than at the last decision) a probe runs the two
+      modes in turn, PROBE runs each, and the other mode is taken when its mean is below
+      SWITCH times the current one's. A probe that loses doubles the interval (up to
+      PROBE_MAX), so a plan that is settled pays a few runs in a thousand for the check.
+
+    Every comparison is between runs interleaved in time and uses means without the
+    largest run: a noisy machine stalls single runs for milliseconds now and then, and a
+    comparison against a window that held such a stall (or a decision on one stalled
+    run) sent plans back and forth between the modes, spending half of a benchmark on the
+    slower one. Means rather than medians otherwise: under load a parallel plan is fast
+    most runs and 10x slower in many of the rest, and the rest is what the user waits for."""
     RUNS = 4
     LONG_S = 2e-3
     WINDOW = _WINDOW
@@ -56,19 +67,18 @@ cdef class ThreadChoice:
     DRIFT = _DRIFT
     cdef public object parallel      # None while measuring, then the mode in use
     cdef public int runs, interval, until_probe, probing, switches
-    cdef public double reference     # mean time of the current mode at the last decision
+    cdef public double reference     # current mode's time at the last decision
     cdef public tuple times          # first measurements: (serial, parallel) seconds
-    cdef double ring[_WINDOW]        # last WINDOW runs of the current mode, and their sum
-    cdef double ring_sum
+    cdef double ring[_WINDOW]        # last WINDOW runs of the current mode
     cdef int nring, pos
-    cdef list probe_times
+    cdef list probe_times            # probe runs: (other mode, current mode)
 
     def __init__(self, can_choose):
         self.parallel = None if can_choose else True
         self.times = ([], [])
         self.runs = 0
         self.nring = 0
-        self.probe_times = []
+        self.probe_times = [[], []]
         self.interval = self.PROBE_FIRST
         self.until_probe = self.PROBE_FIRST
         self.probing = 0
@@ -86,18 +96,25 @@ cdef class ThreadChoice:
 
     cdef void _restart_window(self, list times):
         self.nring = self.pos = 0
-        self.ring_sum = 0.0
         for t in times[-_WINDOW:]:
             self._push(t)
 
     cdef inline void _push(self, double seconds):
-        if self.nring == _WINDOW:
-            self.ring_sum -= self.ring[self.pos]
-        else:
+        if self.nring < _WINDOW:
             self.nring += 1
         self.ring[self.pos] = seconds
-        self.ring_sum += seconds
         self.pos = (self.pos + 1) % _WINDOW
+
+    cdef bint _drifted(self):
+        """The full window, without its slowest run, is DRIFT times the reference."""
+        cdef double total = 0.0, top = 0.0
+        cdef int i
+        if self.nring < _WINDOW:
+            return False
+        for i in range(_WINDOW):
+            total += self.ring[i]
+            top = max(top, self.ring[i])
+        return total - top > (_WINDOW - 1) * _DRIFT * self.reference
 
     @property
     def watching(self):
@@ -108,8 +125,8 @@ cdef class ThreadChoice:
         """Mode of the next run (True = parallel)."""
         if self.parallel is None:
             return self.runs == 0 or self.runs % 2 == 0
-        if self.probing:
-            return not self.parallel
+        if self.probing:                 # other mode first, then in turn
+            return (not self.parallel) if self.probing % 2 == 0 else self.parallel
         return self.parallel
 
     def record(self, parallel, double seconds, int debug):
@@ -118,10 +135,10 @@ cdef class ThreadChoice:
             self._measure(parallel, seconds, debug)
         elif self.until_probe < 0:
             return                       # nothing parallel in the plan: no choice
-        elif parallel == self.parallel:
-            self._keep(seconds)
+        elif self.probing:
+            self._probe(parallel, seconds, debug)
         else:
-            self._probe(seconds, debug)
+            self._keep(seconds)
 
     cdef _measure(self, parallel, double seconds, int debug):
         self.runs += 1
@@ -137,7 +154,7 @@ cdef class ThreadChoice:
             return
         self.times[1 if parallel else 0].append(seconds)
         if min(len(t) for t in self.times) >= self.RUNS:
-            s, p = _mean(self.times[0]), _mean(self.times[1])
+            s, p = _trimmed_mean(self.times[0]), _trimmed_mean(self.times[1])
             self.parallel = p < s
             self._restart_window(self.times[1 if self.parallel else 0])
             self.reference = min(s, p)
@@ -150,30 +167,31 @@ cdef class ThreadChoice:
         self._push(seconds)
         self.until_probe -= 1
         if self.reference == 0.0 and self.nring == _WINDOW:
-            self.reference = self.ring_sum / _WINDOW
-        if (self.until_probe <= 0 or (self.nring == _WINDOW and
-                                      self.ring_sum > _WINDOW * _DRIFT * self.reference)):
-            self.probing = _PROBE
-            self.probe_times = []
+            self.reference = _trimmed_mean(self.recent)
+        if self.until_probe <= 0 or self._drifted():
+            self.probing = 2 * _PROBE
+            self.probe_times = [[], []]
             self.until_probe = 0
 
-    cdef _probe(self, double seconds, int debug):
-        self.probe_times.append(seconds)
+    cdef _probe(self, parallel, double seconds, int debug):
+        self.probe_times[0 if parallel != self.parallel else 1].append(seconds)
         self.probing -= 1
         if self.probing:
             return
-        alt, cur = _mean(self.probe_times), self.ring_sum / self.nring
+        alt, cur = _trimmed_mean(self.probe_times[0]), _trimmed_mean(self.probe_times[1])
         if alt < self.SWITCH * cur:
             self.parallel = not self.parallel
-            self._restart_window(self.probe_times)
+            self._restart_window(self.probe_times[0])
             self.switches += 1
+            self.reference = alt
             if debug & 2:
                 print(f"zyx: plan now runs {'parallel' if self.parallel else 'on one thread'}"
                       f" (mean {alt * 1e6:.0f} us against {cur * 1e6:.0f} us)",
                       file=sys.stderr)
         else:
+            self._restart_window(self.probe_times[1])
             self.interval = min(2 * self.interval, self.PROBE_MAX)
-        self.reference = min(alt, cur)
+            self.reference = cur
         self.until_probe = self.interval
 
 
