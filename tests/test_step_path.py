@@ -2,6 +2,8 @@
 temporaries, zero-copy zyx.from_numpy, the direct node builders of linear / relu /
 cross_entropy / 2-D matmul, register tiles of matmul-like reductions and Adam's reused
 bias-correction leaves. Every check is against numpy or PyTorch."""
+import os
+
 import numpy as np
 import pytest
 
@@ -218,6 +220,27 @@ def test_matmul_tiles(m, k, n):
     at = np.ascontiguousarray(a.T)
     np.testing.assert_allclose((zyx.Tensor(at).T @ zyx.Tensor(b)).numpy(), a @ b,
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 784, 128), (8, 300, 256), (12, 200, 100),
+                                   (64, 64, 16), (128, 96, 64)])
+def test_matmul_nt_tiles_and_column_blocks(m, k, n):
+    """x @ W.T with both operands contiguous along k (nn.Linear): the 4x4 tile with
+    reassociated sums; when W has more rows than x, each thread of the team takes a
+    contiguous block of W's rows (uneven for n=100). The first runs of a plan alternate
+    between the team and one thread, so both are checked."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    ref = x.astype(np.float64) @ w.astype(np.float64).T
+    for _ in range(3):
+        got = (zyx.Tensor(x) @ zyx.Tensor(w).T).numpy()
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    src = getattr(_last_plan().runner, "source", "")
+    if (m, n) == (64, 128) and "omp for" in src and (os.cpu_count() or 1) <= 8:
+        assert "zyx_nt" in src       # the MLP's first layer: column blocks per thread
+    if n <= m:
+        assert "zyx_nt" not in src
 
 
 def test_reassociated_sum_keeps_nan_and_inf():

@@ -300,6 +300,23 @@ class CDevice:
         if par:
             kinds.add("for")
         pfor = "#pragma omp for" if orphan else "#pragma omp parallel for"
+        team = self.threads or os.cpu_count() or 1
+        column_chunks = (orphan and par and has_loops and "assoc" in kinds and len(idx) == 2
+                         and idx[1][2] > idx[0][2] and idx[1][2] >= 4 * team)
+        if column_chunks:
+            # A register-tiled product whose column operand is the bigger one (x @ W.T with
+            # more weight rows than batch rows): each thread takes a contiguous block of
+            # columns, so it reads its part of W and all of x instead of all of W and part
+            # of x, and the part of W it reads is the part the same thread wrote in the
+            # previous step's elementwise update (same static split of W's rows), still in
+            # its own core's cache (MLP x @ W1.T inside the step: 78 -> 65 us).
+            (s0, _, n0), (s1, _, n1) = idx
+            head += ["  const long long zyx_nt = omp_get_num_threads();", "  " + pfor,
+                     "  for (long long c = 0; c < zyx_nt; c++)",
+                     f"  for (long long i{s0} = 0; i{s0} < {n0}LL; i{s0}++) {{",
+                     f"  for (long long i{s1} = {n1}LL * c / zyx_nt; "
+                     f"i{s1} < {n1}LL * (c + 1) / zyx_nt; i{s1}++) {{"]
+            idx = ()
         for n, (ssa, axis, length) in enumerate(idx):
             pragma = ""
             if omp:
@@ -316,13 +333,14 @@ class CDevice:
             if pragma:
                 head.append("  " + pragma)
             head.append(f"  for (long long i{ssa} = 0; i{ssa} < {length}LL; i{ssa}++) {{")
-        body = ["  " + ln for ln in r.lines] if idx else r.lines
+        body = ["  " + ln for ln in r.lines] if r.indices else r.lines
         kind = "region" if "region" in kinds else ("for" if "for" in kinds else "serial")
         if orphan and kind == "region":
             return self._render(kernel, name, False, par_if)
         attr = "ZYX_ASSOC_FN " if "assoc" in kinds else ""
+        close = "}" * len(r.indices)
         return (f"\n{attr}void {name}(void** restrict args) {{\n" + "\n".join(params) + "\n" +
-                "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n"), kind
+                "\n".join(head) + "\n" + "\n".join(body) + "\n" + close + "\n}\n"), kind
 
     def prelude(self):
         return (("" if not self.mvec else _simd_decls()) + _PRELUDE +
@@ -475,7 +493,7 @@ def _has_avx512():
 _OMP_RED = {K.R_SUM: "+", K.R_MAX: "max", K.R_MIN: "min", K.R_PROD: "*"}
 # OpenMP's built-in max/min combiners drop NaN lanes; these keep NaN like numpy/torch do
 # (gcc still vectorizes loops using them).
-_NAN_REDUCTIONS = "".join(
+_NAN_REDUCTIONS = "int omp_get_num_threads(void);\n" + "".join(
     f"#pragma omp declare reduction(zyx_nan{op} : {t} : omp_out = (omp_in {cmp} omp_out || "
     f"omp_in != omp_in) ? omp_in : omp_out) initializer(omp_priv = {init})\n"
     for t in ("float", "double")
