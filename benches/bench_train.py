@@ -203,13 +203,13 @@ _COLD = textwrap.dedent("""
 @pytest.mark.parametrize("opt", ["SGD", "Adam"])
 def test_first_step_cold_cache(benchmark, opt):
     """First step of a fresh process with an empty kernel cache (every kernel compiled)."""
+    benchmark.group = "mlp-first-step"
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, XDG_CACHE_HOME=cache)
         res = benchmark.pedantic(lambda: subprocess.run(
             [sys.executable, "-c", _COLD.format(opt=opt)], env=env, capture_output=True,
             text=True, check=True), rounds=1, iterations=1)
     first, second, compiled = res.stdout.split()
-    benchmark.group = "mlp-first-step"
     benchmark.extra_info.update(first_step_ms=float(first) * 1e3,
                                 second_step_ms=float(second) * 1e3, kernels=int(compiled))
     print(f"\nzyx {opt} cold first step {float(first) * 1e3:.0f} ms ({compiled} kernels "
