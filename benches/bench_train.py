@@ -6,6 +6,9 @@ all in one run, all starting from the same weights (checked to agree after a few
 zyx's first-step time is reported too: in this process (kernels from the disk cache) and in
 a fresh process with an empty kernel cache (compilation included).
 
+Also all three in turn, in blocks, so they share the same seconds of a shared machine
+(test_mlp_step_same_window).
+
 Run:  python -m pytest benches/bench_train.py --benchmark-only -s
       python benches/report.py benches/bench_train.py
 """
@@ -19,6 +22,7 @@ import time
 import numpy as np
 import pytest
 
+import conftest
 import zyx
 from conftest import need_torch
 
@@ -181,6 +185,54 @@ def test_mlp_step(benchmark, batches, impl, opt):
         loss()   # the last step's loss is computed (realized with it), reading it is free
     print(f"\n{impl} {opt}: median {benchmark.stats.stats.median * 1e3:.3f} ms/step, "
           f"first step in this process {first * 1e3:.1f} ms")
+
+
+BLOCK, BLOCKS = 20, 25
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_mlp_step_same_window(benchmark, batches, opt):
+    """zyx (PyTorch habit), PyTorch eager and numpy in turn, BLOCK steps each, BLOCKS times.
+
+    Each implementation's test above gets its own second or two of the machine, and a
+    shared machine's speed drifts between them (a whole process runs 1.5x slower for a
+    while, every implementation alike); here every block of zyx has blocks of the peers
+    right before and after it. One benchmark round is one block of each implementation,
+    in an order that turns every round; the per-step medians go to extra_info["median_ms"]
+    and the printout, with the number of rounds whose zyx block was at or below torch's."""
+    names = ["zyx", "torch", "numpy"]
+    if conftest.torch is None:
+        names.remove("torch")
+    steps = {n: IMPLS[n](init_weights(), opt)[0] for n in names}
+    times = {n: [] for n in names}
+    for n in names:                       # compile / warm up outside the timed blocks
+        for i in range(CHECK_STEPS + 10):
+            steps[n](*batches[i % N_BATCHES])
+
+    rounds = iter(range(10 ** 9))
+
+    def one_block_each():
+        # the order turns every round: a block right after numpy's runs beside OpenBLAS
+        # threads still spinning (~0.1 s), which slows whoever comes next
+        r = next(rounds) % len(names)
+        for n in names[r:] + names[:r]:
+            step, ts = steps[n], times[n]
+            for i in range(BLOCK):
+                x, y = batches[i % N_BATCHES]
+                t0 = time.perf_counter()
+                step(x, y)
+                ts.append(time.perf_counter() - t0)
+
+    benchmark.group = f"mlp-same-window-{opt}"
+    benchmark.pedantic(one_block_each, rounds=BLOCKS, iterations=1)
+    med = {n: float(np.median(ts)) * 1e3 for n, ts in times.items()}
+    wins = sum(bool(np.median(times["zyx"][b:b + BLOCK]) <=
+                    np.median(times["torch"][b:b + BLOCK]))
+               for b in range(0, BLOCK * BLOCKS, BLOCK)) if "torch" in med else None
+    benchmark.extra_info.update(median_ms=med, zyx_blocks_at_or_below_torch=wins,
+                                blocks=BLOCKS)
+    print(f"\nsame window, {opt}: " + ", ".join(f"{n} {m:.3f} ms" for n, m in med.items()) +
+          (f"; zyx at or below torch in {wins} of {BLOCKS} blocks" if wins is not None else ""))
 
 
 _COLD = textwrap.dedent("""

@@ -43,6 +43,10 @@ def main(argv):
                 name += "[" + b["name"].split("[")[1]
             unit = f"{med * 1e3:.3f} ms" if med >= 1e-3 else f"{med * 1e6:.1f} us"
             print(f"| {g} | {name} | {unit} | {thr} | {ratio} |")
+            for impl, ms in info.get("median_ms", {}).items():   # same-window peers
+                r = info["median_ms"].get("zyx")
+                rel = f"{ms / r:.2f}x" if r and impl != "zyx" else ""
+                print(f"| {g} | {name} {impl} per step | {ms:.3f} ms |  | {rel} |")
 
 
 if __name__ == "__main__":
