@@ -316,35 +316,34 @@ class CDevice:
                      f"  for (long long i{s0} = 0; i{s0} < {n0}LL; i{s0}++) {{",
                      f"  for (long long i{s1} = {n1}LL * c / zyx_nt; "
                      f"i{s1} < {n1}LL * (c + 1) / zyx_nt; i{s1}++) {{"]
-            idx = ()
-        for n, (ssa, axis, length) in enumerate(idx):
-            pragma = ""
-            if omp:
-                last = n == len(idx) - 1
-                if has_loops:
-                    if n == 0 and par:
-                        pragma = f"{pfor} collapse({len(idx)})" if len(idx) > 1 else pfor
-                elif len(idx) == 1:
-                    pragma = f"{pfor} simd" if par else "#pragma omp simd"
-                elif n == 0 and par:
-                    pragma = f"{pfor} collapse({len(idx) - 1})" if len(idx) > 2 else pfor
-                elif last:
-                    pragma = "#pragma omp simd"
-            if pragma:
-                head.append("  " + pragma)
-            head.append(f"  for (long long i{ssa} = 0; i{ssa} < {length}LL; i{ssa}++) {{")
-        body = ["  " + ln for ln in r.lines] if r.indices else r.lines
+        else:
+            for n, (ssa, axis, length) in enumerate(idx):
+                pragma = ""
+                if omp:
+                    last = n == len(idx) - 1
+                    if has_loops:
+                        if n == 0 and par:
+                            pragma = f"{pfor} collapse({len(idx)})" if len(idx) > 1 else pfor
+                    elif len(idx) == 1:
+                        pragma = f"{pfor} simd" if par else "#pragma omp simd"
+                    elif n == 0 and par:
+                        pragma = f"{pfor} collapse({len(idx) - 1})" if len(idx) > 2 else pfor
+                    elif last:
+                        pragma = "#pragma omp simd"
+                if pragma:
+                    head.append("  " + pragma)
+                head.append(f"  for (long long i{ssa} = 0; i{ssa} < {length}LL; i{ssa}++) {{")
+        body = ["  " + ln for ln in r.lines] if idx else r.lines
         kind = "region" if "region" in kinds else ("for" if "for" in kinds else "serial")
         if orphan and kind == "region":
             return self._render(kernel, name, False, par_if)
         attr = "ZYX_ASSOC_FN " if "assoc" in kinds else ""
-        close = "}" * len(r.indices)
         return (f"\n{attr}void {name}(void** restrict args) {{\n" + "\n".join(params) + "\n" +
-                "\n".join(head) + "\n" + "\n".join(body) + "\n" + close + "\n}\n"), kind
+                "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n"), kind
 
     def prelude(self):
         return (("" if not self.mvec else _simd_decls()) + _PRELUDE +
-                (_NAN_REDUCTIONS if self.openmp else ""))
+                ("int omp_get_num_threads(void);\n" + _NAN_REDUCTIONS if self.openmp else ""))
 
     def compile(self, kernel):
         return self.compile_many([kernel])[0]
@@ -493,7 +492,7 @@ def _has_avx512():
 _OMP_RED = {K.R_SUM: "+", K.R_MAX: "max", K.R_MIN: "min", K.R_PROD: "*"}
 # OpenMP's built-in max/min combiners drop NaN lanes; these keep NaN like numpy/torch do
 # (gcc still vectorizes loops using them).
-_NAN_REDUCTIONS = "int omp_get_num_threads(void);\n" + "".join(
+_NAN_REDUCTIONS = "".join(
     f"#pragma omp declare reduction(zyx_nan{op} : {t} : omp_out = (omp_in {cmp} omp_out || "
     f"omp_in != omp_in) ? omp_in : omp_out) initializer(omp_priv = {init})\n"
     for t in ("float", "double")
