@@ -105,16 +105,15 @@ cdef class ThreadChoice:
         self.ring[self.pos] = seconds
         self.pos = (self.pos + 1) % _WINDOW
 
-    cdef bint _drifted(self):
-        """The full window, without its slowest run, is DRIFT times the reference."""
+    cdef double _window_mean(self):
+        """Mean of the full window without its slowest run (_trimmed_mean on the C ring:
+        this runs after every plan run, so no list is made)."""
         cdef double total = 0.0, top = 0.0
         cdef int i
-        if self.nring < _WINDOW:
-            return False
         for i in range(_WINDOW):
             total += self.ring[i]
             top = max(top, self.ring[i])
-        return total - top > (_WINDOW - 1) * _DRIFT * self.reference
+        return (total - top) / (_WINDOW - 1)
 
     @property
     def watching(self):
@@ -167,8 +166,9 @@ cdef class ThreadChoice:
         self._push(seconds)
         self.until_probe -= 1
         if self.reference == 0.0 and self.nring == _WINDOW:
-            self.reference = _trimmed_mean(self.recent)
-        if self.until_probe <= 0 or self._drifted():
+            self.reference = self._window_mean()
+        if self.until_probe <= 0 or (self.nring == _WINDOW and
+                                     self._window_mean() > _DRIFT * self.reference):
             self.probing = 2 * _PROBE
             self.probe_times = [[], []]
             self.until_probe = 0
