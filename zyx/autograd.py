@@ -44,6 +44,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 import weakref
 
 from ._core import graph as G
@@ -58,7 +59,7 @@ from .tensor import Tensor, _const
 __all__ = ["Tape", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "grad"]
 
 _graph = RT.graph
-_tapes = []          # active Tape contexts, innermost last
+_local = threading.local()   # per thread (grad mode is per thread): .tapes, see _tapes()
 _retained = {}       # id(tensor) -> weakref, non-leaves that asked for .grad (retain_grad)
 
 
@@ -74,7 +75,26 @@ _FREED = _Freed()
 
 
 # ---------------------------------------------------------------------------------------
-# recording
+# recording (per thread: the flag and the tape count live in C thread-locals, tensorbase.pyx)
+
+def _tapes():
+    """The calling thread's active Tape contexts, innermost last."""
+    try:
+        return _local.tapes
+    except AttributeError:
+        _local.tapes = tapes = []
+        return tapes
+
+
+def _push_tape(tape):
+    _tapes().append(tape)
+    _TB.tape_entered(1)
+
+
+def _pop_tape(tape):
+    _tapes().remove(tape)
+    _TB.tape_entered(-1)
+
 
 def _set_hook(on):
     """Switch recording of new nodes (zyx._core.tensorbase does it in Tensor._make);
@@ -83,12 +103,13 @@ def _set_hook(on):
 
 
 def is_grad_enabled() -> bool:
-    """Whether ops are currently recorded for autograd."""
+    """Whether ops are currently recorded for autograd in the calling thread."""
     return _TB.is_recording()
 
 
 class set_grad_enabled:
-    """Turn recording on or off; usable as a function, a context manager or a decorator."""
+    """Turn recording on or off in the calling thread; usable as a function or a context
+    manager."""
 
     def __init__(self, mode: bool):
         self.prev = _set_hook(bool(mode))
@@ -102,8 +123,8 @@ class set_grad_enabled:
 
 
 class _GradMode:
-    """Context manager / decorator that sets recording on or off for its body
-    (`with no_grad():`, `@no_grad()` and `@no_grad` all work)."""
+    """Context manager / decorator that sets recording on or off for its body, in the
+    calling thread only (`with no_grad():`, `@no_grad()` and `@no_grad` all work)."""
     mode = True
 
     def __new__(cls, fn=None):
@@ -414,7 +435,7 @@ def _apply_rules(targets, out_grads, order, needs, record):
         # record every backward op, also those on leaves nobody marked (e.g. x in x * g
         # when the forward ran under a Tape that has exited): the result must be
         # differentiable with respect to everything the forward pass depended on
-        _tapes.append(None)
+        _push_tape(None)
     try:
         for t in reversed(order):
             k = id(t)
@@ -444,7 +465,7 @@ def _apply_rules(targets, out_grads, order, needs, record):
                     grads[ks] = gs if prev_g is None else _bin(prev_g, gs, K.B_ADD)
     finally:
         if record:
-            _tapes.pop()
+            _pop_tape(None)
         _set_hook(prev)
     return result
 
@@ -537,13 +558,13 @@ class Tape:
         self._active = False
 
     def __enter__(self):
-        _tapes.append(self)
+        _push_tape(self)
         self._active = True
         return self
 
     def __exit__(self, *exc):
         if self._active:
-            _tapes.remove(self)
+            _pop_tape(self)
             self._active = False
         return False
 
@@ -564,7 +585,7 @@ class Tape:
             raise ZyxError("a non-persistent Tape computes gradients once; use "
                            "Tape(persistent=True) to call gradient() several times")
         self._used = True
-        outer = any(t is not self for t in _tapes)
+        outer = any(t is not self for t in _tapes())
         record = (bool(create_graph) or outer) and is_grad_enabled()
         keep = self.persistent or record if retain_graph is None else retain_graph
         tl, _ = _as_list(target)
@@ -659,5 +680,4 @@ Tensor.retain_grad = _retain_grad
 Tensor.grad_fn = property(_grad_fn)
 Tensor.detach_ = _detach_
 
-_TB.setup(None, None, _tapes, _FREED)
-_TB.set_recording(True)
+_TB.setup(None, None, _FREED)

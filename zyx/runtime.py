@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import weakref
 
@@ -43,7 +44,12 @@ class Runtime:
         self.pools = None
         self.devices = None
         self.plans = {}
-        self.pending = []       # weak refs to tensors the next realization computes (defer)
+        # Threads realize one at a time: realization mutates the plan cache, the pools and
+        # the graph (targets become leaves), and two threads realizing the same tensor at
+        # once each computed it and one result leaked. Re-entrant: freeing a buffer takes
+        # it too, and realization frees buffers.
+        self.lock = threading.RLock()
+        self._local = threading.local()     # per thread: .pending (see `pending`)
         self.rng = np.random.Generator(np.random.PCG64(0))
         self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
                       "plan_cache_hits": 0, "realizations": 0,
@@ -69,11 +75,12 @@ class Runtime:
 
     # -- memory ---------------------------------------------------------------------------
     def _free_buffer(self, buf):
-        buf.refs -= 1
-        if buf.refs > 0:
-            return
-        if buf.pool is not None and buf.handle is not None:
-            buf.pool.deallocate(buf, [buf.event] if buf.event is not None else [])
+        with self.lock:     # any thread drops tensors; the pool counts must not race
+            buf.refs -= 1
+            if buf.refs > 0:
+                return
+            if buf.pool is not None and buf.handle is not None:
+                buf.pool.deallocate(buf, [buf.event] if buf.event is not None else [])
 
     def pool_bytes(self):
         """Bytes currently handed out by every pool (what a leak test watches)."""
@@ -85,7 +92,8 @@ class Runtime:
         pool = self.device().pool
         shape = tuple(arr.shape)            # ascontiguousarray turns 0-d into (1,)
         arr = np.ascontiguousarray(arr)
-        buf, _ = pool.allocate(arr.nbytes)
+        with self.lock:
+            buf, _ = pool.allocate(arr.nbytes)
         buf.event = pool.host_to_pool(arr, buf, [])
         if self.debug & DEBUG_MEMORY:
             print(f"zyx: host -> {pool.name} {arr.nbytes} B", file=sys.stderr)
@@ -113,6 +121,21 @@ class Runtime:
         return buf
 
     # -- realization ----------------------------------------------------------------------
+    @property
+    def pending(self):
+        """Weak refs to tensors the calling thread's next realization computes (defer).
+        Per thread: another thread's realization must not take in this thread's gradients
+        (its plan key would then depend on how the threads interleave)."""
+        try:
+            return self._local.pending
+        except AttributeError:
+            self._local.pending = pending = []
+            return pending
+
+    @pending.setter
+    def pending(self, value):
+        self._local.pending = value
+
     def defer(self, tensors):
         """Compute `tensors` with the next realization, whatever it is for: backward()'s
         gradients then share one plan with the optimizer update that reads them.
@@ -126,6 +149,12 @@ class Runtime:
         pending.extend([weakref.ref(t) for t in tensors])
 
     def realize(self, ids):
+        """Compute the nodes `ids` (and what this thread deferred) and turn them into
+        leaves; one thread at a time (see `lock`)."""
+        with self.lock:
+            self._realize(ids)
+
+    def _realize(self, ids):
         if self.pending:
             live = [r() for r in self.pending]   # strong refs until the plan has run
             self.pending = []

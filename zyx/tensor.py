@@ -1756,4 +1756,4 @@ for _name in ("exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu", "ab
     globals()[_name] = _module_fn(_name)
 
 
-_TB.setup(_graph, Tensor, None, None)
+_TB.setup(_graph, Tensor, None)

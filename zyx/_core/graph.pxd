@@ -16,9 +16,10 @@ cdef class Node:
 cdef class Graph:
     cdef public Slab nodes
     cdef public object free_buffer
-    cdef public list trace
+    cdef dict _traces          # thread ident -> the list `trace` gives that thread
     cpdef Py_ssize_t add(self, int op, object arg, tuple srcs, tuple shape, object dtype)
     cpdef Py_ssize_t leaf(self, object buffer, tuple shape, object dtype)
     cpdef void retain(self, Py_ssize_t nid)
     cpdef void release(self, Py_ssize_t nid)
     cpdef Node get(self, Py_ssize_t nid)
+    cdef void _trace_append(self, object rec) except *

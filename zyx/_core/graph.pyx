@@ -10,6 +10,7 @@ Realization turns a computed node into a LEAF in place (`set_buffer`), which dro
 references to its sources, so graphs never grow without bound in a training loop.
 """
 from libc.stdlib cimport realloc
+from cpython.pythread cimport PyThread_get_thread_ident
 
 from .slab cimport Slab
 
@@ -79,7 +80,7 @@ cdef class Graph:
     def __cinit__(self):
         self.nodes = Slab()
         self.free_buffer = None
-        self.trace = None      # a list while autograd records a backward template
+        self._traces = {}      # see the `trace` property
 
     cpdef Py_ssize_t add(self, int op, object arg, tuple srcs, tuple shape, object dtype):
         """Add a node; it starts with one reference (owned by the caller's Tensor)."""
@@ -88,16 +89,36 @@ cdef class Graph:
         for s in srcs:
             (<Node>self.nodes.items[s]).rc += 1
         cdef Py_ssize_t nid = self.nodes.push(n)
-        if self.trace is not None:
-            self.trace.append((op, arg, srcs, shape, dtype, nid))
+        if self._traces:
+            self._trace_append((op, arg, srcs, shape, dtype, nid))
         return nid
 
     cpdef Py_ssize_t leaf(self, object buffer, tuple shape, object dtype):
         cdef Node n = _node(LEAF, None, (), shape, dtype)
         n.buffer = buffer
-        if self.trace is not None:
-            self.trace.append(None)     # a new buffer cannot be replayed from a template
+        if self._traces:
+            self._trace_append(None)    # a new buffer cannot be replayed from a template
         return self.nodes.push(n)
+
+    @property
+    def trace(self):
+        """A list while autograd records a backward template in the calling thread (every
+        node this thread adds is appended), else None. Per thread: nodes another thread
+        builds meanwhile belong to no template."""
+        return self._traces.get(PyThread_get_thread_ident())
+
+    @trace.setter
+    def trace(self, list value):
+        cdef unsigned long me = PyThread_get_thread_ident()
+        if value is None:
+            self._traces.pop(me, None)
+        else:
+            self._traces[me] = value
+
+    cdef void _trace_append(self, object rec) except *:
+        cdef list t = self._traces.get(PyThread_get_thread_ident())
+        if t is not None:
+            t.append(rec)
 
     cpdef Node get(self, Py_ssize_t nid):
         return <Node>self.nodes.items[nid]

@@ -8,6 +8,8 @@ every step skips kernelization, optimization and compilation entirely."""
 import sys
 import time
 
+from cpython.exc cimport PyErr_CheckSignals
+
 from .graph import LEAF
 from .kernelizer import kernelize
 from .kernel import format_kernel
@@ -343,32 +345,40 @@ def leaf_buffers(plan, graph, list order, pool, move_to_pool):
 
 def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
     """Run a plan compiled into one device program: allocate the arena and the buffers
-    that outlive the run, fill the pointer table, make one call."""
+    that outlive the run, fill the pointer table, make one call.
+
+    Anything raised before the results reach the graph (an allocation failure, a
+    KeyboardInterrupt during the call) frees what this run allocated: the targets stay
+    lazy and the pool is as before."""
     cdef list table = [0] * plan.nslots
     cdef dict bufs = leaf_buffers(plan, graph, order, pool, move_to_pool)
     cdef Py_ssize_t p
+    cdef list made = []         # buffers allocated here and not yet handed to the graph
+    free = graph.free_buffer
     slot = plan.slot
     for p in plan.leaves:
         table[slot[p][1]] = bufs[p].ptr
     nbytes = plan.nbytes
-    for p in plan.owned:
-        b, _ = pool.allocate(nbytes[p])
-        bufs[p] = b
-        table[slot[p][1]] = b.ptr
     arena = None
-    if plan.arena_bytes:
-        arena, _ = pool.allocate(plan.arena_bytes)
-        table[0] = arena.ptr
-    cdef ThreadChoice threads = plan.threads
-    parallel = threads.next()
-    if threads.parallel is None or threads.until_probe >= 0:
-        t0 = time.perf_counter()
-        plan.device.run_plan(plan.runner, table, parallel)
-        threads.record(parallel, time.perf_counter() - t0, debug)
-    else:
-        plan.device.run_plan(plan.runner, table, parallel)
+    try:
+        for p in plan.owned:
+            b, _ = pool.allocate(nbytes[p])
+            made.append(b)
+            bufs[p] = b
+            table[slot[p][1]] = b.ptr
+        if plan.arena_bytes:
+            arena, _ = pool.allocate(plan.arena_bytes)
+            made.append(arena)
+            table[0] = arena.ptr
+        _run_program(plan, table, debug)
+        # a Ctrl-C that arrived during the call is raised here, while `made` still says
+        # what to free, not later inside the graph bookkeeping below
+        PyErr_CheckSignals()
+    except BaseException:
+        for b in made:
+            free(b)
+        raise
     stats["kernels_launched"] += plan.nkernels
-    free = graph.free_buffer
     if arena is not None:
         free(arena)
     root = plan.root
@@ -387,6 +397,19 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
             free(bufs[p])
 
 
+cdef void _run_program(plan, list table, int debug) except *:
+    """One call of the plan's program, on the thread team or not as its ThreadChoice says
+    (timed while the choice is being measured)."""
+    cdef ThreadChoice threads = plan.threads
+    parallel = threads.next()
+    if threads.parallel is None or threads.until_probe >= 0:
+        t0 = time.perf_counter()
+        plan.device.run_plan(plan.runner, table, parallel)
+        threads.record(parallel, time.perf_counter() - t0, debug)
+    else:
+        plan.device.run_plan(plan.runner, table, parallel)
+
+
 def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
     """Run `plan` on the subgraph `order`; realized targets become LEAF nodes."""
     cdef dict bufs = {}
@@ -400,23 +423,31 @@ def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
     free_after = plan.free_after
     launched = 0
     free = graph.free_buffer
-    for si, st in enumerate(plan.steps):
-        out = st.args[0]
-        if st.alias:   # a contiguous reshape of a buffer: share it, copy nothing
-            buf = bufs[st.args[1]]
-            buf.refs += 1
+    leaves = set(plan.leaves)
+    try:
+        for si, st in enumerate(plan.steps):
+            out = st.args[0]
+            if st.alias:   # a contiguous reshape of a buffer: share it, copy nothing
+                buf = bufs[st.args[1]]
+                buf.refs += 1
+                bufs[out] = buf
+                for p in free_after[si]:
+                    free(bufs.pop(p))
+                continue
+            buf, ev = pool.allocate(nbytes[out])
             bufs[out] = buf
+            if st.program is not None and nbytes[out]:
+                buf.event = device.launch(st.program, pool, [bufs[a] for a in st.args],
+                                          [bufs[a].event for a in st.args[1:] if bufs[a].event is not None])
+                launched += 1
             for p in free_after[si]:
                 free(bufs.pop(p))
-            continue
-        buf, ev = pool.allocate(nbytes[out])
-        bufs[out] = buf
-        if st.program is not None and nbytes[out]:
-            buf.event = device.launch(st.program, pool, [bufs[a] for a in st.args],
-                                      [bufs[a].event for a in st.args[1:] if bufs[a].event is not None])
-            launched += 1
-        for p in free_after[si]:
-            free(bufs.pop(p))
+        PyErr_CheckSignals()
+    except BaseException:     # as in execute_runner: free what this run holds, re-raise
+        for p, buf in bufs.items():
+            if p not in leaves:
+                free(buf)
+        raise
     stats["kernels_launched"] += launched
     seen = set()
     for p in plan.targets:

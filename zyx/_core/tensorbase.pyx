@@ -16,34 +16,56 @@ from .graph cimport Graph, Node
 
 cdef Graph _G = None
 cdef type _cls = None          # zyx.tensor.Tensor
-cdef list _tapes = None        # autograd's stack of active tapes (shared list object)
-cdef bint _recording = False
 cdef object _FREED = None      # autograd's marker for a released recording
 
+# Grad mode and the count of active tapes are per thread, as torch's grad mode is: a thread
+# inside `no_grad()` (an evaluation loop) must not switch recording off for a thread that
+# is training. C thread-local variables keep the per-op test one load and a compare.
+cdef extern from *:
+    """
+    #if defined(_MSC_VER)
+    #define ZYX_THREAD_LOCAL __declspec(thread)
+    #else
+    #define ZYX_THREAD_LOCAL __thread
+    #endif
+    static ZYX_THREAD_LOCAL int zyx_recording = 1;   /* every thread starts with grad on */
+    static ZYX_THREAD_LOCAL int zyx_tape_depth = 0;  /* this thread's active tapes */
+    """
+    int zyx_recording
+    int zyx_tape_depth
 
-def setup(Graph graph, type cls, list tapes, freed):
+
+def setup(Graph graph, type cls, freed):
     """Called once by zyx.tensor / zyx.autograd at import."""
-    global _G, _cls, _tapes, _FREED
+    global _G, _cls, _FREED
     if graph is not None:
         _G = graph
     if cls is not None:
         _cls = cls
-    if tapes is not None:
-        _tapes = tapes
     if freed is not None:
         _FREED = freed
 
 
 def set_recording(bint on):
-    """Switch autograd recording in `_make`; returns the previous state."""
-    global _recording
-    cdef bint prev = _recording
-    _recording = on
+    """Switch autograd recording in `_make` for the calling thread; returns the previous
+    state."""
+    global zyx_recording
+    cdef bint prev = zyx_recording != 0
+    zyx_recording = 1 if on else 0
     return prev
 
 
 def is_recording():
-    return _recording
+    """Whether `_make` records in the calling thread."""
+    return zyx_recording != 0
+
+
+def tape_entered(Py_ssize_t delta):
+    """A tape of the calling thread opened (+1) or closed (-1): while this thread has one
+    open, `_make` records every floating-point op. Returns the new count."""
+    global zyx_tape_depth
+    zyx_tape_depth += delta
+    return zyx_tape_depth
 
 
 cdef class TensorBase:      # fields: tensorbase.pxd
@@ -90,14 +112,14 @@ cpdef TensorBase make(int op, object arg, tuple srcs, tuple shape, object dtype)
     else:
         ids = tuple([(<TensorBase>s)._id for s in srcs])
     cdef TensorBase out = wrap(_G.add(op, arg, ids, shape, dtype))
-    if _recording:
+    if zyx_recording:
         record(out, op, arg, srcs)
     return out
 
 
 cdef void record(TensorBase out, int op, object arg, tuple srcs):
     """Store how `out` was made when someone may want its gradient."""
-    cdef bint need = len(_tapes) > 0
+    cdef bint need = zyx_tape_depth > 0
     if not need:
         for s in srcs:
             if (<TensorBase>s).requires_grad:

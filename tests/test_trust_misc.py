@@ -1,0 +1,265 @@
+"""Issue 10, smaller trust defects: thread-local grad mode and thread-safe realization,
+cleanup after an interrupted realization, lazily loaded files changed on disk, atomic
+load_state_dict, errors that name their cause."""
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import zyx
+from zyx import nn
+from zyx.runtime import RT
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+
+def pool_bytes():
+    gc.collect()
+    return RT.pool_bytes()
+
+
+def run_threads(fns):
+    """Run every fn in its own thread, started together; re-raise the first failure."""
+    start = threading.Barrier(len(fns))
+    errors = []
+
+    def body(fn):
+        try:
+            start.wait()
+            fn()
+        except BaseException as e:  # noqa: BLE001 (reported to the test below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(fn,)) for fn in fns]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)     # switch threads often: interleave op by op
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        sys.setswitchinterval(old)
+    assert not any(t.is_alive() for t in threads), "a thread hangs"
+    if errors:
+        raise errors[0]
+
+
+# ---------------------------------------------------------------------------------------
+# 1. grad mode is per thread; realization is safe under threads
+
+def make_mlp(seed):
+    zyx.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1))
+
+
+def mlp_data(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((32, 6)).astype(np.float32)
+    y = (x[:, :1] * 0.5 - x[:, 1:2] + 0.25).astype(np.float32)
+    return x, y
+
+
+def train(model, x, y, steps=12):
+    """SGD steps on a mean squared error; (losses, gradients of every step)."""
+    opt = zyx.optim.SGD(model.parameters(), lr=0.05)
+    xt, yt = zyx.tensor(x), zyx.tensor(y)
+    losses, grads = [], []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = ((model(xt) - yt) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        grads.append([p.grad.numpy() for p in model.parameters()])
+    return losses, grads
+
+
+def numpy_forward(model, x):
+    w1, b1, w2, b2 = [p.numpy() for p in model.parameters()]
+    return np.maximum(x @ w1.T + b1, 0) @ w2.T + b2
+
+
+def test_grad_mode_is_per_thread():
+    inside = threading.Event()
+    leave = threading.Event()
+    seen = {}
+
+    def evaluator():
+        with zyx.no_grad():
+            inside.set()
+            leave.wait(30)
+            seen["evaluator"] = zyx.is_grad_enabled()
+
+    t = threading.Thread(target=evaluator)
+    t.start()
+    try:
+        assert inside.wait(30)
+        w = zyx.tensor([1.0, 2.0], requires_grad=True)
+        seen["main"] = zyx.is_grad_enabled()
+        (w * w).sum().backward()
+        np.testing.assert_allclose(w.grad.numpy(), [2.0, 4.0])
+    finally:
+        leave.set()
+        t.join(30)
+    assert seen == {"main": True, "evaluator": False}
+
+
+def test_tape_records_only_its_own_thread():
+    opened = threading.Event()
+    done = threading.Event()
+    out = {}
+
+    def other():
+        opened.wait(30)
+        a = zyx.tensor([1.0, 2.0])
+        out["other"] = (a * 3).requires_grad    # no tape in this thread: not recorded
+        done.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    with zyx.Tape() as tape:
+        x = zyx.tensor([3.0])
+        tape_out = x * x
+        opened.set()
+        done.wait(30)
+    t.join(30)
+    assert out == {"other": False}
+    np.testing.assert_allclose(tape.gradient(tape_out, x).numpy(), [6.0])
+
+
+def test_four_threads_train_while_one_evaluates():
+    """Four threads train their own MLP while a fifth evaluates a model under no_grad in a
+    loop: every trainer's losses and gradients equal a single-threaded run."""
+    seeds = [11, 12, 13, 14]
+    expected = [train(make_mlp(s), *mlp_data(s)) for s in seeds]
+
+    models = [make_mlp(s) for s in seeds]
+    eval_model = make_mlp(99)
+    ex, _ = mlp_data(99)
+    got = [None] * len(seeds)
+    trainers_done = threading.Event()
+    evals = []
+
+    def trainer(i):
+        def fn():
+            got[i] = train(models[i], *mlp_data(seeds[i]))
+        return fn
+
+    def evaluator():
+        want = numpy_forward(eval_model, ex)
+        xt = zyx.tensor(ex)
+        with zyx.no_grad():
+            while not trainers_done.is_set() or len(evals) < 3:
+                out = eval_model(xt)
+                assert not out.requires_grad
+                evals.append(np.abs(out.numpy() - want).max())
+
+    trainer_fns = [trainer(i) for i in range(len(seeds))]
+
+    def trainers_then_signal(fns):
+        def fn():
+            run_threads(fns)
+            trainers_done.set()
+        return fn
+
+    run_threads([trainers_then_signal(trainer_fns), evaluator])
+    assert max(evals) < 1e-5
+    for (losses, grads), (want_losses, want_grads) in zip(got, expected):
+        assert losses[-1] < losses[0] * 0.9          # it trains
+        np.testing.assert_allclose(losses, want_losses, rtol=1e-5, atol=1e-6)
+        for step, want_step in zip(grads, want_grads):
+            for g, w in zip(step, want_step):
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_one_lazy_tensor_realized_by_four_threads_does_not_leak():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((512, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 512)).astype(np.float32)
+    want = a @ b
+    ta, tb = zyx.tensor(a), zyx.tensor(b)
+    (ta @ tb + 1.0).numpy()         # compile the plan outside the measurement
+    base = pool_bytes()
+    for _ in range(3):
+        lazy = ta @ tb + 1.0
+        results = [None] * 4
+
+        def reader(i, lazy=lazy, results=results):
+            def fn():
+                results[i] = lazy.numpy()
+            return fn
+
+        run_threads([reader(i) for i in range(4)])
+        for r in results:
+            np.testing.assert_allclose(r, want + 1.0, rtol=1e-4, atol=1e-3)
+        del lazy, results, reader     # reader keeps the last tensor as a default
+    assert pool_bytes() == base
+
+
+# ---------------------------------------------------------------------------------------
+# 2. an interrupted or failed realization releases what it allocated
+
+def chain(ta, tb, tc):
+    """Two matmuls: a temporary in the plan's arena and a target of its own."""
+    return (ta @ tb).relu() @ tc
+
+
+@pytest.fixture
+def chain_inputs():
+    rng = np.random.default_rng(1)
+    arrs = [rng.standard_normal((384, 384)).astype(np.float32) for _ in range(3)]
+    want = np.maximum(arrs[0] @ arrs[1], 0) @ arrs[2]
+    return [zyx.tensor(a) for a in arrs], want
+
+
+def test_keyboard_interrupt_during_run_frees_the_plan_buffers(monkeypatch, chain_inputs):
+    ts, want = chain_inputs
+    chain(*ts).numpy()                       # compiled outside the measurement
+    base = pool_bytes()
+    dev = RT.device()
+    run_plan = type(dev).run_plan
+
+    def interrupted(self, program, table, parallel=True):
+        run_plan(self, program, table, parallel)
+        raise KeyboardInterrupt              # Ctrl-C while the program ran
+
+    monkeypatch.setattr(type(dev), "run_plan", interrupted)
+    for _ in range(3):
+        lazy = chain(*ts)
+        with pytest.raises(KeyboardInterrupt):
+            lazy.realize()
+        assert pool_bytes() == base           # nothing of the aborted run stays allocated
+    monkeypatch.undo()
+    np.testing.assert_allclose(lazy.numpy(), want, rtol=1e-3, atol=1e-2)   # still works
+    del lazy
+    assert pool_bytes() == base
+
+
+def test_failed_allocation_frees_what_was_allocated(monkeypatch, chain_inputs):
+    ts, want = chain_inputs
+    chain(*ts).numpy()
+    base = pool_bytes()
+    pool = RT.device().pool
+    allocate = type(pool).allocate
+    calls = []
+
+    def second_fails(self, nbytes):
+        calls.append(nbytes)
+        if len(calls) == 2:
+            raise zyx.AllocationError(f"test: no room for {nbytes} bytes")
+        return allocate(self, nbytes)
+
+    monkeypatch.setattr(type(pool), "allocate", second_fails)
+    lazy = chain(*ts)
+    with pytest.raises(zyx.AllocationError):
+        lazy.realize()
+    assert len(calls) == 2
+    monkeypatch.undo()
+    assert pool_bytes() == base
+    np.testing.assert_allclose(lazy.numpy(), want, rtol=1e-3, atol=1e-2)
