@@ -263,3 +263,75 @@ def test_failed_allocation_frees_what_was_allocated(monkeypatch, chain_inputs):
     monkeypatch.undo()
     assert pool_bytes() == base
     np.testing.assert_allclose(lazy.numpy(), want, rtol=1e-3, atol=1e-2)
+
+
+# ---------------------------------------------------------------------------------------
+# 3. lazily loaded safetensors files that change on disk; hostile headers
+
+def saved_file(tmp_path):
+    """A safetensors file whose modification time lies in the past, so a rewrite is seen
+    even within the file system's timestamp granularity."""
+    path = tmp_path / "model.safetensors"
+    w = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    zyx.save({"w": w, "b": np.ones(64, np.float32)}, path)
+    past = 1_000_000_000 * 10**9
+    import os
+    os.utime(path, ns=(past, past))
+    return path, w
+
+
+def test_truncated_file_raises_instead_of_sigbus(tmp_path):
+    """Run in a child process: on a file truncated under the mapping a read used to kill
+    the process with SIGBUS."""
+    import subprocess
+    import textwrap
+    path, _ = saved_file(tmp_path)
+    script = textwrap.dedent(f"""
+        import os, zyx
+        t = zyx.load({str(path)!r})
+        os.truncate({str(path)!r}, 100)
+        try:
+            t["w"].numpy()
+        except zyx.ZyxError as e:
+            print("raised:", e)
+        """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, f"child died with {r.returncode}: {r.stderr}"
+    assert "raised:" in r.stdout and str(path) in r.stdout and "truncated" in r.stdout
+
+
+def test_file_rewritten_in_place_raises(tmp_path):
+    path, w = saved_file(tmp_path)
+    t = zyx.load(path)
+    data = bytearray(path.read_bytes())
+    data[-64 * 4:] = np.full(64, 7.0, np.float32).tobytes()     # same size, other values
+    with open(path, "r+b") as f:
+        f.write(data)
+    with pytest.raises(zyx.ZyxError, match="rewritten in place") as e:
+        t["w"].numpy()
+    assert str(path) in str(e.value)
+    with pytest.raises(zyx.ZyxError, match="model.safetensors"):
+        (t["b"] + 1).numpy()          # a kernel reading the leaf checks too
+
+
+def test_file_replaced_by_save_keeps_old_values(tmp_path):
+    path, w = saved_file(tmp_path)
+    t = zyx.load(path)
+    zyx.save({"w": np.zeros((64, 64), np.float32)}, path)      # new file, renamed over
+    np.testing.assert_array_equal(t["w"].numpy(), w)
+
+
+@pytest.mark.parametrize("depth", [5_000, 200_000])
+def test_deeply_nested_header_is_a_clear_error(tmp_path, depth):
+    import struct
+    header = b"[" * depth + b"]" * depth
+    path = tmp_path / "nested.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    with pytest.raises(zyx.io.SafetensorsError, match="nests") as e:
+        zyx.load(path)
+    assert isinstance(e.value, zyx.ZyxError) and str(path) in str(e.value)
+    nested_entry = b'{"w": {"dtype": "F32", "shape": ' + b"[" * depth + b"]" * depth + b"}}"
+    path.write_bytes(struct.pack("<Q", len(nested_entry)) + nested_entry)
+    with pytest.raises(zyx.io.SafetensorsError):
+        zyx.load(path)

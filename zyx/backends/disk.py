@@ -12,16 +12,35 @@ not defined, so `initialize_backends` never lists it. Pools are made per file.
 A writable pool (`writable=True`) also supports `allocate`/`host_to_pool` with a simple
 bump allocator and a size-keyed free list over the file's bytes, which is all a file of
 fixed size needs.
+
+A mapping reads whatever the file holds now: a file truncated under it would kill the
+process with SIGBUS on the next read, and one rewritten in place would silently give other
+values. So the pool keeps a descriptor of the mapped file and checks before every read that
+its size and modification time are still those seen at load (`FileChangedError` otherwise,
+naming the file). Replacing the file by a rename (what `zyx.save` does) is fine: the
+mapping and the descriptor keep the old file. A change racing with a read in progress
+cannot be caught this way.
 """
 from __future__ import annotations
 
 import mmap
 import os
+import weakref
 
 import numpy as np
 
 from ..errors import AllocationError, BackendError
 from . import Buffer, MemoryPool
+
+
+class FileChangedError(BackendError):
+    """A file mapped by a disk pool was truncated or rewritten after it was loaded."""
+
+
+def _identity(st):
+    """What must not change while a file is mapped: which file, its size, its last write
+    (not ctime: renaming another file over this one changes it, and that is fine)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class DiskMemoryPool(MemoryPool):
@@ -36,12 +55,17 @@ class DiskMemoryPool(MemoryPool):
         self.writable = writable
         # a missing or unreadable file raises the usual OSError (FileNotFoundError ...)
         with open(self.path, "r+b" if writable else "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            size = st.st_size
             # mmap cannot map an empty file; such a pool simply holds nothing. The mapping
             # outlives the descriptor and keeps the file's inode alive even if the path is
             # replaced (zyx.save writes a new file and renames it over the old one).
             self._map = (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_WRITE if writable
                                    else mmap.ACCESS_READ) if size else None)
+            # our own descriptor of the mapped file, to see it change (`_check_unchanged`)
+            self._fd = os.dup(f.fileno())
+        weakref.finalize(self, os.close, self._fd)
+        self._identity = _identity(st)
         super().__init__(size)
         self.bytes_read = 0
         self.bytes_written = 0
@@ -90,12 +114,30 @@ class DiskMemoryPool(MemoryPool):
         """Raw bytes of the file (for headers; not counted in `bytes_read`)."""
         if self._map is None:
             return b""
+        self._check_unchanged()
         return self._map[offset:offset + nbytes]
+
+    def _check_unchanged(self):
+        """Raise FileChangedError when the mapped file is no longer what was loaded."""
+        if self.writable:
+            return      # the pool writes it itself
+        now = _identity(os.fstat(self._fd))
+        if now == self._identity:
+            return
+        size, was = now[2], self._identity[2]
+        what = (f"truncated from {was} to {size} bytes" if size < was else
+                f"grown from {was} to {size} bytes" if size > was else
+                "rewritten in place (same size, new modification time)")
+        raise FileChangedError(
+            f"{self.path!r} was {what} after it was loaded; its lazily loaded tensors "
+            "would read other bytes (or crash on a truncated file). Load it again, and "
+            "replace model files by writing a new file and renaming it (zyx.save does)")
 
     # -- transfers -----------------------------------------------------------------------
     def _bytes(self, buf):
         if buf.handle is None:
             raise BackendError("disk pool: buffer was already deallocated")
+        self._check_unchanged()
         return np.frombuffer(self._map, dtype=np.uint8, count=buf.nbytes, offset=buf.handle)
 
     def host_to_pool(self, src, dst, wait_events=()):

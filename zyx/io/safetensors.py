@@ -170,6 +170,11 @@ def _parse_header(pool):
         header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, ValueError) as e:
         raise SafetensorsError(f"{where}: header is not valid JSON ({e})") from None
+    except RecursionError:
+        # a valid header is two levels deep (tensor -> entry); thousands of nested
+        # brackets are a corrupt or hostile file, not something to parse further
+        raise SafetensorsError(f"{where}: header nests JSON values too deeply; a "
+                               "safetensors header maps names to flat entries") from None
     if not isinstance(header, dict):
         raise SafetensorsError(f"{where}: header is a JSON {type(header).__name__}, not an object")
     data_start = 8 + n
