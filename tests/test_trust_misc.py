@@ -335,3 +335,62 @@ def test_deeply_nested_header_is_a_clear_error(tmp_path, depth):
     path.write_bytes(struct.pack("<Q", len(nested_entry)) + nested_entry)
     with pytest.raises(zyx.io.SafetensorsError):
         zyx.load(path)
+
+
+# ---------------------------------------------------------------------------------------
+# 4. load_state_dict checks every value before it assigns any
+
+def two_layers():
+    zyx.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+
+
+def values_of(model):
+    return {k: v.numpy().copy() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("bad, cause", [
+    (np.array([["a"] * 4] * 2), "dtype <U1"),
+    (np.array([[object()] * 4] * 2, dtype=object), "dtype object"),
+    (np.ones((2, 4), np.complex64), "dtype complex64"),
+    ([[1.0, 2.0], [3.0]], "not an array"),
+    (np.ones((4, 2), np.float32), "size mismatch"),
+])
+def test_load_state_dict_with_a_bad_value_changes_nothing(bad, cause):
+    model = two_layers()
+    before = values_of(model)
+    new = {k: v + 1 for k, v in before.items()}
+    new["1.weight"] = bad                     # the third of four values, after two good ones
+    with pytest.raises(zyx.ZyxError, match="1.weight") as e:
+        model.load_state_dict(new)
+    assert cause in str(e.value)
+    after = values_of(model)
+    for k in before:
+        np.testing.assert_array_equal(after[k], before[k])
+
+
+@pytest.mark.parametrize("change", ["missing", "unexpected"])
+def test_strict_load_state_dict_with_wrong_keys_changes_nothing(change):
+    model = two_layers()
+    before = values_of(model)
+    new = {k: v + 1 for k, v in before.items()}
+    if change == "missing":
+        del new["1.bias"]
+    else:
+        new["2.weight"] = np.ones((2, 2), np.float32)
+    with pytest.raises(zyx.ZyxError, match=change):
+        model.load_state_dict(new)
+    for k, v in values_of(model).items():
+        np.testing.assert_array_equal(v, before[k])
+    model.load_state_dict(new, strict=False)     # the good values load without strict
+    np.testing.assert_array_equal(model.state_dict()["0.weight"].numpy(),
+                                  before["0.weight"] + 1)
+
+
+def test_load_state_dict_casts_numeric_values_like_torch():
+    model = two_layers()
+    new = {k: np.ones(v.shape, np.int64) for k, v in values_of(model).items()}
+    model.load_state_dict(new)
+    for v in model.state_dict().values():
+        assert v.dtype is zyx.float32
+        np.testing.assert_array_equal(v.numpy(), 1.0)

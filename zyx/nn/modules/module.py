@@ -33,17 +33,35 @@ def Parameter(data=None, requires_grad=True) -> Tensor:  # noqa: N802  (torch sp
     return t
 
 
-def _to_tensor(value, like: Tensor) -> Tensor:
-    """A state-dict value (zyx Tensor, numpy array, torch tensor, list) as a zyx Tensor."""
+# numpy kinds a state-dict value may have: bool, ints, floats (cast to the parameter's
+# dtype, as torch's copy_ does); strings, objects and complex numbers are refused
+_NUMERIC_KINDS = "biuf"
+
+
+def _state_value(key, value, dst: Tensor):
+    """(value as a Tensor of dst's shape and dtype, None) or (None, what is wrong)."""
     if isinstance(value, Tensor):
-        return value
-    if hasattr(value, "detach") and hasattr(value, "cpu"):   # a torch tensor
-        v = value.detach().cpu()
-        if str(v.dtype) == "torch.bfloat16":
-            v = v.float()
-        value = v.numpy()
-    arr = np.asarray(value)
-    return Tensor(arr, dtype=like.dtype)
+        if value.shape != dst.shape:
+            return None, _size_mismatch(key, value.shape, dst.shape)
+        return value, None
+    try:
+        if hasattr(value, "detach") and hasattr(value, "cpu"):   # a torch tensor
+            v = value.detach().cpu()
+            value = (v.float() if str(v.dtype) == "torch.bfloat16" else v).numpy()
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as e:
+        return None, f"value for {key!r} is not an array ({e})"
+    if arr.dtype.kind not in _NUMERIC_KINDS:
+        return None, (f"value for {key!r} has numpy dtype {arr.dtype}, which cannot be "
+                      f"copied into a {dst.dtype} tensor")
+    if arr.shape != dst.shape:
+        return None, _size_mismatch(key, arr.shape, dst.shape)
+    return Tensor(arr, dtype=dst.dtype), None
+
+
+def _size_mismatch(key, shape, want):
+    return (f"size mismatch for {key!r}: copying a value of shape {tuple(shape)} from the "
+            f"state_dict, the shape in the current model is {want}")
 
 
 def _addindent(s: str, n: int) -> str:
@@ -255,22 +273,20 @@ class Module:
             if unexpected:
                 errors.append("unexpected key(s) in state_dict: " +
                               ", ".join(repr(k) for k in unexpected))
+        # every value is checked and converted before the first one is assigned
         values = {}
         for k, dst in own.items():
-            if k not in state_dict:
-                continue
-            v = state_dict[k]
-            shape = tuple(v.shape) if hasattr(v, "shape") else np.shape(v)
-            if shape != dst.shape:
-                errors.append(f"size mismatch for {k!r}: copying a value of shape {shape} from "
-                              f"the state_dict, the shape in the current model is {dst.shape}")
-                continue
-            values[k] = v
+            if k in state_dict:
+                value, error = _state_value(k, state_dict[k], dst)
+                if error:
+                    errors.append(error)
+                else:
+                    values[k] = value
         if errors:
             raise ZyxError(f"error(s) in loading state_dict for {type(self).__name__}: " +
                            "; ".join(errors))
         for k, v in values.items():
-            _assign(own[k], _to_tensor(v, own[k]))
+            _assign(own[k], v)
         return _IncompatibleKeys(missing, unexpected)
 
     # -- modes, grads, dtypes ---------------------------------------------------------------
