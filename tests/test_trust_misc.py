@@ -394,3 +394,67 @@ def test_load_state_dict_casts_numeric_values_like_torch():
     for v in model.state_dict().values():
         assert v.dtype is zyx.float32
         np.testing.assert_array_equal(v.numpy(), 1.0)
+
+
+# ---------------------------------------------------------------------------------------
+# 5. errors that name their cause (torch's exception types where torch raises)
+
+@pytest.mark.parametrize("op", ["max", "min", "amax", "amin", "sum", "prod", "argmax",
+                                "argmin"])   # mean/var/std: another change of issue 10
+@pytest.mark.parametrize("axis", [0, -1])
+def test_reductions_of_a_0d_tensor_over_axis_0_like_torch(op, axis):
+    torch = pytest.importorskip("torch")
+    got = getattr(zyx.tensor(2.5), op)(axis).numpy()
+    want = getattr(torch.tensor(2.5), op)(axis)
+    want = (want.values if op in ("max", "min") else want).numpy()   # torch: (values, indices)
+    np.testing.assert_array_equal(got, want)
+    assert got.shape == ()
+
+
+@pytest.mark.parametrize("op", ["max", "min", "sum", "argmax", "argmin", "mean"])
+@pytest.mark.parametrize("shape, axis", [((), 1), ((), -2), ((3,), 1), ((2, 3), -3)])
+def test_reduction_over_a_missing_axis_is_an_index_error_like_torch(op, shape, axis):
+    torch = pytest.importorskip("torch")
+    with pytest.raises(IndexError) as want:
+        getattr(torch.zeros(shape), op)(axis)
+    with pytest.raises(IndexError) as got:
+        getattr(zyx.zeros(*shape), op)(axis)
+    assert isinstance(got.value, zyx.ShapeError)      # still a zyx error
+    assert str(want.value) in str(got.value)          # "Dimension out of range (...)"
+
+
+def test_tensor_too_large_to_address_is_an_allocation_error():
+    with pytest.raises(zyx.AllocationError, match=r"\(4611686018427387904, 4\).*bytes"):
+        zyx.zeros(2**62, 4).realize()
+    with pytest.raises(zyx.AllocationError, match="bytes"):
+        zyx.ones(2**62, 4).sum().realize()
+    np.testing.assert_array_equal(zyx.zeros(2, 4).numpy(), np.zeros((2, 4)))   # still works
+
+
+@pytest.mark.parametrize("chunks", [0, -1])
+def test_chunk_needs_a_positive_count(chunks):
+    with pytest.raises(zyx.ZyxError, match="greater than 0"):
+        zyx.ones(4).chunk(chunks)
+    with pytest.raises(zyx.ZyxError, match="greater than 0"):
+        zyx.chunk(zyx.ones(4), chunks)
+
+
+@pytest.mark.parametrize("cond", [np.array([1.0, 0.0, 0.5], np.float32),
+                                  np.array([1.0, 0.0, np.nan])])
+def test_where_refuses_a_float_condition(cond):
+    a, b = zyx.ones(3), zyx.zeros(3)
+    for c in (zyx.tensor(cond), cond):
+        with pytest.raises(zyx.DTypeError, match="bool condition"):
+            zyx.where(c, a, b)
+        with pytest.raises(zyx.DTypeError, match="bool condition"):
+            a.where(c, b)
+    got = zyx.where(zyx.tensor(cond) != 0, a, b).numpy()
+    np.testing.assert_array_equal(got, np.where(cond != 0, 1.0, 0.0))
+
+
+@pytest.mark.parametrize("args", [(0, 2), ((0, 2),), ([1],), (-1, 0)])
+def test_flip_takes_axes_as_varargs_like_torch(args):
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    axes = args[0] if len(args) == 1 else args
+    np.testing.assert_array_equal(zyx.tensor(x).flip(*args).numpy(), np.flip(x, axes))
+    np.testing.assert_array_equal(zyx.tensor(x).flip(dims=axes).numpy(), np.flip(x, axes))

@@ -23,3 +23,7 @@ class BackendError(ZyxError, RuntimeError):
 
 class NoBackendAvailable(BackendError):
     """No backend could be initialized (all failed or were disabled in the config)."""
+
+
+class DimensionError(ShapeError, IndexError):
+    """A dimension index is out of range (an IndexError, as torch raises)."""

@@ -17,7 +17,7 @@ import numpy as np
 from . import dtype as dt
 from ._core import graph as G
 from ._core import kernel as K
-from .errors import DTypeError, ShapeError, ZyxError
+from .errors import DimensionError, DTypeError, ShapeError, ZyxError
 from .runtime import RT
 from ._core import tensorbase as _TB
 
@@ -61,7 +61,9 @@ def _one_axis(a, ndim):
         raise ShapeError(f"axis must be an int, got {a!r}")
     n = ndim if ndim > 0 else 1
     if not -n <= a < n:
-        raise ShapeError(f"axis {a} is out of range for a tensor of {ndim} dimension(s)")
+        raise DimensionError(f"Dimension out of range (expected to be in range of [{-n}, "
+                             f"{n - 1}], but got {a}): axis {a} of a tensor of {ndim} "
+                             "dimension(s)")
     return int(a) % n if ndim > 0 else 0
 
 
@@ -367,8 +369,14 @@ class Tensor(_TB.TensorBase):
         """bounds: ((start, end), ...) per dim."""
         return self._pad(tuple((-s, e - n) for (s, e), n in zip(bounds, self.shape)))
 
-    def flip(self, axis=None, dim=None, dims=None) -> "Tensor":
-        axis = _axis_kw(axis, dim if dims is None else dims)
+    def flip(self, *axes, axis=None, dim=None, dims=None) -> "Tensor":
+        """Reverse the order along the given axes: flip(0, 2), flip((0, 2)), flip(dims=...)."""
+        given = _axis_kw(axis, dim if dims is None else dims)
+        if axes:
+            if given is not None:
+                raise TypeError("flip: give the axes positionally or by keyword, not both")
+            given = axes[0] if len(axes) == 1 else axes
+        axis = given
         axes = _norm_axis(axis, self.ndim)
         axes = tuple(a for a in axes if self.shape[a] > 1)
         if not axes:
@@ -1066,10 +1074,22 @@ def _fits_int32(*values):
     return all(-2 ** 31 <= v < 2 ** 31 for v in values)
 
 
+def _check_condition_kind(kind, what):
+    if kind not in "biu":
+        raise DTypeError(f"where expects a bool condition, got {what}; compare it first, "
+                         "e.g. where(mask > 0.5, a, b)")
+
+
 def where(cond, a, b) -> Tensor:
-    """Elementwise select: `a` where cond is true, else `b` (broadcasting, promotion)."""
+    """Elementwise select: `a` where cond is true, else `b` (broadcasting, promotion).
+    `cond` is bool (or integer: nonzero selects `a`). A float condition is refused, as
+    torch refuses it, rather than read as "nonzero" (0.5 and NaN would select `a`):
+    compare it first, e.g. `where(mask > 0.5, a, b)`."""
     if not isinstance(cond, Tensor):
-        cond = Tensor(cond, dtype=dt.bool_)
+        arr = np.asarray(cond)
+        _check_condition_kind(arr.dtype.kind, f"an array of {arr.dtype}")
+        cond = Tensor(arr, dtype=dt.bool_)
+    _check_condition_kind(cond.dtype.kind, f"a {cond.dtype} tensor")
     if isinstance(a, Tensor) and isinstance(b, Tensor):
         d = dt.promote(a.dtype, b.dtype)
     elif isinstance(a, Tensor):
@@ -1104,7 +1124,7 @@ def _prod_r(self, axis=None, keepdim=False, dtype=None, dim=None):
 
 
 def _check_nonempty(self, axis, what):
-    axes = _norm_axis(axis, self.ndim)
+    axes = _norm_axis(axis, self.ndim) if self.ndim else ()   # 0-d: axis 0/-1, one value
     if any(self.shape[a] == 0 for a in axes) or (self.numel() == 0 and not axes):
         raise ShapeError(f"{what} of an empty dimension has no identity (shape {self.shape})")
 
@@ -1156,6 +1176,8 @@ def _argext(self, axis, keepdim, largest):
     else:
         x = self
     axis = _one_axis(axis, x.ndim)
+    if x.ndim == 0:     # torch: the index of a 0-d tensor's only value, 0-d
+        return _const(0, dt.int64, ())
     _check_nonempty(x, axis, "argmax" if largest else "argmin")
     n = x.shape[axis]
     m = x._reduce(K.R_MAX if largest else K.R_MIN, axis, True)
@@ -1412,6 +1434,8 @@ def split(t: Tensor, split_size_or_sections, axis=None, dim=None):
 
 
 def chunk(t: Tensor, chunks: int, axis=None, dim=None):
+    if not isinstance(chunks, (int, np.integer)) or chunks <= 0:
+        raise ShapeError(f"chunk expects chunks to be an int greater than 0, got {chunks!r}")
     axis = _one_axis(_dim0(axis, dim), t.ndim)
     n = t.shape[axis]
     size = -(-n // chunks) if chunks > 0 else 0

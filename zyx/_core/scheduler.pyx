@@ -10,6 +10,7 @@ import time
 
 from cpython.exc cimport PyErr_CheckSignals
 
+from ..errors import AllocationError
 from .graph import LEAF
 from .kernelizer import kernelize
 from .kernel import format_kernel
@@ -278,8 +279,24 @@ def layout_memory(plan):
     plan.nslots = 1 + len(plan.leaves) + len(owned)
 
 
+def _check_addressable(graph, list order):
+    """Kernels index with 64-bit integers: a tensor of 2**63 bytes or more cannot be
+    computed (nor stored anywhere); say so instead of overflowing in the index math."""
+    cdef object n
+    for nid in order:
+        node = graph.get(nid)
+        n = node.dtype.itemsize
+        for d in node.shape:
+            n *= d
+        if n >= 2 ** 63:
+            raise AllocationError(
+                f"a tensor of shape {tuple(node.shape)} and dtype {node.dtype} would take "
+                f"{n} bytes, beyond what 64-bit indices address (2**63 bytes)")
+
+
 def build_plan(graph, list order, list target_ids, device, int debug=0):
     t0 = time.perf_counter()
+    _check_addressable(graph, order)
     steps, stored = kernelize(graph, order, target_ids, device.info().preferred_vector_size)
     pos = {nid: p for p, nid in enumerate(order)}
     targets = [pos[t] for t in target_ids]
