@@ -137,9 +137,38 @@ def test_setup_builds_one_extension_per_pyx():
 
 # -- wheel contents ------------------------------------------------------------------------
 
+def build_requirements():
+    """{name: minimum major version} of pyproject's build-system.requires."""
+    out = {}
+    for req in pyproject()["build-system"]["requires"]:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)>=(\d+)(?:\.\d+)*", req.replace(" ", ""))
+        assert m, f"build requirement {req!r}: expected 'name>=version'"
+        out[m.group(1).lower()] = int(m.group(2))
+    return out
+
+
+def test_test_extra_brings_the_build_requirements():
+    """The tests below run setup.py with the environment's setuptools, so the test extra
+    must bring what a build uses: a fresh venv's stock setuptools (65 with Python 3.11)
+    rejects pyproject's SPDX license string."""
+    extra = {}
+    for req in pyproject()["project"]["optional-dependencies"]["test"]:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)>=(\d+)(?:\.\d+)*", req.replace(" ", ""))
+        if m:
+            extra[m.group(1).lower()] = int(m.group(2))
+    for name, minimum in build_requirements().items():
+        assert extra.get(name, -1) >= minimum, (
+            f"the [test] extra needs {name}>={minimum} (pyproject build-system.requires)")
+
+
 def test_wheel_python_files_and_no_sources(tmp_path):
     """build_py is the step that copies Python-side files into a wheel: it must copy every
     module of the zyx package and none of the Cython sources or generated C."""
+    import setuptools
+    need = build_requirements()["setuptools"]
+    assert int(setuptools.__version__.split(".")[0]) >= need, (
+        f"setuptools {setuptools.__version__} is older than the build requires "
+        f"(>={need}); install the test extra: python -m pip install -e \".[test]\"")
     r = run_python(["setup.py", "-q", "build_py", "--build-lib", str(tmp_path / "lib")],
                    cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -202,6 +231,19 @@ def test_ci_run_runs_the_readme_test_command():
     assert "set -euo pipefail" in lines
     test_cmd = readme_setup_commands()[1]
     assert lines[-1] == test_cmd, "the README's test command must be the last line of .ci/run"
+
+
+def test_ci_run_uses_a_fresh_stock_venv():
+    """CI runs the README's command where a new user does: a fresh `python -m venv` with
+    the pip and setuptools it comes with (nothing upgraded before the command)."""
+    code = [ln.split("#")[0].strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
+    code = [ln for ln in code if ln]
+    venv = [i for i, ln in enumerate(code) if re.search(r"\bpython3? -m venv\b", ln)]
+    assert len(venv) == 1, "make exactly one venv with python -m venv"
+    assert not any("--upgrade" in ln or " -U " in ln or "ensurepip" in ln for ln in code)
+    assert not any(re.search(r"pip install[^&]*\b(pip|setuptools)\b", ln) for ln in code)
+    assert any("/bin" in ln and "PATH" in ln for ln in code[venv[0]:]), \
+        "the commands after the venv must run its python"
 
 
 def test_readme_tour_runs(tmp_path):
