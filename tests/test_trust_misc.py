@@ -138,6 +138,7 @@ def test_four_threads_train_while_one_evaluates():
     loop: every trainer's losses and gradients equal a single-threaded run."""
     seeds = [11, 12, 13, 14]
     expected = [train(make_mlp(s), *mlp_data(s)) for s in seeds]
+    base = pool_bytes()
 
     models = [make_mlp(s) for s in seeds]
     eval_model = make_mlp(99)
@@ -176,6 +177,8 @@ def test_four_threads_train_while_one_evaluates():
         for step, want_step in zip(grads, want_grads):
             for g, w in zip(step, want_step):
                 np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    del models, eval_model, trainer_fns
+    assert pool_bytes() == base       # every thread's parameters and states are freed
 
 
 def test_one_lazy_tensor_realized_by_four_threads_does_not_leak():
