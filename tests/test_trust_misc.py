@@ -133,6 +133,28 @@ def test_tape_records_only_its_own_thread():
     np.testing.assert_allclose(tape.gradient(tape_out, x).numpy(), [6.0])
 
 
+def test_backward_template_trace_sees_only_its_own_thread():
+    """While one thread traces a backward pass for a template, nodes another thread builds
+    must not land in the trace (the template would replay them)."""
+    graph = RT.graph
+    graph.trace = mine = []
+    try:
+        seen = {}
+
+        def other():
+            seen["trace"] = graph.trace
+            (zyx.tensor([1.0, 2.0]) * 3.0).sum()
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(30)
+        assert mine == [] and seen == {"trace": None}
+        built = zyx.ones(2) + 1.0
+        assert len(mine) >= 1 and built.shape == (2,)    # this thread's nodes are traced
+    finally:
+        graph.trace = None
+
+
 def test_four_threads_train_while_one_evaluates():
     """Four threads train their own MLP while a fifth evaluates a model under no_grad in a
     loop: every trainer's losses and gradients equal a single-threaded run."""
