@@ -296,6 +296,42 @@ print("RESULT OK")
     assert 0 < on_disk <= 0.1 * 2**20, on_disk
 
 
+SHARED_PROGRAM = """
+import gc, numpy as np, zyx
+def mapped(path):
+    with open("/proc/self/maps") as f:
+        return any(l.rstrip().endswith(path) for l in f)
+x = zyx.Tensor(np.arange(7, dtype=np.float32))
+assert (x * 2 + 1).numpy().tolist() == [2 * i + 1 for i in range(7)]
+(plan,) = zyx._RT.plans.values()
+dev = zyx._RT.device()
+items = [(st.kernel, [plan.slot[a] for a in st.args]) for st in plan.steps
+         if st.kernel is not None and plan.nbytes.get(st.args[0])]
+other = dev.compile_plan(items, plan.nslots)       # a second plan of the same program
+assert other.lib is plan.runner.lib
+path = "/c-" + [k for k, v in dev._loaded.items() if v is other.lib][0] + ".so"
+del plan
+zyx._RT.plans.clear()                               # the first plan leaves the cache
+gc.collect()
+assert mapped(path), "unloaded while another plan still uses it"
+src = np.arange(7, dtype=np.float32) * 3
+out = np.zeros(7, np.float32)
+table = [0] * other.argtype._length_
+table[items[0][1][1][1]] = src.ctypes.data
+table[items[0][1][0][1]] = out.ctypes.data
+dev.run_plan(other, table, False)
+assert out.tolist() == (src * 2 + 1).tolist(), out
+del other
+gc.collect()
+assert not mapped(path), "still mapped after its last plan was dropped"
+print("RESULT OK")
+"""
+
+
+def test_program_shared_by_two_plans_stays_loaded_until_both_are_gone(tmp_path):
+    ok(run_zyx(tmp_path, SHARED_PROGRAM))
+
+
 # -- start-up and configuration -----------------------------------------------------------
 
 def test_dummy_in_config_never_computes_when_the_c_backend_has_a_bad_setting(tmp_path):
