@@ -149,15 +149,15 @@ def _thread_count(cfg):
     positive integer is ignored with a warning naming it, an absurd one is clamped."""
     name, raw = ("c.threads", cfg["threads"]) if "threads" in cfg else \
         ("ZYX_THREADS", os.environ.get("ZYX_THREADS"))
-    if raw is None or raw == "" or raw == 0:
+    if raw is None or raw == "":
         return 0
     try:
         if isinstance(raw, (bool, float)):
             raise ValueError
         n = int(raw)
-        if n < 1:
+        if n < 0:
             raise ValueError
-    except ValueError:
+    except (TypeError, ValueError):
         warn(f"zyx: ignoring {name}={raw!r}: not a positive integer; using all cores")
         return 0
     limit = _thread_limit()
@@ -187,7 +187,7 @@ def _cpu_identity():
     shared between machines probes each CPU once."""
     keep = ("vendor_id", "cpu family", "model", "model name", "flags", "Features",
             "CPU implementer", "CPU architecture", "CPU variant", "CPU part")
-    lines = [platform.machine(), platform.processor()]
+    lines = [platform.machine()]
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -196,7 +196,7 @@ def _cpu_identity():
                 if line.split(":")[0].strip() in keep:
                     lines.append(line.strip())
     except OSError:
-        pass
+        lines.append(platform.processor())   # runs `uname -p`: only where /proc is missing
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
@@ -267,9 +267,12 @@ class CPlanProgram:
 
 
 _LIVE_DEVICES = weakref.WeakSet()
+_FORKED = False     # this process was fork()ed from one that had imported zyx
 
 
 def _after_fork_in_child():
+    global _FORKED
+    _FORKED = True
     for dev in list(_LIVE_DEVICES):
         dev.forked()
 
@@ -329,6 +332,8 @@ class CDevice:
             os.environ["GOMP_SPINCOUNT"] = "300000"
             os.environ["KMP_BLOCKTIME"] = "2"
         _LIVE_DEVICES.add(self)
+        if _FORKED:     # the parent may have started a thread team (this or another device)
+            self.forked()
 
     def forked(self):
         """Called in a fork()ed child: the parent's OpenMP thread team did not survive the
@@ -667,6 +672,8 @@ class CDevice:
         if self.openmp and self._omp is None and src is not _OMP_ANCHOR_SRC:
             self._omp = self._build(_OMP_ANCHOR_SRC, ["zyx_omp_serial"])
             self._omp.keep = True
+            if _FORKED:
+                self._omp.dll.zyx_omp_serial()
         lib = self._load_cached(key, symbols)
         if lib is None:
             lib = self._compile(src, key, symbols)
