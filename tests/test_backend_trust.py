@@ -148,6 +148,7 @@ def test_junk_from_a_compiler_exiting_0_is_an_error_and_never_cached(tmp_path):
     assert r.returncode != 0 and "BackendError" in r.stderr and "no loadable library" in r.stderr, \
         r.stderr
     assert mark.exists()
+    assert not list((tmp_path / "cache" / "zyx").glob("tmp*"))
     ok(run_zyx(tmp_path, COMPUTE, env={"ZYX_CC": cc}))   # the compiler works now: so does zyx
 
 

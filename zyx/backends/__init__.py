@@ -180,7 +180,9 @@ def initialize_backends(config: dict, debug: int = 0, only=None):
             mod = importlib.import_module(f".{name}", __name__)
             p, d = mod.initialize(bcfg, debug)
         except ImportError as e:
-            reasons.append(f"{name}: unavailable ({e})")
+            missing = isinstance(e, ModuleNotFoundError) and e.name == f"{__name__}.{name}"
+            reasons.append(f"{name}: " + ("not part of this version of zyx" if missing
+                                          else f"unavailable ({e})"))
             if debug & 1:
                 print(f"zyx: backend {name} unavailable: {e}", file=sys.stderr)
             continue
