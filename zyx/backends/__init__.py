@@ -170,7 +170,10 @@ def initialize_backends(config: dict, debug: int = 0, only=None):
     failed to start."""
     pools, devices, reasons = [], [], []
     for name in (only or [b for b in BACKENDS if b != "dummy"]):
-        bcfg = config.get(name, {}) if isinstance(config.get(name, {}), dict) else {}
+        bcfg = config.get(name, {})
+        if not isinstance(bcfg, dict):
+            warn(f"zyx: ignoring config section {name}={bcfg!r}: not an object")
+            bcfg = {}
         if not bcfg.get("enabled", True if only else name != "dummy"):
             reasons.append(f"{name}: disabled in config")
             if debug & 1:

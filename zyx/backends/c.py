@@ -707,6 +707,8 @@ class CDevice:
             self._discard(key)
             return None
         try:
+            # (the file could change between hashing and loading only by the hand of
+            # someone who can write the directory, and cache_dir makes sure no one can)
             lib = _Library(path)
         except OSError:
             self._discard(key)
