@@ -100,11 +100,6 @@ DEFAULT_FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-ma
 DEFAULT_CACHE_MB = 512
 DEFAULT_COMPILE_TIMEOUT_S = 300.0
 _PROBE_SRC = "int f(int x){return x+1;}"
-# Linked into every process that runs OpenMP kernels and never unloaded: it keeps the
-# OpenMP runtime loaded while kernel libraries come and go (unloading libgomp under its
-# idle thread team would crash), and lets a forked child drop to one thread.
-_OMP_ANCHOR_SRC = ("void omp_set_num_threads(int);\n"
-                   "void zyx_omp_serial(void) { omp_set_num_threads(1); }\n")
 
 
 def _find_compiler(cfg):
@@ -209,6 +204,24 @@ def _kill_group(proc):
     proc.wait()
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _file_defining(fn):
+    """Path of the loaded object that defines ctypes function `fn` (dladdr), or None."""
+    try:
+        dladdr = ctypes.CDLL(None).dladdr
+    except (OSError, AttributeError):
+        return None
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    info = _DlInfo()
+    if dladdr(ctypes.cast(fn, ctypes.c_void_p), ctypes.byref(info)) and info.dli_fname:
+        return os.fsdecode(info.dli_fname)
+    return None
+
+
 class _CacheUnusable(Exception):
     """The cache directory cannot take a new library (read-only, full, ...); `lib` is the
     library when it could be built elsewhere."""
@@ -306,7 +319,8 @@ class CDevice:
         self.dialect = CDialect()
         self._programs = weakref.WeakValueDictionary()   # kernel -> CProgram some plan holds
         self._loaded = weakref.WeakValueDictionary()     # cache key -> _Library in use
-        self._omp = None           # the OpenMP anchor library, loaded with the first kernel
+        self._omp = None           # the OpenMP runtime, opened once more, never closed
+        self._can_unload = True    # False where the OpenMP runtime could not be pinned
         self._disk_bytes = None    # bytes of libraries in the disk cache (None: not counted)
         self.compiled = 0      # compiler runs (disk-cache misses) in this process
         self._info = DeviceInfo(name=f"C ({os.path.basename(self.cc)}, "
@@ -341,7 +355,7 @@ class CDevice:
         next parallel region. The child runs every plan on its one thread."""
         self.run_plan = self._run_plan_serial
         if self._omp is not None:
-            self._omp.dll.zyx_omp_serial()   # kernels compiled alone (compile()) too
+            self._omp.omp_set_num_threads(1)   # kernels compiled alone (compile()) too
 
     # -- capability probe, cached on disk per compiler and CPU ----------------------------
     def _probe(self):
@@ -669,16 +683,34 @@ class CDevice:
         lib = self._loaded.get(key)
         if lib is not None:
             return lib
-        if self.openmp and self._omp is None and src is not _OMP_ANCHOR_SRC:
-            self._omp = self._build(_OMP_ANCHOR_SRC, ["zyx_omp_serial"])
-            self._omp.keep = True
-            if _FORKED:
-                self._omp.dll.zyx_omp_serial()
         lib = self._load_cached(key, symbols)
         if lib is None:
             lib = self._compile(src, key, symbols)
+        if self.openmp and self._omp is None and self._can_unload:
+            self._pin_openmp_runtime(lib)
+        lib.keep = not self._can_unload
         self._loaded[key] = lib
         return lib
+
+    def _pin_openmp_runtime(self, lib):
+        """Once a kernel library has brought in the OpenMP runtime, open that runtime once
+        more and never close it: kernel libraries are unloaded when their plans go, and
+        unloading libgomp under its idle thread team would crash the process. Where the
+        runtime cannot be found (no dladdr), libraries are never unloaded instead."""
+        try:
+            fn = lib.dll.omp_set_num_threads   # searched in lib and its dependencies
+        except AttributeError:
+            return            # this library has no parallel code: it did not load OpenMP
+        path = _file_defining(fn)
+        try:
+            self._omp = ctypes.CDLL(path) if path else None
+        except OSError:
+            self._omp = None
+        if self._omp is None:
+            self._can_unload = False
+            return
+        if _FORKED:
+            self._omp.omp_set_num_threads(1)
 
     def _paths(self, key):
         return (os.path.join(self.cache, f"c-{key}.so"),
