@@ -352,6 +352,7 @@ def test_dummy_in_config_never_computes_when_the_c_backend_has_a_bad_setting(tmp
     ({"c": {"cache_mb": "big"}}, {}, "c.cache_mb"),
     ({"c": {"compiler": "no-such-cc-zyx"}}, {}, "c.compiler"),
     ({"c": 5}, {}, "config section c"),
+    ({"max_plans": "lots"}, {}, "max_plans"),
 ])
 def test_bad_config_value_is_ignored_with_a_warning_naming_it(tmp_path, config, env, named):
     r = ok(run_zyx(tmp_path, COMPUTE, config=config, env=env))
