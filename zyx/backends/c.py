@@ -190,8 +190,8 @@ def _cpu_identity():
                     break            # the first processor's block is enough
                 if line.split(":")[0].strip() in keep:
                     lines.append(line.strip())
-    except OSError:
-        lines.append(platform.processor())   # runs `uname -p`: only where /proc is missing
+    except OSError:   # no /proc (macOS): this host, whatever CPU it has
+        lines += [platform.processor(), platform.node()]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
@@ -213,7 +213,7 @@ def _file_defining(fn):
     """Path of the loaded object that defines ctypes function `fn` (dladdr), or None."""
     try:
         dladdr = ctypes.CDLL(None).dladdr
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):   # TypeError: Windows has no CDLL(None)
         return None
     dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
     info = _DlInfo()
