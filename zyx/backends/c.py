@@ -195,6 +195,14 @@ def _cpu_identity():
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
+def _fingerprint(dry_run_output):
+    """Hash of what a compiler's `-###` dry run prints: its version and the target flags
+    -march=native expands to (the CPU features), so it is part of every cache key.
+    Paths (install dirs, clang's working directory) say nothing about the code."""
+    words = [w.strip("\"'") for w in dry_run_output.split() if "/" not in w]
+    return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
+
+
 def _kill_group(proc):
     """Kill a compiler run and everything it started (cc1, as, ld share its group)."""
     try:
@@ -385,45 +393,68 @@ class CDevice:
                 return self._probe()
             raise BackendError(f"C backend: {self.cc} cannot build a shared library with "
                                f"flags {self.base_flags}")
-        wide = native and _has_avx512() and self._try_compile(_PROBE_SRC, [WIDE_VECTORS], [])
-        omp = self._try_compile("int f(int n){int s=0;\n#pragma omp parallel for reduction(+:s)\n"
-                                "for(int i=0;i<n;i++)s+=i;return s;}", ["-fopenmp"], [])
-        mvec = omp and sys.platform.startswith("linux") and self._try_compile(
-            _simd_decls() + "#include <math.h>\nvoid f(float*a,int n){\n#pragma omp simd\n"
-            "for(int i=0;i<n;i++)a[i]=expf(a[i]);}", ["-fopenmp"], ["-lmvec", "-lm"])
-        fingerprint = self._compiler_fingerprint()
-        self._write_private(marker, f"{int(omp)} {int(bool(mvec))} {int(native)} {int(wide)} "
+        # the remaining probes and the dry run are independent: run them at the same time
+        runs = {"dry": (self._start_compiler([self.cc, *self.base_flags, "-###", "-E", "-x",
+                                               "c", os.devnull, "-o", os.devnull]), None)}
+        try:
+            if native and _has_avx512():
+                runs["wide"] = self._start_try(_PROBE_SRC, [WIDE_VECTORS], [])
+            runs["omp"] = self._start_try(
+                "int f(int n){int s=0;\n#pragma omp parallel for reduction(+:s)\n"
+                "for(int i=0;i<n;i++)s+=i;return s;}", ["-fopenmp"], [])
+            if sys.platform.startswith("linux"):
+                runs["mvec"] = self._start_try(
+                    _simd_decls() + "#include <math.h>\nvoid f(float*a,int n){\n#pragma omp simd\n"
+                    "for(int i=0;i<n;i++)a[i]=expf(a[i]);}", ["-fopenmp"], ["-lmvec", "-lm"])
+            done = {name: self._wait_compiler(proc) for name, (proc, _) in runs.items()}
+        finally:
+            for proc, work in runs.values():
+                if proc.poll() is None:
+                    _kill_group(proc)
+                if work:
+                    shutil.rmtree(work, ignore_errors=True)
+        wide = "wide" in done and done["wide"][0] == 0
+        omp = done["omp"][0] == 0
+        mvec = omp and "mvec" in done and done["mvec"][0] == 0
+        fingerprint = _fingerprint(done["dry"][1])
+        self._write_private(marker, f"{int(omp)} {int(mvec)} {int(native)} {int(wide)} "
                                     f"{fingerprint}".encode())
-        return omp, bool(mvec), native, wide, fingerprint
+        return omp, mvec, native, wide, fingerprint
 
-    def _compiler_fingerprint(self):
-        """Hash of the compiler's version and of the target flags -march=native expands to
-        (the driver's `-###` dry run prints both): part of every cache key."""
-        _, out = self._run_compiler([self.cc, *self.base_flags, "-###", "-E", "-x", "c",
-                                     os.devnull, "-o", os.devnull])
-        # paths (install dirs, clang's working directory) say nothing about the code
-        words = [w.strip("\"'") for w in out.split() if "/" not in w]
-        return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
+    def _start_try(self, src, extra, libs):
+        """Start compiling `src` into a library in a temporary directory (probes)."""
+        work = tempfile.mkdtemp(prefix="zyx-probe-")
+        c = os.path.join(work, "p.c")
+        with open(c, "w") as f:
+            f.write(src)
+        return self._start_compiler([self.cc, *self.base_flags, *extra, c, "-o",
+                                     os.path.join(work, "p.so"), *libs]), work
 
     def _try_compile(self, src, extra, libs):
-        with tempfile.TemporaryDirectory() as d:
-            c = os.path.join(d, "p.c")
-            with open(c, "w") as f:
-                f.write(src)
-            rc, _ = self._run_compiler([self.cc, *self.base_flags, *extra, c, "-o",
-                                        os.path.join(d, "p.so"), *libs])
-            return rc == 0
+        proc, work = self._start_try(src, extra, libs)
+        try:
+            return self._wait_compiler(proc)[0] == 0
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     def _run_compiler(self, cmd):
         """(exit status, output) of one compiler run, killed after `compile_timeout` s."""
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        return self._wait_compiler(self._start_compiler(cmd))
+
+    def _start_compiler(self, cmd):
+        # its own process group: a timeout or Ctrl-C kills cc1, as and ld with it
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, errors="replace",
                                 start_new_session=True)
+
+    def _wait_compiler(self, proc):
+        """(exit status, output) of a started compiler run, killed after `compile_timeout`
+        seconds (measured from now: runs started together wait in turn)."""
         try:
             out, _ = proc.communicate(timeout=self.compile_timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            raise BackendError(f"C backend: {cmd[0]} did not finish within "
+            raise BackendError(f"C backend: {proc.args[0]} did not finish within "
                                f"{self.compile_timeout:g} s and was killed (raise "
                                f"c.compile_timeout_s in config.json if it needs longer)") from None
         except BaseException:       # Ctrl-C while compiling: leave no compiler behind
