@@ -188,6 +188,19 @@ def test_interrupted_compile_leaves_no_temporaries_nor_compiler(tmp_path):
         os.kill(compiler_pid, 0)
 
 
+def test_temporaries_of_a_killed_process_are_removed_later(tmp_path):
+    stale = tmp_path / "cache" / "zyx" / "tmp-killed"
+    stale.mkdir(parents=True, mode=0o700)
+    (stale / "k.c").write_text("void f(void) {}")
+    hours_ago = time.time() - 7200
+    os.utime(stale / "k.c", (hours_ago, hours_ago))
+    os.utime(stale, (hours_ago, hours_ago))
+    recent = stale.with_name("tmp-compiling-now")    # maybe another process at work
+    recent.mkdir()
+    ok(run_zyx(tmp_path, COMPUTE))
+    assert not stale.exists() and recent.exists()
+
+
 def test_full_disk_in_cache_still_computes_with_one_warning(tmp_path):
     cache = tmp_path / "cache"
     cc = fake_compiler(tmp_path, f'  case "$out" in {cache}/*) head -c 100 /dev/zero > "$out"; '

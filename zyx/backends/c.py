@@ -890,8 +890,9 @@ class CDevice:
     def _bound_disk(self, added):
         """Keep the libraries on disk under `cache_bytes`: past it, delete the least
         recently used (by access time, which loading sets) down to 3/4 of it."""
-        if self._disk_bytes is None:
+        if self._disk_bytes is None:   # this process's first write: look at the directory
             self._disk_bytes = sum(size for _, size, _ in self._cached_libraries())
+            self._remove_stale_temporaries()
         else:
             self._disk_bytes += added
         if self._disk_bytes <= self.cache_bytes:
