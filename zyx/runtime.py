@@ -18,14 +18,17 @@ import numpy as np
 from . import dtype as dt
 from ._core.graph import Graph, LEAF
 from ._core import scheduler
-from .backends import initialize_backends, load_config
+from .backends import initialize_backends, load_config, warn
 from .errors import ZyxError
 
 DEBUG_DEVICES, DEBUG_SCHEDULE, DEBUG_IR, DEBUG_SOURCE, DEBUG_MEMORY, DEBUG_COMPILE, \
     DEBUG_PERF = 1, 2, 4, 8, 16, 32, 64
 
 
-MAX_PLANS = 4096   # plan cache entries kept in memory (compiled programs stay cached)
+# Plan cache entries kept in memory (config "max_plans"). A dropped plan's compiled library
+# is unloaded once no other plan shares it (the disk cache keeps it for the next time), so
+# this also bounds the libraries mapped: ~35 KB each, 5,000 shapes mapped 180 MB.
+MAX_PLANS = 1024
 
 
 def _env_debug():
@@ -33,6 +36,14 @@ def _env_debug():
         return int(os.environ.get("ZYX_DEBUG", "0"), 0)
     except ValueError:
         return 0
+
+
+def _max_plans(config):
+    n = config.get("max_plans", MAX_PLANS)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        warn(f"zyx: ignoring max_plans={n!r}: not a positive integer; using {MAX_PLANS}")
+        return MAX_PLANS
+    return n
 
 
 class Runtime:
@@ -50,6 +61,7 @@ class Runtime:
         # it too, and realization frees buffers.
         self.lock = threading.RLock()
         self._local = threading.local()     # per thread: .pending (see `pending`)
+        self.max_plans = MAX_PLANS
         self.rng = np.random.Generator(np.random.PCG64(0))
         self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
                       "plan_cache_hits": 0, "realizations": 0,
@@ -59,8 +71,9 @@ class Runtime:
     def init(self, only=None):
         """Initialize backends (done lazily on first use; call to pick backends explicitly)."""
         self.config = load_config(debug=self.debug)
+        self.max_plans = _max_plans(self.config)
         self.pools, self.devices = initialize_backends(self.config, self.debug, only)
-        self.plans.clear()
+        self.plans.clear()     # their programs are unloaded with them
 
     def _ensure(self):
         if self.devices is None:
@@ -170,12 +183,16 @@ class Runtime:
         plan = self.plans.get(key)
         if plan is None:
             plan = scheduler.build_plan(self.graph, order, ids, dev, self.debug)
-            if len(self.plans) >= MAX_PLANS:   # bounded: drop the oldest plan (dicts keep order)
+            if len(self.plans) >= self.max_plans:   # bounded: drop the least recently used
                 del self.plans[next(iter(self.plans))]
             self.plans[key] = plan
             self.stats["plans_built"] += 1
             self.stats["kernels_compiled"] += plan.nkernels
         else:
+            # least recently used goes first: a hot training-step plan survives a burst of
+            # one-off shapes (dicts keep insertion order, so re-insert on every hit)
+            del self.plans[key]
+            self.plans[key] = plan
             self.stats["plan_cache_hits"] += 1
         scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool, self.stats,
                           self.debug)

@@ -21,10 +21,15 @@ Events are opaque backend objects (None means "already complete").
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import os
+import shutil
+import stat
 import sys
+import tempfile
+import warnings
 from dataclasses import dataclass, field
 
 from ..errors import BackendError, NoBackendAvailable
@@ -110,20 +115,67 @@ def load_config(path=None, debug=0) -> dict:
         return {}
 
 
+def warn(message):
+    """A warning users see once per message (config values ignored, cache not usable...)."""
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+_CACHE_DIRS = {}   # requested path -> directory actually used (one check, one warning)
+
+
 def cache_dir() -> str:
+    """The kernel cache directory, `$XDG_CACHE_HOME/zyx` (or `~/.cache/zyx`), created 0700.
+
+    Libraries in it are loaded into the process, so it must be ours alone (as ssh and pip
+    demand of their directories): owned by this user and not group/world-writable. A
+    directory that is not, or that cannot be created, is replaced by a private temporary
+    one (removed at exit), with a warning: zyx still computes, it only recompiles."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     d = os.path.join(base, "zyx")
-    os.makedirs(d, exist_ok=True)
-    return d
+    if d not in _CACHE_DIRS:
+        problem = _untrusted_reason(d)
+        if problem is None:
+            _CACHE_DIRS[d] = d
+        else:
+            private = tempfile.mkdtemp(prefix="zyx-cache-")   # mkdtemp makes it 0700
+            atexit.register(shutil.rmtree, private, True)
+            warn(f"zyx: not using kernel cache {d}: {problem}; compiling into the private "
+                 f"directory {private} for this process")
+            _CACHE_DIRS[d] = private
+    return _CACHE_DIRS[d]
+
+
+def _untrusted_reason(d):
+    """Why directory `d` cannot hold the kernel cache (None when it can), creating it
+    when missing (mode 0700: the umask can only take bits away from it)."""
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        st = os.stat(d)      # a symlink to a directory of ours elsewhere is fine
+    except OSError as e:
+        return f"cannot create it ({e.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"it is owned by uid {st.st_uid}, not by this user"
+    if st.st_mode & 0o022:
+        return f"it is group- or world-writable (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
 
 
 def initialize_backends(config: dict, debug: int = 0, only=None):
-    """Try every backend; return (pools, devices). Disabled or failing ones are skipped."""
-    pools, devices = [], []
-    for name in (only or BACKENDS):
-        bcfg = config.get(name, {}) if isinstance(config.get(name, {}), dict) else {}
-        default_on = name != "dummy"
-        if not bcfg.get("enabled", default_on):
+    """Try every backend; return (pools, devices). Disabled or failing ones are skipped.
+
+    The dummy device computes nothing (it reads back zeros), so it is tried only when
+    `only` names it: enabling it in the config cannot make it stand in for a backend that
+    failed to start."""
+    pools, devices, reasons = [], [], []
+    for name in (only or [b for b in BACKENDS if b != "dummy"]):
+        bcfg = config.get(name, {})
+        if not isinstance(bcfg, dict):
+            warn(f"zyx: ignoring config section {name}={bcfg!r}: not an object")
+            bcfg = {}
+        if not bcfg.get("enabled", True if only else name != "dummy"):
+            reasons.append(f"{name}: disabled in config")
             if debug & 1:
                 print(f"zyx: backend {name} disabled in config", file=sys.stderr)
             continue
@@ -131,10 +183,14 @@ def initialize_backends(config: dict, debug: int = 0, only=None):
             mod = importlib.import_module(f".{name}", __name__)
             p, d = mod.initialize(bcfg, debug)
         except ImportError as e:
+            missing = isinstance(e, ModuleNotFoundError) and e.name == f"{__name__}.{name}"
+            reasons.append(f"{name}: " + ("not part of this version of zyx" if missing
+                                          else f"unavailable ({e})"))
             if debug & 1:
                 print(f"zyx: backend {name} unavailable: {e}", file=sys.stderr)
             continue
         except Exception as e:  # a broken driver must not stop the others
+            reasons.append(f"{name}: failed to initialize ({e})")
             if debug & 1:
                 print(f"zyx: backend {name} failed to initialize: {e}", file=sys.stderr)
             continue
@@ -144,6 +200,6 @@ def initialize_backends(config: dict, debug: int = 0, only=None):
             for dev in d:
                 print(f"zyx: device {dev.info().name} ({name})", file=sys.stderr)
     if not devices:
-        raise NoBackendAvailable("no backend could be initialized; run with ZYX_DEBUG=1 to see "
-                                 "why each one failed")
+        raise NoBackendAvailable("no backend could be initialized:\n  " + "\n  ".join(reasons)
+                                 + "\n(run with ZYX_DEBUG=1 to see them as they happen)")
     return pools, devices

@@ -1,7 +1,8 @@
 """Dummy backend: allocates bookkeeping-only buffers and "compiles"/"launches" without
 running anything. It lets scheduler and fusion tests count kernels, plans and bytes without
-a compiler. Disabled unless config says `{"dummy": {"enabled": true}}` or a test calls
-`zyx._RT.init(only=["dummy"])`. Values read back are zeros."""
+a compiler. Used only when asked for by name (`initialize_backends(..., only=["dummy"])`,
+`zyx._RT.init(only=["dummy"])`), never in place of a backend that failed to start: values
+read back are zeros."""
 from __future__ import annotations
 
 import numpy as np
