@@ -87,6 +87,60 @@ def test_sum_torch(benchmark, sum_data):
     benchmark(x.sum)
 
 
+@pytest.mark.benchmark(group="var-16M")
+def test_var_zyx(benchmark, sum_data):
+    """Two passes (mean, then mean square deviation), each summed in blocks."""
+    x = zyx.Tensor(sum_data)
+    # (a sanity check that also passes before blocked sums, for before/after timings;
+    # tests/test_reduce_accuracy.py checks the accuracy)
+    np.testing.assert_allclose(x.var().item(), sum_data.astype(np.float64).var(ddof=1),
+                               rtol=1e-3)
+    benchmark.extra_info["bytes"] = 2 * 4 * N_SUM
+    benchmark(lambda: x.var().realize())
+
+
+@pytest.mark.benchmark(group="var-16M")
+def test_var_numpy(benchmark, sum_data):
+    benchmark.extra_info["bytes"] = 2 * 4 * N_SUM
+    benchmark(sum_data.var, ddof=1)
+
+
+@pytest.mark.benchmark(group="var-16M")
+def test_var_torch(benchmark, sum_data):
+    t = need_torch()
+    x = t.from_numpy(sum_data)
+    benchmark.extra_info["bytes"] = 2 * 4 * N_SUM
+    benchmark(x.var)
+
+
+SUM0_SHAPE = (N_SUM // 16, 16)
+
+
+@pytest.mark.benchmark(group="sum-axis0-1Mx16")
+def test_sum_axis0_zyx(benchmark, sum_data):
+    """Column sums: one accumulator per output lane ("lanes" layout), blocks of 1024 rows."""
+    a = sum_data.reshape(SUM0_SHAPE)
+    x = zyx.Tensor(a)
+    np.testing.assert_allclose(x.sum(0).numpy(), a.astype(np.float64).sum(0), rtol=1e-3)
+    benchmark.extra_info["bytes"] = 4 * N_SUM
+    benchmark(lambda: x.sum(0).realize())
+
+
+@pytest.mark.benchmark(group="sum-axis0-1Mx16")
+def test_sum_axis0_numpy(benchmark, sum_data):
+    a = sum_data.reshape(SUM0_SHAPE)
+    benchmark.extra_info["bytes"] = 4 * N_SUM
+    benchmark(a.sum, 0)
+
+
+@pytest.mark.benchmark(group="sum-axis0-1Mx16")
+def test_sum_axis0_torch(benchmark, sum_data):
+    t = need_torch()
+    x = t.from_numpy(sum_data.reshape(SUM0_SHAPE))
+    benchmark.extra_info["bytes"] = 4 * N_SUM
+    benchmark(x.sum, 0)
+
+
 def softmax_np(x):
     e = np.exp(x - x.max(1, keepdims=True))
     return e / e.sum(1, keepdims=True)
