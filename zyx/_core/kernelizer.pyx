@@ -116,6 +116,7 @@ def accumulator_dtype(dt):
 SUM_BLOCK = 4096    # reduce iterations per block with scalar accumulators (the reduce loop
                     # vectorizes: 256 sequential adds per lane of 16)
 LANE_BLOCK = 1024   # ... with one accumulator per output lane (each adds sequentially)
+                    # (0 turns blocks off: bench_core compares with SUM_BLOCK = 0)
 
 
 def block_limit(int rop, acc_dt, long long block):
