@@ -87,6 +87,105 @@ def test_sum_torch(benchmark, sum_data):
     benchmark(x.sum)
 
 
+SAME_WINDOW_BLOCK, SAME_WINDOW_ROUNDS = 10, 30
+
+
+@pytest.mark.benchmark(group="sum-16M-same-window")
+def test_sum_blocked_same_window(benchmark, sum_data):
+    """The 16M sum as it is (blocks of SUM_BLOCK added into a float64 total: "zyx") and
+    as it was (kernelizer.SUM_BLOCK = 0: one float32 accumulator per SIMD lane), in turn,
+    SAME_WINDOW_BLOCK runs each per round: on a shared machine the two separate sum
+    tests above get different seconds of it, these share them. Per-run medians go to
+    extra_info["median_ms"]."""
+    from zyx._core import kernelizer
+    x = zyx.Tensor(sum_data)
+    blocked = lambda: x.sum()
+    one_block = lambda: x.reshape(1, N_SUM).sum()   # another plan, same kernel otherwise
+    ref = sum_data.astype(np.float64).sum()
+    np.testing.assert_allclose(blocked().item(), ref, rtol=1e-6)
+    saved = kernelizer.SUM_BLOCK
+    kernelizer.SUM_BLOCK = 0          # compiled (and its plan cached) without blocks
+    try:
+        np.testing.assert_allclose(one_block().item(), ref, rtol=1e-3)
+    finally:
+        kernelizer.SUM_BLOCK = saved
+    runs = {"zyx": (blocked, []), "one_accumulator_per_lane": (one_block, [])}
+    names = list(runs)
+    for f, _ in runs.values():        # past the thread-choice measurements
+        for _ in range(20):
+            f().realize()
+    rounds = iter(range(10 ** 9))
+
+    def one_block_each():
+        r = next(rounds) % 2
+        for n in names[r:] + names[:r]:
+            f, ts = runs[n]
+            for _ in range(SAME_WINDOW_BLOCK):
+                t0 = time.perf_counter()
+                f().realize()
+                ts.append(time.perf_counter() - t0)
+
+    benchmark.extra_info["bytes"] = 4 * N_SUM
+    benchmark.pedantic(one_block_each, rounds=SAME_WINDOW_ROUNDS, iterations=1)
+    med = {n: float(np.median(ts)) * 1e3 for n, (_, ts) in runs.items()}
+    benchmark.extra_info["median_ms"] = med
+    print("\nsum-16M same window: " + ", ".join(f"{n} {m:.3f} ms" for n, m in med.items()))
+
+
+@pytest.mark.benchmark(group="var-16M")
+def test_var_zyx(benchmark, sum_data):
+    """Two passes (mean, then mean square deviation), each summed in blocks."""
+    x = zyx.Tensor(sum_data)
+    # (a sanity check that also passes before blocked sums, for before/after timings;
+    # tests/test_reduce_accuracy.py checks the accuracy)
+    np.testing.assert_allclose(x.var().item(), sum_data.astype(np.float64).var(ddof=1),
+                               rtol=1e-3)
+    benchmark.extra_info["bytes"] = 2 * 4 * N_SUM
+    benchmark(lambda: x.var().realize())
+
+
+@pytest.mark.benchmark(group="var-16M")
+def test_var_numpy(benchmark, sum_data):
+    benchmark.extra_info["bytes"] = 2 * 4 * N_SUM
+    benchmark(sum_data.var, ddof=1)
+
+
+@pytest.mark.benchmark(group="var-16M")
+def test_var_torch(benchmark, sum_data):
+    t = need_torch()
+    x = t.from_numpy(sum_data)
+    benchmark.extra_info["bytes"] = 2 * 4 * N_SUM
+    benchmark(x.var)
+
+
+SUM0_SHAPE = (N_SUM // 16, 16)
+
+
+@pytest.mark.benchmark(group="sum-axis0-1Mx16")
+def test_sum_axis0_zyx(benchmark, sum_data):
+    """Column sums: one accumulator per output lane ("lanes" layout), blocks of 1024 rows."""
+    a = sum_data.reshape(SUM0_SHAPE)
+    x = zyx.Tensor(a)
+    np.testing.assert_allclose(x.sum(0).numpy(), a.astype(np.float64).sum(0), rtol=1e-3)
+    benchmark.extra_info["bytes"] = 4 * N_SUM
+    benchmark(lambda: x.sum(0).realize())
+
+
+@pytest.mark.benchmark(group="sum-axis0-1Mx16")
+def test_sum_axis0_numpy(benchmark, sum_data):
+    a = sum_data.reshape(SUM0_SHAPE)
+    benchmark.extra_info["bytes"] = 4 * N_SUM
+    benchmark(a.sum, 0)
+
+
+@pytest.mark.benchmark(group="sum-axis0-1Mx16")
+def test_sum_axis0_torch(benchmark, sum_data):
+    t = need_torch()
+    x = t.from_numpy(sum_data.reshape(SUM0_SHAPE))
+    benchmark.extra_info["bytes"] = 4 * N_SUM
+    benchmark(x.sum, 0)
+
+
 def softmax_np(x):
     e = np.exp(x - x.max(1, keepdims=True))
     return e / e.sum(1, keepdims=True)

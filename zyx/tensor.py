@@ -1142,23 +1142,45 @@ def _amin(self, axis=None, keepdim=False, dim=None):
     return self._reduce(K.R_MIN, axis, keepdim)
 
 
+def _widened(x):
+    """`x` in the dtype that mean/var/std compute in: float16 and bfloat16 in float32 (as
+    torch does: 70000 float16 ones sum past float16's range), cast back once at the end."""
+    if x.dtype is dt.float16 or x.dtype is dt.bfloat16:
+        return x.cast(dt.float32)
+    return x
+
+
+def _narrowed(r, d):
+    return r if r.dtype is d else r.cast(d)
+
+
 def _mean(self, axis=None, keepdim=False, dtype=None, dim=None):
     axis = _axis_kw(axis, dim)
-    x = self if self.dtype.is_float else self.cast(dtype or dt.float32)
-    axes = _norm_axis(axis, self.ndim)
-    n = _prod([self.shape[a] for a in axes])
+    x = self.cast(dtype) if dtype is not None else self._float_input()
+    return _narrowed(_mean_of(_widened(x), axis, keepdim), x.dtype)
+
+
+def _mean_of(x, axis, keepdim):
+    axes = _norm_axis(axis, x.ndim)
+    n = _prod([x.shape[a] for a in axes])
     s = x._reduce(K.R_SUM, axis, keepdim)
     return s * (1.0 / n) if n else s / 0.0
 
 
 def _var(self, axis=None, keepdim=False, correction=1, unbiased=None, dim=None):
-    axis = _axis_kw(axis, dim)
+    x = self._float_input()
+    return _narrowed(_var_of(_widened(x), _axis_kw(axis, dim), keepdim, correction, unbiased),
+                     x.dtype)
+
+
+def _var_of(x, axis, keepdim, correction, unbiased):
+    """Two passes (the mean, then the mean square deviation from it): stable for data far
+    from zero, where E[x^2] - E[x]^2 cancels to noise."""
     if unbiased is not None:
         correction = 1 if unbiased else 0
-    x = self._float_input()
-    axes = _norm_axis(axis, self.ndim)
-    n = _prod([self.shape[a] for a in axes])
-    m = x.mean(axis, keepdim=True)
+    axes = _norm_axis(axis, x.ndim)
+    n = _prod([x.shape[a] for a in axes])
+    m = _mean_of(x, axis, True)
     d = x - m
     s = (d * d)._reduce(K.R_SUM, axis, keepdim)
     denom = builtins.max(n - correction, 0)
@@ -1166,7 +1188,9 @@ def _var(self, axis=None, keepdim=False, correction=1, unbiased=None, dim=None):
 
 
 def _std(self, axis=None, keepdim=False, correction=1, unbiased=None, dim=None):
-    return _var(self, axis, keepdim, correction, unbiased, dim).sqrt()
+    x = self._float_input()
+    v = _var_of(_widened(x), _axis_kw(axis, dim), keepdim, correction, unbiased)
+    return _narrowed(v.sqrt(), x.dtype)
 
 
 def _argext(self, axis, keepdim, largest):

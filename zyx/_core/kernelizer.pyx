@@ -19,7 +19,7 @@ from .passes import REFS
 from .kernel import (Kernel, IDX, CONST as K_CONST, DEFINE, INDEX, LOOP, ENDLOOP, LOAD, STORE,
                      CAST as K_CAST, UNARY as K_UNARY, BINARY as K_BINARY, WHERE as K_WHERE,
                      SCOPE_GLOBAL, SCOPE_REGISTER, B_ADD, B_MUL, B_DIV, B_MOD, B_CMPLT, B_CMPGT,
-                     B_AND, REDUCE_BINARY, reduce_identity)
+                     B_AND, REDUCE_BINARY, R_SUM, reduce_identity)
 from zyx import dtype as _dt
 
 EPILOGUE = frozenset((CAST, UNARY, BINARY, WHERE, RESHAPE))
@@ -103,6 +103,51 @@ RECOMPUTE_LIMIT = 4   # ops + inputs above which an expanded reduce input gets s
 
 def accumulator_dtype(dt):
     return _dt.float32 if dt.name in ("float16", "bfloat16") else dt
+
+
+# Float sums are accumulated in blocks: the reduce loops are cut into outer loops over
+# blocks and inner loops over one block, the inner loops add into a fresh accumulator (in
+# registers, vectorized as before) and each block's sum is added into a float64 total.
+# No partial sum then grows past a block's sum of values, so float32 sums neither drift
+# (16M values near 1000: mean 998.13 with one accumulator per SIMD lane, 1000.4999 now)
+# nor stop growing at 2**24. Adding float32 block sums into a double loses nothing worth
+# a compensation (Kahan's would be deleted by the associative math the C backend allows
+# matmul-like kernels), and costs one add per block.
+SUM_BLOCK = 4096    # reduce iterations per block with scalar accumulators (the reduce loop
+                    # vectorizes: 256 sequential adds per lane of 16)
+LANE_BLOCK = 1024   # ... with one accumulator per output lane (each adds sequentially)
+                    # (0 turns blocks off: bench_core compares with SUM_BLOCK = 0)
+
+
+def block_limit(int rop, acc_dt, long long block):
+    """Block length for a reduce accumulating in `acc_dt` (0: not blocked; integer sums are
+    exact or wrap, max/min are exact)."""
+    return block if rop == R_SUM and acc_dt.is_float else 0
+
+
+def block_split(list lengths, long long limit):
+    """How to cut reduce loops of `lengths` (outermost first) into blocks of at most `limit`
+    iterations: (j, b, exact) with loops before j outer, loop j split into ceil(n / b)
+    blocks of b (b == 1: loop j is outer as a whole; `exact`: b divides n, else the last
+    block is masked) and the loops after j inner. None when all fits in one block."""
+    cdef long long inner = 1, n, cap, b
+    cdef Py_ssize_t j = len(lengths) - 1
+    total = 1
+    for n in lengths:
+        total *= n
+    if limit <= 0 or total <= limit:
+        return None
+    while inner * lengths[j] <= limit:
+        inner *= lengths[j]
+        j -= 1
+    n = lengths[j]
+    cap = limit // inner
+    b = cap
+    while n % b:
+        b -= 1
+    if b * inner * 4 >= limit or inner * 4 >= limit:
+        return (j, b, True)
+    return (j, cap, False)   # no divisor near the block length (a prime length): mask
 
 
 class _Builder:
@@ -270,22 +315,73 @@ class _Builder:
             return self.emit((K_WHERE, node.dtype, cond, v, self.const(node.dtype, fill)))
         raise AssertionError(f"kernelizer cannot render op {op}")
 
-    def open_reduce_loops(self, tuple dims, tuple axes, tuple sshape):
-        """Open one LOOP (and memo scope) per reduced axis of size > 1; returns the reduce
-        input's index with those axes replaced by the loop variables, and the loops."""
+    def plan_reduce_loops(self, tuple dims, tuple axes, tuple sshape, long long limit):
+        """Loop variables of a reduce, cut into blocks of at most `limit` iterations (see
+        SUM_BLOCK; `limit` 0: one block). Returns the reduce input's index with the reduced
+        axes replaced by loop variables, the outer (block) and inner variables to open, the
+        range check of a split loop whose last block is partial (else ()), and per reduced
+        axis its innermost variable (None for size 1) for choose_upcast."""
         new = list(dims)
-        loops = []
+        reduced = [ax for ax in axes if sshape[ax] != 1]
         for ax in axes:
-            n = sshape[ax]
-            if n == 1:
+            if sshape[ax] == 1:
                 new[ax] = sym.constant(0)
+        split = block_split([sshape[ax] for ax in reduced], limit)
+        outer, inner, extra, innermost = [], [], (), {}
+        for k, ax in enumerate(reduced):
+            n = sshape[ax]
+            if split is not None and k == split[0] and split[1] > 1:
+                b = split[1]
+                vo = self.new_var(-(-n // b))
+                vi = self.new_var(b)
+                outer.append(vo)
+                inner.append(vi)
+                new[ax] = sym.add(sym.mul(sym.var(vo), b), sym.var(vi))
+                if not split[2]:
+                    extra = ((new[ax], 0, n - 1),)
+                innermost[ax] = vi
                 continue
             v = self.new_var(n)
-            loops.append(self.emit((LOOP, IDX, n)))
+            (outer if split is not None and k <= split[0] else inner).append(v)
+            new[ax] = sym.var(v)
+            innermost[ax] = v
+        return new, outer, inner, extra, [innermost.get(ax) for ax in axes]
+
+    def open_loops(self, list variables):
+        """Open one LOOP (and memo scope) per variable, outermost first."""
+        loops = []
+        for v in variables:
+            loops.append(self.emit((LOOP, IDX, v.hi + 1)))
             self.var_ssa[v.id] = loops[-1]
             self.scopes.append({})
-            new[ax] = sym.var(v)
-        return new, loops
+        return loops
+
+    def define_acc(self, acc_dt, int rop, Py_ssize_t length):
+        return self.emit((DEFINE, acc_dt, SCOPE_REGISTER, reduce_identity(rop, acc_dt), False,
+                          length, rop))
+
+    def reduce_input(self, Py_ssize_t src, list new, tuple valid, tuple extra, acc_dt, int rop):
+        """The value to accumulate at index `new`, in the accumulator dtype; past the end
+        of a masked last block (`extra`) it is the reduce identity and nothing is loaded."""
+        x = self.render(src, tuple(new), valid + extra)
+        if self.ops[x][1] is not acc_dt:
+            x = self.emit((K_CAST, acc_dt, x))
+        if extra:
+            x = self.emit((K_WHERE, acc_dt, self.condition(extra), x,
+                           self.const(acc_dt, reduce_identity(rop, acc_dt))))
+        return x
+
+    def accumulate(self, acc, index, x, acc_dt, int rop):
+        cur = self.emit((LOAD, acc_dt, acc, index, -1))
+        self.emit((STORE, None, acc, index,
+                   self.emit((K_BINARY, acc_dt, REDUCE_BINARY[rop], cur, x))))
+
+    def fold_block(self, total, acc, index, acc_dt):
+        """total[index] += block accumulator acc[index], widened to the total's float64."""
+        x = self.emit((LOAD, acc_dt, acc, index, -1))
+        if acc_dt is not _dt.float64:
+            x = self.emit((K_CAST, _dt.float64, x))
+        self.accumulate(total, index, x, _dt.float64, R_SUM)
 
     def close_loops(self, list loops):
         for loop in reversed(loops):
@@ -301,16 +397,20 @@ class _Builder:
         src = self.src(node, 0)
         sshape = self.nodes[src].shape
         acc_dt = accumulator_dtype(node.dtype)
-        acc = self.emit((DEFINE, acc_dt, SCOPE_REGISTER, reduce_identity(rop, acc_dt), False, 1,
-                         rop))
-        new, loops = self.open_reduce_loops(dims, axes, sshape)
-        self.reduce_log.append((p, [sym.var_of(new[ax]) for ax in axes]))
-        x = self.render(src, tuple(new), valid)
-        if self.ops[x][1] is not acc_dt:
-            x = self.emit((K_CAST, acc_dt, x))
-        cur = self.emit((LOAD, acc_dt, acc, -1, -1))
-        self.emit((STORE, None, acc, -1, self.emit((K_BINARY, acc_dt, REDUCE_BINARY[rop], cur, x))))
+        new, outer, inner, extra, logged = self.plan_reduce_loops(
+            dims, axes, sshape, block_limit(rop, acc_dt, SUM_BLOCK))
+        self.reduce_log.append((p, logged))
+        total = self.define_acc(_dt.float64, R_SUM, 1) if outer else None
+        outer_loops = self.open_loops(outer)
+        acc = self.define_acc(acc_dt, rop, 1)
+        loops = self.open_loops(inner)
+        self.accumulate(acc, -1, self.reduce_input(src, new, valid, extra, acc_dt, rop),
+                        acc_dt, rop)
         self.close_loops(loops)
+        if outer:
+            self.fold_block(total, acc, -1, acc_dt)
+            self.close_loops(outer_loops)
+            acc, acc_dt = total, _dt.float64
         r = self.emit((LOAD, acc_dt, acc, -1, -1))
         if acc_dt is not node.dtype:
             r = self.emit((K_CAST, node.dtype, r))
@@ -381,17 +481,22 @@ class _Builder:
             subst = {lane.id: k for lane, k in zip(lane_vars, c)}
             return tuple([_substitute(e, subst) for e in ds])
         rdims = reshape_index(dims, node.shape, rnode.shape)
-        accs = [self.emit((DEFINE, acc_dt, SCOPE_REGISTER, reduce_identity(rop, acc_dt), False,
-                           1, rop)) for _ in combos]
-        new, loops = self.open_reduce_loops(rdims, axes, sshape)
+        new, outer, inner, extra, _ = self.plan_reduce_loops(
+            rdims, axes, sshape, block_limit(rop, acc_dt, SUM_BLOCK))
+        totals = [self.define_acc(_dt.float64, R_SUM, 1) for _ in combos] if outer else []
+        outer_loops = self.open_loops(outer)
+        accs = [self.define_acc(acc_dt, rop, 1) for _ in combos]
+        loops = self.open_loops(inner)
         for c, acc in zip(combos, accs):
-            x = self.render(src, at(c, tuple(new)), ())
-            if self.ops[x][1] is not acc_dt:
-                x = self.emit((K_CAST, acc_dt, x))
-            cur = self.emit((LOAD, acc_dt, acc, -1, -1))
-            self.emit((STORE, None, acc, -1,
-                       self.emit((K_BINARY, acc_dt, REDUCE_BINARY[rop], cur, x))))
+            # (a partial block's range check is on the reduce index: it has no lane)
+            x = self.reduce_input(src, list(at(c, tuple(new))), (), extra, acc_dt, rop)
+            self.accumulate(acc, -1, x, acc_dt, rop)
         self.close_loops(loops)
+        if outer:
+            for total, acc in zip(totals, accs):
+                self.fold_block(total, acc, -1, acc_dt)
+            self.close_loops(outer_loops)
+            accs, acc_dt = totals, _dt.float64
         for c, acc in zip(combos, accs):
             v = self.emit((LOAD, acc_dt, acc, -1, -1))
             if acc_dt is not rnode.dtype:
@@ -421,20 +526,22 @@ class _Builder:
         total = 1
         for _, J in lanes:
             total *= J
-        acc = self.emit((DEFINE, acc_dt, SCOPE_REGISTER, reduce_identity(rop, acc_dt), False,
-                         total, rop))
-        new, loops = self.open_reduce_loops(dims, axes, sshape)
-        for lane, J in lanes:
-            loops.append(self.emit((LOOP, IDX, J)))
-            self.var_ssa[lane.id] = loops[-1]
-            self.scopes.append({})
-        x = self.render(src, tuple(new), ())
-        if self.ops[x][1] is not acc_dt:
-            x = self.emit((K_CAST, acc_dt, x))
-        li = self.lane_index(lanes)
-        cur = self.emit((LOAD, acc_dt, acc, li, -1))
-        self.emit((STORE, None, acc, li, self.emit((K_BINARY, acc_dt, REDUCE_BINARY[rop], cur, x))))
+        new, outer, inner, extra, _ = self.plan_reduce_loops(
+            dims, axes, sshape, block_limit(rop, acc_dt, LANE_BLOCK))
+        totals = self.define_acc(_dt.float64, R_SUM, total) if outer else None
+        outer_loops = self.open_loops(outer)
+        acc = self.define_acc(acc_dt, rop, total)
+        loops = self.open_loops(inner + [lane for lane, _ in lanes])
+        x = self.reduce_input(src, new, (), extra, acc_dt, rop)
+        self.accumulate(acc, self.lane_index(lanes), x, acc_dt, rop)
         self.close_loops(loops)
+        if outer:
+            q = self.new_var(total)
+            fold = self.open_loops([q])
+            self.fold_block(totals, acc, self.var_ssa[q.id], acc_dt)
+            self.close_loops(fold)
+            self.close_loops(outer_loops)
+            acc, acc_dt = totals, _dt.float64
 
         def value():
             r = self.emit((LOAD, acc_dt, acc, self.lane_index(lanes), -1))

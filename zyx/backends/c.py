@@ -509,6 +509,7 @@ class CDevice:
             inner = False
             lanes = False
             accs = {}
+            arrays = {}   # per-lane accumulators: OpenMP array-section reductions
             while True:
                 o = ops[j]
                 if o[0] == K.LOOP:
@@ -518,23 +519,31 @@ class CDevice:
                     if depth == 0:
                         break
                     depth -= 1
-                elif o[0] == K.STORE and ops[o[2]][2] == K.SCOPE_REGISTER:
-                    if ops[o[2]][5] == 1:   # scalar accumulator: an OpenMP reduction
-                        d = ops[o[2]]
-                        op_name = _OMP_RED[d[6]]
-                        if d[1].is_float and op_name in ("max", "min"):
-                            op_name = "zyx_nan" + op_name   # NaN-propagating combiner
+                elif o[0] == K.STORE and ops[o[2]][2] == K.SCOPE_REGISTER and o[2] < i:
+                    # (an accumulator defined inside the loop, a reduce block's, is private
+                    # to each iteration already)
+                    d = ops[o[2]]
+                    op_name = _OMP_RED[d[6]]
+                    if d[1].is_float and op_name in ("max", "min"):
+                        op_name = "zyx_nan" + op_name   # NaN-propagating combiner
+                    if d[5] == 1:   # scalar accumulator: an OpenMP reduction
                         accs.setdefault(op_name, []).append(f"acc{o[2]}")
-                    else:                   # one accumulator per lane: plain SIMD loop
+                    else:           # one accumulator per lane: plain SIMD loop
                         lanes = True
+                        arrays.setdefault(op_name, {})[f"acc{o[2]}[:{d[5]}]"] = None
                 j += 1
             red = " ".join(f"reduction({r}:{','.join(a)})" for r, a in accs.items())
             top = _is_top(ops, i)
             parallel = (omp and idx_work == 1 and top
-                        and _loop_work(ops, i) >= PARALLEL_MIN_WORK)
+                        and _loop_work(ops, i) >= PARALLEL_MIN_WORK
+                        and not any(r.startswith("zyx_nan") for r in arrays))
             if not omp:
                 return ""
             if parallel:
+                # threads split the loop, each with private copies of the accumulators
+                # defined before it (per-lane arrays too), combined at its end
+                red = " ".join([red] + [f"reduction({r}:{','.join(a)})"
+                                        for r, a in arrays.items()]).strip()
                 kinds.add("region")
                 cond = " if(parallel: zyx_par)" if par_if else ""
                 return f"#pragma omp parallel for{'' if inner else ' simd'}{cond} {red}".rstrip()
@@ -589,7 +598,9 @@ class CDevice:
         else:
             for n, (ssa, axis, length) in enumerate(idx):
                 pragma = ""
-                if omp:
+                # a kernel whose reduce loop runs in parallel ("region") has only size-1
+                # index loops: a parallel pragma there would nest the reduce's region
+                if omp and "region" not in kinds:
                     last = n == len(idx) - 1
                     if has_loops:
                         if n == 0 and par:
@@ -993,6 +1004,9 @@ def _sums_products_only(ops):
             continue
         if c == K.MAD or (c == K.BINARY and op[2] in (K.B_ADD, K.B_SUB, K.B_MUL)):
             continue
+        if c == K.CAST and ops[op[2]][1].is_float:
+            continue   # float to float (a reduce block's sum into its float64 total and
+                       # back): reassociation moves no operation across a conversion
         return False
     return True
 
@@ -1008,16 +1022,19 @@ def _is_top(ops, i):
 
 
 def _loop_work(ops, i):
-    depth, work, w = 0, 1, ops[i][2]
+    """Innermost iterations run by the loop opened at op `i`: its length times the work
+    of its body, where loops one after the other add (a reduce block's loop and the loop
+    folding the block into the totals) and nested ones multiply."""
+    stack = [[ops[i][2], 0]]   # per open loop: its length, work of the loops in its body
     for o in ops[i + 1:]:
         if o[0] == K.LOOP:
-            depth += 1
-            w *= o[2]
+            stack.append([o[2], 0])
         elif o[0] == K.ENDLOOP:
-            if depth == 0:
-                break
-            depth -= 1
-    return w
+            n, body = stack.pop()
+            if not stack:
+                return n * max(body, 1)
+            stack[-1][1] += n * max(body, 1)
+    return stack[0][0]
 
 
 def initialize(cfg, debug=0):
