@@ -18,7 +18,7 @@ from . import dtype as dt
 from ._core.graph import Graph, LEAF
 from ._core import scheduler
 from .backends import initialize_backends, load_config
-from .errors import ZyxError
+from .errors import IndexOutOfRangeError, ZyxError
 
 DEBUG_DEVICES, DEBUG_SCHEDULE, DEBUG_IR, DEBUG_SOURCE, DEBUG_MEMORY, DEBUG_COMPILE, \
     DEBUG_PERF = 1, 2, 4, 8, 16, 32, 64
@@ -44,6 +44,7 @@ class Runtime:
         self.devices = None
         self.plans = {}
         self.pending = []       # weak refs to tensors the next realization computes (defer)
+        self.checks = Checks()  # value checks (indices, divisors) run with the realization
         self.rng = np.random.Generator(np.random.PCG64(0))
         self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
                       "plan_cache_hits": 0, "realizations": 0,
@@ -136,7 +137,7 @@ class Runtime:
         t0 = time.perf_counter()
         self._ensure()
         dev = self.device()
-        order, key = self.graph.collect(ids)
+        order, key, ids, checks = self._collect_checked(ids)
         key = (id(dev), key)
         plan = self.plans.get(key)
         if plan is None:
@@ -148,12 +149,55 @@ class Runtime:
             self.stats["kernels_compiled"] += plan.nkernels
         else:
             self.stats["plan_cache_hits"] += 1
-        scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool, self.stats,
-                          self.debug)
+        self._execute_checked(plan, order, dev, ids, checks)
         self.stats["realizations"] += 1
         if self.debug & DEBUG_PERF:
             print(f"zyx: realized {len(ids)} tensor(s), {len(plan.steps)} kernel(s) in "
                   f"{(time.perf_counter() - t0) * 1e6:.1f} us", file=sys.stderr)
+
+    # -- value checks (zyx.set_checks) ------------------------------------------------------
+    def _collect_checked(self, ids):
+        """graph.collect of `ids` plus the flags of the checks watching a node of that
+        subgraph: (order, key, ids with the flags appended, those checks).
+
+        A flag is one more tiny target of the same plan (no extra round trip), so it is
+        part of the structural key and a repeated step keeps its cached plan. Flags of
+        every live check are collected at once, then the ones whose watched node the
+        targets do not read are dropped and the rest collected again: in a training step
+        every live check is read, so that is one collect."""
+        checks = self.checks.live(self.graph) if self.checks.watch and self.checks.on else ()
+        while True:
+            all_ids = ids + [c.flag._id for c in checks] if checks else ids
+            order, key = self.graph.collect(all_ids)
+            if not checks:
+                return order, key, all_ids, ()
+            where = order if len(checks) < 4 else set(order)
+            read = [c for c in checks if c.nid in where]
+            if len(read) == len(checks):
+                return order, key, all_ids, checks
+            checks = read
+
+    def _execute_checked(self, plan, order, dev, ids, checks):
+        """Run the plan; with checks, read their flags after the run and raise before any
+        target is bound (the scheduler frees what it allocated), so a failed check leaves
+        every tensor, parameter and deferred gradient as it was."""
+        if not checks:
+            scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
+                              self.stats, self.debug)
+            return
+        flag_positions = plan.targets[len(ids) - len(checks):]
+
+        def verify(buffer_of):
+            bad = [c for c, p in zip(checks, flag_positions) if self.checks.is_set(buffer_of(p))]
+            if bad:
+                raise _ChecksFailed(bad)
+
+        try:
+            scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
+                              self.stats, self.debug, verify)
+        except _ChecksFailed as failed:
+            raise self.checks.error(failed.checks, self.to_numpy) from None
+        self.checks.passed(self.graph, checks)
 
     def to_numpy(self, nid) -> np.ndarray:
         self.realize([nid])
@@ -166,6 +210,88 @@ class Runtime:
         if d is dt.bfloat16:
             out = (out.astype(np.uint32) << 16).view(np.float32)
         return out
+
+
+class _ChecksFailed(Exception):
+    """Internal: flags of the realization that just ran were set (never seen by users)."""
+
+    def __init__(self, checks):
+        super().__init__()
+        self.checks = checks
+
+
+class Check:
+    """What the values of `operand` (an index or divisor tensor) must satisfy, watched
+    through graph node `nid` (the first node computed from those values, e.g. the one-hot
+    compare of a gather): any realization whose subgraph holds that node computes `flag`
+    too. `flag` is a lazy 1-element bool tensor, true when some value is bad, built by
+    `make_flag` (again after it has been computed once: the values of a borrowed numpy
+    array may change before the next realization). `explain(values)` turns the operand's
+    values, read only after a failure, into the exception to raise."""
+    __slots__ = ("nid", "node", "make_flag", "flag", "operand", "explain")
+
+    def __init__(self, graph, nid, make_flag, operand, explain):
+        self.nid = nid
+        self.node = graph.get(nid)
+        self.make_flag = make_flag
+        self.flag = make_flag()
+        self.operand = operand
+        self.explain = explain
+
+
+class Checks:
+    """The registry of value checks: {watched node id: Check}. Entries whose node was
+    realized or released are dropped by the next realization."""
+
+    def __init__(self):
+        self.on = True
+        self.watch = {}
+        self._byte = np.zeros(1, dtype=np.uint8)
+
+    def add(self, graph, nid, make_flag, operand, explain):
+        self.watch[nid] = Check(graph, nid, make_flag, operand, explain)
+
+    def live(self, graph):
+        """Checks whose watched node is still unrealized, each with an uncomputed flag."""
+        items = graph.nodes.items
+        out, gone = [], []
+        for nid, c in self.watch.items():
+            if nid < len(items) and items[nid] is c.node and c.node.op != LEAF:
+                if c.flag is None:
+                    c.flag = c.make_flag()
+                out.append(c)
+            else:
+                gone.append(nid)
+        for nid in gone:
+            del self.watch[nid]
+        return out
+
+    def passed(self, graph, checks):
+        """After a successful run: the flags are computed (and hold a buffer), so drop
+        them; forget checks whose watched node is now realized or gone."""
+        items = graph.nodes.items
+        for c in checks:
+            c.flag = None
+            nid = c.nid
+            if not (nid < len(items) and items[nid] is c.node and c.node.op != LEAF) and \
+                    self.watch.get(nid) is c:
+                del self.watch[nid]
+
+    def is_set(self, buf):
+        b = self._byte
+        if buf.nbytes:
+            buf.pool.pool_to_host(buf, b, [buf.event] if buf.event is not None else [])
+        return bool(b[0])
+
+    def error(self, checks, to_numpy):
+        """The exception for the first failed check: its operand is read (it is a
+        realized leaf, or computable: its own checks ran before it) to name the value."""
+        for c in checks:
+            exc = c.explain(to_numpy(c.operand._id))
+            if exc is not None:
+                return exc
+        return IndexOutOfRangeError("an index check failed, but the values read again "
+                                    "are in range (did a borrowed numpy array change?)")
 
 
 RT = Runtime()

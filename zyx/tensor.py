@@ -17,7 +17,8 @@ import numpy as np
 from . import dtype as dt
 from ._core import graph as G
 from ._core import kernel as K
-from .errors import DTypeError, ShapeError, ZyxError
+from .errors import (DTypeError, IndexOutOfRangeError, IntegerDivisionByZeroError,
+                     ShapeError, ValueOverflowError, ZyxError)
 from .runtime import RT
 from ._core import tensorbase as _TB
 
@@ -473,8 +474,9 @@ class Tensor(_TB.TensorBase):
         if rounding_mode is None:
             return self.__truediv__(other)
         if rounding_mode == "trunc":
-            q = self._bin(other, K.B_DIV)
-            return q.trunc() if q.dtype.is_float else q
+            a, b = self._broadcasted(other)
+            q = a._binary_prim(b, K.B_DIV)
+            return q.trunc() if q.dtype.is_float else _checked_divisor(q, b, "div(trunc)")
         if rounding_mode == "floor":
             return self.__floordiv__(other)
         raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
@@ -489,21 +491,26 @@ class Tensor(_TB.TensorBase):
         return self._bin(o, K.B_DIV, True, result=self._true_div_dtype(o))
 
     def __floordiv__(self, o):
-        return _floordiv(*self._broadcasted(o))
+        a, b = self._broadcasted(o)
+        return _checked_divisor(_floordiv(a, b), b, "//")
 
     def __rfloordiv__(self, o):
-        return _floordiv(*self._broadcasted(o, True))
+        a, b = self._broadcasted(o, True)
+        return _checked_divisor(_floordiv(a, b), b, "//")
 
     def __mod__(self, o):
-        return _pymod(*self._broadcasted(o))
+        a, b = self._broadcasted(o)
+        return _checked_divisor(_pymod(a, b), b, "%")
 
     def __rmod__(self, o):
-        return _pymod(*self._broadcasted(o, True))
+        a, b = self._broadcasted(o, True)
+        return _checked_divisor(_pymod(a, b), b, "%")
 
     remainder = __mod__
 
     def fmod(self, o):
-        return self._bin(o, K.B_MOD)
+        a, b = self._broadcasted(o)
+        return _checked_divisor(a._binary_prim(b, K.B_MOD), b, "fmod")
 
     def __pow__(self, o):
         return self.pow(o)
@@ -1438,6 +1445,104 @@ def triu(t: Tensor, diagonal=0) -> Tensor:
     return _tri(t, diagonal, True)
 
 
+# ---------------------------------------------------------------------------------------
+# value checks: index ranges and integer divisors, verified by the realization that reads
+# them (Runtime._collect_checked / _execute_checked); zyx.set_checks(False) turns them off
+def _int_range(d):
+    """(lowest, highest) value of integer dtype d."""
+    bits = d.itemsize * 8
+    if d.kind == "u":
+        return 0, (1 << bits) - 1
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+
+def _range_flag(index, lo, hi, exempt=None):
+    """A (1,) bool tensor, true when some value of the integer tensor `index` is outside
+    [lo, hi) and not `exempt`; None when the dtype cannot hold such a value. Built from
+    primitives directly: cross_entropy builds one every training step."""
+    d = index.dtype
+    dmin, dmax = _int_range(d)
+    n = _prod(index.shape)
+    flat = index if index.shape == (n,) else _make(G.RESHAPE, (n,), (index,), (n,), d)
+    bad = None
+    if lo > dmin:
+        c = _wrap(_graph.add(G.CONST, lo, (), (n,), d))
+        bad = _make(G.BINARY, K.B_CMPLT, (flat, c), (n,), dt.bool_)
+    if hi - 1 < dmax:
+        c = _wrap(_graph.add(G.CONST, hi - 1, (), (n,), d))
+        over = _make(G.BINARY, K.B_CMPGT, (flat, c), (n,), dt.bool_)
+        bad = over if bad is None else _make(G.BINARY, K.B_OR, (bad, over), (n,), dt.bool_)
+    if bad is None:
+        return None
+    if exempt is not None and dmin <= exempt <= dmax:
+        c = _wrap(_graph.add(G.CONST, exempt, (), (n,), d))
+        keep = _make(G.BINARY, K.B_NOTEQ, (flat, c), (n,), dt.bool_)
+        bad = _make(G.BINARY, K.B_AND, (bad, keep), (n,), dt.bool_)
+    return _make(G.REDUCE, (K.R_MAX, (0,)), (bad,), (1,), dt.bool_)
+
+
+def _first_outside(values, lo, hi, exempt=None):
+    """The first value (flat order) outside [lo, hi) and not `exempt`, or None."""
+    v = np.asarray(values).reshape(-1)
+    bad = (v < lo) | (v >= hi)
+    if exempt is not None:
+        bad &= v != exempt
+    hits = np.flatnonzero(bad)
+    return builtins.int(v[hits[0]]) if hits.size else None
+
+
+def _watch_range(watched, index, lo, hi, message, exempt=None, error=IndexOutOfRangeError):
+    """Check, when `watched` (the first node computed from `index`) is realized, that every
+    value of `index` is in [lo, hi) or equal to `exempt`; else raise
+    error(message(bad_value)). A constant index is checked now."""
+    if not RT.checks.on or _prod(index.shape) == 0:
+        return
+    node = _graph.get(index._id)
+    if node.op == G.CONST:
+        v = node.arg
+        if not (lo <= v < hi or v == exempt):
+            raise error(message(v))
+        return
+    dmin, dmax = _int_range(index.dtype)
+    if lo <= dmin and hi - 1 >= dmax:     # the dtype cannot hold a bad value
+        return
+
+    def explain(values):
+        v = _first_outside(values, lo, hi, exempt)
+        return None if v is None else error(message(v))
+
+    RT.checks.add(_graph, watched._id, lambda: _range_flag(index, lo, hi, exempt), index,
+                  explain)
+
+
+def _index_message(dim, size, where):
+    return lambda v: (f"index {v} is out of bounds for dimension {dim} with size {size} "
+                      f"(in {where})")
+
+
+def _checked_divisor(result, divisor, what):
+    """`result` of an integer division by `divisor`; torch raises ZeroDivisionError (as a
+    RuntimeError) where zyx's kernels would silently give 0. A constant divisor is checked
+    now, a computed one when `result` is realized."""
+    if not RT.checks.on or not divisor.dtype.is_int or _prod(divisor.shape) == 0:
+        return result
+    node = _graph.get(divisor._id)
+    while node.op == G.EXPAND:       # a scalar divisor broadcast to the operand's shape
+        node = _graph.get(node.srcs[0])
+    if node.op == G.CONST:
+        if node.arg == 0:
+            raise IntegerDivisionByZeroError(f"integer division by zero (in {what})")
+        return result
+    msg = f"integer division by zero (in {what}): the divisor tensor holds a 0"
+
+    def explain(values):
+        return IntegerDivisionByZeroError(msg) if (np.asarray(values) == 0).any() else None
+
+    RT.checks.add(_graph, result._id, lambda: (divisor == 0).reshape(-1).any(0, True),
+                  divisor, explain)
+    return result
+
+
 def _one_hot_along(idx: Tensor, n: int, axis_pos: int, ndim_out: int):
     """bool tensor: idx (already unsqueezed at axis_pos) == arange(n) along axis_pos."""
     shape = [1] * ndim_out
@@ -1460,6 +1565,8 @@ def gather(t: Tensor, axis, index: Tensor) -> Tensor:
     bounds = [(0, index.shape[i]) if i != axis else (0, n) for i in range(t.ndim)]
     src = t.shrink(bounds).unsqueeze(axis)        # (..., 1, n, ...) at axis
     sel = _one_hot_along(idx.unsqueeze(axis + 1), n, axis + 1, t.ndim + 1)
+    # torch's gather takes no negative index (getitem does)
+    _watch_range(sel, index, 0, n, _index_message(axis, n, "gather"))
     if t.dtype.is_bool:
         return (src & sel)._reduce(K.R_MAX, axis + 1, False)
     return where(sel, src, _const(0, t.dtype, ()))._reduce(K.R_SUM, axis + 1, False)
@@ -1673,6 +1780,7 @@ def _advanced_index(x, tsteps, steps):
         shape[d] = n
         ar = _iota(n, ti.dtype).reshape(shape)
         hit = ti.reshape((1,) * nd + idx_shape) == ar
+        _watch_range(hit, t, -n, n, _index_message(d, n, "getitem"))
         sel_total = hit if sel_total is None else (sel_total & hit)
     if x.dtype.is_bool:
         r = (xe & sel_total)._reduce(K.R_MAX, tuple(tdims), False)

@@ -341,9 +341,12 @@ def leaf_buffers(plan, graph, list order, pool, move_to_pool):
     return bufs
 
 
-def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
+def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug=0,
+                   verify=None):
     """Run a plan compiled into one device program: allocate the arena and the buffers
-    that outlive the run, fill the pointer table, make one call."""
+    that outlive the run, fill the pointer table, make one call. `verify(buffer_of)` (the
+    runtime's value checks) runs before any target is bound; when it raises, the buffers
+    made for the targets go back to the pool and nothing is bound."""
     cdef list table = [0] * plan.nslots
     cdef dict bufs = leaf_buffers(plan, graph, order, pool, move_to_pool)
     cdef Py_ssize_t p
@@ -372,6 +375,13 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
     if arena is not None:
         free(arena)
     root = plan.root
+    if verify is not None:
+        try:
+            verify(lambda p: bufs[root.get(p, p)])
+        except BaseException:
+            for p in plan.owned:
+                free(bufs[p])
+            raise
     seen = set()
     for p in plan.targets:
         if p in seen or not plan.stored[p]:
@@ -387,12 +397,13 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
             free(bufs[p])
 
 
-def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
-    """Run `plan` on the subgraph `order`; realized targets become LEAF nodes."""
+def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0, verify=None):
+    """Run `plan` on the subgraph `order`; realized targets become LEAF nodes.
+    `verify`: see execute_runner."""
     cdef dict bufs = {}
     cdef Py_ssize_t p, si
     if plan.runner is not None:
-        execute_runner(plan, graph, order, pool, move_to_pool, stats, debug)
+        execute_runner(plan, graph, order, pool, move_to_pool, stats, debug, verify)
         return
     device = plan.device
     bufs = leaf_buffers(plan, graph, order, pool, move_to_pool)
@@ -418,6 +429,15 @@ def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
         for p in free_after[si]:
             free(bufs.pop(p))
     stats["kernels_launched"] += launched
+    if verify is not None:
+        try:
+            verify(bufs.__getitem__)
+        except BaseException:
+            leaves = set(plan.leaves)
+            for p, b in bufs.items():
+                if p not in leaves:
+                    free(b)
+            raise
     seen = set()
     for p in plan.targets:
         if p in seen or not plan.stored[p]:
