@@ -157,47 +157,57 @@ class Runtime:
 
     # -- value checks (zyx.set_checks) ------------------------------------------------------
     def _collect_checked(self, ids):
-        """graph.collect of `ids` plus the flags of the checks watching a node of that
-        subgraph: (order, key, ids with the flags appended, those checks).
+        """graph.collect of `ids`, and the checks watching a node of that subgraph:
+        (order, key, ids plus the flag targets, checks).
 
-        A flag is one more tiny target of the same plan (no extra round trip), so it is
-        part of the structural key and a repeated step keeps its cached plan. Flags of
-        every live check are collected at once, then the ones whose watched node the
-        targets do not read are dropped and the rest collected again: in a training step
-        every live check is read, so that is one collect."""
+        A check whose operand is a realized leaf (the usual index: a batch of labels) is
+        read on the host before the plan runs and adds nothing to the plan. Any other adds
+        its flag as one more tiny target of the same plan (no extra round trip; part of
+        the structural key, so a repeated step keeps its cached plan). Flags of every live
+        check are collected at once, then those whose watched node the targets do not
+        read are dropped and the rest collected again (never in a training step, where
+        every live check is read)."""
         checks = self.checks.live(self.graph) if self.checks.watch and self.checks.on else ()
         while True:
-            all_ids = ids + [c.flag._id for c in checks] if checks else ids
+            flags = [c.flag._id for c in checks if c.flag is not None]
+            all_ids = ids + flags if flags else ids
             order, key = self.graph.collect(all_ids)
             if not checks:
                 return order, key, all_ids, ()
             where = order if len(checks) < 4 else set(order)
             read = [c for c in checks if c.nid in where]
-            if len(read) == len(checks):
-                return order, key, all_ids, checks
+            if len(read) == len(checks) or \
+                    all(c.flag is None for c in checks if c.nid not in where):
+                return order, key, all_ids, read
             checks = read
 
     def _execute_checked(self, plan, order, dev, ids, checks):
-        """Run the plan; with checks, read their flags after the run and raise before any
-        target is bound (the scheduler frees what it allocated), so a failed check leaves
-        every tensor, parameter and deferred gradient as it was."""
-        if not checks:
-            scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
-                              self.stats, self.debug)
-            return
-        flag_positions = plan.targets[len(ids) - len(checks):]
+        """Run the plan, checks first: host checks before it runs, flags after it ran and
+        before any target is bound (the scheduler then frees what it allocated). A failed
+        check leaves every tensor, parameter and deferred gradient as it was."""
+        verify = None
+        if checks:
+            flagged = [c for c in checks if c.flag is not None]
+            for c in checks:
+                if c.flag is None:
+                    exc = c.explain(self.checks.leaf_values(self.graph.get(c.operand._id)))
+                    if exc is not None:
+                        raise exc
+            if flagged:
+                positions = plan.targets[len(ids) - len(flagged):]
 
-        def verify(buffer_of):
-            bad = [c for c, p in zip(checks, flag_positions) if self.checks.is_set(buffer_of(p))]
-            if bad:
-                raise _ChecksFailed(bad)
-
+                def verify(buffer_of):
+                    bad = [c for c, p in zip(flagged, positions)
+                           if self.checks.is_set(buffer_of(p))]
+                    if bad:
+                        raise _ChecksFailed(bad)
         try:
             scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
                               self.stats, self.debug, verify)
         except _ChecksFailed as failed:
             raise self.checks.error(failed.checks, self.to_numpy) from None
-        self.checks.passed(self.graph, checks)
+        if checks:
+            self.checks.passed(self.graph, checks)
 
     def to_numpy(self, nid) -> np.ndarray:
         self.realize([nid])
@@ -223,18 +233,18 @@ class _ChecksFailed(Exception):
 class Check:
     """What the values of `operand` (an index or divisor tensor) must satisfy, watched
     through graph node `nid` (the first node computed from those values, e.g. the one-hot
-    compare of a gather): any realization whose subgraph holds that node computes `flag`
-    too. `flag` is a lazy 1-element bool tensor, true when some value is bad, built by
-    `make_flag` (again after it has been computed once: the values of a borrowed numpy
-    array may change before the next realization). `explain(values)` turns the operand's
-    values, read only after a failure, into the exception to raise."""
+    compare of a gather): any realization whose subgraph holds that node checks them.
+    `explain(values)` returns the exception for bad values (None when all are good). A
+    realized operand is read on the host; any other gets `flag = make_flag()`, a lazy
+    (1,) bool tensor (true when some value is bad) computed by the same plan, made again
+    for each realization (a borrowed numpy array may change in between)."""
     __slots__ = ("nid", "node", "make_flag", "flag", "operand", "explain")
 
     def __init__(self, graph, nid, make_flag, operand, explain):
         self.nid = nid
         self.node = graph.get(nid)
         self.make_flag = make_flag
-        self.flag = make_flag()
+        self.flag = None
         self.operand = operand
         self.explain = explain
 
@@ -252,12 +262,15 @@ class Checks:
         self.watch[nid] = Check(graph, nid, make_flag, operand, explain)
 
     def live(self, graph):
-        """Checks whose watched node is still unrealized, each with an uncomputed flag."""
+        """Checks whose watched node is still unrealized; those whose operand is not a
+        realized leaf get a fresh flag."""
         items = graph.nodes.items
         out, gone = [], []
         for nid, c in self.watch.items():
             if nid < len(items) and items[nid] is c.node and c.node.op != LEAF:
-                if c.flag is None:
+                if graph.get(c.operand._id).op == LEAF:
+                    c.flag = None
+                elif c.flag is None:
                     c.flag = c.make_flag()
                 out.append(c)
             else:
@@ -267,8 +280,8 @@ class Checks:
         return out
 
     def passed(self, graph, checks):
-        """After a successful run: the flags are computed (and hold a buffer), so drop
-        them; forget checks whose watched node is now realized or gone."""
+        """After a successful run: computed flags hold a buffer, drop them; forget
+        checks whose watched node is now realized or gone."""
         items = graph.nodes.items
         for c in checks:
             c.flag = None
@@ -277,6 +290,17 @@ class Checks:
                     self.watch.get(nid) is c:
                 del self.watch[nid]
 
+    @staticmethod
+    def leaf_values(node):
+        """The values of a realized node as a numpy array (a view of host memory)."""
+        buf, d = node.buffer, node.dtype
+        if buf.pool.name == "host":
+            return buf.pool.view(buf, d.np, node.shape)
+        out = np.empty(node.shape, dtype=d.np)
+        if out.nbytes:
+            buf.pool.pool_to_host(buf, out, [buf.event] if buf.event is not None else [])
+        return out
+
     def is_set(self, buf):
         b = self._byte
         if buf.nbytes:
@@ -284,8 +308,8 @@ class Checks:
         return bool(b[0])
 
     def error(self, checks, to_numpy):
-        """The exception for the first failed check: its operand is read (it is a
-        realized leaf, or computable: its own checks ran before it) to name the value."""
+        """The exception for the first failed flag: its operand is read (computable: its
+        own checks ran before it) to name the value."""
         for c in checks:
             exc = c.explain(to_numpy(c.operand._id))
             if exc is not None:

@@ -1508,8 +1508,11 @@ def _watch_range(watched, index, lo, hi, message, exempt=None, error=IndexOutOfR
         return
 
     def explain(values):
-        v = _first_outside(values, lo, hi, exempt)
-        return None if v is None else error(message(v))
+        v = values.reshape(-1)
+        if v.min() >= lo and v.max() < hi:      # the usual case: two numpy calls
+            return None
+        bad = _first_outside(v, lo, hi, exempt)
+        return None if bad is None else error(message(bad))
 
     RT.checks.add(_graph, watched._id, lambda: _range_flag(index, lo, hi, exempt), index,
                   explain)
@@ -1536,7 +1539,7 @@ def _checked_divisor(result, divisor, what):
     msg = f"integer division by zero (in {what}): the divisor tensor holds a 0"
 
     def explain(values):
-        return IntegerDivisionByZeroError(msg) if (np.asarray(values) == 0).any() else None
+        return IntegerDivisionByZeroError(msg) if not values.all() else None
 
     RT.checks.add(_graph, result._id, lambda: (divisor == 0).reshape(-1).any(0, True),
                   divisor, explain)
