@@ -17,6 +17,7 @@ import numpy as np
 from . import dtype as dt
 from ._core.graph import Graph, LEAF
 from ._core import scheduler
+from ._core.valuecheck import first_bad
 from .backends import initialize_backends, load_config
 from .errors import IndexOutOfRangeError, ZyxError
 
@@ -190,9 +191,7 @@ class Runtime:
             flagged = [c for c in checks if c.flag is not None]
             for c in checks:
                 if c.flag is None:
-                    exc = c.explain(self.checks.leaf_values(self.graph.get(c.operand._id)))
-                    if exc is not None:
-                        raise exc
+                    self.checks.check_leaf(c, self.graph.get(c.operand._id))
             if flagged:
                 positions = plan.targets[len(ids) - len(flagged):]
 
@@ -231,35 +230,59 @@ class _ChecksFailed(Exception):
 
 
 class Check:
-    """What the values of `operand` (an index or divisor tensor) must satisfy, watched
-    through graph node `nid` (the first node computed from those values, e.g. the one-hot
-    compare of a gather): any realization whose subgraph holds that node checks them.
-    `explain(values)` returns the exception for bad values (None when all are good). A
-    realized operand is read on the host; any other gets `flag = make_flag()`, a lazy
-    (1,) bool tensor (true when some value is bad) computed by the same plan, made again
-    for each realization (a borrowed numpy array may change in between)."""
-    __slots__ = ("nid", "node", "make_flag", "flag", "operand", "explain")
+    """What the values of `operand` (an integer index, label or divisor tensor) must
+    satisfy, watched through graph node `nid` (the first node computed from those values,
+    e.g. the one-hot compare of a gather): any realization whose subgraph holds that node
+    checks them. A value v is bad when it is outside [lo, hi) and not `exempt`, or with
+    `inside`, when it is inside [lo, hi) (a zero divisor). A bad value raises
+    error(message.format(v, *info)) (`message` may also be a function of v).
 
-    def __init__(self, graph, nid, make_flag, operand, explain):
+    A realized operand is read on the host before the plan runs. Any other gets a `flag`
+    (Checks.make_flag: a lazy (1,) bool tensor, true when some value is bad) computed by
+    the same plan, made again for each realization (a borrowed numpy array may change in
+    between)."""
+    __slots__ = ("nid", "node", "operand", "lo", "hi", "exempt", "inside", "error",
+                 "message", "info", "flag")
+
+    def __init__(self, nid, node, operand, lo, hi, exempt, inside, error, message, info):
         self.nid = nid
-        self.node = graph.get(nid)
-        self.make_flag = make_flag
-        self.flag = None
+        self.node = node
         self.operand = operand
-        self.explain = explain
+        self.lo = lo
+        self.hi = hi
+        self.exempt = exempt
+        self.inside = inside
+        self.error = error
+        self.message = message
+        self.info = info
+        self.flag = None
+
+    def exception(self, value):
+        m = self.message
+        return self.error(m(value) if callable(m) else m.format(value, *self.info))
+
+    def first_bad(self, values):
+        """The first bad value of the numpy array `values`, or None."""
+        d = values.dtype
+        i = first_bad(values, d.itemsize, d.kind == "i", self.lo, self.hi, self.exempt,
+                      self.inside)
+        return None if i < 0 else int(values.reshape(-1)[i])
 
 
 class Checks:
     """The registry of value checks: {watched node id: Check}. Entries whose node was
-    realized or released are dropped by the next realization."""
+    realized or released are dropped by the next realization. `make_flag(check)` (set by
+    zyx.tensor) builds a check's flag."""
 
     def __init__(self):
         self.on = True
         self.watch = {}
+        self.make_flag = None
         self._byte = np.zeros(1, dtype=np.uint8)
 
-    def add(self, graph, nid, make_flag, operand, explain):
-        self.watch[nid] = Check(graph, nid, make_flag, operand, explain)
+    def add(self, graph, nid, operand, lo, hi, exempt, inside, error, message, info=()):
+        self.watch[nid] = Check(nid, graph.get(nid), operand, lo, hi, exempt, inside, error,
+                                message, info)
 
     def live(self, graph):
         """Checks whose watched node is still unrealized; those whose operand is not a
@@ -271,7 +294,7 @@ class Checks:
                 if graph.get(c.operand._id).op == LEAF:
                     c.flag = None
                 elif c.flag is None:
-                    c.flag = c.make_flag()
+                    c.flag = self.make_flag(c)
                 out.append(c)
             else:
                 gone.append(nid)
@@ -290,16 +313,19 @@ class Checks:
                     self.watch.get(nid) is c:
                 del self.watch[nid]
 
-    @staticmethod
-    def leaf_values(node):
-        """The values of a realized node as a numpy array (a view of host memory)."""
+    def check_leaf(self, c, node):
+        """Raise for the first bad value of the realized operand `node` (host memory is
+        read in place, other pools copied)."""
         buf, d = node.buffer, node.dtype
         if buf.pool.name == "host":
-            return buf.pool.view(buf, d.np, node.shape)
-        out = np.empty(node.shape, dtype=d.np)
-        if out.nbytes:
-            buf.pool.pool_to_host(buf, out, [buf.event] if buf.event is not None else [])
-        return out
+            mem = buf.handle
+        else:
+            mem = np.empty(node.shape, dtype=d.np)
+            if mem.nbytes:
+                buf.pool.pool_to_host(buf, mem, [buf.event] if buf.event is not None else [])
+        if first_bad(mem, d.itemsize, d.kind == "i", c.lo, c.hi, c.exempt, c.inside) >= 0:
+            values = mem.view(d.np) if mem.dtype != d.np else mem
+            raise c.exception(c.first_bad(values))
 
     def is_set(self, buf):
         b = self._byte
@@ -311,9 +337,9 @@ class Checks:
         """The exception for the first failed flag: its operand is read (computable: its
         own checks ran before it) to name the value."""
         for c in checks:
-            exc = c.explain(to_numpy(c.operand._id))
-            if exc is not None:
-                return exc
+            v = c.first_bad(np.ascontiguousarray(to_numpy(c.operand._id)))
+            if v is not None:
+                return c.exception(v)
         return IndexOutOfRangeError("an index check failed, but the values read again "
                                     "are in range (did a borrowed numpy array change?)")
 

@@ -1456,71 +1456,55 @@ def _int_range(d):
     return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
 
 
-def _range_flag(index, lo, hi, exempt=None):
-    """A (1,) bool tensor, true when some value of the integer tensor `index` is outside
-    [lo, hi) and not `exempt`; None when the dtype cannot hold such a value. Built from
-    primitives directly: cross_entropy builds one every training step."""
+def _check_flag(check):
+    """A (1,) bool tensor, true when some value of `check.operand` is bad (see
+    runtime.Check). Built from primitives directly: one compare per finite bound."""
+    index, lo, hi, exempt = check.operand, check.lo, check.hi, check.exempt
     d = index.dtype
     dmin, dmax = _int_range(d)
     n = _prod(index.shape)
     flat = index if index.shape == (n,) else _make(G.RESHAPE, (n,), (index,), (n,), d)
-    bad = None
-    if lo > dmin:
-        c = _wrap(_graph.add(G.CONST, lo, (), (n,), d))
-        bad = _make(G.BINARY, K.B_CMPLT, (flat, c), (n,), dt.bool_)
-    if hi - 1 < dmax:
-        c = _wrap(_graph.add(G.CONST, hi - 1, (), (n,), d))
-        over = _make(G.BINARY, K.B_CMPGT, (flat, c), (n,), dt.bool_)
-        bad = over if bad is None else _make(G.BINARY, K.B_OR, (bad, over), (n,), dt.bool_)
-    if bad is None:
-        return None
-    if exempt is not None and dmin <= exempt <= dmax:
-        c = _wrap(_graph.add(G.CONST, exempt, (), (n,), d))
-        keep = _make(G.BINARY, K.B_NOTEQ, (flat, c), (n,), dt.bool_)
-        bad = _make(G.BINARY, K.B_AND, (bad, keep), (n,), dt.bool_)
+
+    def cmp(bop, value):
+        c = _wrap(_graph.add(G.CONST, value, (), (n,), d))
+        return _make(G.BINARY, bop, (flat, c), (n,), dt.bool_)
+
+    def both(bop, a, b):
+        return a if b is None else b if a is None else _make(G.BINARY, bop, (a, b), (n,), dt.bool_)
+
+    if check.inside:     # the one such check: a zero divisor, [0, 1)
+        bad = cmp(K.B_EQ, lo)
+    else:
+        bad = both(K.B_OR, cmp(K.B_CMPLT, lo) if lo > dmin else None,
+                   cmp(K.B_CMPGT, hi - 1) if hi - 1 < dmax else None)
+        if exempt is not None and dmin <= exempt <= dmax:
+            bad = _make(G.BINARY, K.B_AND, (bad, cmp(K.B_NOTEQ, exempt)), (n,), dt.bool_)
     return _make(G.REDUCE, (K.R_MAX, (0,)), (bad,), (1,), dt.bool_)
 
 
-def _first_outside(values, lo, hi, exempt=None):
-    """The first value (flat order) outside [lo, hi) and not `exempt`, or None."""
-    v = np.asarray(values).reshape(-1)
-    bad = (v < lo) | (v >= hi)
-    if exempt is not None:
-        bad &= v != exempt
-    hits = np.flatnonzero(bad)
-    return builtins.int(v[hits[0]]) if hits.size else None
+RT.checks.make_flag = _check_flag
 
 
-def _watch_range(watched, index, lo, hi, message, exempt=None, error=IndexOutOfRangeError):
+def _watch_range(watched, index, lo, hi, message, info=(), exempt=None,
+                 error=IndexOutOfRangeError):
     """Check, when `watched` (the first node computed from `index`) is realized, that every
     value of `index` is in [lo, hi) or equal to `exempt`; else raise
-    error(message(bad_value)). A constant index is checked now."""
-    if not RT.checks.on or _prod(index.shape) == 0:
+    error(message.format(bad_value, *info)). A constant index is checked now."""
+    if not RT.checks.on:
         return
     node = _graph.get(index._id)
     if node.op == G.CONST:
         v = node.arg
-        if not (lo <= v < hi or v == exempt):
-            raise error(message(v))
+        if not (lo <= v < hi or v == exempt) and _prod(index.shape):
+            raise error(message(v) if callable(message) else message.format(v, *info))
         return
     dmin, dmax = _int_range(index.dtype)
-    if lo <= dmin and hi - 1 >= dmax:     # the dtype cannot hold a bad value
-        return
-
-    def explain(values):
-        v = values.reshape(-1)
-        if v.min() >= lo and v.max() < hi:      # the usual case: two numpy calls
-            return None
-        bad = _first_outside(v, lo, hi, exempt)
-        return None if bad is None else error(message(bad))
-
-    RT.checks.add(_graph, watched._id, lambda: _range_flag(index, lo, hi, exempt), index,
-                  explain)
+    if lo <= dmin and hi - 1 >= dmax or not _prod(index.shape):
+        return      # the dtype cannot hold a bad value, or there is none
+    RT.checks.add(_graph, watched._id, index, lo, hi, exempt, False, error, message, info)
 
 
-def _index_message(dim, size, where):
-    return lambda v: (f"index {v} is out of bounds for dimension {dim} with size {size} "
-                      f"(in {where})")
+_INDEX_MESSAGE = "index {} is out of bounds for dimension {} with size {} (in {})"
 
 
 def _checked_divisor(result, divisor, what):
@@ -1536,13 +1520,8 @@ def _checked_divisor(result, divisor, what):
         if node.arg == 0:
             raise IntegerDivisionByZeroError(f"integer division by zero (in {what})")
         return result
-    msg = f"integer division by zero (in {what}): the divisor tensor holds a 0"
-
-    def explain(values):
-        return IntegerDivisionByZeroError(msg) if not values.all() else None
-
-    RT.checks.add(_graph, result._id, lambda: (divisor == 0).reshape(-1).any(0, True),
-                  divisor, explain)
+    RT.checks.add(_graph, result._id, divisor, 0, 1, None, True, IntegerDivisionByZeroError,
+                  "integer division by zero (in {1}): the divisor tensor holds a {0}", (what,))
     return result
 
 
@@ -1569,7 +1548,7 @@ def gather(t: Tensor, axis, index: Tensor) -> Tensor:
     src = t.shrink(bounds).unsqueeze(axis)        # (..., 1, n, ...) at axis
     sel = _one_hot_along(idx.unsqueeze(axis + 1), n, axis + 1, t.ndim + 1)
     # torch's gather takes no negative index (getitem does)
-    _watch_range(sel, index, 0, n, _index_message(axis, n, "gather"))
+    _watch_range(sel, index, 0, n, _INDEX_MESSAGE, (axis, n, "gather"))
     if t.dtype.is_bool:
         return (src & sel)._reduce(K.R_MAX, axis + 1, False)
     return where(sel, src, _const(0, t.dtype, ()))._reduce(K.R_SUM, axis + 1, False)
@@ -1783,7 +1762,7 @@ def _advanced_index(x, tsteps, steps):
         shape[d] = n
         ar = _iota(n, ti.dtype).reshape(shape)
         hit = ti.reshape((1,) * nd + idx_shape) == ar
-        _watch_range(hit, t, -n, n, _index_message(d, n, "getitem"))
+        _watch_range(hit, t, -n, n, _INDEX_MESSAGE, (d, n, "getitem"))
         sel_total = hit if sel_total is None else (sel_total & hit)
     if x.dtype.is_bool:
         r = (xe & sel_total)._reduce(K.R_MAX, tuple(tdims), False)

@@ -133,11 +133,12 @@ def _windows(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int]) ->
                      [nl + 2 * j for j in range(nd)])
 
 
-def _take(x: Tensor, axis: int, idx, message=None) -> Tensor:
+def _take(x: Tensor, axis: int, idx, message=None, info=()) -> Tensor:
     """x indexed along `axis` by the integer tensor (or array) `idx` (numpy's take): shape
     x.shape[:axis] + idx.shape + x.shape[axis+1:]. A one-hot select and a sum over the
     indexed axis, so it is one fused reduce and differentiable. With `message` (a user's
-    index), the realization checks 0 <= idx < n and raises IndexError(message(value))."""
+    index), the realization checks 0 <= idx < n and raises IndexError (see
+    tensor._watch_range)."""
     idx = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx, dtype=np.int64))
     n = x.shape[axis]
     a, b, ni = x.shape[:axis], x.shape[axis + 1:], idx.ndim
@@ -147,7 +148,7 @@ def _take(x: Tensor, axis: int, idx, message=None) -> Tensor:
     sel = idx.reshape((1,) * len(a) + idx.shape + (1,) + (1,) * len(b)) == \
         cls.reshape((1,) * (len(a) + ni) + (n,) + (1,) * len(b))
     if message is not None:
-        _watch_range(sel, raw, 0, n, message)
+        _watch_range(sel, raw, 0, n, message, info)
     xv = x.reshape(a + (1,) * ni + (n,) + b)
     if x.dtype.is_bool:
         return (xv & sel)._reduce(K.R_MAX, len(a) + ni, False)
@@ -867,9 +868,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
         v = w.shape[0]
         pad_row = (_iota(v, dt.int64) == int(padding_idx) % v).reshape(v, 1)
         w = where(pad_row, w.detach(), w)
-    rows = w.shape[0]
-    return _take(w, 0, idx, lambda v: f"index out of range in self: index {v} is out of "
-                 f"bounds for dimension 0 with size {rows} (in embedding)")
+    return _take(w, 0, idx, "index out of range in self: index {} is out of bounds for "
+                 "dimension 0 with size {} (in embedding)", (w.shape[0],))
 
 
 def one_hot(tensor, num_classes=-1):
@@ -1138,10 +1138,9 @@ def _class_view(x, w):
     return w.reshape((1, x.shape[1]) + (1,) * (x.ndim - 2)) if x.ndim > 1 else w
 
 
-def _target_message(what, c, ignore_index):
-    """torch's "Target 5 is out of bounds." with the valid range."""
-    return lambda v: (f"Target {v} is out of bounds. ({what}: class-index targets must be "
-                      f"in [0, {c}) or equal ignore_index={ignore_index})")
+# torch's "Target 5 is out of bounds." with the valid range
+_TARGET_MESSAGE = ("Target {} is out of bounds. ({}: class-index targets must be in [0, {}) "
+                   "or equal ignore_index={})")
 
 
 def _nll(logp, target, weight, ignore_index, reduction, what):
@@ -1160,7 +1159,7 @@ def _nll(logp, target, weight, ignore_index, reduction, what):
                          f"{logp.shape} (expected {(logp.shape[0],) + logp.shape[2:]})")
     cls = _iota(c, target.dtype).reshape((1, c) + (1,) * (logp.ndim - 2))
     hit = target.unsqueeze(1) == cls          # all-false rows where target == ignore_index
-    _watch_range(hit, target, 0, c, _target_message(what, c, ignore_index),
+    _watch_range(hit, target, 0, c, _TARGET_MESSAGE, (what, c, ignore_index),
                  exempt=ignore_index)
     if ignore_index is not None and 0 <= ignore_index < c:
         hit = hit & (target.unsqueeze(1) != ignore_index)
@@ -1209,7 +1208,7 @@ def _cross_entropy_2d(x, y, ignore_index):
     cls = _iota(c, yd)
     ce = mk(_G.EXPAND, nc, (mk(_G.RESHAPE, (1, c), (cls,), (1, c), yd),), nc, yd)
     hit = mk(_G.BINARY, K.B_EQ, (ye, ce), nc, dt.bool_)
-    _watch_range(hit, y, 0, c, _target_message("cross_entropy", c, ignore_index),
+    _watch_range(hit, y, 0, c, _TARGET_MESSAGE, ("cross_entropy", c, ignore_index),
                  exempt=ignore_index)
     zero = _const(0.0, d, nc)
     picked = mk(_G.REDUCE, (K.R_SUM, (1,)), (mk(_G.WHERE, None, (hit, logp, zero), nc, d),),
