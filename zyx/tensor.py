@@ -521,6 +521,7 @@ class Tensor(_TB.TensorBase):
 
     def pow(self, o):
         if not isinstance(o, Tensor):
+            _check_fits(o, dt.promote_scalar(self.dtype, o), "pow")
             if o == 2:
                 return self * self
             if o == 1:
@@ -548,6 +549,12 @@ class Tensor(_TB.TensorBase):
 
     # comparisons -> bool
     def _cmp(self, o, bop, reverse=False):
+        if type(o) is builtins.int and self.dtype.is_int and _overflows_strict(o, self.dtype):
+            # x == 2**40 on int32: compare wider (torch's answer) instead of wrapping the
+            # scalar to 0
+            wide = dt.int64 if -2 ** 63 <= o < 2 ** 63 and self.dtype is not dt.uint64 \
+                else dt.float64
+            return self.cast(wide)._bin(o, bop, reverse, out_dtype=dt.bool_)
         return self._bin(o, bop, reverse, out_dtype=dt.bool_)
 
     def __lt__(self, o):
@@ -748,6 +755,9 @@ class Tensor(_TB.TensorBase):
         if min is None and max is None:
             raise ValueError("clamp needs min or max")
         x = self
+        for bound in (min, max):
+            if bound is not None and not isinstance(bound, Tensor):
+                _check_fits(bound, dt.promote_scalar(self.dtype, bound), "clamp")
         if min is not None:
             x = x.maximum(min)
         if max is not None:
@@ -848,6 +858,48 @@ def _scalar_of(v, d):
     return v
 
 
+_FLOAT_MAX = {dt.float16: 65504.0, dt.float32: 3.4028234663852886e38}
+
+
+def _overflows(v, d) -> bool:
+    """torch's c10::overflows: whether the Python number `v` does not fit dtype `d`. Ints
+    into unsigned dtypes may be negative down to -max (they wrap, as in torch); floats into
+    integer dtypes must be finite and in range; finite floats into float16/float32 must
+    be in range (bfloat16 and ints into floats round to inf, as in torch)."""
+    if d.is_bool or isinstance(v, (builtins.bool, np.bool_)):
+        return False
+    if isinstance(v, (builtins.float, np.floating)):
+        v = builtins.float(v)
+        if d.is_float:
+            m = _FLOAT_MAX.get(d)
+            return m is not None and math.isfinite(v) and builtins.abs(v) > m
+        if not math.isfinite(v):
+            return True
+        lo, hi = _int_range(d)
+        return v < lo or v > hi
+    if d.is_float or not isinstance(v, (builtins.int, np.integer)):
+        return False
+    v = builtins.int(v)
+    lo, hi = _int_range(d)
+    if d.kind == "u":
+        return v > hi or -v > hi
+    return v < lo or v > hi
+
+
+def _overflows_strict(v, d) -> bool:
+    """Whether int `v` is outside integer dtype `d`'s range (no unsigned wrap)."""
+    lo, hi = _int_range(d)
+    return v < lo or v > hi
+
+
+def _check_fits(v, d, what):
+    """Raise like torch when a Python number does not fit the dtype it becomes (zyx used
+    to wrap it silently: full((2,), 1e30, dtype=int32) gave zeros)."""
+    if not isinstance(v, Tensor) and _overflows(v, d):
+        raise ValueOverflowError(f"value cannot be converted to type {d.name} without "
+                                 f"overflow: {v!r} (in {what})")
+
+
 def _rebind(dst: "Tensor", src: "Tensor") -> None:
     """Point tensor object `dst` at `src`'s graph node (new node retained before the old is
     released). The object keeps its identity, so user references (model parameters held by
@@ -894,9 +946,20 @@ def _to_numpy(data, d):
         if isinstance(data, (list, tuple)):
             data = [x.numpy() if isinstance(x, Tensor) else x for x in data] if any(
                 isinstance(x, Tensor) for x in data) else data
-        arr = np.asarray(data)
+        try:
+            arr = np.asarray(data)
+        except OverflowError:     # numpy holds ints only up to 2**64
+            arr = np.asarray(data, dtype=object)
         if arr.dtype == object:
+            big = [x for x in arr.reshape(-1) if isinstance(x, builtins.int)]
+            if big and len(big) == arr.size:
+                v = builtins.max(big, key=builtins.abs)
+                raise ValueOverflowError(f"value {v} does not fit any integer dtype "
+                                         f"(in tensor)")
             raise ShapeError("nested lists must be rectangular and hold numbers")
+        if d is not None and d.is_int and arr.size and arr.dtype.kind in "iuf":
+            for v in (arr.min(), arr.max()):
+                _check_fits(v.item(), d, "tensor")
         if d is None:
             if arr.dtype.kind == "f":
                 d = dt.float32
@@ -939,6 +1002,7 @@ def full(shape, fill_value, dtype=None) -> Tensor:
     if any(not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
         raise ShapeError(f"invalid shape {shape}")
     d = dt.to_dtype(dtype) if dtype is not None else dt.scalar_dtype(fill_value)
+    _check_fits(fill_value, d, "full")
     return _const(fill_value, d, tuple(builtins.int(s) for s in shape))
 
 
@@ -980,6 +1044,10 @@ def arange(start, end=None, step=1, dtype=None) -> Tensor:
         d = dt.int32 if _fits_int32(start, start + (n - 1) * step) else dt.int64
     if n == 0:
         return _const(0, d, (0,))
+    if d.is_int:
+        # torch wraps silently here; a range that does not fit its dtype is a mistake
+        _check_fits(start, d, "arange")
+        _check_fits(start + (n - 1) * step, d, "arange")
     # 0..n-1 (cached for small n), scaled and shifted in the kernel that uses it; float64
     # keeps its own precision, f16/bf16 count in float32 (exact up to 2**24)
     idx = _iota(n, d if (not d.is_float or d is dt.float64) else dt.float32)
@@ -1088,6 +1156,8 @@ def where(cond, a, b) -> Tensor:
     shapes = [cond.shape] + [x.shape for x in (a, b) if isinstance(x, Tensor)]
     shape = _broadcast_shape(*shapes)
     c = cond.bool().expand(shape)
+    _check_fits(a, d, "where")
+    _check_fits(b, d, "where")
     ta = a.cast(d).expand(shape) if isinstance(a, Tensor) else _const(a, d, shape)
     tb = b.cast(d).expand(shape) if isinstance(b, Tensor) else _const(b, d, shape)
     return c._make(G.WHERE, None, (c, ta, tb), shape, d)
