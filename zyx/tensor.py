@@ -1617,8 +1617,8 @@ def gather(t: Tensor, axis, index: Tensor) -> Tensor:
     bounds = [(0, index.shape[i]) if i != axis else (0, n) for i in range(t.ndim)]
     src = t.shrink(bounds).unsqueeze(axis)        # (..., 1, n, ...) at axis
     sel = _one_hot_along(idx.unsqueeze(axis + 1), n, axis + 1, t.ndim + 1)
-    # torch's gather takes no negative index (getitem does)
-    _watch_range(sel, index, 0, n, _INDEX_MESSAGE, (axis, n, "gather"))
+    # negative indices count from the end (numpy's take_along_axis; torch's gather raises)
+    _watch_range(sel, index, -n, n, _INDEX_MESSAGE, (axis, n, "gather"))
     if t.dtype.is_bool:
         return (src & sel)._reduce(K.R_MAX, axis + 1, False)
     return where(sel, src, _const(0, t.dtype, ()))._reduce(K.R_SUM, axis + 1, False)

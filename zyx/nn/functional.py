@@ -136,9 +136,9 @@ def _windows(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int]) ->
 def _take(x: Tensor, axis: int, idx, message=None, info=()) -> Tensor:
     """x indexed along `axis` by the integer tensor (or array) `idx` (numpy's take): shape
     x.shape[:axis] + idx.shape + x.shape[axis+1:]. A one-hot select and a sum over the
-    indexed axis, so it is one fused reduce and differentiable. With `message` (a user's
-    index), the realization checks 0 <= idx < n and raises IndexError (see
-    tensor._watch_range)."""
+    indexed axis, so it is one fused reduce and differentiable. Negative indices count
+    from the end. With `message` (a user's index), the realization checks -n <= idx < n
+    and raises IndexError (see tensor._watch_range)."""
     idx = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx, dtype=np.int64))
     n = x.shape[axis]
     a, b, ni = x.shape[:axis], x.shape[axis + 1:], idx.ndim
@@ -148,7 +148,7 @@ def _take(x: Tensor, axis: int, idx, message=None, info=()) -> Tensor:
     sel = idx.reshape((1,) * len(a) + idx.shape + (1,) + (1,) * len(b)) == \
         cls.reshape((1,) * (len(a) + ni) + (n,) + (1,) * len(b))
     if message is not None:
-        _watch_range(sel, raw, 0, n, message, info)
+        _watch_range(sel, raw, -n, n, message, info)
     xv = x.reshape(a + (1,) * ni + (n,) + b)
     if x.dtype.is_bool:
         return (xv & sel)._reduce(K.R_MAX, len(a) + ni, False)
