@@ -191,7 +191,7 @@ class Runtime:
             flagged = [c for c in checks if c.flag is not None]
             for c in checks:
                 if c.flag is None:
-                    self.checks.check_leaf(c, self.graph.get(c.operand._id))
+                    self.checks.check_leaf(c, c.opnode)
             if flagged:
                 positions = plan.targets[len(ids) - len(flagged):]
 
@@ -240,14 +240,20 @@ class Check:
     A realized operand is read on the host before the plan runs. Any other gets a `flag`
     (Checks.make_flag: a lazy (1,) bool tensor, true when some value is bad) computed by
     the same plan, made again for each realization (a borrowed numpy array may change in
-    between)."""
-    __slots__ = ("nid", "node", "operand", "lo", "hi", "exempt", "inside", "error",
+    between).
+
+    The operand is held by id and Node object, not by a reference count: it feeds the
+    watched node, so it lives as long as the check is needed, and a graph nobody realizes
+    (backward() after backward()) keeps no extra node alive."""
+    __slots__ = ("nid", "node", "opid", "opnode", "lo", "hi", "exempt", "inside", "error",
                  "message", "info", "flag")
 
-    def __init__(self, nid, node, operand, lo, hi, exempt, inside, error, message, info):
+    def __init__(self, nid, node, opid, opnode, lo, hi, exempt, inside, error, message,
+                 info):
         self.nid = nid
         self.node = node
-        self.operand = operand
+        self.opid = opid
+        self.opnode = opnode
         self.lo = lo
         self.hi = hi
         self.exempt = exempt
@@ -280,9 +286,18 @@ class Checks:
         self.make_flag = None
         self._byte = np.zeros(1, dtype=np.uint8)
 
-    def add(self, graph, nid, operand, lo, hi, exempt, inside, error, message, info=()):
-        self.watch[nid] = Check(nid, graph.get(nid), operand, lo, hi, exempt, inside, error,
-                                message, info)
+    def add(self, graph, nid, opid, lo, hi, exempt, inside, error, message, info=()):
+        watch = self.watch
+        if len(watch) > 64:      # graphs built and dropped with no realization between
+            self._sweep(graph)
+        watch[nid] = Check(nid, graph.get(nid), opid, graph.get(opid), lo, hi, exempt,
+                           inside, error, message, info)
+
+    def _sweep(self, graph):
+        items = graph.nodes.items
+        for nid in [nid for nid, c in self.watch.items()
+                    if not (nid < len(items) and items[nid] is c.node and c.node.op != LEAF)]:
+            del self.watch[nid]
 
     def live(self, graph):
         """Checks whose watched node is still unrealized; those whose operand is not a
@@ -291,7 +306,7 @@ class Checks:
         out, gone = [], []
         for nid, c in self.watch.items():
             if nid < len(items) and items[nid] is c.node and c.node.op != LEAF:
-                if graph.get(c.operand._id).op == LEAF:
+                if c.opnode.op == LEAF:
                     c.flag = None
                 elif c.flag is None:
                     c.flag = self.make_flag(c)
@@ -337,7 +352,7 @@ class Checks:
         """The exception for the first failed flag: its operand is read (computable: its
         own checks ran before it) to name the value."""
         for c in checks:
-            v = c.first_bad(np.ascontiguousarray(to_numpy(c.operand._id)))
+            v = c.first_bad(np.ascontiguousarray(to_numpy(c.opid)))
             if v is not None:
                 return c.exception(v)
         return IndexOutOfRangeError("an index check failed, but the values read again "

@@ -1529,7 +1529,8 @@ def _int_range(d):
 def _check_flag(check):
     """A (1,) bool tensor, true when some value of `check.operand` is bad (see
     runtime.Check). Built from primitives directly: one compare per finite bound."""
-    index, lo, hi, exempt = check.operand, check.lo, check.hi, check.exempt
+    _graph.retain(check.opid)
+    index, lo, hi, exempt = _wrap(check.opid), check.lo, check.hi, check.exempt
     d = index.dtype
     dmin, dmax = _int_range(d)
     n = _prod(index.shape)
@@ -1571,7 +1572,7 @@ def _watch_range(watched, index, lo, hi, message, info=(), exempt=None,
     dmin, dmax = _int_range(index.dtype)
     if lo <= dmin and hi - 1 >= dmax or not _prod(index.shape):
         return      # the dtype cannot hold a bad value, or there is none
-    RT.checks.add(_graph, watched._id, index, lo, hi, exempt, False, error, message, info)
+    RT.checks.add(_graph, watched._id, index._id, lo, hi, exempt, False, error, message, info)
 
 
 _INDEX_MESSAGE = "index {} is out of bounds for dimension {} with size {} (in {})"
@@ -1590,7 +1591,7 @@ def _checked_divisor(result, divisor, what):
         if node.arg == 0:
             raise IntegerDivisionByZeroError(f"integer division by zero (in {what})")
         return result
-    RT.checks.add(_graph, result._id, divisor, 0, 1, None, True, IntegerDivisionByZeroError,
+    RT.checks.add(_graph, result._id, divisor._id, 0, 1, None, True, IntegerDivisionByZeroError,
                   "integer division by zero (in {1}): the divisor tensor holds a {0}", (what,))
     return result
 
