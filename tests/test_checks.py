@@ -360,3 +360,37 @@ def test_training_steps_reuse_their_plan(lazy_targets):
     assert s1["plans_built"] == s0["plans_built"]
     assert s1["plan_cache_hits"] - s0["plan_cache_hits"] == 5
     assert len(RT.checks.watch) <= 2           # one per live step, not one per step ever
+
+
+class _KernelByKernel:
+    """The device in use without compile_plan: the scheduler launches kernel by kernel
+    (scheduler.execute's other path)."""
+
+    def __init__(self, dev):
+        self._dev = dev
+
+    def __getattr__(self, name):
+        if name == "compile_plan":
+            raise AttributeError(name)
+        return getattr(self._dev, name)
+
+
+@pytest.mark.parametrize("path", ["one-program", "kernel-by-kernel"])
+def test_failed_check_frees_what_the_plan_allocated(path, monkeypatch):
+    if path == "kernel-by-kernel":
+        dev = _KernelByKernel(RT.device())
+        monkeypatch.setattr(RT, "device", lambda: dev)
+    x = zyx.tensor(X).realize()
+    x[zyx.tensor([0])].numpy()         # getitem's cached arange(10) exists before `base`
+    base = RT.pool_bytes()
+    for make_index in (lambda: zyx.tensor([3, 1]) * 5,      # computed: a flag in the plan
+                       lambda: zyx.tensor([15, 5])):        # a leaf: read on the host
+        idx = make_index()
+        doubled, picked = x * 2, x[idx] * 2
+        with pytest.raises(IndexError, match="index 15"):
+            RT.realize([doubled._id, picked._id])
+        assert not is_realized(doubled) and not is_realized(picked)
+        del idx, doubled, picked
+        assert RT.pool_bytes() == base
+    ok = x[zyx.tensor([3, 1]) * 3] * 2
+    np.testing.assert_array_equal(ok.numpy(), X[[9, 3]] * 2)

@@ -177,8 +177,14 @@ class Runtime:
                 return order, key, all_ids, ()
             where = order if len(checks) < 4 else set(order)
             read = [c for c in checks if c.nid in where]
-            if len(read) == len(checks) or \
-                    all(c.flag is None for c in checks if c.nid not in where):
+            if len(read) == len(checks):
+                return order, key, all_ids, read
+            unread_flags = False
+            for c in checks:
+                if c.nid not in where and c.flag is not None:
+                    c.flag = None        # it holds its operand's graph: made again if needed
+                    unread_flags = True
+            if not unread_flags:
                 return order, key, all_ids, read
             checks = read
 
@@ -186,27 +192,31 @@ class Runtime:
         """Run the plan, checks first: host checks before it runs, flags after it ran and
         before any target is bound (the scheduler then frees what it allocated). A failed
         check leaves every tensor, parameter and deferred gradient as it was."""
-        verify = None
-        if checks:
-            flagged = [c for c in checks if c.flag is not None]
+        if not checks:
+            scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
+                              self.stats, self.debug)
+            return
+        flagged = [c for c in checks if c.flag is not None]
+        positions = plan.targets[len(ids) - len(flagged):]
+
+        def verify(buffer_of):
+            bad = [c for c, p in zip(flagged, positions) if self.checks.is_set(buffer_of(p))]
+            if bad:
+                raise _ChecksFailed(bad)
+
+        try:
             for c in checks:
                 if c.flag is None:
                     self.checks.check_leaf(c, c.opnode)
-            if flagged:
-                positions = plan.targets[len(ids) - len(flagged):]
-
-                def verify(buffer_of):
-                    bad = [c for c, p in zip(flagged, positions)
-                           if self.checks.is_set(buffer_of(p))]
-                    if bad:
-                        raise _ChecksFailed(bad)
-        try:
             scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
-                              self.stats, self.debug, verify)
-        except _ChecksFailed as failed:
-            raise self.checks.error(failed.checks, self.to_numpy) from None
-        if checks:
-            self.checks.passed(self.graph, checks)
+                              self.stats, self.debug, verify if flagged else None)
+        except BaseException as exc:
+            for c in checks:        # a flag holds its operand's graph: made again if needed
+                c.flag = None
+            if isinstance(exc, _ChecksFailed):
+                raise self.checks.error(exc.checks, self.to_numpy) from None
+            raise
+        self.checks.passed(self.graph, checks)
 
     def to_numpy(self, nid) -> np.ndarray:
         self.realize([nid])
