@@ -858,26 +858,20 @@ def _scalar_of(v, d):
     return v
 
 
-_FLOAT_MAX = {dt.float16: 65504.0, dt.float32: 3.4028234663852886e38}
-
-
 def _overflows(v, d) -> bool:
-    """torch's c10::overflows: whether the Python number `v` does not fit dtype `d`. Ints
-    into unsigned dtypes may be negative down to -max (they wrap, as in torch); floats into
-    integer dtypes must be finite and in range; finite floats into float16/float32 must
-    be in range (bfloat16 and ints into floats round to inf, as in torch)."""
-    if d.is_bool or isinstance(v, (builtins.bool, np.bool_)):
+    """torch's c10::overflows for integer dtypes: whether the Python number `v` does not
+    fit `d`. Ints into unsigned dtypes may be negative down to -max (they wrap, as in
+    torch); floats must be finite and in range. Float dtypes are left out: torch itself
+    raises there only in some ops (full, masked_fill) and rounds to inf in others."""
+    if not d.is_int or isinstance(v, (builtins.bool, np.bool_)):
         return False
     if isinstance(v, (builtins.float, np.floating)):
         v = builtins.float(v)
-        if d.is_float:
-            m = _FLOAT_MAX.get(d)
-            return m is not None and math.isfinite(v) and builtins.abs(v) > m
         if not math.isfinite(v):
             return True
         lo, hi = _int_range(d)
         return v < lo or v > hi
-    if d.is_float or not isinstance(v, (builtins.int, np.integer)):
+    if not isinstance(v, (builtins.int, np.integer)):
         return False
     v = builtins.int(v)
     lo, hi = _int_range(d)
@@ -1413,6 +1407,7 @@ def _pad_torch(self, pad, mode="constant", value=0.0):
         raise NotImplementedError(f"pad mode {mode!r} (only 'constant' is supported)")
     if len(pad) % 2 or len(pad) // 2 > self.ndim:
         raise ShapeError(f"pad {pad} does not fit a tensor of {self.ndim} dimension(s)")
+    _check_fits(value, self.dtype, "pad")
     pads = [(0, 0)] * self.ndim
     for i in range(len(pad) // 2):
         pads[self.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
