@@ -197,26 +197,30 @@ class Runtime:
                               self.stats, self.debug)
             return
         flagged = [c for c in checks if c.flag is not None]
-        positions = plan.targets[len(ids) - len(flagged):]
-
-        def verify(buffer_of):
-            bad = [c for c, p in zip(flagged, positions) if self.checks.is_set(buffer_of(p))]
-            if bad:
-                raise _ChecksFailed(bad)
-
+        verify = self._verify_flags(flagged, plan.targets[len(ids) - len(flagged):]) \
+            if flagged else None
         try:
             for c in checks:
                 if c.flag is None:
                     self.checks.check_leaf(c, c.opnode)
             scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
-                              self.stats, self.debug, verify if flagged else None)
+                              self.stats, self.debug, verify)
         except BaseException as exc:
             for c in checks:        # a flag holds its operand's graph: made again if needed
                 c.flag = None
             if isinstance(exc, _ChecksFailed):
                 raise self.checks.error(exc.checks, self.to_numpy) from None
             raise
-        self.checks.passed(self.graph, checks)
+        for c in flagged:           # computed: they hold a buffer (made again if needed)
+            c.flag = None
+
+    def _verify_flags(self, flagged, positions):
+        """scheduler.execute's `verify`: raise _ChecksFailed when a flag is set."""
+        def verify(buffer_of):
+            bad = [c for c, p in zip(flagged, positions) if self.checks.is_set(buffer_of(p))]
+            if bad:
+                raise _ChecksFailed(bad)
+        return verify
 
     def to_numpy(self, nid) -> np.ndarray:
         self.realize([nid])
@@ -326,17 +330,6 @@ class Checks:
         for nid in gone:
             del self.watch[nid]
         return out
-
-    def passed(self, graph, checks):
-        """After a successful run: computed flags hold a buffer, drop them; forget
-        checks whose watched node is now realized or gone."""
-        items = graph.nodes.items
-        for c in checks:
-            c.flag = None
-            nid = c.nid
-            if not (nid < len(items) and items[nid] is c.node and c.node.op != LEAF) and \
-                    self.watch.get(nid) is c:
-                del self.watch[nid]
 
     def check_leaf(self, c, node):
         """Raise for the first bad value of the realized operand `node` (host memory is
