@@ -17,7 +17,7 @@ import numpy as np
 from . import dtype as dt
 from ._core.graph import Graph, LEAF
 from ._core import scheduler
-from ._core.valuecheck import first_bad
+from ._core import valuecheck
 from .backends import initialize_backends, load_config
 from .errors import IndexOutOfRangeError, ZyxError
 
@@ -202,7 +202,7 @@ class Runtime:
         try:
             for c in checks:
                 if c.flag is None:
-                    self.checks.check_leaf(c, c.opnode)
+                    self.checks.check_leaf(c)
             scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
                               self.stats, self.debug, verify)
         except BaseException as exc:
@@ -243,56 +243,10 @@ class _ChecksFailed(Exception):
         self.checks = checks
 
 
-class Check:
-    """What the values of `operand` (an integer index, label or divisor tensor) must
-    satisfy, watched through graph node `nid` (the first node computed from those values,
-    e.g. the one-hot compare of a gather): any realization whose subgraph holds that node
-    checks them. A value v is bad when it is outside [lo, hi) and not `exempt`, or with
-    `inside`, when it is inside [lo, hi) (a zero divisor). A bad value raises
-    error(message.format(v, *info)) (`message` may also be a function of v).
-
-    A realized operand is read on the host before the plan runs. Any other gets a `flag`
-    (Checks.make_flag: a lazy (1,) bool tensor, true when some value is bad) computed by
-    the same plan, made again for each realization (a borrowed numpy array may change in
-    between).
-
-    The operand is held by id and Node object, not by a reference count: it feeds the
-    watched node, so it lives as long as the check is needed, and a graph nobody realizes
-    (backward() after backward()) keeps no extra node alive."""
-    __slots__ = ("nid", "node", "opid", "opnode", "lo", "hi", "exempt", "inside", "error",
-                 "message", "info", "flag")
-
-    def __init__(self, nid, node, opid, opnode, lo, hi, exempt, inside, error, message,
-                 info):
-        self.nid = nid
-        self.node = node
-        self.opid = opid
-        self.opnode = opnode
-        self.lo = lo
-        self.hi = hi
-        self.exempt = exempt
-        self.inside = inside
-        self.error = error
-        self.message = message
-        self.info = info
-        self.flag = None
-
-    def exception(self, value):
-        m = self.message
-        return self.error(m(value) if callable(m) else m.format(value, *self.info))
-
-    def first_bad(self, values):
-        """The first bad value of the numpy array `values`, or None."""
-        d = values.dtype
-        i = first_bad(values, d.itemsize, d.kind == "i", self.lo, self.hi, self.exempt,
-                      self.inside)
-        return None if i < 0 else int(values.reshape(-1)[i])
-
-
 class Checks:
-    """The registry of value checks: {watched node id: Check}. Entries whose node was
-    realized or released are dropped by the next realization. `make_flag(check)` (set by
-    zyx.tensor) builds a check's flag."""
+    """The registry of value checks: {watched node id: valuecheck.Check}. Entries whose
+    node was realized or released are dropped by the next realization. `make_flag(check)`
+    (set by zyx.tensor) builds a check's flag."""
 
     def __init__(self):
         self.on = True
@@ -303,47 +257,15 @@ class Checks:
     def add(self, graph, nid, opid, lo, hi, exempt, inside, error, message, info=()):
         watch = self.watch
         if len(watch) > 64:      # graphs built and dropped with no realization between
-            self._sweep(graph)
-        watch[nid] = Check(nid, graph.get(nid), opid, graph.get(opid), lo, hi, exempt,
-                           inside, error, message, info)
-
-    def _sweep(self, graph):
-        items = graph.nodes.items
-        for nid in [nid for nid, c in self.watch.items()
-                    if not (nid < len(items) and items[nid] is c.node and c.node.op != LEAF)]:
-            del self.watch[nid]
+            valuecheck.sweep(watch, graph.nodes.items)
+        watch[nid] = valuecheck.Check(nid, graph.get(nid), opid, graph.get(opid), lo, hi,
+                                      exempt, inside, error, message, info)
 
     def live(self, graph):
-        """Checks whose watched node is still unrealized; those whose operand is not a
-        realized leaf get a fresh flag."""
-        items = graph.nodes.items
-        out, gone = [], []
-        for nid, c in self.watch.items():
-            if nid < len(items) and items[nid] is c.node and c.node.op != LEAF:
-                if c.opnode.op == LEAF:
-                    c.flag = None
-                elif c.flag is None:
-                    c.flag = self.make_flag(c)
-                out.append(c)
-            else:
-                gone.append(nid)
-        for nid in gone:
-            del self.watch[nid]
-        return out
+        """Checks whose watched node is still unrealized (valuecheck.live)."""
+        return valuecheck.live(self.watch, graph.nodes.items, self.make_flag)
 
-    def check_leaf(self, c, node):
-        """Raise for the first bad value of the realized operand `node` (host memory is
-        read in place, other pools copied)."""
-        buf, d = node.buffer, node.dtype
-        if buf.pool.name == "host":
-            mem = buf.handle
-        else:
-            mem = np.empty(node.shape, dtype=d.np)
-            if mem.nbytes:
-                buf.pool.pool_to_host(buf, mem, [buf.event] if buf.event is not None else [])
-        if first_bad(mem, d.itemsize, d.kind == "i", c.lo, c.hi, c.exempt, c.inside) >= 0:
-            values = mem.view(d.np) if mem.dtype != d.np else mem
-            raise c.exception(c.first_bad(values))
+    check_leaf = staticmethod(valuecheck.check_leaf)
 
     def is_set(self, buf):
         b = self._byte

@@ -1523,7 +1523,7 @@ def _int_range(d):
 
 def _check_flag(check):
     """A (1,) bool tensor, true when some value of `check.operand` is bad (see
-    runtime.Check). Built from primitives directly: one compare per finite bound."""
+    valuecheck.Check). Built from primitives directly: one compare per finite bound."""
     _graph.retain(check.opid)
     index, lo, hi, exempt = _wrap(check.opid), check.lo, check.hi, check.exempt
     d = index.dtype
