@@ -1522,7 +1522,7 @@ def _int_range(d):
 
 
 def _check_flag(check):
-    """A (1,) bool tensor, true when some value of `check.operand` is bad (see
+    """A (1,) bool tensor, true when some value of the operand (node `check.opid`) is bad (see
     valuecheck.Check). Built from primitives directly: one compare per finite bound."""
     _graph.retain(check.opid)
     index, lo, hi, exempt = _wrap(check.opid), check.lo, check.hi, check.exempt
