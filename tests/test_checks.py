@@ -95,6 +95,7 @@ def test_computed_index_is_checked_in_the_same_plan():
     assert not is_realized(idx)
     raises_like_torch(lambda: x[idx].numpy(), lambda t: t.tensor(X)[t.tensor([15, 5])],
                       IndexError, "index 15", "size 10")
+    assert not is_realized(idx)                 # read for the message, not realized
     ok = zyx.tensor([3, 1]) * 3 - 1             # 8, 2
     np.testing.assert_array_equal(x[ok].numpy(), X[[8, 2]])
 

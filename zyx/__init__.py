@@ -90,8 +90,9 @@ def set_debug(mask: "int") -> None:
 def set_checks(on: "bool") -> None:
     """Check index tensors (getitem, gather, one_hot, embedding, loss targets) and integer
     divisors when the realization that reads them runs, raising IndexError /
-    ZeroDivisionError before any result is stored (on by default). Off: no check nodes
-    are built, and a bad index reads 0 as before."""
+    ZeroDivisionError before any result is stored (on by default). Off: nothing is
+    checked or built for it; a bad index reads 0 and an integer division by 0 gives 0,
+    as before. (Python numbers that overflow a dtype raise either way.)"""
     _RT.checks.on = _builtins.bool(on)
     if not on:
         _RT.checks.watch.clear()

@@ -15,7 +15,7 @@ import weakref
 import numpy as np
 
 from . import dtype as dt
-from ._core.graph import Graph, LEAF
+from ._core.graph import Graph, LEAF, RESHAPE
 from ._core import scheduler
 from ._core import valuecheck
 from .backends import initialize_backends, load_config
@@ -209,7 +209,7 @@ class Runtime:
             for c in checks:        # a flag holds its operand's graph: made again if needed
                 c.flag = None
             if isinstance(exc, _ChecksFailed):
-                raise self.checks.error(exc.checks, self.to_numpy) from None
+                raise self.checks.error(exc.checks, self.graph, self.to_numpy) from None
             raise
         for c in flagged:           # computed: they hold a buffer (made again if needed)
             c.flag = None
@@ -273,11 +273,18 @@ class Checks:
             buf.pool.pool_to_host(buf, b, [buf.event] if buf.event is not None else [])
         return bool(b[0])
 
-    def error(self, checks, to_numpy):
-        """The exception for the first failed flag: its operand is read (computable: its
-        own checks ran before it) to name the value."""
+    def error(self, checks, graph, to_numpy):
+        """The exception for the first failed flag: its operand is read to name the value
+        (computable: its own checks ran before it), through a new node so that the
+        operand itself stays as it was."""
         for c in checks:
-            v = c.first_bad(np.ascontiguousarray(to_numpy(c.opid)))
+            shape = c.opnode.shape
+            nid = graph.add(RESHAPE, shape, (c.opid,), shape, c.opnode.dtype)
+            try:
+                values = to_numpy(nid)
+            finally:
+                graph.release(nid)
+            v = c.first_bad(np.ascontiguousarray(values))
             if v is not None:
                 return c.exception(v)
         return IndexOutOfRangeError("an index check failed, but the values read again "
