@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import zyx  # noqa: E402
 
 CORE = ("graph", "kernel", "kernelizer", "passes", "replay", "scheduler", "slab", "symbolic",
-        "tensorbase")
+        "tensorbase", "valuecheck")
 # plain Python modules that wheels also carry compiled (setup.py COMPILED_PY)
 COMPILED = ("zyx.tensor", "zyx.autograd", "zyx.nn.functional", "zyx.nn.modules.module",
             "zyx.nn.modules.container", "zyx.nn.modules.linear", "zyx.nn.modules.activation",

@@ -252,6 +252,44 @@ def test_mlp_step_same_window(benchmark, batches, opt):
           (f"; zyx at or below torch in {wins} of {BLOCKS} blocks" if wins is not None else ""))
 
 
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_mlp_step_checks_cost(benchmark, batches, opt):
+    """What checking the cross-entropy targets costs (zyx.set_checks, issue 10): the
+    PyTorch-habit step with checks on and off, BLOCK steps each in turn (order turning
+    every round), so both share the same seconds of the machine. Per-step medians in
+    extra_info["median_ms"] ("zyx": checks on, "checks_off")."""
+    steps = {True: make_zyx(init_weights(), opt)[0], False: make_zyx(init_weights(), opt)[0]}
+    times = {True: [], False: []}
+    try:
+        for on in (True, False):
+            zyx.set_checks(on)
+            for i in range(CHECK_STEPS + 10):
+                steps[on](*batches[i % N_BATCHES])
+        rounds = iter(range(10 ** 9))
+
+        def one_block_each():
+            r = next(rounds)
+            for on in ((True, False) if r % 2 == 0 else (False, True)):
+                zyx.set_checks(on)
+                step, ts = steps[on], times[on]
+                step(*batches[0])             # untimed: the switch's first step
+                for i in range(BLOCK):
+                    x, y = batches[i % N_BATCHES]
+                    t0 = time.perf_counter()
+                    step(x, y)
+                    ts.append(time.perf_counter() - t0)
+
+        benchmark.group = f"mlp-checks-cost-{opt}"
+        benchmark.pedantic(one_block_each, rounds=2 * BLOCKS, iterations=1)
+    finally:
+        zyx.set_checks(True)
+    med = {"zyx": float(np.median(times[True])) * 1e3,
+           "checks_off": float(np.median(times[False])) * 1e3}
+    benchmark.extra_info.update(median_ms=med, checks_cost=med["zyx"] / med["checks_off"] - 1)
+    print(f"\nchecks cost, {opt}: on {med['zyx']:.4f} ms, off {med['checks_off']:.4f} ms, "
+          f"{(med['zyx'] / med['checks_off'] - 1) * 100:+.1f}%")
+
+
 _COLD = textwrap.dedent("""
     import time, numpy as np, zyx, zyx.nn.functional as F
     from zyx import nn, optim

@@ -39,6 +39,7 @@ _warn_stale_builds()
 from .dtype import (DType, bool_ as bool, uint8, uint16, uint32, uint64, int8, int16, int32, int64,
                     float16, bfloat16, float32, float64)
 from .errors import ZyxError, ShapeError, DTypeError, AllocationError, BackendError, NoBackendAvailable
+from .errors import IndexOutOfRangeError, IntegerDivisionByZeroError, ValueOverflowError
 from .tensor import *  # noqa: F401,F403
 from .tensor import __all__ as _tensor_all
 from .runtime import RT as _RT
@@ -84,6 +85,17 @@ def set_debug(mask: "int") -> None:
     _RT.debug = mask
     for d in _RT.devices or ():
         d.debug = mask
+
+
+def set_checks(on: "bool") -> None:
+    """Check index tensors (getitem, gather, one_hot, embedding, loss targets) and integer
+    divisors when the realization that reads them runs, raising IndexError /
+    ZeroDivisionError before any result is stored (on by default). Off: nothing is
+    checked or built for it; a bad index reads 0 and an integer division by 0 gives 0,
+    as before. (Python numbers that overflow a dtype raise either way.)"""
+    _RT.checks.on = _builtins.bool(on)
+    if not on:
+        _RT.checks.watch.clear()
 
 
 # --- autograd and optimizers (issue 3) ---

@@ -27,3 +27,23 @@ class NoBackendAvailable(BackendError):
 
 class DimensionError(ShapeError, IndexError):
     """A dimension index is out of range (an IndexError, as torch raises)."""
+
+
+# -- values checked at realization (zyx.set_checks) or when the op is written ------------------
+# Each is also the builtin exception torch raises for the same mistake, so code written for
+# torch (`except IndexError`, `except RuntimeError`) catches it unchanged.
+class IndexOutOfRangeError(ZyxError, IndexError, RuntimeError):
+    """An index tensor (getitem, gather, one_hot, embedding, loss targets) holds a value
+    outside the indexed dimension. Raised by the realization that reads it, before any of
+    its results is stored. torch raises IndexError for most of these and RuntimeError for
+    gather and one_hot; this is both."""
+
+
+class IntegerDivisionByZeroError(ZyxError, ZeroDivisionError, RuntimeError):
+    """Integer `//`, `%`, fmod or trunc division by zero (torch: RuntimeError
+    "ZeroDivisionError")."""
+
+
+class ValueOverflowError(ZyxError, OverflowError, RuntimeError):
+    """A Python number does not fit the dtype it is converted to (torch: RuntimeError "value
+    cannot be converted to type ... without overflow")."""

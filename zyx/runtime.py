@@ -16,10 +16,11 @@ import weakref
 import numpy as np
 
 from . import dtype as dt
-from ._core.graph import Graph, LEAF
+from ._core.graph import Graph, LEAF, RESHAPE
 from ._core import scheduler
+from ._core import valuecheck
 from .backends import initialize_backends, load_config, warn
-from .errors import ZyxError
+from .errors import IndexOutOfRangeError, ZyxError
 
 DEBUG_DEVICES, DEBUG_SCHEDULE, DEBUG_IR, DEBUG_SOURCE, DEBUG_MEMORY, DEBUG_COMPILE, \
     DEBUG_PERF = 1, 2, 4, 8, 16, 32, 64
@@ -62,6 +63,7 @@ class Runtime:
         self.lock = threading.RLock()
         self._local = threading.local()     # per thread: .pending (see `pending`)
         self.max_plans = MAX_PLANS
+        self.checks = Checks()  # value checks (indices, divisors) run with the realization
         self.rng = np.random.Generator(np.random.PCG64(0))
         self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
                       "plan_cache_hits": 0, "realizations": 0,
@@ -178,7 +180,7 @@ class Runtime:
         t0 = time.perf_counter()
         self._ensure()
         dev = self.device()
-        order, key = self.graph.collect(ids)
+        order, key, ids, checks = self._collect_checked(ids)
         key = (id(dev), key)
         plan = self.plans.get(key)
         if plan is None:
@@ -194,12 +196,77 @@ class Runtime:
             del self.plans[key]
             self.plans[key] = plan
             self.stats["plan_cache_hits"] += 1
-        scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool, self.stats,
-                          self.debug)
+        self._execute_checked(plan, order, dev, ids, checks)
         self.stats["realizations"] += 1
         if self.debug & DEBUG_PERF:
             print(f"zyx: realized {len(ids)} tensor(s), {len(plan.steps)} kernel(s) in "
                   f"{(time.perf_counter() - t0) * 1e6:.1f} us", file=sys.stderr)
+
+    # -- value checks (zyx.set_checks) ------------------------------------------------------
+    def _collect_checked(self, ids):
+        """graph.collect of `ids`, and the checks watching a node of that subgraph:
+        (order, key, ids plus the flag targets, checks).
+
+        A check whose operand is a realized leaf (the usual index: a batch of labels) is
+        read on the host before the plan runs and adds nothing to the plan. Any other adds
+        its flag as one more tiny target of the same plan (no extra round trip; part of
+        the structural key, so a repeated step keeps its cached plan). Flags of every live
+        check are collected at once, then those whose watched node the targets do not
+        read are dropped and the rest collected again (never in a training step, where
+        every live check is read)."""
+        checks = self.checks.live(self.graph) if self.checks.watch and self.checks.on else ()
+        while True:
+            flags = [c.flag._id for c in checks if c.flag is not None]
+            all_ids = ids + flags if flags else ids
+            order, key = self.graph.collect(all_ids)
+            if not checks:
+                return order, key, all_ids, ()
+            where = order if len(checks) < 4 else set(order)
+            read = [c for c in checks if c.nid in where]
+            if len(read) == len(checks):
+                return order, key, all_ids, read
+            unread_flags = False
+            for c in checks:
+                if c.nid not in where and c.flag is not None:
+                    c.flag = None        # it holds its operand's graph: made again if needed
+                    unread_flags = True
+            if not unread_flags:
+                return order, key, all_ids, read
+            checks = read
+
+    def _execute_checked(self, plan, order, dev, ids, checks):
+        """Run the plan, checks first: host checks before it runs, flags after it ran and
+        before any target is bound (the scheduler then frees what it allocated). A failed
+        check leaves every tensor, parameter and deferred gradient as it was."""
+        if not checks:
+            scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
+                              self.stats, self.debug)
+            return
+        flagged = [c for c in checks if c.flag is not None]
+        verify = self._verify_flags(flagged, plan.targets[len(ids) - len(flagged):]) \
+            if flagged else None
+        try:
+            for c in checks:
+                if c.flag is None:
+                    self.checks.check_leaf(c)
+            scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
+                              self.stats, self.debug, verify)
+        except BaseException as exc:
+            for c in checks:        # a flag holds its operand's graph: made again if needed
+                c.flag = None
+            if isinstance(exc, _ChecksFailed):
+                raise self.checks.error(exc.checks, self.graph, self.to_numpy) from None
+            raise
+        for c in flagged:           # computed: they hold a buffer (made again if needed)
+            c.flag = None
+
+    def _verify_flags(self, flagged, positions):
+        """scheduler.execute's `verify`: raise _ChecksFailed when a flag is set."""
+        def verify(buffer_of):
+            bad = [c for c, p in zip(flagged, positions) if self.checks.is_set(buffer_of(p))]
+            if bad:
+                raise _ChecksFailed(bad)
+        return verify
 
     def to_numpy(self, nid) -> np.ndarray:
         self.realize([nid])
@@ -212,6 +279,62 @@ class Runtime:
         if d is dt.bfloat16:
             out = (out.astype(np.uint32) << 16).view(np.float32)
         return out
+
+
+class _ChecksFailed(Exception):
+    """Internal: flags of the realization that just ran were set (never seen by users)."""
+
+    def __init__(self, checks):
+        super().__init__()
+        self.checks = checks
+
+
+class Checks:
+    """The registry of value checks: {watched node id: valuecheck.Check}. Entries whose
+    node was realized or released are dropped by the next realization. `make_flag(check)`
+    (set by zyx.tensor) builds a check's flag."""
+
+    def __init__(self):
+        self.on = True
+        self.watch = {}
+        self.make_flag = None
+        self._byte = np.zeros(1, dtype=np.uint8)
+
+    def add(self, graph, nid, opid, lo, hi, exempt, inside, error, message, info=()):
+        watch = self.watch
+        if len(watch) > 64:      # graphs built and dropped with no realization between
+            valuecheck.sweep(watch, graph.nodes.items)
+        watch[nid] = valuecheck.Check(nid, graph.get(nid), opid, graph.get(opid), lo, hi,
+                                      exempt, inside, error, message, info)
+
+    def live(self, graph):
+        """Checks whose watched node is still unrealized (valuecheck.live)."""
+        return valuecheck.live(self.watch, graph.nodes.items, self.make_flag)
+
+    check_leaf = staticmethod(valuecheck.check_leaf)
+
+    def is_set(self, buf):
+        b = self._byte
+        if buf.nbytes:
+            buf.pool.pool_to_host(buf, b, [buf.event] if buf.event is not None else [])
+        return bool(b[0])
+
+    def error(self, checks, graph, to_numpy):
+        """The exception for the first failed flag: its operand is read to name the value
+        (computable: its own checks ran before it), through a new node so that the
+        operand itself stays as it was."""
+        for c in checks:
+            shape = c.opnode.shape
+            nid = graph.add(RESHAPE, shape, (c.opid,), shape, c.opnode.dtype)
+            try:
+                values = to_numpy(nid)
+            finally:
+                graph.release(nid)
+            v = c.first_bad(np.ascontiguousarray(values))
+            if v is not None:
+                return c.exception(v)
+        return IndexOutOfRangeError("an index check failed, but the values read again "
+                                    "are in range (did a borrowed numpy array change?)")
 
 
 RT = Runtime()

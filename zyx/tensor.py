@@ -17,7 +17,8 @@ import numpy as np
 from . import dtype as dt
 from ._core import graph as G
 from ._core import kernel as K
-from .errors import DimensionError, DTypeError, ShapeError, ZyxError
+from .errors import (DimensionError, DTypeError, IndexOutOfRangeError,
+                     IntegerDivisionByZeroError, ShapeError, ValueOverflowError, ZyxError)
 from .runtime import RT
 from ._core import tensorbase as _TB
 
@@ -481,8 +482,9 @@ class Tensor(_TB.TensorBase):
         if rounding_mode is None:
             return self.__truediv__(other)
         if rounding_mode == "trunc":
-            q = self._bin(other, K.B_DIV)
-            return q.trunc() if q.dtype.is_float else q
+            a, b = self._broadcasted(other)
+            q = a._binary_prim(b, K.B_DIV)
+            return q.trunc() if q.dtype.is_float else _checked_divisor(q, b, "div(trunc)")
         if rounding_mode == "floor":
             return self.__floordiv__(other)
         raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
@@ -497,21 +499,26 @@ class Tensor(_TB.TensorBase):
         return self._bin(o, K.B_DIV, True, result=self._true_div_dtype(o))
 
     def __floordiv__(self, o):
-        return _floordiv(*self._broadcasted(o))
+        a, b = self._broadcasted(o)
+        return _checked_divisor(_floordiv(a, b), b, "//")
 
     def __rfloordiv__(self, o):
-        return _floordiv(*self._broadcasted(o, True))
+        a, b = self._broadcasted(o, True)
+        return _checked_divisor(_floordiv(a, b), b, "//")
 
     def __mod__(self, o):
-        return _pymod(*self._broadcasted(o))
+        a, b = self._broadcasted(o)
+        return _checked_divisor(_pymod(a, b), b, "%")
 
     def __rmod__(self, o):
-        return _pymod(*self._broadcasted(o, True))
+        a, b = self._broadcasted(o, True)
+        return _checked_divisor(_pymod(a, b), b, "%")
 
     remainder = __mod__
 
     def fmod(self, o):
-        return self._bin(o, K.B_MOD)
+        a, b = self._broadcasted(o)
+        return _checked_divisor(a._binary_prim(b, K.B_MOD), b, "fmod")
 
     def __pow__(self, o):
         return self.pow(o)
@@ -522,6 +529,7 @@ class Tensor(_TB.TensorBase):
 
     def pow(self, o):
         if not isinstance(o, Tensor):
+            _check_fits(o, dt.promote_scalar(self.dtype, o), "pow")
             if o == 2:
                 return self * self
             if o == 1:
@@ -549,6 +557,12 @@ class Tensor(_TB.TensorBase):
 
     # comparisons -> bool
     def _cmp(self, o, bop, reverse=False):
+        if type(o) is builtins.int and self.dtype.is_int and _overflows_strict(o, self.dtype):
+            # x == 2**40 on int32: compare wider (torch's answer) instead of wrapping the
+            # scalar to 0
+            wide = dt.int64 if -2 ** 63 <= o < 2 ** 63 and self.dtype is not dt.uint64 \
+                else dt.float64
+            return self.cast(wide)._bin(o, bop, reverse, out_dtype=dt.bool_)
         return self._bin(o, bop, reverse, out_dtype=dt.bool_)
 
     def __lt__(self, o):
@@ -749,6 +763,9 @@ class Tensor(_TB.TensorBase):
         if min is None and max is None:
             raise ValueError("clamp needs min or max")
         x = self
+        for bound in (min, max):
+            if bound is not None and not isinstance(bound, Tensor):
+                _check_fits(bound, dt.promote_scalar(self.dtype, bound), "clamp")
         if min is not None:
             x = x.maximum(min)
         if max is not None:
@@ -849,6 +866,42 @@ def _scalar_of(v, d):
     return v
 
 
+def _overflows(v, d) -> bool:
+    """torch's c10::overflows for integer dtypes: whether the Python number `v` does not
+    fit `d`. Ints into unsigned dtypes may be negative down to -max (they wrap, as in
+    torch); floats must be finite and in range. Float dtypes are left out: torch itself
+    raises there only in some ops (full, masked_fill) and rounds to inf in others."""
+    if not d.is_int or isinstance(v, (builtins.bool, np.bool_)):
+        return False
+    if isinstance(v, (builtins.float, np.floating)):
+        v = builtins.float(v)
+        if not math.isfinite(v):
+            return True
+        lo, hi = _int_range(d)
+        return v < lo or v > hi
+    if not isinstance(v, (builtins.int, np.integer)):
+        return False
+    v = builtins.int(v)
+    lo, hi = _int_range(d)
+    if d.kind == "u":
+        return v > hi or -v > hi
+    return v < lo or v > hi
+
+
+def _overflows_strict(v, d) -> bool:
+    """Whether int `v` is outside integer dtype `d`'s range (no unsigned wrap)."""
+    lo, hi = _int_range(d)
+    return v < lo or v > hi
+
+
+def _check_fits(v, d, what):
+    """Raise like torch when a Python number does not fit the dtype it becomes (zyx used
+    to wrap it silently: full((2,), 1e30, dtype=int32) gave zeros)."""
+    if not isinstance(v, Tensor) and _overflows(v, d):
+        raise ValueOverflowError(f"value cannot be converted to type {d.name} without "
+                                 f"overflow: {v!r} (in {what})")
+
+
 def _rebind(dst: "Tensor", src: "Tensor") -> None:
     """Point tensor object `dst` at `src`'s graph node (new node retained before the old is
     released). The object keeps its identity, so user references (model parameters held by
@@ -895,9 +948,20 @@ def _to_numpy(data, d):
         if isinstance(data, (list, tuple)):
             data = [x.numpy() if isinstance(x, Tensor) else x for x in data] if any(
                 isinstance(x, Tensor) for x in data) else data
-        arr = np.asarray(data)
+        try:
+            arr = np.asarray(data)
+        except OverflowError:     # numpy holds ints only up to 2**64
+            arr = np.asarray(data, dtype=object)
         if arr.dtype == object:
+            big = [x for x in arr.reshape(-1) if isinstance(x, builtins.int)]
+            if big and len(big) == arr.size:
+                v = builtins.max(big, key=builtins.abs)
+                raise ValueOverflowError(f"value {v} does not fit any integer dtype "
+                                         f"(in tensor)")
             raise ShapeError("nested lists must be rectangular and hold numbers")
+        if d is not None and d.is_int and arr.size and arr.dtype.kind in "iuf":
+            for v in (arr.min(), arr.max()):
+                _check_fits(v.item(), d, "tensor")
         if d is None:
             if arr.dtype.kind == "f":
                 d = dt.float32
@@ -940,6 +1004,7 @@ def full(shape, fill_value, dtype=None) -> Tensor:
     if any(not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
         raise ShapeError(f"invalid shape {shape}")
     d = dt.to_dtype(dtype) if dtype is not None else dt.scalar_dtype(fill_value)
+    _check_fits(fill_value, d, "full")
     return _const(fill_value, d, tuple(builtins.int(s) for s in shape))
 
 
@@ -981,6 +1046,10 @@ def arange(start, end=None, step=1, dtype=None) -> Tensor:
         d = dt.int32 if _fits_int32(start, start + (n - 1) * step) else dt.int64
     if n == 0:
         return _const(0, d, (0,))
+    if d.is_int:
+        # torch wraps silently here; a range that does not fit its dtype is a mistake
+        _check_fits(start, d, "arange")
+        _check_fits(start + (n - 1) * step, d, "arange")
     # 0..n-1 (cached for small n), scaled and shifted in the kernel that uses it; float64
     # keeps its own precision, f16/bf16 count in float32 (exact up to 2**24)
     idx = _iota(n, d if (not d.is_float or d is dt.float64) else dt.float32)
@@ -1101,6 +1170,8 @@ def where(cond, a, b) -> Tensor:
     shapes = [cond.shape] + [x.shape for x in (a, b) if isinstance(x, Tensor)]
     shape = _broadcast_shape(*shapes)
     c = cond.bool().expand(shape)
+    _check_fits(a, d, "where")
+    _check_fits(b, d, "where")
     ta = a.cast(d).expand(shape) if isinstance(a, Tensor) else _const(a, d, shape)
     tb = b.cast(d).expand(shape) if isinstance(b, Tensor) else _const(b, d, shape)
     return c._make(G.WHERE, None, (c, ta, tb), shape, d)
@@ -1382,6 +1453,7 @@ def _pad_torch(self, pad, mode="constant", value=0.0):
         raise NotImplementedError(f"pad mode {mode!r} (only 'constant' is supported)")
     if len(pad) % 2 or len(pad) // 2 > self.ndim:
         raise ShapeError(f"pad {pad} does not fit a tensor of {self.ndim} dimension(s)")
+    _check_fits(value, self.dtype, "pad")
     pads = [(0, 0)] * self.ndim
     for i in range(len(pad) // 2):
         pads[self.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
@@ -1486,6 +1558,87 @@ def triu(t: Tensor, diagonal=0) -> Tensor:
     return _tri(t, diagonal, True)
 
 
+# ---------------------------------------------------------------------------------------
+# value checks: index ranges and integer divisors, verified by the realization that reads
+# them (Runtime._collect_checked / _execute_checked); zyx.set_checks(False) turns them off
+def _int_range(d):
+    """(lowest, highest) value of integer dtype d."""
+    bits = d.itemsize * 8
+    if d.kind == "u":
+        return 0, (1 << bits) - 1
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+
+def _check_flag(check):
+    """A (1,) bool tensor, true when some value of the operand (node `check.opid`) is bad (see
+    valuecheck.Check). Built from primitives directly: one compare per finite bound."""
+    _graph.retain(check.opid)
+    index, lo, hi, exempt = _wrap(check.opid), check.lo, check.hi, check.exempt
+    d = index.dtype
+    dmin, dmax = _int_range(d)
+    n = _prod(index.shape)
+    flat = index if index.shape == (n,) else _make(G.RESHAPE, (n,), (index,), (n,), d)
+
+    def cmp(bop, value):
+        c = _wrap(_graph.add(G.CONST, value, (), (n,), d))
+        return _make(G.BINARY, bop, (flat, c), (n,), dt.bool_)
+
+    def both(bop, a, b):
+        return a if b is None else b if a is None else _make(G.BINARY, bop, (a, b), (n,), dt.bool_)
+
+    if check.inside:     # the one such check: a zero divisor, [0, 1)
+        bad = cmp(K.B_EQ, lo)
+    else:
+        bad = both(K.B_OR, cmp(K.B_CMPLT, lo) if lo > dmin else None,
+                   cmp(K.B_CMPGT, hi - 1) if hi - 1 < dmax else None)
+        if exempt is not None and dmin <= exempt <= dmax:
+            bad = _make(G.BINARY, K.B_AND, (bad, cmp(K.B_NOTEQ, exempt)), (n,), dt.bool_)
+    return _make(G.REDUCE, (K.R_MAX, (0,)), (bad,), (1,), dt.bool_)
+
+
+RT.checks.make_flag = _check_flag
+
+
+def _watch_range(watched, index, lo, hi, message, info=(), exempt=None,
+                 error=IndexOutOfRangeError):
+    """Check, when `watched` (the first node computed from `index`) is realized, that every
+    value of `index` is in [lo, hi) or equal to `exempt`; else raise
+    error(message.format(bad_value, *info)). A constant index is checked now."""
+    if not RT.checks.on:
+        return
+    node = _graph.get(index._id)
+    if node.op == G.CONST:
+        v = node.arg
+        if not (lo <= v < hi or v == exempt) and _prod(index.shape):
+            raise error(message(v) if callable(message) else message.format(v, *info))
+        return
+    dmin, dmax = _int_range(index.dtype)
+    if lo <= dmin and hi - 1 >= dmax or not _prod(index.shape):
+        return      # the dtype cannot hold a bad value, or there is none
+    RT.checks.add(_graph, watched._id, index._id, lo, hi, exempt, False, error, message, info)
+
+
+_INDEX_MESSAGE = "index {} is out of bounds for dimension {} with size {} (in {})"
+
+
+def _checked_divisor(result, divisor, what):
+    """`result` of an integer division by `divisor`; torch raises ZeroDivisionError (as a
+    RuntimeError) where zyx's kernels would silently give 0. A constant divisor is checked
+    now, a computed one when `result` is realized."""
+    if not RT.checks.on or not divisor.dtype.is_int or _prod(divisor.shape) == 0:
+        return result
+    node = _graph.get(divisor._id)
+    while node.op == G.EXPAND:       # a scalar divisor broadcast to the operand's shape
+        node = _graph.get(node.srcs[0])
+    if node.op == G.CONST:
+        if node.arg == 0:
+            raise IntegerDivisionByZeroError(f"integer division by zero (in {what})")
+        return result
+    RT.checks.add(_graph, result._id, divisor._id, 0, 1, None, True, IntegerDivisionByZeroError,
+                  "integer division by zero (in {1}): the divisor tensor holds a {0}", (what,))
+    return result
+
+
 def _one_hot_along(idx: Tensor, n: int, axis_pos: int, ndim_out: int):
     """bool tensor: idx (already unsqueezed at axis_pos) == arange(n) along axis_pos."""
     shape = [1] * ndim_out
@@ -1508,6 +1661,8 @@ def gather(t: Tensor, axis, index: Tensor) -> Tensor:
     bounds = [(0, index.shape[i]) if i != axis else (0, n) for i in range(t.ndim)]
     src = t.shrink(bounds).unsqueeze(axis)        # (..., 1, n, ...) at axis
     sel = _one_hot_along(idx.unsqueeze(axis + 1), n, axis + 1, t.ndim + 1)
+    # negative indices count from the end (numpy's take_along_axis; torch's gather raises)
+    _watch_range(sel, index, -n, n, _INDEX_MESSAGE, (axis, n, "gather"))
     if t.dtype.is_bool:
         return (src & sel)._reduce(K.R_MAX, axis + 1, False)
     return where(sel, src, _const(0, t.dtype, ()))._reduce(K.R_SUM, axis + 1, False)
@@ -1721,6 +1876,7 @@ def _advanced_index(x, tsteps, steps):
         shape[d] = n
         ar = _iota(n, ti.dtype).reshape(shape)
         hit = ti.reshape((1,) * nd + idx_shape) == ar
+        _watch_range(hit, t, -n, n, _INDEX_MESSAGE, (d, n, "getitem"))
         sel_total = hit if sel_total is None else (sel_total & hit)
     if x.dtype.is_bool:
         r = (xe & sel_total)._reduce(K.R_MAX, tuple(tdims), False)

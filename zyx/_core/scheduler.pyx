@@ -360,13 +360,15 @@ def leaf_buffers(plan, graph, list order, pool, move_to_pool):
     return bufs
 
 
-def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
+def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug=0,
+                   verify=None):
     """Run a plan compiled into one device program: allocate the arena and the buffers
-    that outlive the run, fill the pointer table, make one call.
+    that outlive the run, fill the pointer table, make one call. `verify(buffer_of)` (the
+    runtime's value checks) runs before any target is bound.
 
     Anything raised before the results reach the graph (an allocation failure, a
-    KeyboardInterrupt during the call) frees what this run allocated: the targets stay
-    lazy and the pool is as before."""
+    KeyboardInterrupt during the call, a failed check) frees what this run allocated:
+    the targets stay lazy and the pool is as before."""
     cdef list table = [0] * plan.nslots
     cdef dict bufs = leaf_buffers(plan, graph, order, pool, move_to_pool)
     cdef Py_ssize_t p
@@ -376,6 +378,7 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
     for p in plan.leaves:
         table[slot[p][1]] = bufs[p].ptr
     nbytes = plan.nbytes
+    root = plan.root
     arena = None
     try:
         for p in plan.owned:
@@ -391,6 +394,8 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
         # a Ctrl-C that arrived during the call is raised here, while `made` still says
         # what to free, not later inside the graph bookkeeping below
         PyErr_CheckSignals()
+        if verify is not None:
+            verify(lambda p: bufs[root.get(p, p)])
     except BaseException:
         for b in made:
             free(b)
@@ -398,7 +403,6 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
     stats["kernels_launched"] += plan.nkernels
     if arena is not None:
         free(arena)
-    root = plan.root
     seen = set()
     for p in plan.targets:
         if p in seen or not plan.stored[p]:
@@ -427,12 +431,13 @@ cdef void _run_program(plan, list table, int debug) except *:
         plan.device.run_plan(plan.runner, table, parallel)
 
 
-def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
-    """Run `plan` on the subgraph `order`; realized targets become LEAF nodes."""
+def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0, verify=None):
+    """Run `plan` on the subgraph `order`; realized targets become LEAF nodes.
+    `verify`: see execute_runner."""
     cdef dict bufs = {}
     cdef Py_ssize_t p, si
     if plan.runner is not None:
-        execute_runner(plan, graph, order, pool, move_to_pool, stats, debug)
+        execute_runner(plan, graph, order, pool, move_to_pool, stats, debug, verify)
         return
     device = plan.device
     bufs = leaf_buffers(plan, graph, order, pool, move_to_pool)
@@ -460,6 +465,8 @@ def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0):
             for p in free_after[si]:
                 free(bufs.pop(p))
         PyErr_CheckSignals()
+        if verify is not None:
+            verify(bufs.__getitem__)
     except BaseException:     # as in execute_runner: free what this run holds, re-raise
         for p, buf in bufs.items():
             if p not in leaves:

@@ -19,7 +19,7 @@ from .. import dtype as dt
 from .._core import graph as _G
 from .._core import kernel as K
 from ..errors import DTypeError, ShapeError, ZyxError
-from ..tensor import Tensor, _const, _iota, _matmul_nt, rand, where
+from ..tensor import Tensor, _const, _iota, _matmul_nt, _watch_range, rand, where
 from .init import _assign   # in-place update of running stats (torch's copy_)
 
 __all__ = [
@@ -133,17 +133,22 @@ def _windows(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int]) ->
                      [nl + 2 * j for j in range(nd)])
 
 
-def _take(x: Tensor, axis: int, idx) -> Tensor:
+def _take(x: Tensor, axis: int, idx, message=None, info=()) -> Tensor:
     """x indexed along `axis` by the integer tensor (or array) `idx` (numpy's take): shape
     x.shape[:axis] + idx.shape + x.shape[axis+1:]. A one-hot select and a sum over the
-    indexed axis, so it is one fused reduce and differentiable."""
+    indexed axis, so it is one fused reduce and differentiable. Negative indices count
+    from the end. With `message` (a user's index), the realization checks -n <= idx < n
+    and raises IndexError (see tensor._watch_range)."""
     idx = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx, dtype=np.int64))
     n = x.shape[axis]
     a, b, ni = x.shape[:axis], x.shape[axis + 1:], idx.ndim
+    raw = idx
     idx = where(idx < 0, idx + n, idx)
     cls = _iota(n, idx.dtype)
     sel = idx.reshape((1,) * len(a) + idx.shape + (1,) + (1,) * len(b)) == \
         cls.reshape((1,) * (len(a) + ni) + (n,) + (1,) * len(b))
+    if message is not None:
+        _watch_range(sel, raw, -n, n, message, info)
     xv = x.reshape(a + (1,) * ni + (n,) + b)
     if x.dtype.is_bool:
         return (xv & sel)._reduce(K.R_MAX, len(a) + ni, False)
@@ -863,7 +868,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
         v = w.shape[0]
         pad_row = (_iota(v, dt.int64) == int(padding_idx) % v).reshape(v, 1)
         w = where(pad_row, w.detach(), w)
-    return _take(w, 0, idx)
+    return _take(w, 0, idx, "index out of range in self: index {} is out of bounds for "
+                 "dimension 0 with size {} (in embedding)", (w.shape[0],))
 
 
 def one_hot(tensor, num_classes=-1):
@@ -875,7 +881,12 @@ def one_hot(tensor, num_classes=-1):
     if num_classes < 0:
         num_classes = int(t.max().item()) + 1 if t.numel() else 0
     cls = _iota(num_classes, t.dtype).reshape((1,) * t.ndim + (num_classes,))
-    return (t.unsqueeze(-1) == cls).cast(dt.int64)
+    hit = t.unsqueeze(-1) == cls
+    _watch_range(hit, t, 0, num_classes, lambda v: (
+        f"Class values must be non-negative, got {v} (in one_hot)" if v < 0 else
+        f"Class values must be smaller than num_classes, got {v} with num_classes="
+        f"{num_classes} (in one_hot)"))
+    return hit.cast(dt.int64)
 
 
 def _causal_mask(L, S):
@@ -1127,6 +1138,11 @@ def _class_view(x, w):
     return w.reshape((1, x.shape[1]) + (1,) * (x.ndim - 2)) if x.ndim > 1 else w
 
 
+# torch's "Target 5 is out of bounds." with the valid range
+_TARGET_MESSAGE = ("Target {} is out of bounds. ({}: class-index targets must be in [0, {}) "
+                   "or equal ignore_index={})")
+
+
 def _nll(logp, target, weight, ignore_index, reduction, what):
     """Negative log likelihood of integer targets: logp (N, C, *) or (C,), target (N, *) or
     (). Returns (loss per element, sum of the weights of the counted elements)."""
@@ -1143,6 +1159,8 @@ def _nll(logp, target, weight, ignore_index, reduction, what):
                          f"{logp.shape} (expected {(logp.shape[0],) + logp.shape[2:]})")
     cls = _iota(c, target.dtype).reshape((1, c) + (1,) * (logp.ndim - 2))
     hit = target.unsqueeze(1) == cls          # all-false rows where target == ignore_index
+    _watch_range(hit, target, 0, c, _TARGET_MESSAGE, (what, c, ignore_index),
+                 exempt=ignore_index)
     if ignore_index is not None and 0 <= ignore_index < c:
         hit = hit & (target.unsqueeze(1) != ignore_index)
     picked = where(hit, logp, 0.0).sum(1)
@@ -1190,6 +1208,8 @@ def _cross_entropy_2d(x, y, ignore_index):
     cls = _iota(c, yd)
     ce = mk(_G.EXPAND, nc, (mk(_G.RESHAPE, (1, c), (cls,), (1, c), yd),), nc, yd)
     hit = mk(_G.BINARY, K.B_EQ, (ye, ce), nc, dt.bool_)
+    _watch_range(hit, y, 0, c, _TARGET_MESSAGE, ("cross_entropy", c, ignore_index),
+                 exempt=ignore_index)
     zero = _const(0.0, d, nc)
     picked = mk(_G.REDUCE, (K.R_SUM, (1,)), (mk(_G.WHERE, None, (hit, logp, zero), nc, d),),
                 n1, d)

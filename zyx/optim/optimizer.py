@@ -246,7 +246,14 @@ class Optimizer:
             ids = [t._id for t in extra]
             ids += [n._id for _, n in new_params]
             ids += [t._id for _, upd in new_states for t in upd.values()]
-            RT.realize(ids)
+            try:
+                RT.realize(ids)
+            except BaseException:
+                # nothing was bound (a failed index check, an interrupt): the step did
+                # not happen, so its count must not either (Adam's bias corrections)
+                for state, _ in new_states:
+                    state["step"] -= 1
+                raise
             for state, upd in new_states:
                 state.update(upd)
             for p, n in new_params:
