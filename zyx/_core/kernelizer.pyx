@@ -42,24 +42,57 @@ ELEMENTWISE = frozenset((CAST, UNARY, BINARY, WHERE))
 def decide_stored(list nodes, list consumers, list srcpos, list targets):
     """Positions of nodes whose value must be written to a buffer (see module doc).
 
-    Besides targets and non-epilogue reduces, an elementwise node is stored when it reaches
-    a reduce's body through an expand and is not trivial: inlined there it would be
-    recomputed once per expanded element (a conv's weight gradient would redo the whole
-    activation backward for every kernel tap)."""
-    cdef Py_ssize_t n = len(nodes), p
+    Besides targets and non-epilogue reduces, an elementwise node is stored when
+    - it reaches a reduce's body through an expand and is not trivial: inlined there it
+      would be recomputed once per expanded element (a conv's weight gradient would redo
+      the whole activation backward for every kernel tap);
+    - it is inlined into several kernels and is expensive (`SHARED_LIMIT`): each of them
+      would carry its whole expression again (`x = x - x.mean()` repeated n times
+      re-inlined every earlier step into every mean's kernel: n^2 code);
+    - it ends a chain of `CHAIN_LIMIT` inlined nodes (`_cut_long_chains`): a kernel's code
+      and the renderer's recursion stay bounded however long the graph is.
+    The cuts of long chains are new kernels, so the other rules run again around them."""
+    cdef Py_ssize_t n = len(nodes)
     stored = [False] * n
     for t in targets:
         if nodes[t].op != LEAF:
             stored[t] = True
-    # forward: rough cost of inlining a node = its elementwise ops + the inputs it reads
-    cost = [0] * n
+    _store_by_use(nodes, consumers, srcpos, stored)
+    if _cut_long_chains(nodes, srcpos, stored):
+        _store_by_use(nodes, consumers, srcpos, stored)
+    return stored
+
+
+RECOMPUTE_LIMIT = 4   # ops + inputs above which an expanded reduce input gets stored
+SHARED_LIMIT = 32     # ops + inputs above which an elementwise node read by 2+ kernels is stored
+CHAIN_LIMIT = 64      # inlined nodes one after another in a kernel before one is stored
+_COST_CAP = 1 << 30   # costs count shared inputs once per use: capped, `x = x * x` doubles them
+
+
+def _inline_costs(list nodes, list srcpos, list stored):
+    """Rough cost of inlining each node: its elementwise ops + the inputs it reads (a
+    stored node or a reduce is one read)."""
+    cdef Py_ssize_t n = len(nodes), p, q, c
+    cdef list cost = [0] * n
     for p in range(n):
         op = nodes[p].op
         if op == LEAF or op == REDUCE:
             cost[p] = 1
         elif op != CONST:
-            cost[p] = (1 if op in ELEMENTWISE else 0) + sum([cost[q] for q in srcpos[p]])
+            c = 1 if op in ELEMENTWISE else 0
+            for q in srcpos[p]:
+                c += 1 if stored[q] else <Py_ssize_t>cost[q]
+            cost[p] = c if c < _COST_CAP else _COST_CAP
+    return cost
+
+
+def _store_by_use(list nodes, list consumers, list srcpos, list stored):
+    """One pass in reverse topological order (consumers before their sources) storing the
+    reduces that cannot be fused and the elementwise nodes inlining would recompute."""
+    cdef Py_ssize_t n = len(nodes), p, c, s, k, ck
+    cost = _inline_costs(nodes, srcpos, stored)
     sink = [-1] * n
+    kernel = [-1] * n            # the one kernel that inlines the node, -1: several
     in_body = [False] * n        # inlined into some reduce's body
     under_expand = [False] * n   # ... through an expand: recomputed per expanded element
     for p in range(n - 1, -1, -1):
@@ -68,8 +101,10 @@ def decide_stored(list nodes, list consumers, list srcpos, list targets):
             continue
         if stored[p]:
             sink[p] = p
+            kernel[p] = p
             continue
         s = -2
+        k = -2
         body = False
         expanded = False
         for c in consumers[p]:
@@ -79,6 +114,11 @@ def decide_stored(list nodes, list consumers, list srcpos, list targets):
                 s = cs
             elif s != cs:
                 s = -1
+            ck = kernel[c]
+            if k == -2:
+                k = ck
+            elif k != ck:
+                k = -1
             if cn.op == REDUCE:
                 body = True
             elif not stored[c]:
@@ -89,16 +129,41 @@ def decide_stored(list nodes, list consumers, list srcpos, list targets):
         if node.op == REDUCE and s == -1:
             stored[p] = True
             s = p
-        elif node.op in ELEMENTWISE and expanded and cost[p] >= RECOMPUTE_LIMIT:
+        elif node.op in ELEMENTWISE and (
+                (expanded and cost[p] >= RECOMPUTE_LIMIT) or
+                (k == -1 and cost[p] >= SHARED_LIMIT)):
             stored[p] = True
             s = p
         sink[p] = s
+        kernel[p] = p if stored[p] else k
         in_body[p] = body and not stored[p]
         under_expand[p] = expanded and not stored[p]
-    return stored
 
 
-RECOMPUTE_LIMIT = 4   # ops + inputs above which an expanded reduce input gets stored
+def _cut_long_chains(list nodes, list srcpos, list stored):
+    """Store nodes so that no kernel inlines more than CHAIN_LIMIT nodes one after the
+    other (`t = t * 1.0001 + 0.0001` written 100,000 times): the renderer recurses once per
+    inlined node, and the compiler's time grows faster than the function's length. The cut
+    falls on an elementwise op or a reduce (a movement op stored would be a copy) unless a
+    chain of movement ops alone grows twice as long. True when something was stored."""
+    cdef Py_ssize_t n = len(nodes), p, q, d
+    cdef list depth = [0] * n     # longest chain of inlined nodes ending at the node
+    cdef bint cut = False
+    for p in range(n):
+        op = nodes[p].op
+        if op == LEAF or op == CONST:
+            continue
+        d = 0
+        for q in srcpos[p]:
+            if not stored[q] and <Py_ssize_t>depth[q] > d:
+                d = depth[q]
+        d += 1
+        if not stored[p] and (d >= 2 * CHAIN_LIMIT or (
+                d >= CHAIN_LIMIT and (op in ELEMENTWISE or op == REDUCE))):
+            stored[p] = True
+            cut = True
+        depth[p] = d
+    return cut
 
 
 def accumulator_dtype(dt):
