@@ -9,6 +9,9 @@ Rules (one pass in reverse topological order decides what is stored to memory):
     elementwise or a reshape (an epilogue, which keeps the flat index), otherwise it gets a
     kernel of its own. This is the only cut besides the targets: softmax's max and sum are
     cut because an expand of them feeds the next step.
+  * so that code stays linear in the graph, also stored: expensive elementwise nodes that
+    several kernels (or several indices of one) would each recompute, and the end of every
+    long inlined chain (decide_stored).
 Each stored node becomes one kernel: global indices over its output, a loop per reduced
 axis, loads with guards for padding, one store.
 """
