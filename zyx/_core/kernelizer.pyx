@@ -9,6 +9,9 @@ Rules (one pass in reverse topological order decides what is stored to memory):
     elementwise or a reshape (an epilogue, which keeps the flat index), otherwise it gets a
     kernel of its own. This is the only cut besides the targets: softmax's max and sum are
     cut because an expand of them feeds the next step.
+  * so that code stays linear in the graph, also stored: expensive elementwise nodes that
+    several kernels (or several indices of one) would each recompute, and the end of every
+    long inlined chain (decide_stored).
 Each stored node becomes one kernel: global indices over its output, a loop per reduced
 axis, loads with guards for padding, one store.
 """
@@ -42,24 +45,83 @@ ELEMENTWISE = frozenset((CAST, UNARY, BINARY, WHERE))
 def decide_stored(list nodes, list consumers, list srcpos, list targets):
     """Positions of nodes whose value must be written to a buffer (see module doc).
 
-    Besides targets and non-epilogue reduces, an elementwise node is stored when it reaches
-    a reduce's body through an expand and is not trivial: inlined there it would be
-    recomputed once per expanded element (a conv's weight gradient would redo the whole
-    activation backward for every kernel tap)."""
-    cdef Py_ssize_t n = len(nodes), p
+    Besides targets and non-epilogue reduces, an elementwise node is stored when
+    - it reaches a reduce's body through an expand and is not trivial: inlined there it
+      would be recomputed once per expanded element (a conv's weight gradient would redo
+      the whole activation backward for every kernel tap);
+    - it is inlined into several kernels and is expensive (`SHARED_LIMIT`): each of them
+      would carry its whole expression again (`x = x - x.mean()` repeated n times
+      re-inlined every earlier step into every mean's kernel: n^2 code);
+    - inlined, it would be rendered at several indices (`x = x + x.flip(0)`, a roll, a
+      split's pieces) and the copies add up to `REPEAT_LIMIT` ops: repeated, such steps
+      double the code each time;
+    - it ends a chain of `CHAIN_LIMIT` inlined nodes (`_cut_long_chains`): a kernel's code
+      and the renderer's recursion stay bounded however long the graph is.
+    The cuts of long chains are new kernels, so the other rules run again around them."""
+    cdef Py_ssize_t n = len(nodes)
     stored = [False] * n
     for t in targets:
         if nodes[t].op != LEAF:
             stored[t] = True
-    # forward: rough cost of inlining a node = its elementwise ops + the inputs it reads
-    cost = [0] * n
+    _store_by_use(nodes, consumers, srcpos, stored)
+    if _cut_long_chains(nodes, srcpos, stored):
+        _store_by_use(nodes, consumers, srcpos, stored)
+    return stored
+
+
+RECOMPUTE_LIMIT = 4   # ops + inputs above which an expanded reduce input gets stored
+SHARED_LIMIT = 128    # ops + inputs above which an elementwise node read by 2+ kernels is stored
+REPEAT_LIMIT = 256    # ops an elementwise node's extra renderings may add before it is stored
+CHAIN_LIMIT = 64      # inlined nodes one after another in a kernel before one is stored
+_COST_CAP = 1 << 30   # costs count shared inputs once per use: capped, `x = x * x` doubles them
+
+
+def _numel(tuple shape):
+    cdef Py_ssize_t n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _inline_costs(list nodes, list srcpos, list stored):
+    """Rough cost of inlining each node: its elementwise ops + the inputs it reads (a
+    stored node or a reduce is one read); and the most elements among those inputs."""
+    cdef Py_ssize_t n = len(nodes), p, q, c, m
+    cdef list cost = [0] * n
+    cdef list inputs = [0] * n
     for p in range(n):
-        op = nodes[p].op
+        node = nodes[p]
+        op = node.op
         if op == LEAF or op == REDUCE:
             cost[p] = 1
+            inputs[p] = _numel(node.shape)
         elif op != CONST:
-            cost[p] = (1 if op in ELEMENTWISE else 0) + sum([cost[q] for q in srcpos[p]])
+            c = 1 if op in ELEMENTWISE else 0
+            m = 0
+            for q in srcpos[p]:
+                if stored[q]:
+                    c += 1
+                    m = max(m, <Py_ssize_t>_numel(nodes[q].shape))
+                else:
+                    c += <Py_ssize_t>cost[q]
+                    m = max(m, <Py_ssize_t>inputs[q])
+            cost[p] = c if c < _COST_CAP else _COST_CAP
+            inputs[p] = m
+    return cost, inputs
+
+
+def _store_by_use(list nodes, list consumers, list srcpos, list stored):
+    """One pass in reverse topological order (consumers before their sources) storing the
+    reduces that cannot be fused and the elementwise nodes inlining would recompute."""
+    cdef Py_ssize_t n = len(nodes), p, c, s, k, ck, moved, same, u
+    cost, inputs = _inline_costs(nodes, srcpos, stored)
+    # renders[p]: how often p gets rendered over all kernels, roughly. Consumers at p's
+    # own index (elementwise ones) render it at most as often as the busiest of them (the
+    # memo shares equal indices); a stored consumer, a reduce (its loop index) or a
+    # movement op (another index) each add their count.
+    renders = [1] * n
     sink = [-1] * n
+    kernel = [-1] * n            # the one kernel that inlines the node, -1: several
     in_body = [False] * n        # inlined into some reduce's body
     under_expand = [False] * n   # ... through an expand: recomputed per expanded element
     for p in range(n - 1, -1, -1):
@@ -68,8 +130,12 @@ def decide_stored(list nodes, list consumers, list srcpos, list targets):
             continue
         if stored[p]:
             sink[p] = p
+            kernel[p] = p
             continue
         s = -2
+        k = -2
+        moved = 0
+        same = 0
         body = False
         expanded = False
         for c in consumers[p]:
@@ -79,6 +145,17 @@ def decide_stored(list nodes, list consumers, list srcpos, list targets):
                 s = cs
             elif s != cs:
                 s = -1
+            if stored[c]:
+                moved += 1
+            elif cn.op in ELEMENTWISE:
+                same = max(same, <Py_ssize_t>renders[c])
+            else:
+                moved += <Py_ssize_t>renders[c]
+            ck = kernel[c]
+            if k == -2:
+                k = ck
+            elif k != ck:
+                k = -1
             if cn.op == REDUCE:
                 body = True
             elif not stored[c]:
@@ -86,19 +163,77 @@ def decide_stored(list nodes, list consumers, list srcpos, list targets):
                 expanded = expanded or under_expand[c] or (cn.op == EXPAND and in_body[c])
         if s == -2:
             s = -1
+        u = min(moved + same, _COST_CAP)
         if node.op == REDUCE and s == -1:
             stored[p] = True
             s = p
-        elif node.op in ELEMENTWISE and expanded and cost[p] >= RECOMPUTE_LIMIT:
+        elif node.op in ELEMENTWISE and (
+                (expanded and cost[p] >= RECOMPUTE_LIMIT) or
+                (_numel(node.shape) <= <Py_ssize_t>inputs[p] and (
+                    (k == -1 and cost[p] >= SHARED_LIMIT) or
+                    (u > 1 and (u - 1) * <Py_ssize_t>cost[p] >= REPEAT_LIMIT)))):
+            # (the last two not for a node broadcast beyond its inputs, a conv's window
+            # view: stored it would be a buffer many times the size of what it reads)
             stored[p] = True
             s = p
         sink[p] = s
+        kernel[p] = p if stored[p] else k
+        renders[p] = 1 if stored[p] else max(u, 1)
         in_body[p] = body and not stored[p]
         under_expand[p] = expanded and not stored[p]
-    return stored
 
 
-RECOMPUTE_LIMIT = 4   # ops + inputs above which an expanded reduce input gets stored
+def _cut_long_chains(list nodes, list srcpos, list stored):
+    """Store nodes so that no kernel inlines more than CHAIN_LIMIT nodes one after the
+    other (`t = t * 1.0001 + 0.0001` written 100,000 times): the renderer recurses once per
+    inlined node, and the compiler's time grows faster than the function's length. The cut
+    falls on an elementwise op or a reduce (a movement op stored would be a copy) unless a
+    chain of movement ops alone grows twice as long.
+
+    Also stored: a view after RESHAPE_LIMIT reshapes that regroup the axes of a permuted,
+    flipped, padded or expanded view. Each such reshape nests the index expression in
+    another `//` and `%` (a contiguous view's reshapes fold back to the flat index), and
+    the expression can double in size each time (`x.reshape(3, 5).T.reshape(15)`
+    repeated 20 times took minutes). True when something was stored."""
+    cdef Py_ssize_t n = len(nodes), p, q, d, r
+    cdef list depth = [0] * n     # longest chain of inlined nodes ending at the node
+    cdef list regroups = [0] * n  # most reshapes of a moved view on an inlined path to it
+    cdef list moved = [False] * n # a permute/flip/pad/expand on an inlined path to it
+    cdef bint cut = False, mv
+    for p in range(n):
+        node = nodes[p]
+        op = node.op
+        if op == LEAF or op == CONST:
+            continue
+        d = 0
+        r = 0
+        mv = False
+        for q in srcpos[p]:
+            if not stored[q]:
+                d = max(d, <Py_ssize_t>depth[q])
+                r = max(r, <Py_ssize_t>regroups[q])
+                mv = mv or moved[q]
+        d += 1
+        if op == PERMUTE or op == FLIP or op == PAD or op == EXPAND:
+            mv = True
+        elif op == RESHAPE and mv and _regroups_axes(node.shape, nodes[srcpos[p][0]].shape):
+            r += 1
+        if not stored[p] and (d >= 2 * CHAIN_LIMIT or r >= RESHAPE_LIMIT or (
+                d >= CHAIN_LIMIT and (op in ELEMENTWISE or op == REDUCE))):
+            stored[p] = True
+            cut = True
+        depth[p] = d
+        regroups[p] = r
+        moved[p] = mv
+    return cut
+
+
+RESHAPE_LIMIT = 8     # reshapes of a moved view inlined one after another (_cut_long_chains)
+
+
+def _regroups_axes(tuple shape, tuple src_shape):
+    """True when a reshape does more than add or remove size-1 axes."""
+    return [d for d in shape if d != 1] != [d for d in src_shape if d != 1]
 
 
 def accumulator_dtype(dt):

@@ -661,49 +661,73 @@ class CDevice:
                 src, kind = self._render(k, name, True, True)
                 bodies[k] = (name, kind)
                 funcs.append(src.replace("void ", "static __attribute__((noinline)) void ", 1))
-        calls = []
+        # The calls are data, not code: one row of `zyx_calls` per kernel call (function,
+        # first argument), argument locations in `zyx_locs`, and the program below runs
+        # ranges of rows. A statement per call with its own argument array made gcc's
+        # alias analysis quadratic in the number of calls (4000 calls: 3 s of 3.1).
+        calls, fn_rows, loc_rows, nargs = [], [], [], 1
         for k, locs in items:
             name, kind = bodies[k]
-            args = ", ".join(f"s[{v}]" if where == "t" else f"(void*)(arena + {v}LL)"
-                             for where, v in locs)
-            calls.append((kind, f"{{ void* a[] = {{{args}}}; {name}(a); }}"))
+            fn_rows.append(f"{{{name}, {len(loc_rows)}}}")
+            loc_rows.extend(str(v) if where == "t" else str(-1 - v) for where, v in locs)
+            nargs = max(nargs, len(locs))
+            calls.append(kind)
+        fn_rows.append(f"{{0, {len(loc_rows)}}}")
+
+        def run(i, j):
+            return f"zyx_run(s, arena, {i}, {j});"
         lines = []
         i = 0
+        if calls and not self.openmp:
+            lines.append("  " + run(0, len(calls)))
+            i = len(calls)
         while i < len(calls):
-            if calls[i][0] == "region" or not self.openmp:
-                lines.append("  " + calls[i][1])
+            if calls[i] == "region":
+                lines.append("  " + run(i, i + 1))
                 i += 1
                 continue
             j = i
-            while j < len(calls) and calls[j][0] != "region":
+            while j < len(calls) and calls[j] != "region":
                 j += 1
-            seg = calls[i:j]
-            if any(kind == "for" for kind, _ in seg):
+            if "for" in calls[i:j]:
                 lines.append("  #pragma omp parallel if(par)\n  {")
-                n = 0
-                while n < len(seg):
-                    if seg[n][0] == "for":
-                        lines.append("    " + seg[n][1])
-                        n += 1
-                        continue
-                    # a run of small kernels: one thread does them all, one barrier after
-                    lines.append("    #pragma omp single\n    {")
-                    while n < len(seg) and seg[n][0] == "serial":
-                        lines.append("      " + seg[n][1])
-                        n += 1
-                    lines.append("    }")
+                n = i
+                while n < j:
+                    m = n
+                    kind = calls[n]
+                    while m < j and calls[m] == kind:
+                        m += 1
+                    if kind == "for":       # every thread calls them, in order
+                        lines.append("    " + run(n, m))
+                    else:   # a run of small kernels: one thread does them all, one barrier after
+                        lines.append("    #pragma omp single\n    " + run(n, m))
+                    n = m
                 lines.append("  }")
             else:   # nothing parallel: do not wake the thread team
-                lines.extend("  " + call for _, call in seg)
+                lines.append("  " + run(i, j))
             i = j
         # `par` = 0 runs every kernel on the calling thread: for small plans, waking the
         # thread team and the barriers between kernels can cost more than they save (the
         # scheduler measures both and keeps the faster, see scheduler.ThreadChoice)
         src = (self.prelude() + "static int zyx_par = 1;\n" + "".join(funcs) +
+               "\nstatic const struct { void (*fn)(void**); int first; } zyx_calls[] = {\n  " +
+               ",\n  ".join(fn_rows) + "};\n"
+               "static const long long zyx_locs[] = {" + (", ".join(loc_rows) or "0") + "};\n"
+               # a location >= 0 is pointer table entry s[v], below 0 arena offset -1 - v
+               "static void zyx_run(void** restrict s, char* arena, int from, int to) {\n"
+               f"  void* a[{nargs}];\n"
+               "  for (int c = from; c < to; c++) {\n"
+               "    for (int k = zyx_calls[c].first; k < zyx_calls[c + 1].first; k++) {\n"
+               "      const long long v = zyx_locs[k];\n"
+               "      a[k - zyx_calls[c].first] = v >= 0 ? s[v] : (void*)(arena + (-1 - v));\n"
+               "    }\n"
+               "    zyx_calls[c].fn(a);\n"
+               "  }\n}\n"
                "\nvoid zyx_plan(void** restrict s, int par) {\n  char* arena = (char*)s[0];\n"
-               "  (void)arena;\n  zyx_par = par;\n" + "\n".join(lines) + "\n}\n")
+               "  (void)arena;\n  (void)zyx_run;\n  zyx_par = par;\n" + "\n".join(lines) +
+               "\n}\n")
         lib = self._build(src, ["zyx_plan"])
-        parallel = self.openmp and any(kind != "serial" for kind, _ in calls)
+        parallel = self.openmp and any(kind != "serial" for kind in calls)
         return CPlanProgram(lib, nslots, src, parallel)
 
     def run_plan(self, program, table, parallel=True):
