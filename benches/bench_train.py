@@ -234,11 +234,7 @@ def test_mlp_step_same_window(benchmark, batches, opt):
             _settle(SETTLE_S / 3)         # the previous block's thread pool goes idle
             for i in range(3):            # untimed: this implementation's data into cache
                 step(*batches[i])
-            for i in range(BLOCK):
-                x, y = batches[i % N_BATCHES]
-                t0 = time.perf_counter()
-                step(x, y)
-                ts.append(time.perf_counter() - t0)
+            _time_block(step, batches, ts)
 
     benchmark.group = f"mlp-same-window-{opt}"
     benchmark.pedantic(one_block_each, rounds=BLOCKS, iterations=1)
@@ -250,6 +246,15 @@ def test_mlp_step_same_window(benchmark, batches, opt):
                                 blocks=BLOCKS)
     print(f"\nsame window, {opt}: " + ", ".join(f"{n} {m:.3f} ms" for n, m in med.items()) +
           (f"; zyx at or below torch in {wins} of {BLOCKS} blocks" if wins is not None else ""))
+
+
+def _time_block(step, batches, ts):
+    """BLOCK timed steps over the batches, each step's seconds appended to `ts`."""
+    for i in range(BLOCK):
+        x, y = batches[i % N_BATCHES]
+        t0 = time.perf_counter()
+        step(x, y)
+        ts.append(time.perf_counter() - t0)
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
@@ -273,11 +278,7 @@ def test_mlp_step_checks_cost(benchmark, batches, opt):
                 zyx.set_checks(on)
                 step, ts = steps[on], times[on]
                 step(*batches[0])             # untimed: the switch's first step
-                for i in range(BLOCK):
-                    x, y = batches[i % N_BATCHES]
-                    t0 = time.perf_counter()
-                    step(x, y)
-                    ts.append(time.perf_counter() - t0)
+                _time_block(step, batches, ts)
 
         benchmark.group = f"mlp-checks-cost-{opt}"
         benchmark.pedantic(one_block_each, rounds=2 * BLOCKS, iterations=1)
