@@ -1231,9 +1231,17 @@ def _mean(self, axis=None, keepdim=False, dtype=None, dim=None):
     return _narrowed(_mean_of(_widened(x), axis, keepdim), x.dtype)
 
 
+def _reduced_count(x, axis):
+    """How many values a reduction of `x` over `axis` combines (a 0-d tensor's axis 0/-1,
+    accepted like torch, combines its one value)."""
+    if not x.ndim:
+        _norm_axis(axis, 0)      # still rejects axes a 0-d tensor does not have
+        return 1
+    return _prod([x.shape[a] for a in _norm_axis(axis, x.ndim)])
+
+
 def _mean_of(x, axis, keepdim):
-    axes = _norm_axis(axis, x.ndim)
-    n = _prod([x.shape[a] for a in axes])
+    n = _reduced_count(x, axis)
     s = x._reduce(K.R_SUM, axis, keepdim)
     return s * (1.0 / n) if n else s / 0.0
 
@@ -1249,8 +1257,7 @@ def _var_of(x, axis, keepdim, correction, unbiased):
     from zero, where E[x^2] - E[x]^2 cancels to noise."""
     if unbiased is not None:
         correction = 1 if unbiased else 0
-    axes = _norm_axis(axis, x.ndim)
-    n = _prod([x.shape[a] for a in axes])
+    n = _reduced_count(x, axis)
     m = _mean_of(x, axis, True)
     d = x - m
     s = (d * d)._reduce(K.R_SUM, axis, keepdim)
