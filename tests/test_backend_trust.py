@@ -423,3 +423,27 @@ def test_fork_children_compute_after_the_parent_ran_parallel(tmp_path):
     script = tmp_path / "forkpool.py"
     script.write_text(FORK_POOL)
     ok(run_zyx(tmp_path, script, timeout=90))
+
+
+def test_plan_cache_drops_the_least_recently_used_plan(monkeypatch):
+    """A plan that keeps running survives new shapes filling the cache; the one that ran
+    longest ago goes first (in this process: no compiler scenario)."""
+    import zyx
+    from zyx.runtime import RT
+
+    def run(n):
+        x = zyx.Tensor(np.arange(n, dtype=np.float32))
+        np.testing.assert_array_equal((x * 3 - 1).numpy(), np.arange(n) * 3 - 1)
+
+    run(2)                                   # the device is up before the cache is bounded
+    monkeypatch.setattr(RT, "plans", {})
+    monkeypatch.setattr(RT, "max_plans", 3)
+    built = lambda: RT.stats["plans_built"]   # noqa: E731
+    run(101), run(102), run(103)
+    run(101)                                 # hot again: 102 is now the oldest
+    before = built()
+    run(104)                                 # full: drops 102
+    run(101), run(103)                       # still cached
+    assert built() == before + 1
+    run(102)                                 # was dropped: built again
+    assert built() == before + 2

@@ -170,8 +170,9 @@ class Runtime:
             self._realize(ids)
 
     def _realize(self, ids):
-        if self.pending:
-            live = [r() for r in self.pending]   # strong refs until the plan has run
+        pending = self.pending
+        if pending:
+            live = [r() for r in pending]   # strong refs until the plan has run
             self.pending = []
             ids = list(ids) + [t._id for t in live if t is not None]
         ids = [i for i in ids if self.graph.get(i).op != LEAF]
@@ -185,22 +186,28 @@ class Runtime:
         plan = self.plans.get(key)
         if plan is None:
             plan = scheduler.build_plan(self.graph, order, ids, dev, self.debug)
-            if len(self.plans) >= self.max_plans:   # bounded: drop the least recently used
-                del self.plans[next(iter(self.plans))]
+            if len(self.plans) >= self.max_plans:
+                self._drop_least_recent_plan()
             self.plans[key] = plan
             self.stats["plans_built"] += 1
             self.stats["kernels_compiled"] += plan.nkernels
         else:
-            # least recently used goes first: a hot training-step plan survives a burst of
-            # one-off shapes (dicts keep insertion order, so re-insert on every hit)
-            del self.plans[key]
-            self.plans[key] = plan
             self.stats["plan_cache_hits"] += 1
+        plan.last_used = self.stats["realizations"]
         self._execute_checked(plan, order, dev, ids, checks)
         self.stats["realizations"] += 1
         if self.debug & DEBUG_PERF:
             print(f"zyx: realized {len(ids)} tensor(s), {len(plan.steps)} kernel(s) in "
                   f"{(time.perf_counter() - t0) * 1e6:.1f} us", file=sys.stderr)
+
+    def _drop_least_recent_plan(self):
+        """Make room in the bounded plan cache: the plan that ran longest ago goes (its
+        library is unloaded once no other plan holds it), so a hot training-step plan
+        survives a burst of one-off shapes. A scan over the cache, paid only when a new plan
+        is built into a full cache; a hit only stamps `last_used` (re-inserting the key
+        would hash the long structural key twice more per realization)."""
+        oldest = min(self.plans.items(), key=lambda kv: kv[1].last_used)[0]
+        del self.plans[oldest]
 
     # -- value checks (zyx.set_checks) ------------------------------------------------------
     def _collect_checked(self, ids):

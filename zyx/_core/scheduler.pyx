@@ -201,7 +201,7 @@ cdef class ThreadChoice:
 class Plan:
     __slots__ = ("steps", "nbytes", "free_after", "targets", "leaves", "device", "stored",
                  "nkernels", "runner", "slot", "owned", "root", "arena_bytes", "nslots",
-                 "threads")
+                 "threads", "last_used")
 
     def __init__(self, steps, nbytes, free_after, targets, leaves, device, stored):
         self.steps = steps
@@ -213,6 +213,7 @@ class Plan:
         self.stored = stored
         self.nkernels = sum(1 for st in steps if st.kernel is not None and nbytes.get(st.args[0]))
         self.runner = None     # a device-side program running every kernel (compile_plan)
+        self.last_used = 0     # the runtime's realization count when it last ran (plan LRU)
 
 
 ARENA_ALIGN = 64

@@ -259,6 +259,9 @@ class _Library:
                 pass
 
 
+DIRECT_CALLS = 256   # plans with more kernel calls run them from a table (compile_plan)
+
+
 class CProgram:
     __slots__ = ("fn", "lib", "argtype", "name", "source", "__weakref__")
 
@@ -661,10 +664,12 @@ class CDevice:
                 src, kind = self._render(k, name, True, True)
                 bodies[k] = (name, kind)
                 funcs.append(src.replace("void ", "static __attribute__((noinline)) void ", 1))
-        # The calls are data, not code: one row of `zyx_calls` per kernel call (function,
-        # first argument), argument locations in `zyx_locs`, and the program below runs
-        # ranges of rows. A statement per call with its own argument array made gcc's
-        # alias analysis quadratic in the number of calls (4000 calls: 3 s of 3.1).
+        # Past DIRECT_CALLS calls, the calls are data, not code: one row of `zyx_calls` per
+        # kernel call (function, first argument), argument locations in `zyx_locs`, and the
+        # program below runs ranges of rows. A statement per call with its own argument
+        # array made gcc's alias analysis quadratic in the number of calls (4000 calls: 3 s
+        # of 3.1); below that, direct calls with constant arguments are a little cheaper
+        # to run (a training step's plan has tens of calls).
         calls, fn_rows, loc_rows, nargs = [], [], [], 1
         for k, locs in items:
             name, kind = bodies[k]
@@ -674,8 +679,17 @@ class CDevice:
             calls.append(kind)
         fn_rows.append(f"{{0, {len(loc_rows)}}}")
 
+        direct = len(items) <= DIRECT_CALLS
+
         def run(i, j):
-            return f"zyx_run(s, arena, {i}, {j});"
+            if not direct:
+                return f"zyx_run(s, arena, {i}, {j});"
+            stmts = []
+            for k, locs in items[i:j]:
+                args = ", ".join(f"s[{v}]" if where == "t" else f"(void*)(arena + {v}LL)"
+                                 for where, v in locs)
+                stmts.append(f"{{ void* a[] = {{{args}}}; {bodies[k][0]}(a); }}")
+            return stmts[0] if len(stmts) == 1 else "{ " + " ".join(stmts) + " }"
         lines = []
         i = 0
         if calls and not self.openmp:
@@ -709,23 +723,23 @@ class CDevice:
         # `par` = 0 runs every kernel on the calling thread: for small plans, waking the
         # thread team and the barriers between kernels can cost more than they save (the
         # scheduler measures both and keeps the faster, see scheduler.ThreadChoice)
-        src = (self.prelude() + "static int zyx_par = 1;\n" + "".join(funcs) +
-               "\nstatic const struct { void (*fn)(void**); int first; } zyx_calls[] = {\n  " +
-               ",\n  ".join(fn_rows) + "};\n"
-               "static const long long zyx_locs[] = {" + (", ".join(loc_rows) or "0") + "};\n"
-               # a location >= 0 is pointer table entry s[v], below 0 arena offset -1 - v
-               "static void zyx_run(void** restrict s, char* arena, int from, int to) {\n"
-               f"  void* a[{nargs}];\n"
-               "  for (int c = from; c < to; c++) {\n"
-               "    for (int k = zyx_calls[c].first; k < zyx_calls[c + 1].first; k++) {\n"
-               "      const long long v = zyx_locs[k];\n"
-               "      a[k - zyx_calls[c].first] = v >= 0 ? s[v] : (void*)(arena + (-1 - v));\n"
-               "    }\n"
-               "    zyx_calls[c].fn(a);\n"
-               "  }\n}\n"
+        table = "" if direct else (
+            "\nstatic const struct { void (*fn)(void**); int first; } zyx_calls[] = {\n  " +
+            ",\n  ".join(fn_rows) + "};\n"
+            "static const long long zyx_locs[] = {" + (", ".join(loc_rows) or "0") + "};\n"
+            # a location >= 0 is pointer table entry s[v], below 0 arena offset -1 - v
+            "static void zyx_run(void** restrict s, char* arena, int from, int to) {\n"
+            f"  void* a[{nargs}];\n"
+            "  for (int c = from; c < to; c++) {\n"
+            "    for (int k = zyx_calls[c].first; k < zyx_calls[c + 1].first; k++) {\n"
+            "      const long long v = zyx_locs[k];\n"
+            "      a[k - zyx_calls[c].first] = v >= 0 ? s[v] : (void*)(arena + (-1 - v));\n"
+            "    }\n"
+            "    zyx_calls[c].fn(a);\n"
+            "  }\n}\n")
+        src = (self.prelude() + "static int zyx_par = 1;\n" + "".join(funcs) + table +
                "\nvoid zyx_plan(void** restrict s, int par) {\n  char* arena = (char*)s[0];\n"
-               "  (void)arena;\n  (void)zyx_run;\n  zyx_par = par;\n" + "\n".join(lines) +
-               "\n}\n")
+               "  (void)arena;\n  zyx_par = par;\n" + "\n".join(lines) + "\n}\n")
         lib = self._build(src, ["zyx_plan"])
         parallel = self.openmp and any(kind != "serial" for kind in calls)
         return CPlanProgram(lib, nslots, src, parallel)
