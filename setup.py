@@ -21,7 +21,7 @@ CYTHON_DIRECTIVES = {"language_level": 3, "binding": False, "embedsignature": Tr
 # the interpreter overhead they lose was ~25% of an MLP training step. The .py files stay
 # the source of truth and ship too; Python imports the compiled module when both exist
 # (zyx/__init__.py warns in a source checkout when a .py is newer than its build).
-COMPILED_PY = ("zyx/tensor.py", "zyx/autograd.py", "zyx/nn/functional.py",
+COMPILED_PY = ("zyx/tensor.py", "zyx/autograd.py", "zyx/runtime.py", "zyx/nn/functional.py",
                "zyx/nn/modules/module.py", "zyx/nn/modules/container.py",
                "zyx/nn/modules/linear.py", "zyx/nn/modules/activation.py",
                "zyx/optim/optimizer.py", "zyx/optim/sgd.py", "zyx/optim/adam.py")

@@ -26,8 +26,9 @@ import zyx  # noqa: E402
 CORE = ("graph", "kernel", "kernelizer", "passes", "replay", "scheduler", "slab", "symbolic",
         "tensorbase", "valuecheck")
 # plain Python modules that wheels also carry compiled (setup.py COMPILED_PY)
-COMPILED = ("zyx.tensor", "zyx.autograd", "zyx.nn.functional", "zyx.nn.modules.module",
-            "zyx.nn.modules.container", "zyx.nn.modules.linear", "zyx.nn.modules.activation",
+COMPILED = ("zyx.tensor", "zyx.autograd", "zyx.runtime", "zyx.nn.functional",
+            "zyx.nn.modules.module", "zyx.nn.modules.container", "zyx.nn.modules.linear",
+            "zyx.nn.modules.activation",
             "zyx.optim.optimizer", "zyx.optim.sgd", "zyx.optim.adam")
 
 
