@@ -47,6 +47,20 @@ def _max_plans(config):
     return n
 
 
+def _preferred_backend(config):
+    """ZYX_DEVICE, else the config's "default_device": a backend name (e.g. "opencl")."""
+    name = os.environ.get("ZYX_DEVICE") or config.get("default_device")
+    if name is not None and not isinstance(name, str):
+        warn(f"zyx: ignoring default_device={name!r}: not a backend name")
+        return None
+    return name or None
+
+
+def _backend_of(device):
+    """Backend name of a device: its module's name in zyx.backends (c, opencl, dummy...)."""
+    return getattr(device, "backend", None) or type(device).__module__.rsplit(".", 1)[-1]
+
+
 class Runtime:
     def __init__(self):
         self.graph = Graph()
@@ -55,6 +69,7 @@ class Runtime:
         self.config = None
         self.pools = None
         self.devices = None
+        self.preferred = None    # backend name the default device must come from, if any
         self.plans = {}
         # Threads realize one at a time: realization mutates the plan cache, the pools and
         # the graph (targets become leaves), and two threads realizing the same tensor at
@@ -75,6 +90,7 @@ class Runtime:
         self.config = load_config(debug=self.debug)
         self.max_plans = _max_plans(self.config)
         self.pools, self.devices = initialize_backends(self.config, self.debug, only)
+        self.preferred = _preferred_backend(self.config)
         self.plans.clear()     # their programs are unloaded with them
 
     def _ensure(self):
@@ -84,9 +100,23 @@ class Runtime:
     def device(self):
         """The device a realization runs on: the most compute among those with room."""
         self._ensure()
-        if len(self.devices) == 1:
-            return self.devices[0]
-        return max(self.devices, key=lambda d: (d.pool.free_bytes > 0, d.info().compute))
+        devices = self.devices
+        if self.preferred is not None:
+            devices = self._preferred_devices()
+        if len(devices) == 1:
+            return devices[0]
+        return max(devices, key=lambda d: (d.pool.free_bytes > 0, d.info().compute))
+
+    def _preferred_devices(self):
+        """Devices of the backend ZYX_DEVICE / config "default_device" names (a backend
+        that ranks below others by compute, like OpenCL on a CPU, is used only when asked
+        for); all devices, with a warning once, when none of them is of that backend."""
+        found = [d for d in self.devices if _backend_of(d) == self.preferred]
+        if found:
+            return found
+        warn(f"zyx: default device {self.preferred!r} is not available; using the others")
+        self.preferred = None
+        return self.devices
 
     # -- memory ---------------------------------------------------------------------------
     def _free_buffer(self, buf):

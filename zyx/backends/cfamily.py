@@ -54,6 +54,69 @@ class CDialect:
         return expr
 
 
+# OpenCL C reserves `long long`: its 64-bit integers are `long` / `ulong`
+_OPENCL_TYPES = {"long long": "long", "unsigned long long": "ulong"}
+
+# Helpers the OpenCL kernels call with the names the shared renderer writes (zyx_h2f...).
+# f16 is stored as 16 bits and converted with vload_half/vstore_half_rte (core OpenCL,
+# no cl_khr_fp16 needed), so the math is float exactly as in the C backend; bf16 is the
+# top half of a float's bits, rounded to nearest even like the C dialect.
+OPENCL_PRELUDE = r"""
+inline float zyx_h2f(ushort h) { return vload_half(0, (const half*)&h); }
+inline ushort zyx_f2h(float x) { ushort h; vstore_half_rte(x, 0, (half*)&h); return h; }
+inline float zyx_bf2f(ushort h) { return as_float(((uint)h) << 16); }
+inline ushort zyx_f2bf(float x) {
+  uint u = as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 64u);
+  u += 0x7fffu + ((u >> 16) & 1u); return (ushort)(u >> 16); }
+inline long zyx_ipow(long b, long e) {
+  if (e < 0) return b == 1 ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);
+  ulong r = 1, ub = (ulong)b;
+  while (e) { if (e & 1) r *= ub; ub *= ub; e >>= 1; } return (long)r; }
+"""
+
+
+class OpenCLDialect(CDialect):
+    """OpenCL C: same expressions as C; overloaded math (no `f` suffix), `long` for 64-bit
+    integers, and a kernel frame mapping the output indices to the NDRange."""
+    name = "opencl"
+    int64 = "long"
+
+    def ctype(self, d):
+        t = super().ctype(d)
+        return _OPENCL_TYPES.get(t, t)
+
+    def storage_type(self, d):
+        return _OPENCL_TYPES.get(d.cname, d.cname)
+
+    def math_fn(self, name, d):
+        return name
+
+    def kernel_source(self, kernel, name):
+        """`__kernel void name(...)`: one work-item per element of the flattened output
+        indices (global size may be rounded up, hence the guard), each running the
+        kernel's loops and reductions serially like one iteration of the C backend's
+        index loops."""
+        r, _ = render_body(kernel, self)
+        ro = {argno: (d, read_only) for argno, d, read_only in r.params}
+        params = []
+        for argno in range(len(kernel.args)):
+            # an argument no op reads still takes its position in the argument list
+            d, read_only = ro.get(argno, (None, True))
+            t = self.storage_type(d) if d is not None else "uchar"
+            params.append(f"__global {'const ' if read_only else ''}{t}* restrict g{argno}")
+        n = 1
+        for _, _, length in r.indices:
+            n *= length
+        head = ["  const long zyx_gid = get_global_id(0);", f"  if (zyx_gid >= {n}L) return;"]
+        stride = 1
+        for ssa, _, length in reversed(r.indices):   # row-major: the last index is fastest
+            head.append(f"  const long i{ssa} = (zyx_gid / {stride}L) % {length}L;")
+            stride *= length
+        return (f"__kernel void {name}({', '.join(params)}) {{\n" + "\n".join(head) + "\n" +
+                "\n".join(r.lines) + "\n}\n"), n
+
+
 def literal(dl, d, v):
     if d.is_bool:
         return "1" if v else "0"
@@ -247,5 +310,5 @@ def alu(dl, ops, op, v):
     if b == K.B_POW:
         if d.is_float:
             return f"{dl.math_fn('pow', d)}({x}, {y})"
-        return f"(({dl.ctype(d)})zyx_ipow((long long){x}, (long long){y}))"
+        return f"(({dl.ctype(d)})zyx_ipow(({dl.int64}){x}, ({dl.int64}){y}))"
     raise AssertionError(f"cannot render binary op {b}")

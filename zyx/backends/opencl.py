@@ -1,0 +1,219 @@
+"""OpenCL backend (through pyopencl): one OpenCL C kernel per zyx kernel, rendered by the
+shared C-family renderer with `OpenCLDialect`; one work-item per output element of the
+kernel's outer indices, loops and reductions run inside the work-item.
+
+One device per OpenCL device found, each with its own context, in-order queue and pool.
+Config (`"opencl"` section of config.json): platform_ids (list of platform numbers to
+use, default all), enabled (default true). A CPU OpenCL device (PoCL) ranks below the
+C backend, so it is the default device only when ZYX_DEVICE=opencl or the config's
+"default_device": "opencl" asks for it.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from .. import dtype as dt
+from .._core import kernel as K
+from ..errors import AllocationError, BackendError, DTypeError
+from . import Buffer, DeviceInfo, MemoryPool
+from .cfamily import OPENCL_PRELUDE, OpenCLDialect
+
+# Below the C backend's estimate (2e10 FLOP/s per core) for any core count: the C backend
+# computes on the same CPU faster than PoCL's generic code, so it must stay the default.
+CPU_COMPUTE = 1e9
+WORK_GROUP = 64    # work-items per group; the global size is rounded up to a multiple
+
+
+class OpenCLMemoryPool(MemoryPool):
+    """Device buffers (cl.Buffer). Freed buffers are kept by size and handed out again, as
+    realizations allocate the same sizes every step; they are released when the device
+    runs out of memory."""
+    name = "opencl"
+
+    def __init__(self, cl, ctx, queue, total_bytes):
+        super().__init__(total_bytes)
+        self.cl = cl
+        self.ctx = ctx
+        self.queue = queue
+        self._free = {}    # nbytes -> [cl.Buffer]
+
+    def allocate(self, nbytes):
+        if nbytes > self.free_bytes:
+            raise AllocationError(f"opencl pool: {nbytes} bytes requested, "
+                                  f"{self.free_bytes} free")
+        cached = self._free.get(nbytes)
+        if cached:
+            handle = cached.pop()
+        else:
+            handle = self._new_buffer(nbytes)
+        self.used_bytes += nbytes
+        return Buffer(self, handle, nbytes), None
+
+    def _new_buffer(self, nbytes):
+        cl = self.cl
+        size = max(nbytes, 1)     # OpenCL refuses zero-sized buffers
+        try:
+            return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+        except (cl.MemoryError, cl.RuntimeError):
+            self.trim()           # the cached buffers may be what fills the device
+            try:
+                return cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, size)
+            except (cl.MemoryError, cl.RuntimeError) as e:
+                raise AllocationError(f"opencl pool: cannot allocate {nbytes} bytes: {e}") \
+                    from None
+
+    def deallocate(self, buf, wait_events=()):
+        # the queue is in order: later kernels reusing this buffer run after the ones
+        # still reading it, so it can go back to the free list at once
+        self.used_bytes -= buf.nbytes
+        self._free.setdefault(buf.nbytes, []).append(buf.handle)
+        buf.handle = None
+
+    def trim(self):
+        """Release every cached free buffer."""
+        for lst in self._free.values():
+            for b in lst:
+                b.release()
+        self._free.clear()
+
+    def host_to_pool(self, src, dst, wait_events=()):
+        # blocking: the caller may drop `src` as soon as this returns
+        if dst.nbytes == 0:
+            return None
+        src = np.ascontiguousarray(src)
+        return self.cl.enqueue_copy(self.queue, dst.handle, src, wait_for=list(wait_events) or None,
+                                    is_blocking=True)
+
+    def pool_to_host(self, src, dst, wait_events=()):
+        if src.nbytes == 0:
+            return
+        self.cl.enqueue_copy(self.queue, dst.reshape(-1).view(np.uint8), src.handle,
+                             wait_for=list(wait_events) or None, is_blocking=True)
+
+    def sync_events(self, events):
+        events = [e for e in events if e is not None]
+        if events:
+            self.cl.wait_for_events(events)
+
+
+class OpenCLProgram:
+    __slots__ = ("kernel", "source", "fn", "global_size", "__weakref__")
+
+    def __init__(self, kernel, source, fn, n):
+        self.kernel = kernel
+        self.source = source
+        self.fn = fn
+        self.global_size = (-(-n // WORK_GROUP) * WORK_GROUP,)
+
+
+def _uses_float64(kernel):
+    return any(op[0] != K.CONST and op[1] is dt.float64 for op in kernel.ops)
+
+
+class OpenCLDevice:
+    backend = "opencl"
+
+    def __init__(self, cl, cl_device, pool, debug=0):
+        self.cl = cl
+        self.dev = cl_device
+        self.pool = pool
+        self.debug = debug
+        self.dialect = OpenCLDialect()
+        self.extensions = set(cl_device.extensions.split())
+        self.fp64 = "cl_khr_fp64" in self.extensions
+        self._by_source = {}     # OpenCL source -> built cl.Kernel (PoCL builds are slow)
+        self._programs = {}      # zyx kernel -> OpenCLProgram
+        self._info = self._make_info()
+
+    def _make_info(self):
+        d, cl = self.dev, self.cl
+        is_cpu = bool(d.type & cl.device_type.CPU)
+        width = max(d.preferred_vector_width_float, 1)
+        compute = float(d.max_compute_units * max(d.max_clock_frequency, 1) * 1e6 * width * 2)
+        if is_cpu:
+            compute = min(compute, CPU_COMPUTE)
+        dtypes = tuple(x.name for x in (dt.bool_, dt.uint8, dt.uint16, dt.uint32, dt.uint64,
+                                        dt.int8, dt.int16, dt.int32, dt.int64, dt.float16,
+                                        dt.bfloat16, dt.float32)) + (("float64",) if self.fp64 else ())
+        return DeviceInfo(name=f"OpenCL {d.name.strip()} ({d.platform.name.strip()})",
+                          compute=compute,
+                          max_local_threads=d.max_work_group_size,
+                          max_local_work_dims=tuple(d.max_work_item_sizes),
+                          local_mem_size=d.local_mem_size,
+                          preferred_vector_size=width * 4,
+                          num_cores=d.max_compute_units,
+                          dtypes=dtypes,
+                          extra={"fp16": "cl_khr_fp16" in self.extensions, "fp64": self.fp64,
+                                 "cpu": is_cpu})
+
+    def info(self):
+        return self._info
+
+    def render(self, kernel, name="zyx_k"):
+        """(OpenCL C source with its helpers, number of work-items)."""
+        if _uses_float64(kernel) and not self.fp64:
+            raise DTypeError(f"float64 is not supported by OpenCL device {self.dev.name.strip()} "
+                             f"(no cl_khr_fp64)")
+        body, n = self.dialect.kernel_source(kernel, name)
+        pragma = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if self.fp64 else ""
+        return pragma + OPENCL_PRELUDE + body, n
+
+    def compile(self, kernel):
+        prog = self._programs.get(kernel)
+        if prog is not None:
+            return prog
+        src, n = self.render(kernel)
+        fn = self._by_source.get(src)
+        if fn is None:
+            if self.debug & 8:
+                print(f"zyx: OpenCL source\n{src}", file=sys.stderr)
+            try:
+                built = self.cl.Program(self.pool.ctx, src).build()
+            except self.cl.Error as e:
+                raise BackendError(f"OpenCL build failed on {self.dev.name.strip()}:\n{e}\n"
+                                   f"--- source ---\n{src}") from None
+            fn = self._by_source[src] = built.zyx_k
+        prog = self._programs[kernel] = OpenCLProgram(kernel, src, fn, n)
+        return prog
+
+    def launch(self, program, pool, args, wait_events=()):
+        # cl.Kernel objects hold their arguments: set and enqueue under one call
+        return program.fn(pool.queue, program.global_size, (WORK_GROUP,),
+                          *[b.handle for b in args], wait_for=list(wait_events) or None)
+
+    def release(self, program):
+        self._programs.pop(program.kernel, None)
+
+
+def _platforms(cl, cfg):
+    platforms = cl.get_platforms()
+    ids = cfg.get("platform_ids")
+    if ids is None:
+        return platforms
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise BackendError(f"opencl.platform_ids={ids!r} is not a list of integers")
+    return [platforms[i] for i in ids if 0 <= i < len(platforms)]
+
+
+def initialize(cfg, debug=0):
+    import pyopencl as cl    # lazily: a missing driver only skips this backend
+
+    pools, devices = [], []
+    for platform in _platforms(cl, cfg):
+        try:
+            found = platform.get_devices()
+        except cl.Error:      # a platform with no devices raises instead of returning []
+            continue
+        for d in found:
+            if d.max_work_group_size < WORK_GROUP:
+                continue      # launches use groups of WORK_GROUP work-items
+            ctx = cl.Context([d])
+            queue = cl.CommandQueue(ctx, d)
+            pool = OpenCLMemoryPool(cl, ctx, queue, d.global_mem_size)
+            pools.append(pool)
+            devices.append(OpenCLDevice(cl, d, pool, debug))
+    if not devices:
+        raise BackendError("OpenCL: no platform has a usable device")
+    return pools, devices
