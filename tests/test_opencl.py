@@ -189,3 +189,15 @@ def test_zyx_device_env_selects_opencl(monkeypatch):
     finally:
         monkeypatch.delenv("ZYX_DEVICE")
         rt.init(only=["opencl"])
+
+
+def test_platform_ids_config(opencl_runtime):
+    from zyx.backends import opencl
+    from zyx.errors import BackendError
+    with pytest.raises(BackendError, match="no platform"):
+        opencl.initialize({"platform_ids": [len(cl.get_platforms())]})   # past the last one
+    with pytest.raises(BackendError, match="not a list"):
+        opencl.initialize({"platform_ids": "0"})
+    mine = cl.get_platforms().index(opencl_runtime.dev.platform)
+    _, devices = opencl.initialize({"platform_ids": [mine]})
+    assert devices and all(d.dev.platform == opencl_runtime.dev.platform for d in devices)

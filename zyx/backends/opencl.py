@@ -170,7 +170,9 @@ class OpenCLDevice:
             if self.debug & 8:
                 print(f"zyx: OpenCL source\n{src}", file=sys.stderr)
             try:
-                built = self.cl.Program(self.pool.ctx, src).build()
+                # -w: the shared renderer writes constant operands on purpose (`x || 0`
+                # in a NaN-aware max); clang's warnings about them are noise
+                built = self.cl.Program(self.pool.ctx, src).build(options=["-w"])
             except self.cl.Error as e:
                 raise BackendError(f"OpenCL build failed on {self.dev.name.strip()}:\n{e}\n"
                                    f"--- source ---\n{src}") from None
