@@ -201,3 +201,15 @@ def test_platform_ids_config(opencl_runtime):
     mine = cl.get_platforms().index(opencl_runtime.dev.platform)
     _, devices = opencl.initialize({"platform_ids": [mine]})
     assert devices and all(d.dev.platform == opencl_runtime.dev.platform for d in devices)
+
+
+def test_pocl_without_a_linker_is_skipped_not_aborted(opencl_runtime, monkeypatch):
+    # PoCL aborts the process at the first kernel build when `ld` is missing
+    from zyx.backends import opencl
+    from zyx.errors import BackendError
+    if "Portable Computing Language" not in opencl_runtime.dev.platform.name:
+        pytest.skip("the OpenCL device is not PoCL")
+    monkeypatch.setattr(opencl.shutil, "which", lambda name: None)
+    mine = cl.get_platforms().index(opencl_runtime.dev.platform)
+    with pytest.raises(BackendError, match="linker"):
+        opencl.initialize({"platform_ids": [mine]})

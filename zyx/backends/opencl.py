@@ -10,6 +10,7 @@ C backend, so it is the default device only when ZYX_DEVICE=opencl or the config
 """
 from __future__ import annotations
 
+import shutil
 import sys
 
 import numpy as np
@@ -199,11 +200,24 @@ def _platforms(cl, cfg):
     return [platforms[i] for i in ids if 0 <= i < len(platforms)]
 
 
+def _check_platform(platform):
+    """Raise BackendError for a platform known not to build kernels here. PoCL links each
+    kernel with the system `ld` and, when there is none, aborts the whole process
+    (SIGABRT) at the first build: that cannot be caught, so it is checked up front."""
+    if "Portable Computing Language" in platform.name and shutil.which("ld") is None:
+        raise BackendError("OpenCL: PoCL needs a linker (ld) on PATH to build kernels")
+
+
 def initialize(cfg, debug=0):
     import pyopencl as cl    # lazily: a missing driver only skips this backend
 
-    pools, devices = [], []
+    pools, devices, reasons = [], [], []
     for platform in _platforms(cl, cfg):
+        try:
+            _check_platform(platform)
+        except BackendError as e:
+            reasons.append(str(e))
+            continue
         try:
             found = platform.get_devices()
         except cl.Error:      # a platform with no devices raises instead of returning []
@@ -217,5 +231,5 @@ def initialize(cfg, debug=0):
             pools.append(pool)
             devices.append(OpenCLDevice(cl, d, pool, debug))
     if not devices:
-        raise BackendError("OpenCL: no platform has a usable device")
+        raise BackendError("; ".join(reasons) or "OpenCL: no platform has a usable device")
     return pools, devices
