@@ -70,6 +70,7 @@ class Runtime:
         self.pools = None
         self.devices = None
         self.preferred = None    # backend name the default device must come from, if any
+        self._ranked = []        # candidate devices, most compute first (device())
         self.plans = {}
         # Threads realize one at a time: realization mutates the plan cache, the pools and
         # the graph (targets become leaves), and two threads realizing the same tensor at
@@ -91,6 +92,7 @@ class Runtime:
         self.max_plans = _max_plans(self.config)
         self.pools, self.devices = initialize_backends(self.config, self.debug, only)
         self.preferred = _preferred_backend(self.config)
+        self._ranked = self._rank_devices()
         self.plans.clear()     # their programs are unloaded with them
 
     def _ensure(self):
@@ -98,25 +100,32 @@ class Runtime:
             self.init()
 
     def device(self):
-        """The device a realization runs on: the most compute among those with room."""
+        """The device a realization runs on: the most compute among those with room
+        (ranked once by `init`; this runs on every realization)."""
         self._ensure()
+        ranked = self._ranked
+        if len(ranked) > 1:
+            for d in ranked:
+                if d.pool.free_bytes > 0:
+                    return d
+        return ranked[0]
+
+    def _rank_devices(self):
+        """The devices a realization may run on, most compute first: those of the backend
+        ZYX_DEVICE / config "default_device" names (a backend that ranks below others by
+        compute, like OpenCL on a CPU, is used only when asked for), or all devices, with
+        a warning, when none is of that backend."""
         devices = self.devices
         if self.preferred is not None:
-            devices = self._preferred_devices()
-        if len(devices) == 1:
-            return devices[0]
-        return max(devices, key=lambda d: (d.pool.free_bytes > 0, d.info().compute))
-
-    def _preferred_devices(self):
-        """Devices of the backend ZYX_DEVICE / config "default_device" names (a backend
-        that ranks below others by compute, like OpenCL on a CPU, is used only when asked
-        for); all devices, with a warning once, when none of them is of that backend."""
-        found = [d for d in self.devices if _backend_of(d) == self.preferred]
-        if found:
-            return found
-        warn(f"zyx: default device {self.preferred!r} is not available; using the others")
-        self.preferred = None
-        return self.devices
+            found = [d for d in devices if _backend_of(d) == self.preferred]
+            if found:
+                devices = found
+            else:
+                warn(f"zyx: default device {self.preferred!r} is not available; using the "
+                     "others")
+                self.preferred = None
+        # stable: equal compute keeps the backends' order
+        return sorted(devices, key=lambda d: d.info().compute, reverse=True)
 
     # -- memory ---------------------------------------------------------------------------
     def _free_buffer(self, buf):
