@@ -24,6 +24,7 @@ class CDialect:
     name = "c"
     half_native = False          # f16 registers are floats, converted on load/store
     int64 = "long long"
+    byte_type = "unsigned char"  # element type of a buffer argument no op reads
 
     def ctype(self, d):
         if d is dt.float16 or d is dt.bfloat16:
@@ -78,9 +79,16 @@ inline long zyx_ipow(long b, long e) {
 
 class OpenCLDialect(CDialect):
     """OpenCL C: same expressions as C; overloaded math (no `f` suffix), `long` for 64-bit
-    integers, and a kernel frame mapping the output indices to the NDRange."""
+    integers. The kernel frame (one entry point per launch, ids, guards) is written by
+    `zyx.backends.gpu.lower` through the GPU hooks below."""
     name = "opencl"
     int64 = "long"
+    byte_type = "uchar"
+    prelude = OPENCL_PRELUDE
+    kernel_prefix = "__kernel void"
+    global_qualifier = "__global "
+    local_qualifier = "__local "
+    restrict = "restrict"
 
     def ctype(self, d):
         t = super().ctype(d)
@@ -92,29 +100,17 @@ class OpenCLDialect(CDialect):
     def math_fn(self, name, d):
         return name
 
-    def kernel_source(self, kernel, name):
-        """`__kernel void name(...)`: one work-item per element of the flattened output
-        indices (global size may be rounded up, hence the guard), each running the
-        kernel's loops and reductions serially like one iteration of the C backend's
-        index loops."""
-        r, _ = render_body(kernel, self)
-        ro = {argno: (d, read_only) for argno, d, read_only in r.params}
-        params = []
-        for argno in range(len(kernel.args)):
-            # an argument no op reads still takes its position in the argument list
-            d, read_only = ro.get(argno, (None, True))
-            t = self.storage_type(d) if d is not None else "uchar"
-            params.append(f"__global {'const ' if read_only else ''}{t}* restrict g{argno}")
-        n = 1
-        for _, _, length in r.indices:
-            n *= length
-        head = ["  const long zyx_gid = get_global_id(0);", f"  if (zyx_gid >= {n}L) return;"]
-        stride = 1
-        for ssa, _, length in reversed(r.indices):   # row-major: the last index is fastest
-            head.append(f"  const long i{ssa} = (zyx_gid / {stride}L) % {length}L;")
-            stride *= length
-        return (f"__kernel void {name}({', '.join(params)}) {{\n" + "\n".join(head) + "\n" +
-                "\n".join(r.lines) + "\n}\n"), n
+    def group_id(self, axis=0):
+        return f"get_group_id({axis})"
+
+    def local_id(self, axis=0):
+        return f"get_local_id({axis})"
+
+    def local_size(self, axis=0):
+        return f"get_local_size({axis})"
+
+    def barrier(self, scope=None):
+        return "barrier(CLK_LOCAL_MEM_FENCE)"
 
 
 def literal(dl, d, v):

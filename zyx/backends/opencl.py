@@ -1,6 +1,5 @@
 """OpenCL backend (through pyopencl): one OpenCL C kernel per zyx kernel, rendered by the
-shared C-family renderer with `OpenCLDialect`; one work-item per output element of the
-kernel's outer indices, loops and reductions run inside the work-item.
+shared C-family renderer with `OpenCLDialect` and lowered to work-groups by `gpu.lower`.
 
 One device per OpenCL device found, each with its own context, in-order queue and pool.
 Config (`"opencl"` section of config.json): platform_ids (list of platform numbers to
@@ -19,12 +18,12 @@ from .. import dtype as dt
 from .._core import kernel as K
 from ..errors import AllocationError, BackendError, DTypeError
 from . import Buffer, DeviceInfo, MemoryPool
-from .cfamily import OPENCL_PRELUDE, OpenCLDialect
+from .cfamily import OpenCLDialect
+from .gpu import WORK_GROUP, lower
 
 # Below the C backend's estimate (2e10 FLOP/s per core) for any core count: the C backend
 # computes on the same CPU faster than PoCL's generic code, so it must stay the default.
 CPU_COMPUTE = 1e9
-WORK_GROUP = 64    # work-items per group; the global size is rounded up to a multiple
 
 
 class OpenCLMemoryPool(MemoryPool):
@@ -100,13 +99,20 @@ class OpenCLMemoryPool(MemoryPool):
 
 
 class OpenCLProgram:
-    __slots__ = ("kernel", "source", "fn", "global_size", "__weakref__")
+    """A lowered kernel built for one device: its cl.Kernel per launch and the scratch
+    buffers its launches share (allocated on first use, kept with the program: launches
+    on the in-order queue never overlap)."""
+    __slots__ = ("kernel", "gpu", "fns", "scratch", "__weakref__")
 
-    def __init__(self, kernel, source, fn, n):
+    def __init__(self, kernel, gpu, built):
         self.kernel = kernel
-        self.source = source
-        self.fn = fn
-        self.global_size = (-(-n // WORK_GROUP) * WORK_GROUP,)
+        self.gpu = gpu
+        self.fns = [getattr(built, launch.entry) for launch in gpu.launches]
+        self.scratch = None
+
+    @property
+    def source(self):
+        return self.gpu.source
 
 
 def _uses_float64(kernel):
@@ -153,21 +159,23 @@ class OpenCLDevice:
         return self._info
 
     def render(self, kernel, name="zyx_k"):
-        """(OpenCL C source with its helpers, number of work-items)."""
+        """The lowered kernel (gpu.GPUKernel): OpenCL C source and launches."""
         if _uses_float64(kernel) and not self.fp64:
             raise DTypeError(f"float64 is not supported by OpenCL device {self.dev.name.strip()} "
                              f"(no cl_khr_fp64)")
-        body, n = self.dialect.kernel_source(kernel, name)
-        pragma = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if self.fp64 else ""
-        return pragma + OPENCL_PRELUDE + body, n
+        gpu = lower(kernel, self.dialect, self._info, name)
+        if self.fp64:
+            gpu.source = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" + gpu.source
+        return gpu
 
     def compile(self, kernel):
         prog = self._programs.get(kernel)
         if prog is not None:
             return prog
-        src, n = self.render(kernel)
-        fn = self._by_source.get(src)
-        if fn is None:
+        gpu = self.render(kernel)
+        src = gpu.source
+        built = self._by_source.get(src)
+        if built is None:
             if self.debug & 8:
                 print(f"zyx: OpenCL source\n{src}", file=sys.stderr)
             try:
@@ -177,17 +185,30 @@ class OpenCLDevice:
             except self.cl.Error as e:
                 raise BackendError(f"OpenCL build failed on {self.dev.name.strip()}:\n{e}\n"
                                    f"--- source ---\n{src}") from None
-            fn = self._by_source[src] = built.zyx_k
-        prog = self._programs[kernel] = OpenCLProgram(kernel, src, fn, n)
+            self._by_source[src] = built
+        prog = self._programs[kernel] = OpenCLProgram(kernel, gpu, built)
         return prog
 
     def launch(self, program, pool, args, wait_events=()):
-        # cl.Kernel objects hold their arguments: set and enqueue under one call
-        return program.fn(pool.queue, program.global_size, (WORK_GROUP,),
-                          *[b.handle for b in args], wait_for=list(wait_events) or None)
+        gpu = program.gpu
+        if gpu.scratch and program.scratch is None:
+            program.scratch = [pool._new_buffer(n) for n in gpu.scratch]
+        wait = list(wait_events) or None
+        ev = None
+        for fn, launch in zip(program.fns, gpu.launches):
+            handles = [args[i].handle if kind == "arg" else program.scratch[i]
+                       for kind, i in launch.args]
+            # cl.Kernel objects hold their arguments: set and enqueue under one call
+            ev = fn(pool.queue, (launch.global_size,), (launch.local_size,), *handles,
+                    wait_for=wait)
+            wait = None     # the queue is in order: later launches follow the first
+        return ev
 
     def release(self, program):
         self._programs.pop(program.kernel, None)
+        for b in program.scratch or ():
+            b.release()
+        program.scratch = None
 
 
 def _platforms(cl, cfg):
@@ -208,6 +229,22 @@ def _check_platform(platform):
         raise BackendError("OpenCL: PoCL needs a linker (ld) on PATH to build kernels")
 
 
+_PROBE = "__kernel void zyx_probe(__global float* x) { x[get_global_id(0)] = 1.0f; }"
+
+
+def _cannot_build(cl, ctx):
+    """Why a trivial kernel does not build on the context's device (None when it does).
+    Some drivers list a device that cannot compile anything: PoCL's LLVM fails with
+    "unknown target CPU 'generic'" on a CPU it does not recognize (a VM hiding its model),
+    which would otherwise fail every realization instead of skipping the device."""
+    try:
+        cl.Program(ctx, _PROBE).build()
+    except cl.Error as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()]
+        return lines[-1] if lines else str(e).strip().splitlines()[0]
+    return None
+
+
 def initialize(cfg, debug=0):
     import pyopencl as cl    # lazily: a missing driver only skips this backend
 
@@ -226,6 +263,13 @@ def initialize(cfg, debug=0):
             if d.max_work_group_size < WORK_GROUP:
                 continue      # launches use groups of WORK_GROUP work-items
             ctx = cl.Context([d])
+            problem = _cannot_build(cl, ctx)
+            if problem:
+                reasons.append(f"OpenCL device {d.name.strip()} ({platform.name.strip()}) "
+                               f"cannot build kernels: {problem}")
+                if debug & 1:
+                    print(f"zyx: skipping {reasons[-1]}", file=sys.stderr)
+                continue
             queue = cl.CommandQueue(ctx, d)
             pool = OpenCLMemoryPool(cl, ctx, queue, d.global_mem_size)
             pools.append(pool)
