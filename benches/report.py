@@ -19,7 +19,13 @@ def main(argv):
             data = json.load(f)
     groups = {}
     for b in data["benchmarks"]:
+        # a round of bench_gpu runs `reps` calls then waits for the device: per call
+        b["stats"]["median"] /= b.get("extra_info", {}).get("reps", 1)
         groups.setdefault(b["group"], []).append(b)
+    # the device's copy bandwidth in this run (bench_gpu's "copy" group), for "of copy"
+    copy_bw = max((b["extra_info"]["bytes"] / b["stats"]["median"]
+                   for b in groups.get("copy", ()) if "bytes" in b.get("extra_info", {})),
+                  default=None)
     print("| group | impl | median | throughput | zyx speedup vs this |")
     print("|---|---|---|---|---|")
     for g, bs in groups.items():
@@ -35,6 +41,8 @@ def main(argv):
                 thr = f"{info['flops'] / med / 1e9:.1f} GFLOP/s"
             elif "bytes" in info:
                 thr = f"{info['bytes'] / med / 1e9:.1f} GB/s"
+                if copy_bw and g != "copy":
+                    thr += f" ({info['bytes'] / med / copy_bw:.0%} of copy)"
             elif "ops" in info:
                 thr = f"{med / info['ops'] * 1e6:.2f} us/op"
             ratio = f"{med / ref:.2f}x" if ref and "zyx" not in b["name"] else ""

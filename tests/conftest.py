@@ -1,7 +1,7 @@
 """Shared fixtures and helpers for the zyx test suite.
 
-* `device`: parametrized over `zyx.devices()`; while a test runs, realizations go to that
-  device (with one device, the usual case on a CPU-only machine, it is just its name).
+* `device`: parametrized over `zyx.devices()`; while a test runs, that device is the
+  default one (zyx.set_default_device), so its tensors live and compute there.
 * numpy's global generator is seeded before every test, so failures reproduce.
 * `tol(dtype)` / `assert_close(...)`: per-dtype tolerances and a comparison that also checks
   the result dtype and shape and treats NaNs at the same positions as equal.
@@ -128,14 +128,20 @@ def _seed_numpy():
     yield
 
 
-@pytest.fixture(params=zyx.devices())
-def device(request, monkeypatch):
-    """Run the test on one device: realizations pick it instead of the default choice."""
+@pytest.fixture(params=zyx.devices(), ids=str)
+def device(request):
+    """Run the test on one device: it is the default device while the test runs, so the
+    tensors the test creates live there and its realizations run there."""
     rt = zyx._RT
-    if len(rt.devices) > 1:
-        dev = next(d for d in rt.devices if d.info().name == request.param)
-        monkeypatch.setattr(rt, "device", lambda: dev)
-    yield request.param
+    if len(rt.devices) == 1:
+        yield request.param
+        return
+    before = rt.default
+    rt.set_default_device(request.param)
+    try:
+        yield request.param
+    finally:
+        rt.default = before
 
 
 @pytest.fixture

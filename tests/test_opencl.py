@@ -44,7 +44,8 @@ def test_the_device_is_opencl(opencl_runtime):
     info = opencl_runtime.info()
     assert info.name.startswith("OpenCL ")
     assert info.max_local_threads >= 1
-    assert zyx.devices() == [info.name]
+    assert [d.name for d in zyx.devices()] == [info.name]
+    assert [str(d) for d in zyx.devices()] == ["opencl:0"]
 
 
 def test_elementwise_chain():

@@ -40,6 +40,7 @@ from .dtype import (DType, bool_ as bool, uint8, uint16, uint32, uint64, int8, i
                     float16, bfloat16, float32, float64)
 from .errors import ZyxError, ShapeError, DTypeError, AllocationError, BackendError, NoBackendAvailable
 from .errors import IndexOutOfRangeError, IntegerDivisionByZeroError, ValueOverflowError
+from .device import Device, device
 from .tensor import *  # noqa: F401,F403
 from .tensor import __all__ as _tensor_all
 from .runtime import RT as _RT
@@ -65,9 +66,28 @@ def load(path):
 
 
 def devices():
-    """Names of the devices zyx initialized (first call initializes the backends)."""
-    _RT._ensure()
-    return [d.info().name for d in _RT.devices]
+    """Every device zyx found (the first call initializes the backends), as `zyx.device`
+    names that also carry `backend`, `name`, `memory` (bytes) and `compute` (FLOP/s
+    estimate). `str(d)` is what `device=` and `.to()` accept ("cpu", "cuda:0"...)."""
+    return _RT.names()
+
+
+def set_default_device(device):
+    """Create tensors on `device` from now on, and run graphs with no input there (torch's
+    set_default_device). None goes back to the default choice: ZYX_DEVICE, the config's
+    "default_device", else the device with the most compute."""
+    _RT.set_default_device(device)
+
+
+def synchronize(device=None):
+    """Wait until the work queued on `device` (every device when None) has run; for timing
+    GPU code (torch.cuda.synchronize). Reading a value (numpy(), item()...) waits anyway."""
+    _RT.synchronize(device)
+
+
+def get_default_device():
+    """The device new tensors are created on."""
+    return _RT.name_of(_RT.device())
 
 
 def stats():

@@ -86,6 +86,11 @@ def from_numpy(npdt) -> DType:
                          f"(supported: {', '.join(d.name for d in DTYPES)})") from None
 
 
+def is_dtype_name(name: str) -> bool:
+    """Whether `name` is a dtype's name ("float32", "bfloat16"...)."""
+    return name in _BY_NAME
+
+
 def to_dtype(x) -> DType:
     """Accept a DType, a name ('float32'), a numpy dtype or a Python type (float/int/bool)."""
     if isinstance(x, DType):

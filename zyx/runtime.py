@@ -20,7 +20,8 @@ from ._core.graph import Graph, LEAF, RESHAPE
 from ._core import scheduler
 from ._core import valuecheck
 from .backends import initialize_backends, load_config, warn
-from .errors import IndexOutOfRangeError, ZyxError
+from .device import BACKEND_TYPES, Device
+from .errors import BackendError, IndexOutOfRangeError, ZyxError
 
 DEBUG_DEVICES, DEBUG_SCHEDULE, DEBUG_IR, DEBUG_SOURCE, DEBUG_MEMORY, DEBUG_COMPILE, \
     DEBUG_PERF = 1, 2, 4, 8, 16, 32, 64
@@ -71,6 +72,14 @@ class Runtime:
         self.devices = None
         self.preferred = None    # backend name the default device must come from, if any
         self._ranked = []        # candidate devices, most compute first (device())
+        self.default = None      # set_default_device's choice (None: the ranking's first)
+        self.unavailable = []    # "backend: why" for every backend that did not start
+        self._names = []         # (Device name, backend device) for every device
+        self._pool_device = {}   # id(pool) -> backend device computing in it
+        # True once tensors may live on more than one device (device=, .to(),
+        # set_default_device): realizations then choose their device from their inputs
+        # instead of taking the default.
+        self._multi = False
         self.plans = {}
         # Threads realize one at a time: realization mutates the plan cache, the pools and
         # the graph (targets become leaves), and two threads realizing the same tensor at
@@ -90,9 +99,15 @@ class Runtime:
         """Initialize backends (done lazily on first use; call to pick backends explicitly)."""
         self.config = load_config(debug=self.debug)
         self.max_plans = _max_plans(self.config)
-        self.pools, self.devices = initialize_backends(self.config, self.debug, only)
+        reasons = []
+        self.pools, self.devices = initialize_backends(self.config, self.debug, only, reasons)
+        self.unavailable = reasons
         self.preferred = _preferred_backend(self.config)
         self._ranked = self._rank_devices()
+        self._names = self._name_devices()
+        self._pool_device = {id(d.pool): d for d in self.devices}
+        self.default = None
+        self._multi = False
         self.plans.clear()     # their programs are unloaded with them
 
     def _ensure(self):
@@ -100,9 +115,11 @@ class Runtime:
             self.init()
 
     def device(self):
-        """The device a realization runs on: the most compute among those with room
-        (ranked once by `init`; this runs on every realization)."""
+        """The default device: set_default_device's, else the most compute among those
+        with room (ranked once by `init`; this runs on every realization)."""
         self._ensure()
+        if self.default is not None:
+            return self.default
         ranked = self._ranked
         if len(ranked) > 1:
             for d in ranked:
@@ -127,6 +144,140 @@ class Runtime:
         # stable: equal compute keeps the backends' order
         return sorted(devices, key=lambda d: d.info().compute, reverse=True)
 
+    def _name_devices(self):
+        """(Device, backend device) pairs: "cpu" for the C backend, "<type>:<i>" for the
+        i-th device of any other backend, each Device carrying name, memory and compute."""
+        names, count = [], {}
+        for d in self.devices:
+            kind = BACKEND_TYPES.get(_backend_of(d), _backend_of(d))
+            i = count.get(kind, 0)
+            count[kind] = i + 1
+            name = Device(kind, None if kind == "cpu" else i)
+            info = d.info()
+            name.backend, name.name, name.compute = _backend_of(d), info.name, info.compute
+            name.memory = getattr(d.pool, "total_bytes", None)
+            names.append((name, d))
+        return names
+
+    def names(self):
+        """Every device as a Device name (zyx.devices())."""
+        self._ensure()
+        return [n for n, _ in self._names]
+
+    def name_of(self, dev):
+        """The Device name of backend device `dev`."""
+        for n, d in self._names:
+            if d is dev:
+                return n
+        raise BackendError(f"device {dev!r} is not one of this runtime's devices")
+
+    def resolve(self, spec):
+        """The backend device that a device name ("cuda:0", Device, "cpu") refers to; a
+        clear error naming what was found (and why a backend is missing) otherwise."""
+        self._ensure()
+        if spec in self.devices:       # already a backend device
+            return spec
+        want = spec if isinstance(spec, Device) else Device(spec)
+        same_type = [(n, d) for n, d in self._names if n.type == want.type]
+        for n, d in same_type:
+            if want.index is None or n.index == want.index or (n.index is None and
+                                                                want.index == 0):
+                return d
+        if same_type:
+            raise BackendError(f"device {want} does not exist: {len(same_type)} {want.type} "
+                               f"device(s) found ({', '.join(str(n) for n, _ in same_type)})")
+        backend = {v: k for k, v in BACKEND_TYPES.items()}.get(want.type, want.type)
+        why = [r for r in self.unavailable if r.startswith(backend + ":")]
+        raise BackendError(f"device {want} is not available"
+                           + (f" ({why[0]})" if why else "") + "; devices found: "
+                           + ", ".join(str(n) for n, _ in self._names))
+
+    def set_default_device(self, spec):
+        """Make `spec` the device new tensors are created on and constant-only graphs run
+        on (None: back to the most compute)."""
+        self._ensure()
+        self.default = None if spec is None else self.resolve(spec)
+        if len(self.devices) > 1:
+            self._multi = True
+
+    def synchronize(self, spec=None):
+        """Wait for the work queued on one device (all devices when None). Realizations
+        on a GPU return once their kernels are queued; reading a value waits by itself,
+        so this is for timing (torch.cuda.synchronize)."""
+        self._ensure()
+        for d in (self.devices if spec is None else [self.resolve(spec)]):
+            sync = getattr(d, "synchronize", None)
+            if sync is not None:
+                sync()
+
+    def placed_on(self, dev):
+        """Note that a tensor was put on `dev` explicitly (device=, .to()): from then on
+        realizations look at where their inputs live."""
+        if not self._multi and dev is not self.device():
+            self._multi = True
+
+    def _device_for(self, order):
+        """The device a realization of the subgraph `order` runs on: the default one while
+        every tensor lives there; otherwise the device holding most bytes of its inputs
+        (ties and input-less graphs: the default device). Inputs elsewhere move to it,
+        once (`_move_to_pool`)."""
+        default = self.device()
+        if not self._multi:
+            return default
+        # ties go to the device with more compute (a GPU the user put tensors on over the
+        # CPU), and between equals to the default one
+        graph = self.graph
+        pool_device = self._pool_device
+        weight = {}
+        for nid in order:
+            node = graph.get(nid)
+            if node.op == LEAF:
+                dev = pool_device.get(id(node.buffer.pool))
+                if dev is not None:
+                    weight[dev] = weight.get(dev, 0) + node.buffer.nbytes + 1
+        if not weight:
+            return default
+        return max(weight, key=lambda d: (weight[d], d.info().compute, d is default))
+
+    def device_of(self, nid):
+        """The backend device tensor `nid` lives on (a lazy tensor: where it would be
+        computed)."""
+        self._ensure()
+        node = self.graph.get(nid)
+        if node.op == LEAF:
+            dev = self._pool_device.get(id(node.buffer.pool))
+            return dev if dev is not None else self.device()
+        if not self._multi:
+            return self.device()
+        order, _ = self.graph.collect([nid])
+        return self._device_for(order)
+
+    def copy_to(self, nid, dev):
+        """A new leaf on device `dev` holding tensor `nid`'s values (computed first where
+        it lives). Through host memory; the source is unchanged."""
+        self.realize([nid])
+        node = self.graph.get(nid)
+        src = node.buffer
+        host = np.empty(src.nbytes, dtype=np.uint8)
+        if src.nbytes:
+            src.pool.pool_to_host(src, host, [src.event] if src.event is not None else [])
+        with self.lock:
+            buf, _ = dev.pool.allocate(src.nbytes)
+        buf.event = dev.pool.host_to_pool(host, buf, []) if src.nbytes else None
+        self.placed_on(dev)
+        if self.debug & DEBUG_MEMORY:
+            self._print_copy(node, src.pool, dev.pool)
+        return self.graph.leaf(buf, tuple(node.shape), node.dtype)
+
+    def _where(self, pool):
+        dev = self._pool_device.get(id(pool))
+        return str(self.name_of(dev)) if dev is not None else getattr(pool, "name", "pool")
+
+    def _print_copy(self, node, src_pool, dst_pool):
+        shape = "x".join(map(str, node.shape)) or "scalar"
+        print(f"zyx: copy {shape} {node.dtype.name} ({node.buffer.nbytes if node.buffer is not None else 0} B) "
+              f"{self._where(src_pool)} -> {self._where(dst_pool)}", file=sys.stderr)
+
     # -- memory ---------------------------------------------------------------------------
     def _free_buffer(self, buf):
         with self.lock:     # any thread drops tensors; the pool counts must not race
@@ -141,23 +292,28 @@ class Runtime:
         self._ensure()
         return sum(p.used_bytes for p in self.pools)
 
-    def from_numpy(self, arr: np.ndarray, dtype) -> int:
+    def from_numpy(self, arr: np.ndarray, dtype, device=None) -> int:
+        """A leaf holding a copy of `arr`, on `device` (a backend device; default device
+        when None)."""
         self._ensure()
-        pool = self.device().pool
+        if device is not None:
+            self.placed_on(device)
+        pool = (device or self.device()).pool
         shape = tuple(arr.shape)            # ascontiguousarray turns 0-d into (1,)
         arr = np.ascontiguousarray(arr)
         with self.lock:
             buf, _ = pool.allocate(arr.nbytes)
         buf.event = pool.host_to_pool(arr, buf, [])
         if self.debug & DEBUG_MEMORY:
-            print(f"zyx: host -> {pool.name} {arr.nbytes} B", file=sys.stderr)
+            print(f"zyx: copy {'x'.join(map(str, shape)) or 'scalar'} {dtype.name} "
+                  f"({arr.nbytes} B) numpy -> {self._where(pool)}", file=sys.stderr)
         return self.graph.leaf(buf, shape, dtype)
 
-    def share_numpy(self, arr: np.ndarray, dtype):
+    def share_numpy(self, arr: np.ndarray, dtype, device=None):
         """A leaf reading `arr`'s memory in place when the device computes in host memory
         (zyx.from_numpy); None when a copy is needed (another device, odd layout)."""
         self._ensure()
-        pool = self.device().pool
+        pool = (device or self.device()).pool
         if not hasattr(pool, "borrow") or not arr.flags.c_contiguous or \
                 not arr.dtype.isnative or arr.nbytes == 0:
             return None
@@ -166,6 +322,8 @@ class Runtime:
     def _move_to_pool(self, node, pool):
         """Bring a leaf living in another pool (disk, other device) into `pool`, once."""
         src = node.buffer
+        if self.debug & DEBUG_MEMORY:
+            self._print_copy(node, src.pool, pool)
         host = np.empty(src.nbytes, dtype=np.uint8)
         src.pool.pool_to_host(src, host, [src.event] if src.event is not None else [])
         buf, _ = pool.allocate(src.nbytes)
@@ -202,13 +360,14 @@ class Runtime:
             pending[:] = [r for r in pending if r() is not None]
         pending.extend([weakref.ref(t) for t in tensors])
 
-    def realize(self, ids):
+    def realize(self, ids, device=None):
         """Compute the nodes `ids` (and what this thread deferred) and turn them into
-        leaves; one thread at a time (see `lock`)."""
+        leaves; one thread at a time (see `lock`). `device` (a backend device) forces
+        where; otherwise `_device_for` chooses."""
         with self.lock:
-            self._realize(ids)
+            self._realize(ids, device)
 
-    def _realize(self, ids):
+    def _realize(self, ids, device=None):
         pending = self.pending
         if pending:
             live = [r() for r in pending]   # strong refs until the plan has run
@@ -219,8 +378,8 @@ class Runtime:
             return
         t0 = time.perf_counter()
         self._ensure()
-        dev = self.device()
         order, key, ids, checks = self._collect_checked(ids)
+        dev = device if device is not None else self._device_for(order)
         key = (id(dev), key)
         plan = self.plans.get(key)
         if plan is None:

@@ -17,12 +17,13 @@ import numpy as np
 from . import dtype as dt
 from ._core import graph as G
 from ._core import kernel as K
-from .errors import (DimensionError, DTypeError, IndexOutOfRangeError,
+from .errors import (BackendError, DimensionError, DTypeError, IndexOutOfRangeError,
                      IntegerDivisionByZeroError, ShapeError, ValueOverflowError, ZyxError)
+from .device import Device
 from .runtime import RT
 from ._core import tensorbase as _TB
 
-__all__ = ["Tensor", "tensor", "from_numpy", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
+__all__ = ["Tensor", "tensor", "from_numpy", "from_dlpack", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
            "empty", "arange", "linspace", "eye", "rand", "randn", "uniform", "normal", "randint",
            "manual_seed", "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
            "dot", "split", "chunk", "tril", "triu", "gather", "masked_fill", "exp", "log",
@@ -153,10 +154,12 @@ class Tensor(_TB.TensorBase):
     __slots__ = ()
     __array_priority__ = 1000
 
-    def __init__(self, data, dtype=None, requires_grad=False):
+    def __init__(self, data, dtype=None, requires_grad=False, device=None):
         d = dt.to_dtype(dtype) if dtype is not None else None
         if isinstance(data, Tensor):
             t = data if d is None else data.cast(d)
+            if device is not None:
+                t = t.to(device)
             _graph.retain(t._id)
             self._id = t._id
         else:
@@ -164,7 +167,7 @@ class Tensor(_TB.TensorBase):
             d = d or dt.from_numpy(arr.dtype)
             if d is dt.bfloat16:
                 arr = _f32_to_bf16_bits(arr)
-            self._id = RT.from_numpy(arr, d)
+            self._id = RT.from_numpy(arr, d, _backend_device(device))
         self.requires_grad = requires_grad
         self.grad = None
         self._ctx = None
@@ -190,7 +193,85 @@ class Tensor(_TB.TensorBase):
 
     @property
     def device(self):
-        return "zyx"
+        """The device this tensor lives on (a lazy one: where it will be computed), as a
+        `zyx.device` ("cpu", "cuda:0", "opencl:0"...)."""
+        return RT.name_of(RT.device_of(self._id))
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
+    def to(self, *args, dtype=None, device=None, non_blocking=False, copy=False):
+        """torch's `to`: `to(dtype)`, `to(device)`, `to(device, dtype)`, `to(tensor)` (its
+        device and dtype), keywords too. Returns self when nothing changes (and `copy` is
+        false). Moving to another device computes the tensor where it is and copies the
+        result into a new tensor there; `non_blocking` is accepted (copies to a GPU are
+        queued anyway)."""
+        for a in args:
+            if isinstance(a, Tensor):
+                device, dtype = a.device, a.dtype
+            elif _names_device(a):
+                device = a
+            else:
+                dtype = a
+        out = self if dtype is None else self.cast(dtype)
+        if device is not None:
+            dev = RT.resolve(device)
+            if RT.device_of(out._id) is not dev:
+                if out.requires_grad and out._ctx is not None:
+                    raise BackendError(
+                        "zyx cannot yet differentiate through a copy between devices: move "
+                        "the inputs (or the model, Module.to) instead, or create the tensor "
+                        "there with device=")
+                moved = _wrap(RT.copy_to(out._id, dev))
+                moved.requires_grad = out.requires_grad
+                return moved
+        if copy and out is self:
+            out = self.clone()
+        return out
+
+    # ---- DLPack (zyx/dlpack.py) ----------------------------------------------------------
+    def __dlpack_device__(self):
+        """(DLPack device type, device index) of this tensor: CPU and CUDA tensors export."""
+        from . import dlpack
+        name = self.device
+        kind = dlpack._DEVICE_TYPE.get(name.type)
+        if kind is None:
+            raise BufferError(f"DLPack export of a tensor on {name} is not supported (only "
+                              "cpu, cuda and hip): move it with .cpu() first")
+        return kind, name.index or 0
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule sharing this tensor's memory (computed first; on a GPU, after
+        the device finished what is queued, so any consumer stream sees the values)."""
+        from . import dlpack
+        kind, index = self.__dlpack_device__()
+        if copy:
+            raise BufferError("zyx exports without copying; copy=True is not supported")
+        if dl_device is not None and tuple(dl_device) != (kind, index):
+            raise BufferError(f"cannot export a tensor on {self.device} to DLPack device "
+                              f"{tuple(dl_device)}")
+        RT.realize([self._id])
+        dev = RT.device_of(self._id)
+        if kind != dlpack.KDL_CPU:
+            RT.synchronize(dev)
+        return dlpack.export(RT, self._id, self.device.type, index)
+
+    def cuda(self, device=None, non_blocking=False):
+        """This tensor on a CUDA device (`cuda:0` unless `device` says which)."""
+        if device is None:
+            device = "cuda"
+        elif isinstance(device, builtins.int):
+            device = f"cuda:{device}"
+        return self.to(device)
+
+    def cpu(self):
+        """This tensor on the CPU (C backend)."""
+        return self.to("cpu")
 
     # ---- realization -------------------------------------------------------------------
     def realize(self) -> "Tensor":
@@ -259,7 +340,6 @@ class Tensor(_TB.TensorBase):
             return self
         return self._make(G.CAST, d, (self,), self.shape, d)
 
-    to = cast
     type = cast
 
     def float(self):
@@ -980,9 +1060,46 @@ def _to_numpy(data, d):
 
 # ---------------------------------------------------------------------------------------
 # creation
-def tensor(data, dtype=None, requires_grad=False) -> Tensor:
-    """Create a tensor from data (torch.tensor)."""
-    return Tensor(data, dtype=dtype, requires_grad=requires_grad)
+def _names_device(a):
+    """Whether a positional argument of `to()` names a device (a Device, a device string
+    such as "cuda:0", a backend device) rather than a dtype ("float64", zyx.int32...)."""
+    if isinstance(a, Device):
+        return True
+    if isinstance(a, str):
+        return not dt.is_dtype_name(a)
+    return a in (RT.devices or ())
+
+
+def _backend_device(device):
+    """The backend device a `device=` argument names (None stays None: the default)."""
+    return None if device is None else RT.resolve(device)
+
+
+def _placed(t, device):
+    """`t` computed on `device` now, when that is not the default device: a tensor made of
+    constants only (zeros, arange of a cached range...) has no input telling the runtime
+    where it lives, so it is materialized there."""
+    if device is None:
+        return t
+    dev = RT.resolve(device)
+    if dev is RT.device() and not RT._multi:
+        return t
+    if RT.device_of(t._id) is not dev:
+        RT.realize([t._id], device=dev)
+        RT.placed_on(dev)
+    return t
+
+
+def _device_of_like(t, device):
+    """`device=` of a *_like function: the input's device unless given (as torch)."""
+    if device is None and RT._multi and isinstance(t, Tensor):
+        return RT.device_of(t._id)
+    return device
+
+
+def tensor(data, dtype=None, requires_grad=False, device=None) -> Tensor:
+    """Create a tensor from data (torch.tensor), on `device` (default device if None)."""
+    return Tensor(data, dtype=dtype, requires_grad=requires_grad, device=device)
 
 
 def from_numpy(arr: np.ndarray) -> Tensor:
@@ -999,39 +1116,87 @@ def from_numpy(arr: np.ndarray) -> Tensor:
     return Tensor(arr) if nid is None else _wrap(nid)
 
 
-def full(shape, fill_value, dtype=None) -> Tensor:
+def from_dlpack(obj) -> Tensor:
+    """A tensor sharing the memory of any DLPack producer (numpy arrays, PyTorch and CuPy
+    tensors...) without a copy: CPU data becomes a tensor on the "cpu" device, CUDA data
+    one on the matching "cuda:<i>" device. The producer must not write to the memory while
+    zyx may still read it (as with torch.from_dlpack). Non-contiguous CPU data is copied."""
+    from . import dlpack
+    if isinstance(obj, Tensor):
+        return obj
+    if not hasattr(obj, "__dlpack__"):
+        raise TypeError(f"from_dlpack expects an object with __dlpack__, got "
+                        f"{type(obj).__name__}")
+    kind, index = obj.__dlpack_device__()
+    kind = builtins.int(kind)
+    if kind == dlpack.KDL_CPU:
+        mt, t = dlpack.consume(obj.__dlpack__())
+        shape, d, data, _ = dlpack.describe(t)
+        arr, copied = dlpack.host_array(mt, t, shape, d, data)
+        cpu = [dev for n, dev in RT._names if n.type == "cpu"] if RT.devices else []
+        if not cpu:
+            RT._ensure()
+            cpu = [dev for n, dev in RT._names if n.type == "cpu"]
+        nid = RT.share_numpy(arr, d, cpu[0]) if cpu and not copied else None
+        if nid is None:
+            return _wrap(RT.from_numpy(arr, d, cpu[0] if cpu else None))
+        if cpu[0] is not RT.device():
+            RT.placed_on(cpu[0])
+        return _wrap(nid)
+    if kind in (dlpack.KDL_CUDA, dlpack.KDL_ROCM):
+        name = f"{'cuda' if kind == dlpack.KDL_CUDA else 'hip'}:{builtins.int(index)}"
+        dev = RT.resolve(name)
+        stream = getattr(dev, "dlpack_stream", None)
+        cap = obj.__dlpack__(stream=stream) if stream is not None else obj.__dlpack__()
+        mt, t = dlpack.consume(cap)
+        shape, d, data, compact = dlpack.describe(t)
+        nbytes = _prod(shape) * d.itemsize
+        owner = dlpack._Borrowed(mt, data, nbytes)
+        if not compact:
+            raise BufferError("from_dlpack: a non-contiguous GPU tensor; pass "
+                              "x.contiguous()")
+        RT.placed_on(dev)
+        return _wrap(RT.graph.leaf(dev.pool.borrow_device(owner), shape, d))
+    raise BufferError(f"from_dlpack: DLPack device type {kind} is not supported (cpu, "
+                      "cuda and hip are)")
+
+
+def full(shape, fill_value, dtype=None, device=None, requires_grad=False) -> Tensor:
     shape = _shape_args(shape if isinstance(shape, (tuple, list)) else (shape,))
     if any(not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
         raise ShapeError(f"invalid shape {shape}")
     d = dt.to_dtype(dtype) if dtype is not None else dt.scalar_dtype(fill_value)
     _check_fits(fill_value, d, "full")
-    return _const(fill_value, d, tuple(builtins.int(s) for s in shape))
+    t = _placed(_const(fill_value, d, tuple(builtins.int(s) for s in shape)), device)
+    if requires_grad:
+        t.requires_grad = True
+    return t
 
 
-def zeros(*shape, dtype=None) -> Tensor:
-    return full(_shape_args(shape), 0, dtype or dt.float32)
+def zeros(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return full(_shape_args(shape), 0, dtype or dt.float32, device, requires_grad)
 
 
-def ones(*shape, dtype=None) -> Tensor:
-    return full(_shape_args(shape), 1, dtype or dt.float32)
+def ones(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return full(_shape_args(shape), 1, dtype or dt.float32, device, requires_grad)
 
 
 empty = zeros
 
 
-def zeros_like(t, dtype=None):
-    return full(t.shape, 0, dtype or t.dtype)
+def zeros_like(t, dtype=None, device=None):
+    return full(t.shape, 0, dtype or t.dtype, _device_of_like(t, device))
 
 
-def ones_like(t, dtype=None):
-    return full(t.shape, 1, dtype or t.dtype)
+def ones_like(t, dtype=None, device=None):
+    return full(t.shape, 1, dtype or t.dtype, _device_of_like(t, device))
 
 
-def full_like(t, fill_value, dtype=None):
-    return full(t.shape, fill_value, dtype or t.dtype)
+def full_like(t, fill_value, dtype=None, device=None):
+    return full(t.shape, fill_value, dtype or t.dtype, _device_of_like(t, device))
 
 
-def arange(start, end=None, step=1, dtype=None) -> Tensor:
+def arange(start, end=None, step=1, dtype=None, device=None) -> Tensor:
     if end is None:
         start, end = 0, start
     if step == 0:
@@ -1045,14 +1210,14 @@ def arange(start, end=None, step=1, dtype=None) -> Tensor:
     else:   # Python ints are int32 unless the values need int64 (torch would use int64)
         d = dt.int32 if _fits_int32(start, start + (n - 1) * step) else dt.int64
     if n == 0:
-        return _const(0, d, (0,))
+        return _placed(_const(0, d, (0,)), device)
     if d.is_int:
         # torch wraps silently here; a range that does not fit its dtype is a mistake
         _check_fits(start, d, "arange")
         _check_fits(start + (n - 1) * step, d, "arange")
     # 0..n-1 (cached for small n), scaled and shifted in the kernel that uses it; float64
     # keeps its own precision, f16/bf16 count in float32 (exact up to 2**24)
-    idx = _iota(n, d if (not d.is_float or d is dt.float64) else dt.float32)
+    idx = _iota(n, d if (not d.is_float or d is dt.float64) else dt.float32, device)
     r = idx * step + start if (step != 1 or start != 0) else idx
     return r.cast(d)
 
@@ -1060,33 +1225,37 @@ def arange(start, end=None, step=1, dtype=None) -> Tensor:
 _IOTA_CACHE = {}
 
 
-def _iota(n, d):
-    """0..n-1 of dtype d. Small ones are kept (a training loop asks for the same ones every
-    step, and the graph cache sees the same buffer)."""
-    key = (n, d)
+def _iota(n, d, device=None):
+    """0..n-1 of dtype d on `device` (default device if None). Small ones are kept per
+    device (a training loop asks for the same ones every step, and the graph cache sees
+    the same buffer; one per device, or a range shared by two devices would move back and
+    forth)."""
+    dev = RT.resolve(device) if device is not None else RT.device()
+    key = (n, d, dev)
     t = _IOTA_CACHE.get(key)
     if t is None:
-        t = Tensor(np.arange(n, dtype=np.float64).astype(d.np if d is not dt.bfloat16 else np.float32), dtype=d)
+        t = Tensor(np.arange(n, dtype=np.float64).astype(d.np if d is not dt.bfloat16 else np.float32),
+                   dtype=d, device=None if device is None else dev)
         if n <= 1 << 16:
             _IOTA_CACHE[key] = t
     return t
 
 
-def linspace(start, end, steps, dtype=None) -> Tensor:
+def linspace(start, end, steps, dtype=None, device=None) -> Tensor:
     if steps < 0:
         raise ValueError("linspace steps must be non-negative")
     d = dt.to_dtype(dtype) if dtype is not None else dt.float32
     if steps == 1:
-        return full((1,), start, d)
-    i = arange(steps, dtype=dt.float32)
+        return full((1,), start, d, device)
+    i = arange(steps, dtype=dt.float32, device=device)
     return (i * ((end - start) / (steps - 1)) + start).cast(d)
 
 
-def eye(n, m=None, dtype=None) -> Tensor:
+def eye(n, m=None, dtype=None, device=None) -> Tensor:
     m = n if m is None else m
     d = dt.to_dtype(dtype) if dtype is not None else dt.float32
-    r = arange(n).reshape(n, 1)
-    c = arange(m).reshape(1, m)
+    r = arange(n, device=device).reshape(n, 1)
+    c = arange(m, device=device).reshape(1, m)
     return (r == c).cast(d)
 
 
@@ -1102,31 +1271,32 @@ def _shape_of(shape):
     return tuple(builtins.int(s) for s in shape)
 
 
-def rand(*shape, dtype=None) -> Tensor:
-    """Uniform [0, 1)."""
+def rand(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """Uniform [0, 1) (drawn on the host by zyx's generator, so every device gets the
+    same numbers for the same seed)."""
     shape = _shape_of(shape)
     d = dt.to_dtype(dtype) if dtype is not None else dt.float32
     a = RT.rng.random(shape, dtype=np.float32 if d is not dt.float64 else np.float64)
-    return Tensor(a, dtype=d)
+    return Tensor(a, dtype=d, device=device, requires_grad=requires_grad)
 
 
-def randn(*shape, dtype=None) -> Tensor:
-    """Standard normal."""
+def randn(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """Standard normal (drawn on the host, like rand)."""
     shape = _shape_of(shape)
     d = dt.to_dtype(dtype) if dtype is not None else dt.float32
     a = RT.rng.standard_normal(shape, dtype=np.float32 if d is not dt.float64 else np.float64)
-    return Tensor(a, dtype=d)
+    return Tensor(a, dtype=d, device=device, requires_grad=requires_grad)
 
 
-def uniform(*shape, low=0.0, high=1.0, dtype=None) -> Tensor:
-    return rand(*shape, dtype=dtype) * (high - low) + low
+def uniform(*shape, low=0.0, high=1.0, dtype=None, device=None) -> Tensor:
+    return rand(*shape, dtype=dtype, device=device) * (high - low) + low
 
 
-def normal(*shape, mean=0.0, std=1.0, dtype=None) -> Tensor:
-    return randn(*shape, dtype=dtype) * std + mean
+def normal(*shape, mean=0.0, std=1.0, dtype=None, device=None) -> Tensor:
+    return randn(*shape, dtype=dtype, device=device) * std + mean
 
 
-def randint(low, high=None, size=(), dtype=None) -> Tensor:
+def randint(low, high=None, size=(), dtype=None, device=None) -> Tensor:
     if high is None:
         low, high = 0, low
     if high <= low:
@@ -1136,7 +1306,7 @@ def randint(low, high=None, size=(), dtype=None) -> Tensor:
     else:
         d = dt.int32 if _fits_int32(low, high - 1) else dt.int64
     size = _shape_of(size if isinstance(size, (tuple, list)) else (size,))
-    return Tensor(RT.rng.integers(low, high, size=size).astype(d.np), dtype=d)
+    return Tensor(RT.rng.integers(low, high, size=size).astype(d.np), dtype=d, device=device)
 
 
 def _fits_int32(*values):

@@ -162,13 +162,15 @@ def _untrusted_reason(d):
     return None
 
 
-def initialize_backends(config: dict, debug: int = 0, only=None):
-    """Try every backend; return (pools, devices). Disabled or failing ones are skipped.
+def initialize_backends(config: dict, debug: int = 0, only=None, reasons=None):
+    """Try every backend; return (pools, devices). Disabled or failing ones are skipped;
+    why each was skipped is appended to `reasons` when given (as "name: why").
 
     The dummy device computes nothing (it reads back zeros), so it is tried only when
     `only` names it: enabling it in the config cannot make it stand in for a backend that
     failed to start."""
-    pools, devices, reasons = [], [], []
+    pools, devices = [], []
+    reasons = [] if reasons is None else reasons
     for name in (only or [b for b in BACKENDS if b != "dummy"]):
         bcfg = config.get(name, {})
         if not isinstance(bcfg, dict):

@@ -226,6 +226,8 @@ def main(argv=None):
     p.add_argument("--tape", action="store_true",
                    help="zyx-style step (Tape + opt.update): one realization per step")
     p.add_argument("--save", metavar="PATH", help="write the trained weights (safetensors)")
+    p.add_argument("--device", help="device to train on: cpu, cuda, cuda:1, opencl... "
+                   "(default: ZYX_DEVICE, else the device with the most compute)")
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         p.error("--epochs and --batch-size must be positive and --lr > 0")
@@ -233,7 +235,13 @@ def main(argv=None):
         name, x, y, xt, yt = _load(args)
     except zyx.ZyxError as e:
         p.exit(2, f"error: {e}\n")
-    print(f"zyx {zyx.__version__} on {', '.join(zyx.devices())}: {name}, "
+    if args.device:
+        try:
+            zyx.set_default_device(args.device)
+        except (zyx.ZyxError, ValueError) as e:
+            p.exit(2, f"error: {e}\n")
+    dev = zyx.get_default_device()
+    print(f"zyx {zyx.__version__} on {dev} ({dev.name}): {name}, "
           f"{len(x)} train / {len(xt)} test images of {x.shape[1:]}", file=sys.stderr)
     res = train(x, y, xt, yt, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                 seed=args.seed, optimizer=args.optimizer, label_smoothing=args.label_smoothing,

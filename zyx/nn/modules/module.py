@@ -14,7 +14,9 @@ import numpy as np
 
 from ... import dtype as dt
 from ...errors import ShapeError, ZyxError
-from ...tensor import Tensor, _rebind
+from ...device import Device
+from ...runtime import RT
+from ...tensor import Tensor, _names_device, _rebind
 from ..init import _assign
 
 __all__ = ["Module", "Parameter"]
@@ -312,22 +314,33 @@ class Module:
             else:
                 p.grad = p.grad * 0
 
-    def to(self, *args, dtype=None, **kwargs) -> "Module":
-        """Cast floating parameters and buffers to a dtype (device arguments are accepted
-        and ignored: zyx picks devices itself)."""
+    def to(self, *args, dtype=None, device=None, non_blocking=False) -> "Module":
+        """Move parameters and buffers to a device and/or cast the floating ones to a
+        dtype (torch's `to(device)`, `to(dtype)`, `to(device, dtype)`, `to(tensor)`), in
+        place: the tensor objects stay the same, so an optimizer built before still holds
+        them (its state follows at the next step). Gradients move with their parameters."""
         for a in args:
-            if not isinstance(a, str):
+            if isinstance(a, Tensor):
+                device, dtype = a.device, a.dtype
+            elif _names_device(a):
+                device = a
+            else:
                 dtype = a
-        if dtype is None:
-            return self
-        d = dt.to_dtype(dtype)
-        if not d.is_float:
-            raise TypeError(f"Module.to only accepts floating dtypes, got {d.name}")
+        d = None
+        if dtype is not None:
+            d = dt.to_dtype(dtype)
+            if not d.is_float:
+                raise TypeError(f"Module.to only accepts floating dtypes, got {d.name}")
+        target = None if device is None else RT.resolve(device)
         for t in list(self.parameters()) + list(self.buffers()):
-            if t.dtype.is_float and t.dtype is not d:
-                rg = t.requires_grad
+            rg = t.requires_grad
+            if d is not None and t.dtype.is_float and t.dtype is not d:
                 _assign_cast(t, d)
-                t.requires_grad = rg
+            if target is not None:
+                _move(t, target)
+                if t.grad is not None:
+                    _move(t.grad, target)
+            t.requires_grad = rg
         return self
 
     def float(self) -> "Module":
@@ -343,7 +356,13 @@ class Module:
         return self.to(dt.bfloat16)
 
     def cpu(self) -> "Module":
-        return self
+        """Move parameters and buffers to the CPU (C backend)."""
+        return self.to(device="cpu")
+
+    def cuda(self, device=None) -> "Module":
+        """Move parameters and buffers to a CUDA device (`cuda:0` unless `device` says)."""
+        return self.to(device="cuda" if device is None else
+                       (f"cuda:{device}" if isinstance(device, int) else device))
 
     # -- calling ----------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
@@ -392,6 +411,12 @@ class Module:
 
 def _assign_cast(t: Tensor, d) -> None:
     _assign_any(t, t.cast(d))
+
+
+def _move(t: Tensor, dev) -> None:
+    """Rebind tensor object `t` to a copy of its value on backend device `dev`."""
+    if RT.device_of(t._id) is not dev:
+        _rebind(t, t.detach().to(dev))
 
 
 def _assign_any(dst: Tensor, src: Tensor) -> None:

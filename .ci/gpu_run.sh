@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The GPU run, on the lent NVIDIA machine (device tool), from the repository root:
+#
+#     . .gpu/prologue.sh || exit 1; bash .ci/gpu_run.sh PHASE...
+#
+# with `carry: [".gpu", ".whl", ".gl"]` (fill them here first: bash ../shared/gpu/fetch.sh,
+# plus the pytest-xdist and execnet wheels in .whl, see below). PHASEs, run in order:
+#   build   compile the Cython core in place (the image has Cython and setuptools; offline)
+#   probe   list the devices zyx finds and run one realization on each
+#   smoke   the backend test files (CUDA, OpenCL, lowering, devices) on the GPU
+#   cuda    the whole test suite with the CUDA device as the default device
+#   opencl  the whole test suite with OpenCL (NVIDIA's) as the default device
+#   bench   benches/bench_gpu.py through benches/report.py (markdown table)
+# Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
+# pytest-xdist spreads the suites over the machine's cores when its wheel was carried:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_17_x86_64 -d .whl pytest-xdist execnet
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/zyx-gpu-out}
+mkdir -p "$OUT"
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/zyx-cache}
+PY=python3
+XDIST=()
+if $PY -c "import xdist" 2>/dev/null; then XDIST=(-n 12); fi
+
+summary() {  # name logfile: print pytest's last line
+    echo "$1: $(grep -E '(passed|failed|error)' "$2" | tail -1)"
+}
+
+for phase in "$@"; do
+    t0=$(date +%s)
+    case "$phase" in
+    build)
+        $PY setup.py build_ext --inplace -q >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+        ;;
+    probe)
+        ZYX_DEBUG=1 $PY - <<'EOF' 2>&1 | tee "$OUT/probe.log"
+import numpy as np, zyx
+for d in zyx.devices():
+    x = zyx.tensor(np.arange(8, dtype=np.float32), device=str(d))
+    print(repr(d), "->", ((x * 2).sum()).item())
+print("default:", zyx.get_default_device())
+EOF
+        ;;
+    smoke)
+        $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_opencl.py \
+            tests/test_gpu_lowering.py tests/test_devices.py >"$OUT/smoke.log" 2>&1
+        summary smoke "$OUT/smoke.log"
+        grep -E "^(FAILED|ERROR)" "$OUT/smoke.log" | head -20
+        ;;
+    cuda|opencl)
+        ZYX_DEVICE=$phase $PY -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
+            -x --maxfail=30 tests >"$OUT/suite-$phase.log" 2>&1
+        summary "suite on $phase" "$OUT/suite-$phase.log"
+        grep -E "^(FAILED|ERROR)" "$OUT/suite-$phase.log" | head -30
+        ;;
+    bench)
+        $PY benches/report.py benches/bench_gpu.py >"$OUT/bench.md" 2>"$OUT/bench.err"
+        cat "$OUT/bench.md"
+        ;;
+    *)
+        echo "unknown phase $phase"; exit 2 ;;
+    esac
+    echo "[$phase: $(( $(date +%s) - t0 )) s]"
+done

@@ -1,0 +1,285 @@
+"""GPU benchmarks (issue 11): zyx on every GPU it finds (CUDA, OpenCL on a GPU) against
+PyTorch CUDA in the same process, and against the device's own copy bandwidth.
+
+Each benchmark round queues `REPS` runs of the workload and then waits for the device
+(zyx.synchronize / torch.cuda.synchronize), so a round's time is device time plus the
+host's enqueue cost, divided over REPS in `extra_info["reps"]`. Bytes (read + written)
+and FLOPs per run are in extra_info; `benches/report.py` prints GB/s, GFLOP/s, the ratio
+to PyTorch and, for bandwidth-bound kernels, the fraction of the copy bandwidth measured
+in the same run (group "copy").
+
+Skipped, saying why, on a machine without a GPU (OpenCL CPU devices such as PoCL are not
+benchmarked here). Run on the GPU machine with `bash .ci/gpu_run.sh` (see there).
+"""
+import numpy as np
+import pytest
+
+import zyx
+import zyx.nn as nn
+import zyx.nn.functional as F
+from zyx import optim
+
+try:
+    import torch
+    TORCH_CUDA = torch.cuda.is_available()
+except ImportError:
+    torch = None
+    TORCH_CUDA = False
+
+REPS = 10
+N_EW = 64 << 20        # elementwise chain: 64M float32
+N_SUM = 256 << 20      # sum: 256M float32
+SOFTMAX = (16384, 4096)
+MM = 4096
+
+
+def _gpus():
+    out = []
+    for d in zyx.devices():
+        if d.type in ("cpu", "dummy"):
+            continue
+        info = zyx._RT.resolve(d).info()
+        if info.extra.get("cpu"):
+            continue          # an OpenCL CPU device (PoCL): not a GPU
+        out.append(str(d))
+    return out
+
+
+GPUS = _gpus()
+needs_gpu = pytest.mark.skipif(not GPUS, reason="no GPU found by zyx (no CUDA driver, no "
+                                                 "OpenCL GPU)")
+needs_torch_cuda = pytest.mark.skipif(not TORCH_CUDA, reason="PyTorch with CUDA not available")
+
+
+@pytest.fixture(params=GPUS or ["none"])
+def gpu(request):
+    if request.param == "none":
+        pytest.skip("no GPU found by zyx (no CUDA driver, no OpenCL GPU)")
+    zyx.set_default_device(request.param)
+    yield request.param
+    zyx.set_default_device(None)
+
+
+def _run(benchmark, step, sync, info, rounds=15):
+    """Time `REPS` calls of step() then sync(); one warm-up round first (compilation)."""
+    def block():
+        for _ in range(REPS):
+            step()
+        sync()
+    block()
+    benchmark.extra_info.update(info)
+    benchmark.extra_info["reps"] = REPS
+    benchmark.pedantic(block, rounds=rounds, iterations=1)
+
+
+def _zsync(dev):
+    return lambda: zyx.synchronize(dev)
+
+
+def _tsync():
+    torch.cuda.synchronize()
+
+
+# -- bandwidth ----------------------------------------------------------------------------
+
+@needs_torch_cuda
+@pytest.mark.benchmark(group="copy")
+def test_copy_torch(benchmark):
+    a = torch.randn(N_EW, device="cuda")
+    b = torch.empty_like(a)
+    _run(benchmark, lambda: b.copy_(a), _tsync, {"bytes": 8 * N_EW})
+
+
+def _chain(x):
+    return ((x * 1.5 + 0.5).sin() * 0.25 + x).tanh()
+
+
+@needs_gpu
+@pytest.mark.benchmark(group="elementwise 64M f32")
+def test_elementwise_zyx(benchmark, gpu):
+    x = zyx.randn(N_EW).realize()
+    out = _chain(x).numpy()
+    ref = np.tanh(np.sin(x.numpy() * 1.5 + 0.5) * 0.25 + x.numpy())
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    _run(benchmark, lambda: _chain(x).realize(), _zsync(gpu), {"bytes": 8 * N_EW})
+
+
+@needs_torch_cuda
+@pytest.mark.benchmark(group="elementwise 64M f32")
+def test_elementwise_torch(benchmark):
+    x = torch.randn(N_EW, device="cuda")
+    _run(benchmark, lambda: _chain(x), _tsync, {"bytes": 8 * N_EW})
+
+
+@needs_gpu
+@pytest.mark.benchmark(group="sum 256M f32")
+def test_sum_zyx(benchmark, gpu):
+    x = zyx.rand(N_SUM).realize()
+    got = x.sum().item()
+    assert abs(got - N_SUM / 2) < N_SUM * 1e-3, got
+    _run(benchmark, lambda: x.sum().realize(), _zsync(gpu), {"bytes": 4 * N_SUM})
+
+
+@needs_torch_cuda
+@pytest.mark.benchmark(group="sum 256M f32")
+def test_sum_torch(benchmark):
+    x = torch.rand(N_SUM, device="cuda")
+    _run(benchmark, lambda: x.sum(), _tsync, {"bytes": 4 * N_SUM})
+
+
+@needs_gpu
+@pytest.mark.benchmark(group="softmax 16384x4096 f32")
+def test_softmax_zyx(benchmark, gpu):
+    x = zyx.randn(*SOFTMAX).realize()
+    s = x.softmax(-1).numpy()
+    np.testing.assert_allclose(s.sum(-1), 1.0, rtol=1e-4)
+    _run(benchmark, lambda: x.softmax(-1).realize(), _zsync(gpu),
+         {"bytes": 8 * SOFTMAX[0] * SOFTMAX[1]})
+
+
+@needs_torch_cuda
+@pytest.mark.benchmark(group="softmax 16384x4096 f32")
+def test_softmax_torch(benchmark):
+    x = torch.randn(*SOFTMAX, device="cuda")
+    _run(benchmark, lambda: torch.softmax(x, -1), _tsync, {"bytes": 8 * SOFTMAX[0] * SOFTMAX[1]})
+
+
+# -- matmul -------------------------------------------------------------------------------
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matmul_zyx(benchmark, gpu, dtype):
+    benchmark.group = f"matmul {MM} {dtype}"
+    a = zyx.randn(MM, MM).cast(dtype).realize()
+    b = zyx.randn(MM, MM).cast(dtype).realize()
+    an = a.float().numpy()[:64].astype(np.float64)
+    bn = b.float().numpy().astype(np.float64)
+    c = (a @ b).float().numpy()[:64]
+    np.testing.assert_allclose(c, an @ bn, rtol=2e-2, atol=2e-1 if dtype == "bfloat16" else 2e-2)
+    _run(benchmark, lambda: (a @ b).realize(), _zsync(gpu), {"flops": 2 * MM ** 3}, rounds=5)
+
+
+@needs_torch_cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_matmul_torch(benchmark, dtype):
+    benchmark.group = f"matmul {MM} {dtype}"
+    a = torch.randn(MM, MM, device="cuda").to(getattr(torch, dtype))
+    b = torch.randn(MM, MM, device="cuda").to(getattr(torch, dtype))
+    _run(benchmark, lambda: a @ b, _tsync, {"flops": 2 * MM ** 3}, rounds=5)
+
+
+# -- training steps -----------------------------------------------------------------------
+
+B, D, H, C = 64, 784, 128, 10
+LR = {"sgd": 0.05, "adam": 1e-3}
+
+
+def _batches(n=8):
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((B, D), dtype=np.float32), rng.integers(0, C, B))
+            for _ in range(n)]
+
+
+@needs_gpu
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_mlp_step_zyx(benchmark, gpu, opt):
+    benchmark.group = f"mlp step {opt}"
+    model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, C))
+    o = (optim.SGD if opt == "sgd" else optim.Adam)(model.parameters(), lr=LR[opt])
+    data = [(zyx.tensor(x), zyx.tensor(y)) for x, y in _batches()]   # on the device
+    it = iter(range(1 << 30))
+
+    def step():
+        x, y = data[next(it) % len(data)]
+        loss = F.cross_entropy(model(x), y)
+        o.zero_grad()
+        loss.backward()
+        o.step()
+    for _ in range(3):
+        step()
+    assert all(p.device == gpu for p in model.parameters())
+    _run(benchmark, step, _zsync(gpu), {"ops": 1})
+
+
+@needs_torch_cuda
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_mlp_step_torch(benchmark, opt):
+    benchmark.group = f"mlp step {opt}"
+    model = torch.nn.Sequential(torch.nn.Linear(D, H), torch.nn.ReLU(),
+                                torch.nn.Linear(H, C)).cuda()
+    o = (torch.optim.SGD if opt == "sgd" else torch.optim.Adam)(model.parameters(), lr=LR[opt])
+    data = [(torch.from_numpy(x).cuda(), torch.from_numpy(y).cuda()) for x, y in _batches()]
+    it = iter(range(1 << 30))
+
+    def step():
+        x, y = data[next(it) % len(data)]
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        o.zero_grad()
+        loss.backward()
+        o.step()
+    _run(benchmark, step, _tsync, {"ops": 1})
+
+
+def _zyx_convnet():
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(16 * 7 * 7, 10))
+
+
+@needs_gpu
+def test_convnet_step_zyx(benchmark, gpu):
+    benchmark.group = "mnist convnet step (batch 64, adam)"
+    model = _zyx_convnet()
+    o = optim.Adam(model.parameters(), lr=1e-3)
+    rng = np.random.default_rng(0)
+    data = [(zyx.tensor(rng.standard_normal((B, 1, 28, 28), dtype=np.float32)),
+             zyx.tensor(rng.integers(0, 10, B))) for _ in range(4)]
+    it = iter(range(1 << 30))
+
+    def step():
+        x, y = data[next(it) % len(data)]
+        loss = F.cross_entropy(model(x), y)
+        o.zero_grad()
+        loss.backward()
+        o.step()
+    step()
+    _run(benchmark, step, _zsync(gpu), {"ops": 1}, rounds=5)
+
+
+@needs_torch_cuda
+def test_convnet_step_torch(benchmark):
+    benchmark.group = "mnist convnet step (batch 64, adam)"
+    tnn = torch.nn
+    model = tnn.Sequential(tnn.Conv2d(1, 8, 3, padding=1), tnn.ReLU(), tnn.MaxPool2d(2),
+                           tnn.Conv2d(8, 16, 3, padding=1), tnn.ReLU(), tnn.MaxPool2d(2),
+                           tnn.Flatten(), tnn.Linear(16 * 7 * 7, 10)).cuda()
+    o = torch.optim.Adam(model.parameters(), lr=1e-3)
+    rng = np.random.default_rng(0)
+    data = [(torch.from_numpy(rng.standard_normal((B, 1, 28, 28), dtype=np.float32)).cuda(),
+             torch.from_numpy(rng.integers(0, 10, B)).cuda()) for _ in range(4)]
+    it = iter(range(1 << 30))
+
+    def step():
+        x, y = data[next(it) % len(data)]
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        o.zero_grad()
+        loss.backward()
+        o.step()
+    _run(benchmark, step, _tsync, {"ops": 1}, rounds=5)
+
+
+# -- launch overhead ----------------------------------------------------------------------
+
+@needs_gpu
+@pytest.mark.benchmark(group="tiny realization (4096 f32, cached plan)")
+def test_tiny_realization_zyx(benchmark, gpu):
+    x = zyx.randn(4096).realize()
+    (x + 1).realize()
+    _run(benchmark, lambda: (x + 1).realize(), _zsync(gpu), {"ops": 1}, rounds=30)
+
+
+@needs_torch_cuda
+@pytest.mark.benchmark(group="tiny realization (4096 f32, cached plan)")
+def test_tiny_op_torch(benchmark):
+    x = torch.randn(4096, device="cuda")
+    _run(benchmark, lambda: x + 1, _tsync, {"ops": 1}, rounds=30)
