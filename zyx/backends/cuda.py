@@ -192,8 +192,7 @@ class CUDADevice(DriverDevice):
     def __init__(self, driver, pool, debug=0):
         self.cc = (driver.attribute("COMPUTE_CAPABILITY_MAJOR", 0),
                    driver.attribute("COMPUTE_CAPABILITY_MINOR", 0))
-        self.compiler = nvrtc_compiler(self.cc, debug)
-        super().__init__(driver, pool, CUDADialect(), debug)
+        super().__init__(driver, pool, CUDADialect(), nvrtc_compiler(self.cc, debug), debug)
 
     def _make_info(self):
         d = self.driver
@@ -216,8 +215,6 @@ class CUDADevice(DriverDevice):
             tensor_cores=self.cc[0] >= 7,
             extra={"cc": self.cc, "arch": self.compiler.target})
 
-    def _binary(self, source):
-        return self.compiler.binary(source)
 
 
 def initialize(cfg, debug=0):

@@ -13,8 +13,8 @@ context and its one stream, with these methods (addresses are Python ints):
     module_load(image: bytes) -> module  function(module, name) -> fn   module_unload(module)
     launch(fn, groups, local_size, params_address)   1-D launch on the stream
 
-and the device subclass supplies `_make_info()` and `_binary(source) -> bytes` (compile,
-through its disk cache). Everything here runs on that single in-order stream, so a kernel
+and the device subclass supplies `_make_info()`; its compiler (rtc.RuntimeCompiler) turns
+sources into binaries through the disk cache. Everything here runs on that single in-order stream, so a kernel
 launched after a copy sees the copy, and a buffer freed after the kernels reading it were
 enqueued can be handed out again at once: no events between our own operations.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -135,12 +136,20 @@ class DriverMemoryPool(MemoryPool):
         self.cached_bytes = 0
         self._slots = (_StagingSlot(), _StagingSlot())
         self._next_slot = 0
+        self._driver_free = None   # (cuMemGetInfo's free bytes, when asked)
 
     @property
     def free_bytes(self):
-        ensure_current(self.driver)
-        free, _ = self.driver.mem_info()
-        return free + self.cached_bytes
+        """The driver's free memory plus the cached blocks. Runtime.device() reads this on
+        every realization when several devices exist, so the driver is asked again only
+        after this pool allocated or released device memory, or a second later (other
+        processes allocate too)."""
+        now = time.monotonic()
+        seen = self._driver_free
+        if seen is None or now - seen[1] > 1.0:
+            ensure_current(self.driver)
+            seen = self._driver_free = (self.driver.mem_info()[0], now)
+        return seen[0] + self.cached_bytes
 
     def allocate(self, nbytes):
         cached = self._free.get(nbytes)
@@ -156,6 +165,7 @@ class DriverMemoryPool(MemoryPool):
         """A new device block (not counted in used_bytes: scratch buffers use it too);
         releases the cached blocks and retries once when the device is full."""
         ensure_current(self.driver)
+        self._driver_free = None
         size = max(nbytes, 1)     # a zero-byte allocation is an error in CUDA
         try:
             return self.driver.alloc(size)
@@ -185,6 +195,7 @@ class DriverMemoryPool(MemoryPool):
                 self.driver.free(ptr)
         self._free.clear()
         self.cached_bytes = 0
+        self._driver_free = None
 
     def _slot(self):
         slot = self._slots[self._next_slot]
@@ -221,6 +232,11 @@ class DriverMemoryPool(MemoryPool):
         if n == 0:
             return
         drv = self.driver
+        if not dst.flags.c_contiguous:       # copy into a contiguous array, then into dst
+            tmp = np.empty(dst.shape, dst.dtype)
+            self.pool_to_host(src, tmp, wait_events)
+            dst[...] = tmp
+            return
         ensure_current(drv)
         self.sync_events(wait_events)
         out = dst.ctypes.data
@@ -300,22 +316,28 @@ class DriverProgram:
 
 class DriverDevice:
     """A GPU device behind a driver: lowers kernels with `dialect`, compiles them to a
-    binary (the subclass's `_binary`, disk-cached), loads one module per distinct source
-    and enqueues every launch of a program in order on the stream."""
+    binary with `compiler` (an rtc.RuntimeCompiler: memory and disk cached), loads one
+    module per distinct source and enqueues every launch of a program in order on the
+    stream."""
     backend = "gpu"
 
-    def __init__(self, driver, pool, dialect, debug=0):
+    def __init__(self, driver, pool, dialect, compiler, debug=0):
         self.driver = driver
         self.pool = pool
         self.dialect = dialect
+        self.compiler = compiler
         self.debug = debug
-        self.compiled = 0          # binaries compiled in this process (not from a cache)
         self._programs = {}        # zyx kernel -> DriverProgram
         self._modules = {}         # source -> [module, programs using it]
         self._info = self._make_info()
 
     def info(self):
         return self._info
+
+    @property
+    def compiled(self):
+        """Compiler runs in this process (zyx.stats()["compiler_runs"] sums them)."""
+        return self.compiler.compiled
 
     def render(self, kernel, name="zyx_k"):
         """The lowered kernel (gpu.GPUKernel): source and launches."""
@@ -332,7 +354,7 @@ class DriverDevice:
         if entry is None:
             if self.debug & 8:
                 print(f"zyx: {self.backend} source\n{src}", file=sys.stderr)
-            module = self.driver.module_load(self._binary(src))
+            module = self.driver.module_load(self.compiler.binary(src))
             entry = self._modules[src] = [module, 0]
         entry[1] += 1
         fns = {}

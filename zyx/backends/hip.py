@@ -167,8 +167,7 @@ class HIPDevice(DriverDevice):
 
     def __init__(self, driver, pool, debug=0):
         self.arch = driver.arch()
-        self.compiler = hiprtc_compiler(self.arch, debug)
-        super().__init__(driver, pool, HIPDialect(), debug)
+        super().__init__(driver, pool, HIPDialect(), hiprtc_compiler(self.arch, debug), debug)
 
     def _make_info(self):
         d = self.driver
@@ -190,8 +189,6 @@ class HIPDevice(DriverDevice):
                                           "gfx12")),
             extra={"arch": self.arch})
 
-    def _binary(self, source):
-        return self.compiler.binary(source)
 
 
 def initialize(cfg, debug=0):
