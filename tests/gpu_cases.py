@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 import zyx
+from zyx._core import passes
+from zyx._core.kernelizer import kernelize
 
 __all__ = ["test_elementwise_chain", "test_broadcasting", "test_sum_max_mean",
            "test_large_reduction", "test_matmul", "test_softmax",
@@ -19,6 +21,50 @@ __all__ = ["test_elementwise_chain", "test_broadcasting", "test_sum_max_mean",
            "test_float16_reduction_and_matmul", "test_large_elementwise",
            "test_memory_returns_to_start"]
 
+
+# -- kernels of real zyx graphs, for codegen tests (not run here: rendered and compiled)
+
+def kernels_of(t):
+    """The optimized kernels a realization of lazy tensor `t` would run, as build_plan
+    makes them (kernelize + optimize), without compiling them for any device."""
+    g = zyx._RT.graph
+    order, _ = g.collect([t._id])
+    steps, _ = kernelize(g, order, [t._id], 16)
+    return [passes.optimize(s.kernel) for s in steps if s.kernel is not None]
+
+
+def _f(*shape, dtype=np.float32):
+    return zyx.Tensor(np.random.randn(*shape).astype(dtype))
+
+
+def _i(*shape, dtype=np.int32):
+    return zyx.Tensor(np.random.randint(-50, 50, size=shape).astype(dtype))
+
+
+GRAPHS = {
+    "elementwise": lambda: (_f(5, 7) * _f(5, 7) + _f(5, 7).exp()).sqrt().tanh(),
+    "broadcast": lambda: _f(4, 1, 3) + _f(1, 6, 3) * _f(3),
+    "sum_axis": lambda: _f(3, 17, 33).sum(1),
+    "max_all": lambda: _f(3, 17, 33).max(),
+    "softmax": lambda: _f(8, 10).softmax(-1),
+    "matmul": lambda: _f(17, 33) @ _f(33, 65),
+    "batched_matmul": lambda: _f(2, 16, 64) @ _f(2, 64, 16),
+    "float16": lambda: (_f(9, 5, dtype=np.float16) * 3 + 1).sum(0),
+    "float16_matmul": lambda: _f(8, 16, dtype=np.float16) @ _f(16, 4, dtype=np.float16),
+    "bfloat16": lambda: (_f(6, 6).cast(zyx.bfloat16) * 2).cast(zyx.float32),
+    "float64": lambda: _f(4, 5, dtype=np.float64).exp().sum(0),
+    "int64": lambda: _i(4, 5, dtype=np.int64) * 3 - 7,
+    "int_div_mod": lambda: (_i(6, 7) // (_i(6, 7).abs() + 1), _i(6, 7) % 5),
+    "bool": lambda: (_f(4, 4) > 0) & (_f(4, 4) < 1),
+    "where": lambda: zyx.where(_f(5, 5) > 0, _f(5, 5), _f(5, 5) * 0.1),
+    "pow": lambda: (_f(5, 5).abs() ** 1.5, _i(5, 5, dtype=np.int64) ** 3),
+    "cast_float_int": lambda: (_f(20) * 50).cast(zyx.int32).cast(zyx.float32),
+    "uint8_int16": lambda: _i(8, dtype=np.uint8) + _i(8, dtype=np.int16).cast(zyx.uint8),
+}
+
+
+
+# -- numerical cases -----------------------------------------------------------------------
 
 def close(t, ref, rtol=1e-5, atol=1e-6):
     out = t.numpy()

@@ -19,8 +19,6 @@ import numpy as np
 import pytest
 
 import zyx
-from zyx._core import passes
-from zyx._core.kernelizer import kernelize
 from zyx.backends import DeviceInfo, gpudriver
 from zyx.backends.binary_cache import BinaryCache
 from zyx.backends.cfamily import CUDADialect
@@ -28,18 +26,10 @@ from zyx.backends.gpu import GPUKernel, Launch, lower
 from zyx.errors import AllocationError, BackendError, NoBackendAvailable
 
 from gpu_cases import *  # noqa: F401,F403  (numerical cases, run on the CUDA device)
+from gpu_cases import GRAPHS, kernels_of
 
 
 # -- helpers -----------------------------------------------------------------------------
-
-def kernels_of(t):
-    """The optimized kernels a realization of lazy tensor `t` would run, as build_plan
-    makes them (kernelize + optimize), without compiling them for any device."""
-    g = zyx._RT.graph
-    order, _ = g.collect([t._id])
-    steps, _ = kernelize(g, order, [t._id], 16)
-    return [passes.optimize(s.kernel) for s in steps if s.kernel is not None]
-
 
 def nvrtc_or_skip():
     try:
@@ -64,36 +54,6 @@ def compiler(tmp_path):
 
 # -- codegen: zyx graphs -> CUDA C++ -> NVRTC cubins (no GPU needed) ---------------------
 
-def _f(*shape, dtype=np.float32):
-    return zyx.Tensor(np.random.randn(*shape).astype(dtype))
-
-
-def _i(*shape, dtype=np.int32):
-    return zyx.Tensor(np.random.randint(-50, 50, size=shape).astype(dtype))
-
-
-GRAPHS = {
-    "elementwise": lambda: (_f(5, 7) * _f(5, 7) + _f(5, 7).exp()).sqrt().tanh(),
-    "broadcast": lambda: _f(4, 1, 3) + _f(1, 6, 3) * _f(3),
-    "sum_axis": lambda: _f(3, 17, 33).sum(1),
-    "max_all": lambda: _f(3, 17, 33).max(),
-    "softmax": lambda: _f(8, 10).softmax(-1),
-    "matmul": lambda: _f(17, 33) @ _f(33, 65),
-    "batched_matmul": lambda: _f(2, 16, 64) @ _f(2, 64, 16),
-    "float16": lambda: (_f(9, 5, dtype=np.float16) * 3 + 1).sum(0),
-    "float16_matmul": lambda: _f(8, 16, dtype=np.float16) @ _f(16, 4, dtype=np.float16),
-    "bfloat16": lambda: (_f(6, 6).cast(zyx.bfloat16) * 2).cast(zyx.float32),
-    "float64": lambda: _f(4, 5, dtype=np.float64).exp().sum(0),
-    "int64": lambda: _i(4, 5, dtype=np.int64) * 3 - 7,
-    "int_div_mod": lambda: (_i(6, 7) // (_i(6, 7).abs() + 1), _i(6, 7) % 5),
-    "bool": lambda: (_f(4, 4) > 0) & (_f(4, 4) < 1),
-    "where": lambda: zyx.where(_f(5, 5) > 0, _f(5, 5), _f(5, 5) * 0.1),
-    "pow": lambda: (_f(5, 5).abs() ** 1.5, _i(5, 5, dtype=np.int64) ** 3),
-    "cast_float_int": lambda: (_f(20) * 50).cast(zyx.int32).cast(zyx.float32),
-    "uint8_int16": lambda: _i(8, dtype=np.uint8) + _i(8, dtype=np.int16).cast(zyx.uint8),
-}
-
-
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_graph_kernels_compile_to_cubins(name, compiler):
     made = GRAPHS[name]()
@@ -112,7 +72,7 @@ def test_graph_kernels_compile_to_cubins(name, compiler):
 
 
 def test_half_types_are_stored_as_16_bits_and_computed_in_float(compiler):
-    (k,) = kernels_of(_f(9, 5, dtype=np.float16) * 3 + 1)
+    (k,) = kernels_of(zyx.Tensor(np.ones((9, 5), np.float16)) * 3 + 1)
     src = lower(k, CUDADialect(), None).source
     assert "unsigned short* __restrict__ g0" in src       # stored as 16 bits
     assert "zyx_h2f(" in src and "zyx_f2h(" in src        # converted on load/store
@@ -122,7 +82,7 @@ def test_half_types_are_stored_as_16_bits_and_computed_in_float(compiler):
 
 
 def test_nan_and_infinity_literals_compile(compiler):
-    t = _f(4).maximum(zyx.Tensor(np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)))
+    t = zyx.Tensor(np.random.randn(4).astype(np.float32)).maximum(zyx.Tensor(np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)))
     for k in kernels_of(t * float("inf")):
         src = lower(k, CUDADialect(), None).source
         assert compiler.binary(src)[:4] == b"\x7fELF"
