@@ -240,7 +240,18 @@ class DriverMemoryPool(MemoryPool):
         ensure_current(drv)
         self.sync_events(wait_events)
         out = dst.ctypes.data
-        chunk = min(n, STAGING_MAX)
+        if n <= STAGING_MAX:
+            # one chunk (the usual read-back): wait on the stream, not on an event, which
+            # is one driver call fewer; everything enqueued is then done, both slots too
+            slot = self._slot()
+            staging = slot.ready(drv, n)
+            drv.copy_to_host(staging, src.handle, n)
+            drv.stream_sync()
+            for s in self._slots:
+                s.pending = False
+            ctypes.memmove(out, staging, n)
+            return
+        chunk = STAGING_MAX
         waiting = []          # (slot, offset, size) copied to the slot, not yet to dst
         for off in range(0, n, chunk):
             size = min(chunk, n - off)
