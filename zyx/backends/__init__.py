@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from ..errors import BackendError, NoBackendAvailable
 
 # Tried in this order; the first device found is the default when several have equal compute.
-BACKENDS = ("c", "opencl", "cuda", "vulkan", "wgpu", "dummy")
+BACKENDS = ("c", "opencl", "cuda", "hip", "vulkan", "wgpu", "dummy")
 
 
 @dataclass

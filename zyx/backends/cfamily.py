@@ -113,6 +113,84 @@ class OpenCLDialect(CDialect):
         return "barrier(CLK_LOCAL_MEM_FENCE)"
 
 
+# Helpers the CUDA kernels call, for NVRTC. f16 and bf16 are stored as 16-bit integers and
+# computed in float registers, as in the C and OpenCL backends: the same numerics as the
+# CPU (which the test suite's tolerances assume) and what torch does for elementwise half
+# math; the kernels are memory-bound, so float arithmetic costs nothing. The conversions
+# are the hardware's: `cvt` PTX instructions, written inline because NVRTC does not ship
+# cuda_fp16.h / cuda_bf16.h as built-in headers (checked with NVRTC 13.5: "could not open
+# source file", and a pip-only install has no CUDA include directory to point it at).
+# bf16 -> float is exact (a shift); float -> bf16 rounds to nearest even in integer ops,
+# bit for bit the C backend's (NaN kept quiet with its sign), on every architecture
+# (`cvt.rn.bf16.f32` needs sm_80). NVRTC defines neither NAN nor INFINITY.
+_CUDA_COMMON = r"""
+#ifndef NAN
+#define NAN __int_as_float(0x7fc00000)
+#endif
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+static __device__ __forceinline__ float zyx_bf2f(unsigned short h) {
+  return __uint_as_float(((unsigned int)h) << 16); }
+static __device__ __forceinline__ unsigned short zyx_f2bf(float x) {
+  unsigned int u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 64u);
+  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }
+static __device__ __forceinline__ long long zyx_ipow(long long b, long long e) {
+  if (e < 0) return b == 1 ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);
+  unsigned long long r = 1, ub = (unsigned long long)b;
+  while (e) { if (e & 1) r *= ub; ub *= ub; e >>= 1; } return (long long)r; }
+"""
+
+CUDA_PRELUDE = r"""
+static __device__ __forceinline__ float zyx_h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+static __device__ __forceinline__ unsigned short zyx_f2h(float x) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x)); return h; }
+""" + _CUDA_COMMON
+
+# HIP (hiprtc, clang): no inline PTX; clang's _Float16 is the hardware's f16 on AMD GPUs
+# (v_cvt_f32_f16 / v_cvt_f16_f32, round to nearest even), reinterpreted with
+# __builtin_bit_cast. The rest is CUDA's: __int_as_float & co exist in HIP too.
+HIP_PRELUDE = r"""
+static __device__ __forceinline__ float zyx_h2f(unsigned short h) {
+  return (float)__builtin_bit_cast(_Float16, h); }
+static __device__ __forceinline__ unsigned short zyx_f2h(float x) {
+  return __builtin_bit_cast(unsigned short, (_Float16)x); }
+""" + _CUDA_COMMON
+
+
+class CUDADialect(CDialect):
+    """CUDA C++ for NVRTC: C's types and `f`-suffixed math (expf...), one `extern "C"`
+    entry point per launch (unmangled names for cuModuleGetFunction), ids from
+    blockIdx/threadIdx, `__shared__` local memory. The frame is `gpu.lower`'s."""
+    name = "cuda"
+    prelude = CUDA_PRELUDE
+    kernel_prefix = 'extern "C" __global__ void'
+    global_qualifier = ""
+    local_qualifier = "__shared__ "
+    restrict = "__restrict__"
+
+    def group_id(self, axis=0):
+        return f"blockIdx.{'xyz'[axis]}"
+
+    def local_id(self, axis=0):
+        return f"threadIdx.{'xyz'[axis]}"
+
+    def local_size(self, axis=0):
+        return f"blockDim.{'xyz'[axis]}"
+
+    def barrier(self, scope=None):
+        return "__syncthreads()"
+
+
+class HIPDialect(CUDADialect):
+    """HIP C++ for hiprtc: CUDA's spelling (HIP keeps blockIdx, __shared__, __syncthreads,
+    extern "C" __global__); only the f16 conversions differ (see HIP_PRELUDE)."""
+    name = "hip"
+    prelude = HIP_PRELUDE
+
+
 def literal(dl, d, v):
     if d.is_bool:
         return "1" if v else "0"

@@ -1,0 +1,510 @@
+"""The CUDA backend.
+
+Without a GPU (runs anywhere NVRTC is pip-installed): real kernels from zyx graphs are
+lowered with CUDADialect and compiled by NVRTC to sm_90 cubins; the verified disk cache of
+binaries; NVRTC target selection; the shared pool and launch path (gpudriver.py) against
+a driver that keeps "device" memory on the host; initialize's BackendError without a
+driver.
+
+With an NVIDIA GPU: the numerical cases of gpu_cases.py run on the CUDA device alone
+(the runtime is re-initialized with only=["cuda"] for them, and restored after); they skip
+with the reason ("no NVIDIA driver: ...") where `initialize` fails.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+import zyx
+from zyx.backends import DeviceInfo, gpudriver
+from zyx.backends.binary_cache import BinaryCache
+from zyx.backends.cfamily import CUDADialect
+from zyx.backends.gpu import GPUKernel, Launch, lower
+from zyx.errors import AllocationError, BackendError, NoBackendAvailable
+
+from gpu_cases import *  # noqa: F401,F403  (numerical cases, run on the CUDA device)
+from gpu_cases import GRAPHS, kernels_of
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+def nvrtc_or_skip():
+    try:
+        from zyx.backends.cuda import import_bindings
+        return import_bindings()[1]
+    except ImportError as e:
+        pytest.skip(f"cuda-bindings is not installed: {e}")
+
+
+@pytest.fixture
+def compiler(tmp_path):
+    """An NVRTC compiler for sm_90 whose disk cache is a fresh directory."""
+    from zyx.backends.cuda import nvrtc_compiler
+    nvrtc = nvrtc_or_skip()
+    try:
+        comp = nvrtc_compiler((9, 0), nvrtc=nvrtc)
+    except BackendError as e:
+        pytest.skip(f"NVRTC is not available: {e}")
+    comp.disk = BinaryCache("cuda", "cubin", str(tmp_path))
+    return comp
+
+
+# -- codegen: zyx graphs -> CUDA C++ -> NVRTC cubins (no GPU needed) ---------------------
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_graph_kernels_compile_to_cubins(name, compiler):
+    made = GRAPHS[name]()
+    outs = made if isinstance(made, tuple) else (made,)
+    kernels = [k for t in outs for k in kernels_of(t)]
+    assert kernels, f"{name}: the graph made no kernel"
+    for k in kernels:
+        gpu = lower(k, CUDADialect(), DeviceInfo(), "zyx_k")
+        assert 'extern "C" __global__ void zyx_k(' in gpu.source
+        assert "blockIdx.x" in gpu.source and "__restrict__" in gpu.source
+        assert "get_group_id" not in gpu.source and "__kernel" not in gpu.source
+        cubin = compiler.binary(gpu.source)
+        assert cubin[:4] == b"\x7fELF", "NVRTC did not return a cubin (ELF)"
+        for launch in gpu.launches:
+            assert launch.entry.encode() in cubin   # the entry point is in the symbol table
+
+
+def test_half_types_are_stored_as_16_bits_and_computed_in_float(compiler):
+    (k,) = kernels_of(zyx.Tensor(np.ones((9, 5), np.float16)) * 3 + 1)
+    src = lower(k, CUDADialect(), None).source
+    assert "unsigned short* __restrict__ g0" in src       # stored as 16 bits
+    assert "zyx_h2f(" in src and "zyx_f2h(" in src        # converted on load/store
+    assert "cvt.f32.f16" in src and "cvt.rn.f16.f32" in src
+    assert "__half" not in src and "#include" not in src  # NVRTC has no cuda_fp16.h built in
+    assert compiler.binary(src)[:4] == b"\x7fELF"
+
+
+def test_nan_and_infinity_literals_compile(compiler):
+    t = zyx.Tensor(np.random.randn(4).astype(np.float32)).maximum(zyx.Tensor(np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)))
+    for k in kernels_of(t * float("inf")):
+        src = lower(k, CUDADialect(), None).source
+        assert compiler.binary(src)[:4] == b"\x7fELF"
+
+
+def test_hand_written_multi_launch_kernel_compiles(compiler):
+    # the shape of program the work-group lowering emits: 2 entry points, __shared__
+    # memory, barriers, a scratch buffer between the launches
+    dl = CUDADialect()
+    src = dl.prelude + f"""
+{dl.kernel_prefix} part(const float* {dl.restrict} x, float* {dl.restrict} s) {{
+  {dl.local_qualifier}float t[64];
+  t[{dl.local_id()}] = x[{dl.group_id()} * {dl.local_size()} + {dl.local_id()}];
+  {dl.barrier()};
+  if ({dl.local_id()} == 0) {{ float a = 0; for (int i = 0; i < 64; i++) a += t[i]; s[{dl.group_id()}] = a; }}
+}}
+{dl.kernel_prefix} finish(const float* {dl.restrict} s, float* {dl.restrict} y) {{
+  if ({dl.local_id()} == 0) {{ float a = 0; for (int i = 0; i < 4; i++) a += s[i]; y[0] = a; }}
+}}
+"""
+    cubin = compiler.binary(src)
+    assert b"part" in cubin and b"finish" in cubin
+
+
+def test_compile_error_names_the_compiler_and_shows_the_source(compiler):
+    bad = 'extern "C" __global__ void zyx_k(float* g0) { g0[0] = undefined_name; }'
+    with pytest.raises(BackendError, match="NVRTC failed to compile") as e:
+        compiler.binary(bad)
+    assert "undefined_name" in str(e.value) and "--- source ---" in str(e.value)
+
+
+# -- disk cache of binaries ---------------------------------------------------------------
+
+SIMPLE = 'extern "C" __global__ void zyx_k(float* g0) { g0[threadIdx.x] = 2.0f; }'
+
+
+def test_disk_cache_round_trip(compiler, tmp_path):
+    first = compiler.binary(SIMPLE)
+    assert compiler.compiled == 1
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 2 and files[0].endswith(".cubin") and files[1].endswith(".sha256")
+    assert all(os.stat(tmp_path / f).st_mode & 0o077 == 0 for f in files)   # ours alone
+    # a second process (a fresh compiler on the same directory) compiles nothing
+    from zyx.backends.cuda import nvrtc_compiler
+    again = nvrtc_compiler((9, 0))
+    again.disk = BinaryCache("cuda", "cubin", str(tmp_path))
+    assert again.binary(SIMPLE) == first
+    assert again.compiled == 0
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "no_digest", "empty"])
+def test_damaged_cached_binary_is_rejected_and_rebuilt(compiler, tmp_path, damage):
+    good = compiler.binary(SIMPLE)
+    (cubin,) = [tmp_path / f for f in os.listdir(tmp_path) if f.endswith(".cubin")]
+    digest = cubin.with_suffix(".sha256")
+    if damage == "flip":
+        data = bytearray(good)
+        data[len(data) // 2] ^= 0xFF
+        cubin.write_bytes(bytes(data))
+    elif damage == "truncate":
+        cubin.write_bytes(good[:100])
+    elif damage == "no_digest":
+        digest.unlink()
+    else:
+        cubin.write_bytes(b"")
+    from zyx.backends.cuda import nvrtc_compiler
+    fresh = nvrtc_compiler((9, 0))
+    fresh.disk = BinaryCache("cuda", "cubin", str(tmp_path))
+    assert fresh.binary(SIMPLE) == good        # rebuilt, not the damaged bytes
+    assert fresh.compiled == 1
+    assert cubin.read_bytes() == good and digest.exists()   # and the cache repaired
+
+
+def test_unwritable_cache_warns_and_still_compiles(compiler, tmp_path):
+    compiler.disk = BinaryCache("cuda", "cubin", str(tmp_path / "missing" / "dir"))
+    with pytest.warns(RuntimeWarning, match="not usable"):
+        assert compiler.binary(SIMPLE)[:4] == b"\x7fELF"
+    assert compiler.disk.enabled is False
+    assert compiler.binary(SIMPLE + " ")[:4] == b"\x7fELF"   # no second warning, no error
+
+
+def test_cache_key_covers_target_and_options(compiler, tmp_path):
+    from zyx.backends.cuda import nvrtc_compiler
+    compiler.binary(SIMPLE)
+    other = nvrtc_compiler((8, 0))
+    other.disk = BinaryCache("cuda", "cubin", str(tmp_path))
+    other.binary(SIMPLE)
+    assert other.compiled == 1          # sm_80 is not served sm_90's cubin
+    assert len([f for f in os.listdir(tmp_path) if f.endswith(".cubin")]) == 2
+
+
+# -- NVRTC target selection ---------------------------------------------------------------
+
+class _FakeNVRTC:
+    def __init__(self, archs):
+        self.archs = archs
+
+    def nvrtcGetSupportedArchs(self):
+        return (0, self.archs)
+
+
+@pytest.mark.parametrize("cc,archs,want", [
+    ((9, 0), [75, 80, 86, 89, 90, 100], "sm_90"),
+    ((8, 9), [75, 80, 86, 90], "sm_86"),          # a cubin runs on later minors
+    ((12, 1), [75, 80, 86, 89, 90], "compute_90"),  # NVRTC older than the GPU: PTX
+])
+def test_nvrtc_target(cc, archs, want):
+    from zyx.backends.cuda import nvrtc_target
+    assert nvrtc_target(_FakeNVRTC(archs), cc) == want
+
+
+def test_nvrtc_target_refuses_an_older_gpu_than_nvrtc_knows():
+    from zyx.backends.cuda import nvrtc_target
+    with pytest.raises(BackendError, match="none of the architectures"):
+        nvrtc_target(_FakeNVRTC([75, 80, 90]), (6, 1))
+
+
+def test_compute_estimate_uses_cores_per_sm():
+    from zyx.backends.cuda import cores_per_sm
+    assert cores_per_sm((9, 0)) == 128 and cores_per_sm((8, 0)) == 64
+    assert cores_per_sm((8, 6)) == 128 and cores_per_sm((7, 5)) == 64
+
+
+# -- the shared pool and launch path against a host-memory driver -------------------------
+
+class HostMemoryDriver:
+    """The gpudriver protocol with "device" memory in host buffers, copies done at once
+    and launches recorded with the parameter values the driver would read: enough to
+    check the pool's bookkeeping, chunked staging and the parameter arrays."""
+
+    def __init__(self, capacity=1 << 20):
+        self.capacity = capacity
+        self.blocks = {}
+        self.host = {}
+        self.launched = []
+        self.unloaded = []
+        self.host_allocs = 0
+
+    def make_current(self):
+        pass
+
+    def mem_info(self):
+        return self.capacity - sum(len(b) for b in self.blocks.values()), self.capacity
+
+    def _new(self, table, nbytes):
+        buf = ctypes.create_string_buffer(nbytes)
+        table[ctypes.addressof(buf)] = buf
+        return ctypes.addressof(buf)
+
+    def alloc(self, nbytes):
+        if nbytes > self.mem_info()[0]:
+            raise gpudriver.DeviceOutOfMemory("full")
+        return self._new(self.blocks, nbytes)
+
+    def free(self, ptr):
+        del self.blocks[ptr]
+
+    def host_alloc(self, nbytes):
+        self.host_allocs += 1
+        return self._new(self.host, nbytes)
+
+    def host_free(self, ptr):
+        del self.host[ptr]
+
+    def copy_to_device(self, dst, src, nbytes):
+        ctypes.memmove(dst, src, nbytes)
+
+    copy_to_host = copy_to_device
+
+    def event_create(self):
+        return object()
+
+    def event_record(self, ev):
+        pass
+
+    event_sync = event_destroy = event_record
+
+    def stream_sync(self):
+        pass
+
+    def module_load(self, image):
+        # the fake binary: "entry:nparams" pairs, so a launch knows how many to read
+        return dict(item.split(":") for item in image.decode().split())
+
+    def function(self, module, name):
+        return name, int(module[name])
+
+    def module_unload(self, module):
+        self.unloaded.append(module)
+
+    def launch(self, fn, groups, local_size, params):
+        name, n = fn
+        addrs = (ctypes.c_uint64 * n).from_address(params)
+        values = [ctypes.c_uint64.from_address(a).value for a in addrs]
+        self.launched.append((name, groups, local_size, values))
+
+
+class SourceAsBinary:
+    """A compiler whose binary is the source's bytes (HostMemoryDriver reads them)."""
+    compiled = 0
+
+    def binary(self, source):
+        return source.encode()
+
+
+class HandLoweredDevice(gpudriver.DriverDevice):
+    """A DriverDevice whose lowering returns a given GPUKernel."""
+    backend = "test"
+
+    def __init__(self, driver, pool, gpu_kernel):
+        self.gpu_kernel = gpu_kernel
+        super().__init__(driver, pool, CUDADialect(), SourceAsBinary())
+
+    def _make_info(self):
+        return DeviceInfo(name="host-memory test device")
+
+    def render(self, kernel, name="zyx_k"):
+        return self.gpu_kernel
+
+
+def test_pool_copies_round_trip_through_staging_chunks(monkeypatch):
+    monkeypatch.setattr(gpudriver, "STAGING_MAX", 4096)
+    monkeypatch.setattr(gpudriver, "STAGING_MIN", 1024)
+    drv = HostMemoryDriver()
+    pool = gpudriver.DriverMemoryPool(drv, "test")
+    for n in (1, 1000, 4096, 4097, 3 * 4096 + 5):
+        a = np.random.randint(0, 256, n).astype(np.uint8)
+        buf, _ = pool.allocate(n)
+        assert pool.host_to_pool(a, buf, []) is None
+        out = np.empty(n, np.uint8)
+        pool.pool_to_host(buf, out, [])
+        np.testing.assert_array_equal(out, a)
+        pool.deallocate(buf)
+    assert drv.host_allocs <= 4       # two slots, each grown at most once past 1 KiB
+    pool.close()
+    assert not drv.blocks and not drv.host
+
+
+def test_pool_reuses_freed_blocks_and_counts_live_bytes():
+    drv = HostMemoryDriver()
+    pool = gpudriver.DriverMemoryPool(drv, "test")
+    a, _ = pool.allocate(256)
+    assert pool.used_bytes == 256
+    addr = a.handle
+    pool.deallocate(a)
+    assert pool.used_bytes == 0 and pool.cached_bytes == 256
+    assert pool.free_bytes == drv.capacity        # cached blocks count as free
+    pool.allocate(1000)                           # a new block: the driver is asked again
+    assert pool.free_bytes == drv.capacity - 1000
+    b, _ = pool.allocate(256)
+    assert b.handle == addr and b.ptr == addr     # the same block, no new allocation
+    c, _ = pool.allocate(128)
+    assert c.handle != addr and len(drv.blocks) == 3
+
+
+def test_pool_releases_cached_blocks_when_the_device_is_full():
+    drv = HostMemoryDriver(capacity=1000)
+    pool = gpudriver.DriverMemoryPool(drv, "test")
+    a, _ = pool.allocate(600)
+    pool.deallocate(a)                 # cached: the device still holds 600 bytes
+    b, _ = pool.allocate(700)          # fails once, trims the cache, succeeds
+    assert pool.cached_bytes == 0 and list(drv.blocks) == [b.handle]
+    with pytest.raises(AllocationError, match="cannot allocate 700 bytes"):
+        pool.allocate(700)
+
+
+def test_launch_writes_every_launch_its_buffers_and_scratch_in_order():
+    gpu = GPUKernel("part:2 finish:2", [
+        Launch("part", 40, 256, [("arg", 1), ("scratch", 0)]),
+        Launch("finish", 1, 64, [("scratch", 0), ("arg", 0)]),
+    ], scratch=[160])
+    drv = HostMemoryDriver()
+    pool = gpudriver.DriverMemoryPool(drv, "test")
+    dev = HandLoweredDevice(drv, pool, gpu)
+    prog = dev.compile("kernel-a")
+    assert dev.compile("kernel-a") is prog
+    out, _ = pool.allocate(4)
+    inp, _ = pool.allocate(40 * 256 * 4)
+    dev.launch(prog, pool, [out, inp], [])
+    (scratch,) = prog.scratch
+    assert drv.launched == [("part", 40, 256, [inp.handle, scratch]),
+                            ("finish", 1, 64, [scratch, out.handle])]
+    # a second realization with other buffers rewrites the values, keeps the scratch
+    out2, _ = pool.allocate(4)
+    dev.launch(prog, pool, [out2, inp], [])
+    assert drv.launched[-1] == ("finish", 1, 64, [scratch, out2.handle])
+    assert prog.scratch == [scratch]
+    assert pool.used_bytes == 4 + 40 * 256 * 4 + 4   # scratch is the program's, not counted
+
+
+def test_programs_of_one_source_share_a_module_until_the_last_is_released():
+    gpu = GPUKernel("k:1", [Launch("k", 1, 64, [("arg", 0)])], scratch=[64])
+    drv = HostMemoryDriver()
+    pool = gpudriver.DriverMemoryPool(drv, "test")
+    dev = HandLoweredDevice(drv, pool, gpu)
+    p1, p2 = dev.compile("kernel-a"), dev.compile("kernel-b")
+    assert p1.module is p2.module
+    buf, _ = pool.allocate(4)
+    dev.launch(p1, pool, [buf], [])
+    blocks = len(drv.blocks)
+    dev.release(p1)
+    assert len(drv.blocks) == blocks - 1       # its scratch went back to the driver
+    assert drv.unloaded == []
+    dev.release(p2)
+    assert drv.unloaded == [p1.module]
+    assert dev.compile("kernel-a") is not p1   # compiled (loaded) again
+
+
+def test_initialize_without_a_driver_raises_backend_error():
+    from zyx.backends import cuda
+    try:
+        pools, devices = cuda.initialize({})
+    except BackendError as e:
+        assert str(e).startswith("CUDA: ")
+        return
+    assert devices and all(d.info().name.startswith("CUDA ") for d in devices)
+
+
+def test_device_ids_config_is_checked():
+    from zyx.backends.gpudriver import device_ids
+    assert device_ids({}, 3) == [0, 1, 2]
+    assert device_ids({"device_ids": [2, 7, 0]}, 3) == [2, 0]
+    for bad in ("0", [0.0], [True]):
+        with pytest.raises(BackendError, match="not a list of integers"):
+            device_ids({"device_ids": bad}, 3)
+
+
+# -- on an NVIDIA GPU ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cuda_runtime():
+    """The runtime with the CUDA backend alone; skipped with the reason when it cannot
+    start (no driver, no device)."""
+    from zyx.backends import cuda
+    try:
+        cuda.initialize({})
+    except BackendError as e:
+        pytest.skip(f"no NVIDIA driver: {e}")
+    rt = zyx._RT
+    try:
+        rt.init(only=["cuda"])
+    except NoBackendAvailable as e:
+        rt.init()
+        pytest.skip(f"no CUDA device: {e}")
+    dev = rt.device()
+    assert dev.backend == "cuda"
+    yield dev
+    rt.init()
+
+
+@pytest.fixture(autouse=True)
+def _numerical_cases_run_on_cuda(request):
+    """gpu_cases' tests (imported above) need the CUDA runtime; the codegen tests do not."""
+    if request.function.__module__ == "gpu_cases":
+        request.getfixturevalue("cuda_runtime")
+
+
+def test_the_device_is_cuda(cuda_runtime):
+    info = cuda_runtime.info()
+    assert info.name.startswith("CUDA ")
+    assert zyx.devices() == [info.name]
+    assert info.warp_size == 32 and info.max_local_threads >= 256
+    assert info.num_cores > 0 and info.compute > 1e12
+    major, minor = info.extra["cc"]
+    assert major >= 3
+    assert info.extra["arch"].startswith(("sm_", "compute_"))
+
+
+def test_a_cached_realization_compiles_nothing(cuda_runtime):
+    a = np.random.randn(32).astype(np.float32)
+    x = zyx.Tensor(a)
+    np.testing.assert_allclose(((x + 1) * 2).numpy(), (a + 1) * 2, rtol=1e-6)
+    before = (zyx.stats()["kernels_compiled"], zyx.stats()["compiler_runs"])
+    for _ in range(3):
+        np.testing.assert_allclose(((x + 1) * 2).numpy(), (a + 1) * 2, rtol=1e-6)
+    assert (zyx.stats()["kernels_compiled"], zyx.stats()["compiler_runs"]) == before
+
+
+def test_multi_launch_program_with_scratch_runs(cuda_runtime, monkeypatch):
+    # a whole-array sum lowered by hand into the two-launch shape of the work-group
+    # lowering: the backend must run any GPUKernel, whatever gpu.lower makes today
+    dl = cuda_runtime.dialect
+    n, groups, local = 1 << 14, 64, 256
+    src = dl.prelude + f"""
+{dl.kernel_prefix} part(const float* {dl.restrict} x, float* {dl.restrict} s) {{
+  {dl.local_qualifier}float t[{local}];
+  float a = 0.0f;
+  for (int i = {dl.group_id()} * {local} + {dl.local_id()}; i < {n}; i += {groups * local}) a += x[i];
+  t[{dl.local_id()}] = a;
+  {dl.barrier()};
+  for (int w = {local // 2}; w > 0; w >>= 1) {{
+    if ({dl.local_id()} < w) t[{dl.local_id()}] += t[{dl.local_id()} + w];
+    {dl.barrier()};
+  }}
+  if ({dl.local_id()} == 0) s[{dl.group_id()}] = t[0];
+}}
+{dl.kernel_prefix} finish(float* {dl.restrict} y, const float* {dl.restrict} s) {{
+  if ({dl.local_id()} == 0) {{ float a = 0.0f; for (int i = 0; i < {groups}; i++) a += s[i]; y[0] = a; }}
+}}
+"""
+    hand = GPUKernel(src, [Launch("part", groups, local, [("arg", 1), ("scratch", 0)]),
+                           Launch("finish", 1, 32, [("arg", 0), ("scratch", 0)])],
+                     scratch=[groups * 4])
+    monkeypatch.setattr(cuda_runtime, "render", lambda kernel, name="zyx_k": hand)
+    monkeypatch.setattr(cuda_runtime, "_programs", {})
+    zyx._RT.plans.clear()
+    a = np.random.randn(n).astype(np.float32)
+    try:
+        out = zyx.Tensor(a).sum().numpy()
+    finally:
+        zyx._RT.plans.clear()
+    np.testing.assert_allclose(out, a.astype(np.float64).sum(), rtol=1e-4, atol=1e-3)
+
+
+def test_zyx_device_env_selects_cuda(cuda_runtime, monkeypatch):
+    rt = zyx._RT
+    monkeypatch.setenv("ZYX_DEVICE", "cuda")
+    rt.init()
+    try:
+        assert rt.device().backend == "cuda"
+        a = np.random.randn(4, 4).astype(np.float32)
+        np.testing.assert_allclose((zyx.Tensor(a) * 2).numpy(), a * 2)
+    finally:
+        monkeypatch.delenv("ZYX_DEVICE")
+        rt.init(only=["cuda"])

@@ -1,0 +1,245 @@
+"""CUDA backend (through cuda-bindings: the driver API and NVRTC): one device per CUDA
+device, each with its primary context, one stream and a caching memory pool. Kernels are
+rendered by the shared C-family renderer with `cfamily.CUDADialect`, lowered to launches
+by `gpu.lower`, compiled by NVRTC to a cubin for the device's own architecture (cached in
+memory and on disk, see rtc.py) and launched with cuLaunchKernel. The pool, programs and
+launch path are shared with HIP in gpudriver.py; this module is the cuda-bindings side.
+
+Config (`"cuda"` section of config.json): enabled (default true), device_ids (list of
+CUDA device ordinals to use, default all).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import BackendError
+from . import DeviceInfo
+from .cfamily import CUDADialect
+from .gpudriver import (DeviceOutOfMemory, DriverDevice, DriverMemoryPool,
+                        ResultTupleDriver, device_ids, ensure_current)
+from .rtc import NVRTC_NAMES, RuntimeCompiler
+
+# FP32 lanes per SM by compute capability major (and minor where it differs): the compute
+# estimate ranks devices, it need not be exact.
+_CORES_PER_SM = {3: 192, 5: 128, 6: 64, 7: 64, 8: 64, 9: 128, 10: 128, 12: 128}
+_CORES_PER_SM_MINOR = {(6, 1): 128, (6, 2): 128, (8, 6): 128, (8, 7): 128, (8, 9): 128}
+
+NVRTC_OPTIONS = ("--std=c++17", "-default-device")
+
+
+def import_bindings():
+    """(driver, nvrtc) modules of cuda-bindings 12.x/13.x, or of the older cuda-python
+    layout (`from cuda import cuda, nvrtc`)."""
+    try:
+        from cuda.bindings import driver, nvrtc
+    except ImportError:
+        from cuda import cuda as driver, nvrtc
+    return driver, nvrtc
+
+
+def cores_per_sm(cc):
+    return _CORES_PER_SM_MINOR.get(tuple(cc), _CORES_PER_SM.get(cc[0], 128))
+
+
+def nvrtc_target(nvrtc, cc):
+    """NVRTC's `--gpu-architecture` for a device of compute capability `cc`: a cubin for
+    the newest architecture NVRTC knows with the same major and a minor not above the
+    device's (cubins run on later minors of their major); PTX for the newest one below
+    when NVRTC knows no such architecture (the driver then compiles it, which works only
+    when the driver is at least as new as NVRTC)."""
+    want = cc[0] * 10 + cc[1]
+    try:
+        err, archs = nvrtc.nvrtcGetSupportedArchs()
+        archs = list(archs) if int(err) == 0 else [want]
+    except AttributeError:      # NVRTC older than 11.2 cannot list them
+        archs = [want]
+    same_major = [a for a in archs if a // 10 == cc[0] and a <= want]
+    if same_major:
+        return f"sm_{max(same_major)}"
+    below = [a for a in archs if a <= want]
+    if not below:
+        raise BackendError(f"CUDA: NVRTC supports none of the architectures up to "
+                           f"sm_{want} (it knows {archs})")
+    return f"compute_{max(below)}"
+
+
+def nvrtc_compiler(cc, debug=0, nvrtc=None):
+    """A RuntimeCompiler making CUDA binaries for compute capability `cc` (no driver or
+    GPU needed: the codegen tests use it directly)."""
+    if nvrtc is None:
+        nvrtc = import_bindings()[1]
+    try:
+        err, major, minor = nvrtc.nvrtcVersion()
+    except Exception as e:      # libnvrtc missing: cuda.pathfinder raises its own errors
+        raise BackendError(f"CUDA: NVRTC is not available ({type(e).__name__}: {e})") from None
+    if int(err) != 0:
+        raise BackendError(f"CUDA: nvrtcVersion failed ({err})")
+    target = nvrtc_target(nvrtc, cc)
+    options = (f"--gpu-architecture={target}",) + NVRTC_OPTIONS
+    ext = "cubin" if target.startswith("sm_") else "ptx"
+    comp = RuntimeCompiler(nvrtc, NVRTC_NAMES, "NVRTC", f"{major}.{minor}", target, options,
+                           "cuda", ext, debug)
+    if ext == "ptx":     # nvrtcGetCUBIN has nothing for a virtual architecture
+        comp.fn["size"], comp.fn["get"] = nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX
+    return comp
+
+
+class CUDADriver(ResultTupleDriver):
+    """The gpudriver protocol for one CUDA device through cuda-bindings: its primary
+    context and one non-blocking stream (no implicit synchronization with the legacy
+    default stream other libraries may use)."""
+
+    def __init__(self, drv, ordinal):
+        self.drv = drv
+        self.ordinal = ordinal
+        self.label = "CUDA"
+        self.SUCCESS = drv.CUresult.CUDA_SUCCESS
+        self._error_name = drv.cuGetErrorName
+        self.OOM = drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+        self.dev = self.check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.ctx = self.check(drv.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
+        self.make_current()
+        self.stream = self.check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING),
+                                 "cuStreamCreate")
+        self._launch = drv.cuLaunchKernel
+        self._no_timing = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+
+    def attribute(self, name, default=None):
+        """A device attribute by its CU_DEVICE_ATTRIBUTE_ suffix; `default` when this
+        version of the bindings or the driver does not have it."""
+        attr = getattr(self.drv.CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + name, None)
+        if attr is None:
+            return default
+        err, value = self.drv.cuDeviceGetAttribute(attr, self.dev)
+        return value if int(err) == 0 else default
+
+    def name(self):
+        raw = self.check(self.drv.cuDeviceGetName(256, self.dev), "cuDeviceGetName")
+        return raw.split(b"\x00", 1)[0].decode(errors="replace").strip()
+
+    def make_current(self):
+        self.check(self.drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+
+    def mem_info(self):
+        return self.check(self.drv.cuMemGetInfo(), "cuMemGetInfo")
+
+    def alloc(self, nbytes):
+        err, ptr = self.drv.cuMemAlloc(nbytes)
+        if err is self.OOM:
+            raise DeviceOutOfMemory("CUDA_ERROR_OUT_OF_MEMORY")
+        self.check((err,), f"cuMemAlloc({nbytes})")
+        return int(ptr)
+
+    def free(self, ptr):
+        self.check(self.drv.cuMemFree(ptr), "cuMemFree")
+
+    def host_alloc(self, nbytes):
+        return int(self.check(self.drv.cuMemHostAlloc(nbytes, 0), f"cuMemHostAlloc({nbytes})"))
+
+    def host_free(self, ptr):
+        self.check(self.drv.cuMemFreeHost(ptr), "cuMemFreeHost")
+
+    def copy_to_device(self, dst, src, nbytes):
+        self.check(self.drv.cuMemcpyHtoDAsync(dst, src, nbytes, self.stream), "cuMemcpyHtoDAsync")
+
+    def copy_to_host(self, dst, src, nbytes):
+        self.check(self.drv.cuMemcpyDtoHAsync(dst, src, nbytes, self.stream), "cuMemcpyDtoHAsync")
+
+    def event_create(self):
+        return self.check(self.drv.cuEventCreate(self._no_timing), "cuEventCreate")
+
+    def event_record(self, ev):
+        self.check(self.drv.cuEventRecord(ev, self.stream), "cuEventRecord")
+
+    def event_sync(self, ev):
+        self.check(self.drv.cuEventSynchronize(ev), "cuEventSynchronize")
+
+    def event_destroy(self, ev):
+        self.check(self.drv.cuEventDestroy(ev), "cuEventDestroy")
+
+    def stream_sync(self):
+        self.check(self.drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def module_load(self, image):
+        buf = np.frombuffer(image, np.uint8)
+        if not image.endswith(b"\x00") and not image.startswith(b"\x7fELF"):
+            buf = np.frombuffer(image + b"\x00", np.uint8)   # PTX text must end in NUL
+        return self.check(self.drv.cuModuleLoadData(buf.ctypes.data), "cuModuleLoadData")
+
+    def function(self, module, name):
+        return self.check(self.drv.cuModuleGetFunction(module, name.encode()),
+                          f"cuModuleGetFunction({name})")
+
+    def module_unload(self, module):
+        self.check(self.drv.cuModuleUnload(module), "cuModuleUnload")
+
+    def launch(self, fn, groups, local_size, params):
+        err, = self._launch(fn, groups, 1, 1, local_size, 1, 1, 0, self.stream, params, 0)
+        if err is not self.SUCCESS:
+            self.check((err,), "cuLaunchKernel")
+
+
+class CUDAMemoryPool(DriverMemoryPool):
+    """Device memory of one CUDA device (see gpudriver.DriverMemoryPool)."""
+
+    def __init__(self, driver):
+        super().__init__(driver, "cuda")
+
+
+class CUDADevice(DriverDevice):
+    backend = "cuda"
+
+    def __init__(self, driver, pool, debug=0):
+        self.cc = (driver.attribute("COMPUTE_CAPABILITY_MAJOR", 0),
+                   driver.attribute("COMPUTE_CAPABILITY_MINOR", 0))
+        super().__init__(driver, pool, CUDADialect(), nvrtc_compiler(self.cc, debug), debug)
+
+    def _make_info(self):
+        d = self.driver
+        sms = d.attribute("MULTIPROCESSOR_COUNT", 1)
+        # kHz; CUDA 13 dropped clockRate from cudaDeviceProp, so the attribute may go too
+        clock_khz = d.attribute("CLOCK_RATE", 0) or 1_500_000
+        return DeviceInfo(
+            name=f"CUDA {d.name()}",
+            compute=float(sms * clock_khz * 1e3 * cores_per_sm(self.cc) * 2),
+            max_global_work_dims=(d.attribute("MAX_GRID_DIM_X", 2**31 - 1),
+                                  d.attribute("MAX_GRID_DIM_Y", 65535),
+                                  d.attribute("MAX_GRID_DIM_Z", 65535)),
+            max_local_threads=d.attribute("MAX_THREADS_PER_BLOCK", 1024),
+            max_local_work_dims=(d.attribute("MAX_BLOCK_DIM_X", 1024),
+                                 d.attribute("MAX_BLOCK_DIM_Y", 1024),
+                                 d.attribute("MAX_BLOCK_DIM_Z", 64)),
+            local_mem_size=d.attribute("MAX_SHARED_MEMORY_PER_BLOCK", 48 << 10),
+            warp_size=d.attribute("WARP_SIZE", 32),
+            num_cores=sms,
+            tensor_cores=self.cc[0] >= 7,
+            extra={"cc": self.cc, "arch": self.compiler.target})
+
+
+
+def initialize(cfg, debug=0):
+    try:
+        drv, _ = import_bindings()
+    except Exception as e:       # ImportError, or a broken install raising anything else
+        raise BackendError(f"CUDA: cuda-bindings is not importable ({type(e).__name__}: {e})") \
+            from None
+    try:
+        err, = drv.cuInit(0)
+    except Exception as e:       # no driver: cuda.pathfinder raises DynamicLibNotFoundError
+        raise BackendError(f"CUDA: no NVIDIA driver ({type(e).__name__}: {e})") from None
+    if int(err) != 0:
+        raise BackendError(f"CUDA: cuInit failed ({err})")
+    err, count = drv.cuDeviceGetCount()
+    if int(err) != 0:
+        raise BackendError(f"CUDA: cuDeviceGetCount failed ({err})")
+    pools, devices = [], []
+    for ordinal in device_ids(cfg, count):
+        driver = CUDADriver(drv, ordinal)
+        ensure_current(driver)
+        pool = CUDAMemoryPool(driver)
+        pools.append(pool)
+        devices.append(CUDADevice(driver, pool, debug))
+    if not devices:
+        raise BackendError(f"CUDA: no device selected ({count} found, "
+                           f"device_ids={cfg.get('device_ids')!r})")
+    return pools, devices

@@ -1,0 +1,422 @@
+"""Memory pool, programs and device shared by the GPU backends that drive the hardware
+through a CUDA-style driver API: CUDA (cuda-bindings) and HIP (hip-python), whose calls
+match one to one. Each backend supplies a *driver*: an object bound to one device, its
+context and its one stream, with these methods (addresses are Python ints):
+
+    make_current()                       make the device's context current on this thread
+    alloc(nbytes) -> ptr                 device memory; raises DeviceOutOfMemory when full
+    free(ptr)                            mem_info() -> (free bytes, total bytes)
+    host_alloc(nbytes) -> ptr            pinned host memory;  host_free(ptr)
+    copy_to_device(dst, src, nbytes)     async on the stream (src: a pinned address)
+    copy_to_host(dst, src, nbytes)       async on the stream (dst: a pinned address)
+    event_create() / event_record(ev) / event_sync(ev) / event_destroy(ev) / stream_sync()
+    module_load(image: bytes) -> module  function(module, name) -> fn   module_unload(module)
+    launch(fn, groups, local_size, params_address)   1-D launch on the stream
+
+and the device subclass supplies `_make_info()`; its compiler (rtc.RuntimeCompiler) turns
+sources into binaries through the disk cache. Everything here runs on that single in-order stream, so a kernel
+launched after a copy sees the copy, and a buffer freed after the kernels reading it were
+enqueued can be handed out again at once: no events between our own operations.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+import time
+
+import numpy as np
+
+from ..errors import AllocationError, BackendError
+from . import Buffer, MemoryPool
+from .gpu import lower
+
+# Host<->device copies go through two pinned staging slots (a page-locked copy runs at
+# the bus's speed, a pageable one is staged by the driver anyway, synchronously). Copies
+# larger than a slot are split into chunks, alternating slots so that filling or draining
+# one overlaps the DMA of the other.
+STAGING_MAX = 16 << 20
+STAGING_MIN = 64 << 10
+
+
+class DeviceOutOfMemory(BackendError):
+    """Raised by a driver's alloc when the device has no room for the block."""
+
+
+class ResultTupleDriver:
+    """Error handling shared by the drivers over cuda-bindings and hip-python, whose calls
+    all return (result code, values...). A subclass sets `label` ("CUDA"), `SUCCESS` (its
+    success code), `ordinal` and `_error_name` (the binding's cuGetErrorName-like call)."""
+
+    def check(self, result, what):
+        """The value(s) of a (result, values...) tuple; BackendError naming the call and
+        the error otherwise."""
+        err = result[0]
+        if err is not self.SUCCESS and int(err) != 0:
+            raise BackendError(f"{self.label}: {what} failed on device {self.ordinal}: "
+                               f"{self.error_name(err)}")
+        return result[1] if len(result) == 2 else result[1:]
+
+    def error_name(self, err):
+        try:
+            res = self._error_name(err)
+            if isinstance(res, tuple):       # cuda-bindings: (CUresult, name)
+                res = res[1] if int(res[0]) == 0 else str(err)
+            return res.decode() if isinstance(res, bytes) else str(res)
+        except Exception:     # naming an error must never hide it
+            return str(err)
+
+
+_CURRENT = threading.local()   # the driver whose context zyx last made current, per thread
+
+
+def ensure_current(driver):
+    """Make `driver`'s context current unless zyx already did on this thread (a new thread
+    has no current context; several devices take turns). One attribute read when nothing
+    changed, instead of a driver call on every operation."""
+    if getattr(_CURRENT, "driver", None) is not driver:
+        driver.make_current()
+        _CURRENT.driver = driver
+
+
+class _StagingSlot:
+    """A pinned host block and the event after the last copy that used it."""
+    __slots__ = ("ptr", "nbytes", "event", "pending")
+
+    def __init__(self):
+        self.ptr = 0
+        self.nbytes = 0
+        self.event = None
+        self.pending = False    # a copy reading or writing the block may still run
+
+    def ready(self, driver, nbytes):
+        """Wait until no copy uses the block, grow it to hold `nbytes`; its address."""
+        if self.pending:
+            driver.event_sync(self.event)
+            self.pending = False
+        if self.nbytes < nbytes:
+            if self.ptr:
+                driver.host_free(self.ptr)
+                self.ptr = 0
+            size = STAGING_MIN
+            while size < nbytes:
+                size *= 2
+            self.ptr = driver.host_alloc(size)
+            self.nbytes = size
+        if self.event is None:
+            self.event = driver.event_create()
+        return self.ptr
+
+    def mark_used(self, driver):
+        driver.event_record(self.event)
+        self.pending = True
+
+    def close(self, driver):
+        if self.pending:
+            driver.event_sync(self.event)
+        if self.ptr:
+            driver.host_free(self.ptr)
+        if self.event is not None:
+            driver.event_destroy(self.event)
+        self.ptr, self.nbytes, self.event, self.pending = 0, 0, None, False
+
+
+class DriverMemoryPool(MemoryPool):
+    """Device memory with a caching allocator: freed blocks are kept by size and handed out
+    again (realizations allocate the same sizes every step, and cuMemAlloc synchronizes the
+    device); when the device is full the cached blocks are released and the allocation
+    retried. `used_bytes` counts live buffers only, like the other pools."""
+
+    def __init__(self, driver, name):
+        _, total = driver.mem_info()
+        super().__init__(total)
+        self.name = name
+        self.driver = driver
+        self._free = {}            # nbytes -> [device address]
+        self.cached_bytes = 0
+        self._slots = (_StagingSlot(), _StagingSlot())
+        self._next_slot = 0
+        self._driver_free = None   # (cuMemGetInfo's free bytes, when asked)
+
+    @property
+    def free_bytes(self):
+        """The driver's free memory plus the cached blocks. Runtime.device() reads this on
+        every realization when several devices exist, so the driver is asked again only
+        after this pool allocated or released device memory, or a second later (other
+        processes allocate too)."""
+        now = time.monotonic()
+        seen = self._driver_free
+        if seen is None or now - seen[1] > 1.0:
+            ensure_current(self.driver)
+            seen = self._driver_free = (self.driver.mem_info()[0], now)
+        return seen[0] + self.cached_bytes
+
+    def allocate(self, nbytes):
+        cached = self._free.get(nbytes)
+        if cached:
+            ptr = cached.pop()
+            self.cached_bytes -= nbytes
+        else:
+            ptr = self.raw_alloc(nbytes)
+        self.used_bytes += nbytes
+        return Buffer(self, ptr, nbytes, ptr), None
+
+    def raw_alloc(self, nbytes):
+        """A new device block (not counted in used_bytes: scratch buffers use it too);
+        releases the cached blocks and retries once when the device is full."""
+        ensure_current(self.driver)
+        self._driver_free = None
+        size = max(nbytes, 1)     # a zero-byte allocation is an error in CUDA
+        try:
+            return self.driver.alloc(size)
+        except DeviceOutOfMemory:
+            self.trim()
+            try:
+                return self.driver.alloc(size)
+            except DeviceOutOfMemory as e:
+                raise AllocationError(f"{self.name} pool: cannot allocate {nbytes} bytes: "
+                                      f"{e}") from None
+
+    def deallocate(self, buf, wait_events=()):
+        # the stream is in order: kernels enqueued later that reuse this block run after
+        # the ones still reading it
+        self.used_bytes -= buf.nbytes
+        self._free.setdefault(buf.nbytes, []).append(buf.handle)
+        self.cached_bytes += buf.nbytes
+        buf.handle = None
+        buf.ptr = 0
+
+    def trim(self):
+        """Release every cached free block to the driver."""
+        ensure_current(self.driver)
+        self.driver.stream_sync()      # a block may still be read by an enqueued kernel
+        for blocks in self._free.values():
+            for ptr in blocks:
+                self.driver.free(ptr)
+        self._free.clear()
+        self.cached_bytes = 0
+        self._driver_free = None
+
+    def _slot(self):
+        slot = self._slots[self._next_slot]
+        self._next_slot ^= 1
+        return slot
+
+    def host_to_pool(self, src, dst, wait_events=()):
+        """Copy through pinned staging. Returns None before the last chunk's DMA finishes:
+        the caller may drop `src` (it was copied into the slot) and the stream orders the
+        kernels after the copy; the slot's event keeps it from being overwritten early."""
+        n = dst.nbytes
+        if n == 0:
+            return None
+        drv = self.driver
+        ensure_current(drv)
+        self.sync_events(wait_events)
+        src = np.ascontiguousarray(src)
+        base = src.ctypes.data
+        chunk = min(n, STAGING_MAX)
+        for off in range(0, n, chunk):
+            size = min(chunk, n - off)
+            slot = self._slot()
+            staging = slot.ready(drv, size)
+            ctypes.memmove(staging, base + off, size)
+            drv.copy_to_device(dst.handle + off, staging, size)
+            slot.mark_used(drv)
+        return None
+
+    def pool_to_host(self, src, dst, wait_events=()):
+        """Blocking copy into `dst` (a C-contiguous array of src.nbytes bytes): each chunk
+        goes to a pinned slot on the stream; while the next chunk's DMA runs, the previous
+        slot is copied out."""
+        n = src.nbytes
+        if n == 0:
+            return
+        drv = self.driver
+        if not dst.flags.c_contiguous:       # copy into a contiguous array, then into dst
+            tmp = np.empty(dst.shape, dst.dtype)
+            self.pool_to_host(src, tmp, wait_events)
+            dst[...] = tmp
+            return
+        ensure_current(drv)
+        self.sync_events(wait_events)
+        out = dst.ctypes.data
+        if n <= STAGING_MAX:
+            # one chunk (the usual read-back): wait on the stream, not on an event, which
+            # is one driver call fewer; everything enqueued is then done, both slots too
+            slot = self._slot()
+            staging = slot.ready(drv, n)
+            drv.copy_to_host(staging, src.handle, n)
+            drv.stream_sync()
+            for s in self._slots:
+                s.pending = False
+            ctypes.memmove(out, staging, n)
+            return
+        chunk = STAGING_MAX
+        waiting = []          # (slot, offset, size) copied to the slot, not yet to dst
+        for off in range(0, n, chunk):
+            size = min(chunk, n - off)
+            slot = self._slot()
+            if waiting and waiting[0][0] is slot:   # both slots busy: drain the older
+                self._drain(*waiting.pop(0), out)
+            staging = slot.ready(drv, size)
+            drv.copy_to_host(staging, src.handle + off, size)
+            slot.mark_used(drv)
+            waiting.append((slot, off, size))
+        for item in waiting:
+            self._drain(*item, out)
+
+    def _drain(self, slot, off, size, out):
+        self.driver.event_sync(slot.event)
+        slot.pending = False
+        ctypes.memmove(out + off, slot.ptr, size)
+
+    def sync_events(self, events):
+        for ev in events:
+            if ev is not None:
+                self.driver.event_sync(ev)
+
+    def release_events(self, events):
+        for ev in events:
+            if ev is not None:
+                self.driver.event_destroy(ev)
+
+    def close(self):
+        """Free everything this pool holds (cached blocks, staging); live buffers are the
+        caller's."""
+        self.trim()
+        for slot in self._slots:
+            slot.close(self.driver)
+
+
+class _PreparedLaunch:
+    """One Launch of a loaded program with its parameter block built once: `values` holds
+    one device address per kernel parameter and `params` the addresses of those values
+    (the `void**` the driver reads), so a launch only writes the pointer values."""
+    __slots__ = ("fn", "groups", "local_size", "sources", "values", "params", "address")
+
+    def __init__(self, fn, launch):
+        self.fn = fn
+        self.groups = launch.groups
+        self.local_size = launch.local_size
+        # >= 0: the i-th buffer Device.launch receives; < 0: scratch buffer -1 - j
+        self.sources = [i if kind == "arg" else -1 - i for kind, i in launch.args]
+        n = max(len(self.sources), 1)
+        self.values = np.zeros(n, np.uint64)
+        base = self.values.ctypes.data
+        self.params = np.array([base + 8 * j for j in range(n)], np.uint64)
+        self.address = self.params.ctypes.data
+
+
+class DriverProgram:
+    """A lowered kernel loaded on one device: its module, prepared launches and scratch
+    buffers (allocated at the first launch and kept: launches on the in-order stream never
+    overlap, so the program's launches can share them from one realization to the next)."""
+    __slots__ = ("kernel", "gpu", "module", "launches", "scratch", "__weakref__")
+
+    def __init__(self, kernel, gpu, module, launches):
+        self.kernel = kernel
+        self.gpu = gpu
+        self.module = module
+        self.launches = launches
+        self.scratch = None
+
+    @property
+    def source(self):
+        return self.gpu.source
+
+
+class DriverDevice:
+    """A GPU device behind a driver: lowers kernels with `dialect`, compiles them to a
+    binary with `compiler` (an rtc.RuntimeCompiler: memory and disk cached), loads one
+    module per distinct source and enqueues every launch of a program in order on the
+    stream."""
+    backend = "gpu"
+
+    def __init__(self, driver, pool, dialect, compiler, debug=0):
+        self.driver = driver
+        self.pool = pool
+        self.dialect = dialect
+        self.compiler = compiler
+        self.debug = debug
+        self._programs = {}        # zyx kernel -> DriverProgram
+        self._modules = {}         # source -> [module, programs using it]
+        self._info = self._make_info()
+
+    def info(self):
+        return self._info
+
+    @property
+    def compiled(self):
+        """Compiler runs in this process (zyx.stats()["compiler_runs"] sums them)."""
+        return self.compiler.compiled
+
+    def render(self, kernel, name="zyx_k"):
+        """The lowered kernel (gpu.GPUKernel): source and launches."""
+        return lower(kernel, self.dialect, self._info, name)
+
+    def compile(self, kernel):
+        prog = self._programs.get(kernel)
+        if prog is not None:
+            return prog
+        gpu = self.render(kernel)
+        src = gpu.source
+        ensure_current(self.driver)
+        entry = self._modules.get(src)
+        if entry is None:
+            if self.debug & 8:
+                print(f"zyx: {self.backend} source\n{src}", file=sys.stderr)
+            module = self.driver.module_load(self.compiler.binary(src))
+            entry = self._modules[src] = [module, 0]
+        entry[1] += 1
+        fns = {}
+        launches = []
+        for launch in gpu.launches:
+            fn = fns.get(launch.entry)
+            if fn is None:
+                fn = fns[launch.entry] = self.driver.function(entry[0], launch.entry)
+            launches.append(_PreparedLaunch(fn, launch))
+        prog = self._programs[kernel] = DriverProgram(kernel, gpu, entry[0], launches)
+        return prog
+
+    def launch(self, program, pool, args, wait_events=()):
+        drv = self.driver
+        ensure_current(drv)
+        if wait_events:
+            pool.sync_events(wait_events)
+        scratch = program.scratch
+        if scratch is None and program.gpu.scratch:
+            scratch = program.scratch = [pool.raw_alloc(n) for n in program.gpu.scratch]
+        for pl in program.launches:
+            values = pl.values
+            for j, i in enumerate(pl.sources):
+                values[j] = args[i].handle if i >= 0 else scratch[-1 - i]
+            drv.launch(pl.fn, pl.groups, pl.local_size, pl.address)
+        return None     # one in-order stream: whatever comes next runs after
+
+    def release(self, program):
+        self._programs.pop(program.kernel, None)
+        ensure_current(self.driver)
+        if program.scratch:
+            self.driver.stream_sync()          # the last launch may still use them
+            for ptr in program.scratch:
+                self.driver.free(ptr)
+            program.scratch = None
+        entry = self._modules.get(program.gpu.source)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                self.driver.stream_sync()
+                self.driver.module_unload(entry[0])
+                del self._modules[program.gpu.source]
+
+
+def device_ids(cfg, count):
+    """The ordinals config `device_ids` selects (all by default); BackendError when
+    malformed."""
+    ids = cfg.get("device_ids")
+    if ids is None:
+        return list(range(count))
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                            for i in ids):
+        raise BackendError(f"device_ids={ids!r} is not a list of integers")
+    return [i for i in ids if 0 <= i < count]
