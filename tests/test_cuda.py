@@ -443,7 +443,8 @@ def _numerical_cases_run_on_cuda(request):
 def test_the_device_is_cuda(cuda_runtime):
     info = cuda_runtime.info()
     assert info.name.startswith("CUDA ")
-    assert zyx.devices() == [info.name]
+    assert [d.name for d in zyx.devices()] == [info.name]
+    assert [str(d) for d in zyx.devices()] == ["cuda:0"]
     assert info.warp_size == 32 and info.max_local_threads >= 256
     assert info.num_cores > 0 and info.compute > 1e12
     major, minor = info.extra["cc"]
@@ -508,3 +509,39 @@ def test_zyx_device_env_selects_cuda(cuda_runtime, monkeypatch):
     finally:
         monkeypatch.delenv("ZYX_DEVICE")
         rt.init(only=["cuda"])
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch", reason="PyTorch not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch has no CUDA device")
+    return torch
+
+
+def test_dlpack_with_torch_shares_cuda_memory(cuda_runtime):
+    torch = _torch_cuda()
+    t = torch.arange(12, device="cuda", dtype=torch.float32).reshape(3, 4)
+    z = zyx.from_dlpack(t)
+    assert z.device == "cuda:0" and z.shape == (3, 4)
+    assert zyx._RT.graph.get(z._id).buffer.ptr == t.data_ptr()       # no copy
+    np.testing.assert_array_equal((z * 2).numpy(), t.cpu().numpy() * 2)
+    out = (z + 1).realize()
+    back = torch.from_dlpack(out)
+    assert back.device.type == "cuda" and back.data_ptr() == zyx._RT.graph.get(out._id).buffer.ptr
+    assert torch.equal(back, t + 1)
+    for td, zd in [(torch.bfloat16, zyx.bfloat16), (torch.float16, zyx.float16),
+                   (torch.int64, zyx.int64), (torch.bool, zyx.bool)]:
+        src = (torch.arange(6, device="cuda") % 2).to(td)
+        z = zyx.from_dlpack(src)
+        assert z.dtype is zd
+        assert torch.equal(torch.from_dlpack(z), src)
+
+
+def test_freed_cuda_tensors_return_memory_to_the_pool(cuda_runtime):
+    pool = cuda_runtime.pool
+    before = pool.used_bytes
+    x = zyx.randn(1 << 20)
+    y = (x * 2 + 1).realize()
+    assert pool.used_bytes >= before + 8 * (1 << 20)
+    del x, y
+    assert pool.used_bytes == before and pool.cached_bytes >= 8 * (1 << 20)

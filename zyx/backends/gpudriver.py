@@ -57,6 +57,11 @@ class ResultTupleDriver:
                                f"{self.error_name(err)}")
         return result[1] if len(result) == 2 else result[1:]
 
+    @property
+    def stream_handle(self):
+        """The stream as the integer DLPack exchanges (cudaStream_t / hipStream_t)."""
+        return int(self.stream)
+
     def error_name(self, err):
         try:
             res = self._error_name(err)
@@ -177,7 +182,20 @@ class DriverMemoryPool(MemoryPool):
                 raise AllocationError(f"{self.name} pool: cannot allocate {nbytes} bytes: "
                                       f"{e}") from None
 
+    def borrow_device(self, owner):
+        """A buffer over device memory someone else owns (zyx.from_dlpack): `owner.ptr`,
+        `owner.nbytes`; never pooled, never counted; dropping it drops `owner`."""
+        return Buffer(self, owner, owner.nbytes, owner.ptr, borrowed=True)
+
     def deallocate(self, buf, wait_events=()):
+        if buf.borrowed:
+            # the owner (a DLPack producer) may free the memory once zyx's kernels that
+            # read it ran: wait for them, then let go
+            ensure_current(self.driver)
+            self.driver.stream_sync()
+            buf.handle = None
+            buf.ptr = 0
+            return
         # the stream is in order: kernels enqueued later that reuse this block run after
         # the ones still reading it
         self.used_bytes -= buf.nbytes
@@ -220,7 +238,7 @@ class DriverMemoryPool(MemoryPool):
             slot = self._slot()
             staging = slot.ready(drv, size)
             ctypes.memmove(staging, base + off, size)
-            drv.copy_to_device(dst.handle + off, staging, size)
+            drv.copy_to_device(dst.ptr + off, staging, size)
             slot.mark_used(drv)
         return None
 
@@ -245,7 +263,7 @@ class DriverMemoryPool(MemoryPool):
             # is one driver call fewer; everything enqueued is then done, both slots too
             slot = self._slot()
             staging = slot.ready(drv, n)
-            drv.copy_to_host(staging, src.handle, n)
+            drv.copy_to_host(staging, src.ptr, n)
             drv.stream_sync()
             for s in self._slots:
                 s.pending = False
@@ -259,7 +277,7 @@ class DriverMemoryPool(MemoryPool):
             if waiting and waiting[0][0] is slot:   # both slots busy: drain the older
                 self._drain(*waiting.pop(0), out)
             staging = slot.ready(drv, size)
-            drv.copy_to_host(staging, src.handle + off, size)
+            drv.copy_to_host(staging, src.ptr + off, size)
             slot.mark_used(drv)
             waiting.append((slot, off, size))
         for item in waiting:
@@ -389,9 +407,19 @@ class DriverDevice:
         for pl in program.launches:
             values = pl.values
             for j, i in enumerate(pl.sources):
-                values[j] = args[i].handle if i >= 0 else scratch[-1 - i]
+                values[j] = args[i].ptr if i >= 0 else scratch[-1 - i]
             drv.launch(pl.fn, pl.groups, pl.local_size, pl.address)
         return None     # one in-order stream: whatever comes next runs after
+
+    def synchronize(self):
+        """Wait until everything queued on this device's stream has run."""
+        ensure_current(self.driver)
+        self.driver.stream_sync()
+
+    @property
+    def dlpack_stream(self):
+        """The stream a DLPack producer must order its work before (zyx.from_dlpack)."""
+        return self.driver.stream_handle
 
     def release(self, program):
         self._programs.pop(program.kernel, None)
