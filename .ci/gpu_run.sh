@@ -44,8 +44,12 @@ print("default:", zyx.get_default_device())
 EOF
         ;;
     smoke)
-        $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_opencl.py \
-            tests/test_gpu_lowering.py tests/test_devices.py >"$OUT/smoke.log" 2>&1
+        files=()
+        for f in tests/test_cuda.py tests/test_opencl.py tests/test_gpu_lowering.py \
+                 tests/test_devices.py tests/test_dlpack.py; do
+            [ -f "$f" ] && files+=("$f")
+        done
+        $PY -m pytest -q -p no:cacheprovider -rs "${files[@]}" >"$OUT/smoke.log" 2>&1
         summary smoke "$OUT/smoke.log"
         grep -E "^(FAILED|ERROR)" "$OUT/smoke.log" | head -20
         ;;
@@ -56,7 +60,9 @@ EOF
         grep -E "^(FAILED|ERROR)" "$OUT/suite-$phase.log" | head -30
         ;;
     bench)
-        $PY benches/report.py benches/bench_gpu.py >"$OUT/bench.md" 2>"$OUT/bench.err"
+        # BENCH_K: a pytest -k expression choosing some of the benchmarks
+        $PY benches/report.py benches/bench_gpu.py ${BENCH_K:+-k "$BENCH_K"} \
+            >"$OUT/bench.md" 2>"$OUT/bench.err"
         cat "$OUT/bench.md"
         ;;
     *)

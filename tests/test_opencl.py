@@ -174,7 +174,12 @@ def test_c_backend_stays_default():
     try:
         names = [type(d).__module__ for d in rt.devices]
         if "zyx.backends.c" in names:
-            assert type(rt.device()).__module__ == "zyx.backends.c"
+            default = rt.device()
+            assert not (default.backend == "opencl" and default.info().extra["cpu"])
+            assert rt._ranked.index(rt.devices[names.index("zyx.backends.c")]) < min(
+                (rt._ranked.index(d) for d in rt.devices
+                 if getattr(d, "backend", "") == "opencl" and d.info().extra["cpu"]),
+                default=len(rt._ranked))
     finally:
         rt.init(only=["opencl"])
 
