@@ -115,6 +115,17 @@ class OpenCLProgram:
         return self.gpu.source
 
 
+def _warp_size(cl, d, is_cpu):
+    """SIMD width the device schedules work-items in: NVIDIA's warp, AMD's wavefront, 32
+    for other GPUs, 1 for CPU devices (PoCL)."""
+    for attr in ("warp_size_nv", "wavefront_width_amd"):
+        try:
+            return int(getattr(d, attr))
+        except (AttributeError, cl.Error):
+            continue
+    return 1 if is_cpu else 32
+
+
 def _uses_float64(kernel):
     return any(op[0] != K.CONST and op[1] is dt.float64 for op in kernel.ops)
 
@@ -151,6 +162,8 @@ class OpenCLDevice:
                           local_mem_size=d.local_mem_size,
                           preferred_vector_size=width * 4,
                           num_cores=d.max_compute_units,
+                          warp_size=_warp_size(cl, d, is_cpu),
+                          register_tiles=False,
                           dtypes=dtypes,
                           extra={"fp16": "cl_khr_fp16" in self.extensions, "fp64": self.fp64,
                                  "cpu": is_cpu})
