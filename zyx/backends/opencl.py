@@ -104,10 +104,11 @@ class OpenCLProgram:
     on the in-order queue never overlap)."""
     __slots__ = ("kernel", "gpu", "fns", "scratch", "__weakref__")
 
-    def __init__(self, kernel, gpu, built):
+    def __init__(self, cl, kernel, gpu, built):
         self.kernel = kernel
         self.gpu = gpu
-        self.fns = [getattr(built, launch.entry) for launch in gpu.launches]
+        # cl.Kernel: a program built once may serve several zyx kernels (same source)
+        self.fns = [cl.Kernel(built, launch.entry) for launch in gpu.launches]
         self.scratch = None
 
     @property
@@ -199,7 +200,7 @@ class OpenCLDevice:
                 raise BackendError(f"OpenCL build failed on {self.dev.name.strip()}:\n{e}\n"
                                    f"--- source ---\n{src}") from None
             self._by_source[src] = built
-        prog = self._programs[kernel] = OpenCLProgram(kernel, gpu, built)
+        prog = self._programs[kernel] = OpenCLProgram(self.cl, kernel, gpu, built)
         return prog
 
     def launch(self, program, pool, args, wait_events=()):
