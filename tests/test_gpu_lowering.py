@@ -87,7 +87,7 @@ def test_full_sum_of_16m_values_is_as_accurate_as_float64(lowered):
     assert [g.strategy for g in lowered] == ["group+partials", "group+partials"]
 
 
-RAGGED = [(5, 37, 130), (300, 3, 5), (1, 999, 1)]
+RAGGED = [(5, 37, 130), (300, 3, 5), (1, 999, 1), (200, 3, 300)]
 AXES = [0, 1, 2, (0, 2), None]
 
 
@@ -197,6 +197,21 @@ def test_outputs_not_a_multiple_of_the_group(lowered):
     assert lowered[-1].strategy == "group" and lowered[-1].launches[0].groups == 37
 
 
+def test_column_reductions_split_over_groups(lowered):
+    # 900 columns read contiguously along the output: one work-item per column, each
+    # column's rows also split over groups, partials combined by a second launch
+    a = (rng().random((200, 3, 300)) + 1000).astype(np.float32)
+    x = zyx.Tensor(a)
+    close(x.sum(axis=0), a.astype(np.float64).sum(0), rtol=1e-6)
+    g = lowered[-1]
+    assert g.strategy == "columns" and len(g.launches) == 2
+    first, second = g.launches
+    assert first.groups > second.groups            # several groups per block of columns
+    # (both near 1000: the float32 difference keeps about 1e-4 of absolute precision)
+    close(x.max(axis=0) - x.mean(axis=0), a.max(0) - a.astype(np.float64).mean(0), atol=3e-4)
+    assert "columns" in [k.strategy for k in lowered[1:]]
+
+
 # -- structure ----------------------------------------------------------------------------
 
 def test_sum_of_4m_uses_many_groups_and_two_launches(lowered):
@@ -275,6 +290,11 @@ def test_h100_strategies_rendered():
     b = zyx.Tensor(np.ones((512, 1024), np.float32))
     (k,) = kernels_of(a @ b)
     assert gpu.lower(k, dl, H100).strategy == "serial"
+    # column sums of 4096 x 16384: too few columns to fill 132 SMs one per work-item
+    cols = zyx.Tensor(np.ones(16384, np.float32)).reshape(1, 16384).expand(4096, 16384)
+    (k,) = kernels_of(cols.sum(axis=0))
+    g = gpu.lower(k, dl, H100)
+    assert g.strategy == "columns" and g.launches[0].groups == 64 * 17
 
 
 def test_cpu_layouts_are_off_for_gpu_devices(opencl_device):

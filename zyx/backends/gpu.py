@@ -23,6 +23,11 @@ Strategies (`GPUKernel.strategy`, chosen by `lower` from the kernel and the Devi
   innermost perfectly nested loops collapsed into one flat loop, strided by the group size
   so neighbouring work-items read neighbouring elements), then combine their partial
   accumulators with a tree in local memory; one work-item runs the epilogue and stores.
+- "columns": outputs whose loads are contiguous along the output (a column sum) but too
+  few to fill the device: one work-item per output as in "serial" (neighbouring
+  work-items read neighbouring memory), each nest's outer loop also split over groups;
+  pass 1 writes per-work-item partials to scratch, pass 2 (one work-item per output)
+  combines them and runs the epilogue.
 - "group+partials": as "group", but with few outputs each output is also split over
   several groups (the nest's outer loop, e.g. a blocked sum's block loop, or the flat
   loop grid-strided): pass 1 writes one partial per group and accumulator to a scratch
@@ -50,6 +55,7 @@ MIN_SPLIT = 32        # shortest flat reduce loop worth splitting over a group
 ITEMS_PER_THREAD = 8  # a group splits a reduce of n into about n / 8 work-items (pow2)
 GROUPS_PER_CORE = 8   # resident groups of 256 per compute unit (2048 threads on an SM)
 MIN_PER_ITEM = 4      # fewest flat iterations per work-item when a loop is grid-strided
+MIN_COLUMN_ITERATIONS = 16   # fewest outer-loop iterations per group in "columns"
 INT32_MAX = 2**31 - 1
 
 
@@ -244,17 +250,19 @@ def _operands(op):
     return ()
 
 
-def reduce_nests(ops):
+def reduce_nests(ops, split_root=False):
     """The kernel's top-level nests as `Nest`s, or None when the group strategy does not
     take this kernel (no loops, register arrays of the CPU's tiled layouts, a loop under
-    an IF, a nest storing to memory, an accumulator used in a way a split would change)."""
+    an IF, a nest storing to memory, an accumulator used in a way a split would change).
+    `split_root`: the loop split is each nest's outermost loop (the "columns" strategy
+    splits it over groups) instead of its collapsed innermost run."""
     regs = register_defines(ops)
     if not regs or any(length != 1 for _, _, length in regs.values()):
         return None
     ends = loop_ends(ops)
     nests = []
     for root, end in top_level_nests(ops, ends):
-        run = thread_run(ops, root, ends)
+        run = [root] if split_root else thread_run(ops, root, ends)
         results = partial_results(ops, regs, root, end, run, ends)
         if not results:
             return None
@@ -425,7 +433,7 @@ def device_threads(info):
 
 
 def choose_strategy(ops, nests, info):
-    """"serial" or "group" for a kernel with loops (see the module docstring)."""
+    """"serial", "columns" or "group" for a kernel with loops (module docstring)."""
     if nests is None or min(n.flat for n in nests) < MIN_SPLIT:
         return "serial"
     n_out = output_size(ops)
@@ -436,8 +444,10 @@ def choose_strategy(ops, nests, info):
     columns = last_out is not None and not rows and all(
         contiguous_along(ops, n.run[-1], ends_of(ops, n.run[-1]), last_out) for n in nests)
     fill = device_threads(info)
-    if columns and n_out * 16 >= fill:
+    if columns and n_out >= fill:
         return "serial"      # neighbouring work-items read neighbouring memory already
+    if columns and n_out >= 2 * REDUCE_GROUP:
+        return "columns"     # too few outputs to fill the device: split their loops too
     if not rows and n_out >= fill:
         return "serial"      # enough outputs, and a group would read strided memory
     return "group"
@@ -703,6 +713,114 @@ def lower_group(kernel, dl, info, name, nests):
                      32 if narrow else 64)
 
 
+def column_splits(ops, nests, info, local):
+    """Groups each output's reduce is split over in the "columns" strategy: enough
+    work-items to fill the device, at least MIN_COLUMN_ITERATIONS of every nest's outer
+    loop each; 1 when a nest cannot be split over groups."""
+    n_out = output_size(ops)
+    if any(n.reads_earlier for n in nests) or any(
+            op[0] == K.STORE and ops[op[2]][2] == K.SCOPE_GLOBAL for op in ops[:nests[-1].end]):
+        return 1
+    out_groups = -(-n_out // local)
+    splits = -(-device_threads(info) // (out_groups * local))
+    for n in nests:
+        splits = min(splits, max(ops[n.root][2] // MIN_COLUMN_ITERATIONS, 1))
+    return max(splits, 1)
+
+
+class ColumnFrame(Frame):
+    """Pass 1 of "columns": one work-item per output, each nest's outer loop split over
+    `splits` groups; after the last nest each work-item writes its partials to scratch
+    (laid out [part][output], so neighbouring work-items write neighbouring words)."""
+
+    def __init__(self, ops, nests, splits, n_out, narrow, itype):
+        self.nests, self.splits, self.n_out = nests, splits, n_out
+        self.narrow, self.itype = narrow, itype
+        self.roots = {n.root for n in nests}
+        self.last_end = nests[-1].end
+
+    def skip(self, i):
+        return i > self.last_end
+
+    def open_loop(self, i, op, ind):
+        if i not in self.roots:
+            return None
+        t = self.itype
+        return [f"{ind}for ({t} r{i} = zyx_part; r{i} < {op[2]}; r{i} += {self.splits}) {{"]
+
+    def after(self, i, ind):
+        if i != self.last_end:
+            return ()
+        return [f"{ind}zyx_s{j}[zyx_part * {self.n_out} + zyx_out] = acc{a};"
+                for j, a in enumerate(all_results(self.nests))]
+
+
+class ColumnCombineFrame(Frame):
+    """Pass 2 of "columns": one work-item per output adds up its `splits` partials where
+    each nest ended, then runs the epilogue."""
+
+    def __init__(self, dl, nests, regs, splits, n_out, narrow, itype):
+        self.dl, self.nests, self.regs = dl, nests, regs
+        self.splits, self.n_out, self.narrow, self.itype = splits, n_out, narrow, itype
+        self.slot = {a: j for j, a in enumerate(all_results(nests))}
+        self.by_end = {n.end: n for n in nests}
+        self.inside = set()
+        for n in nests:
+            self.inside.update(range(n.root, n.end + 1))
+
+    def skip(self, i):
+        return i in self.inside
+
+    def after(self, i, ind):
+        nest = self.by_end.get(i)
+        if nest is None:
+            return ()
+        lines = []
+        for a in nest.results:
+            x = f"zyx_s{self.slot[a]}[zyx_p * {self.n_out} + zyx_out]"
+            lines.append(f"{ind}for ({self.itype} zyx_p = 0; zyx_p < {self.splits}; zyx_p++) "
+                         f"acc{a} = {combine_expr(self.dl, self.regs[a], f'acc{a}', x)};")
+        return lines
+
+
+def lower_columns(kernel, dl, info, name, nests):
+    """The "columns" strategy (module docstring); plain "serial" when it cannot split."""
+    ops = kernel.ops
+    n_out = output_size(ops)
+    local = local_size_for(info, ELEMENTWISE_GROUP)
+    splits = column_splits(ops, nests, info, local)
+    if splits == 1:
+        return lower_one_per_output(kernel, dl, info, name, "serial")
+    regs = register_defines(ops)
+    results = all_results(nests)
+    out_groups = -(-n_out // local)
+    groups = out_groups * splits
+    narrow = narrow_index(ops, [groups * local, n_out * splits])
+    itype = INDEX32 if narrow else dl.int64
+    r, _ = render_body(kernel, dl, frame=ColumnFrame(ops, nests, splits, n_out, narrow, itype))
+    params = _params(kernel, dl, r) + [
+        f"{dl.global_qualifier}{_local_type(dl, regs[a][0])}* {dl.restrict} zyx_s{j}"
+        for j, a in enumerate(results)]
+    head = [f"  const {itype} zyx_grp = ({itype}){dl.group_id(0)};",
+            f"  const {itype} zyx_part = zyx_grp % {splits};",
+            f"  const {itype} zyx_out = (zyx_grp / {splits}) * {local} + ({itype}){dl.local_id(0)};",
+            f"  if (zyx_out >= {n_out}) return;"] + _decode_indices(ops, itype, "zyx_out")
+    p1 = _entry(dl, name, params, head, r.lines)
+    r2, _ = render_body(kernel, dl, frame=ColumnCombineFrame(dl, nests, regs, splits, n_out,
+                                                            narrow, itype))
+    head2 = [f"  const {itype} zyx_out = ({itype}){dl.group_id(0)} * {local} + "
+             f"({itype}){dl.local_id(0)};",
+             f"  if (zyx_out >= {n_out}) return;"] + _decode_indices(ops, itype, "zyx_out")
+    p2 = _entry(dl, name + "_combine", params, head2, r2.lines)
+    args = [("arg", i) for i in range(len(kernel.args))] + [
+        ("scratch", j) for j in range(len(results))]
+    scratch = [n_out * splits * regs[a][0].itemsize for a in results]
+    launches = [Launch(name, groups, local, args),
+                Launch(name + "_combine", out_groups, local, args)]
+    return GPUKernel(dl.prelude + p1 + p2, launches, scratch, "columns",
+                     32 if narrow else 64)
+
+
 def lower(kernel, dl, info=None, name="zyx_k"):
     """`GPUKernel` of `kernel` in dialect `dl` for a device described by `info`
     (DeviceInfo; None for defaults). The strategy is chosen as the module docstring says."""
@@ -711,6 +829,12 @@ def lower(kernel, dl, info=None, name="zyx_k"):
     if not any(op[0] == K.LOOP for op in ops):
         return lower_one_per_output(kernel, dl, info, name, "elementwise")
     nests = reduce_nests(ops)
-    if choose_strategy(ops, nests, info) == "serial":
+    strategy = choose_strategy(ops, nests, info)
+    if strategy == "columns":
+        root_nests = reduce_nests(ops, split_root=True)
+        if root_nests is not None:
+            return lower_columns(kernel, dl, info, name, root_nests)
+        strategy = "serial"
+    if strategy == "serial":
         return lower_one_per_output(kernel, dl, info, name, "serial")
     return lower_group(kernel, dl, info, name, nests)
