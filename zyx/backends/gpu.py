@@ -46,7 +46,7 @@ from __future__ import annotations
 from .. import dtype as dt
 from .._core import kernel as K
 from . import DeviceInfo
-from .cfamily import INDEX32, Frame, alu, literal, render_body
+from .cfamily import INDEX32, Frame, alu, render_body
 
 WORK_GROUP = 64       # fewest work-items a device must allow in a group (opencl.initialize)
 ELEMENTWISE_GROUP = 256   # work-items per group of one-item-per-output kernels
@@ -300,6 +300,7 @@ def _div_range(a, d):
 
 
 def _binary_range(bop, a, b, b_const):
+    """Range of `a bop b` from the operands' ranges (None: not bounded here)."""
     if bop == K.B_ADD:
         return a[0] + b[0], a[1] + b[1]
     if bop == K.B_SUB:
@@ -356,6 +357,7 @@ def narrow_index(ops, extents):
 
 
 def output_size(ops):
+    """Number of outputs: the product of the INDEX extents."""
     n = 1
     for op in ops:
         if op[0] == K.INDEX:
@@ -454,6 +456,7 @@ def choose_strategy(ops, nests, info):
 
 
 def ends_of(ops, loop):
+    """Position of LOOP `loop`'s ENDLOOP."""
     for i in range(loop + 1, len(ops)):
         if ops[i][0] == K.ENDLOOP and ops[i][2] == loop:
             return i
@@ -505,6 +508,7 @@ def _decode_indices(ops, itype, flat):
 
 
 def _entry(dl, name, params, head, body):
+    """One entry point's source."""
     return (f"{dl.kernel_prefix} {name}({', '.join(params)}) {{\n" + "\n".join(head)
             + "\n" + "\n".join(body) + "\n}\n")
 
@@ -662,10 +666,13 @@ class CombineFrame(Frame):
 
 
 def all_results(nests):
+    """Every nest's result accumulators, in order (their scratch slots)."""
     return [a for n in nests for a in n.results]
 
 
 def _group_head(dl, ops, regs, accs, local, itype, out_expr):
+    """Local arrays of the tree combine, work-item/group ids, the output index and the
+    INDEX variables decoded from it."""
     head = [f"  {dl.local_qualifier}{_local_type(dl, regs[a][0])} zyx_l{a}[{local}];"
             for a in accs]
     head += [f"  const {itype} zyx_lid = ({itype}){dl.local_id(0)};",
