@@ -863,9 +863,12 @@ def reshape_index(tuple dims, tuple shape, tuple src_shape):
     return tuple(out)
 
 
-def kernelize(graph, list order, list target_ids, int vector_bytes=64):
+def kernelize(graph, list order, list target_ids, int vector_bytes=64,
+              bint register_tiles=True):
     """Cut the subgraph `order` (topologically sorted node ids) into kernels
-    (`vector_bytes`: the device's vector register width, for register tiling).
+    (`vector_bytes`: the device's vector register width, for register tiling;
+    `register_tiles` False: no "lanes"/"unroll" output layouts, which exist for CPU SIMD
+    registers; GPU devices turn them off and spread outputs over work-items instead).
 
     Returns (steps, stored): steps in execution order, each reading and writing node
     positions in `order`; `stored[p]` tells which positions get a buffer."""
@@ -906,7 +909,7 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64):
             q = [k for k, a in b.argpos.items() if a == 1][0]
             steps.append(Step(None, [p, q], True))   # e.g. a transpose of a transpose
             continue
-        up = choose_upcast(b, nodes[p].shape, vector_bytes)
+        up = choose_upcast(b, nodes[p].shape, vector_bytes) if register_tiles else None
         if up is not None:
             b = _Builder(nodes, stored, p)
             ops, args = b.build(pos, up)

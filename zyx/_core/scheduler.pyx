@@ -298,7 +298,9 @@ def _check_addressable(graph, list order):
 def build_plan(graph, list order, list target_ids, device, int debug=0):
     t0 = time.perf_counter()
     _check_addressable(graph, order)
-    steps, stored = kernelize(graph, order, target_ids, device.info().preferred_vector_size)
+    info = device.info()
+    steps, stored = kernelize(graph, order, target_ids, info.preferred_vector_size,
+                              info.register_tiles)
     pos = {nid: p for p, nid in enumerate(order)}
     targets = [pos[t] for t in target_ids]
     nbytes = {}

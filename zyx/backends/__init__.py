@@ -52,6 +52,9 @@ class DeviceInfo:
     num_cores: int = 1
     dtypes: tuple = ()                    # supported dtype names; empty = all
     tensor_cores: bool = False
+    # CPU register tiles of reduce kernels (kernelizer.choose_upcast's "lanes"/"unroll");
+    # GPU devices set False: gpu.lower spreads outputs over work-items instead
+    register_tiles: bool = True
     extra: dict = field(default_factory=dict)
 
 

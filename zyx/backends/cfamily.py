@@ -223,22 +223,69 @@ class Rendered:
         self.params = []         # (argno, dtype, read_only)
 
 
-def render_body(kernel, dl, loop_pragma=None):
+class Frame:
+    """Hooks through which a GPU lowering reshapes the body `render_body` writes (the C
+    backend passes none and gets the plain walk). The defaults change nothing."""
+    narrow = frozenset()     # SSA ids of index math rendered as 32-bit `int`
+
+    def skip(self, i):
+        """True: op i is not written (a pass that leaves out a reduce loop nest)."""
+        return False
+
+    def open_loop(self, i, op, ind):
+        """Lines that open LOOP i instead of the serial `for`, or None for the default."""
+        return None
+
+    def close_loop(self, i, op, ind):
+        """Lines that close LOOP op[2] at its ENDLOOP i, or None for the default `}`."""
+        return None
+
+    def after(self, i, ind):
+        """Lines written after op i (also after a skipped one)."""
+        return ()
+
+    def store(self, i, line):
+        """The statement that writes a global STORE (e.g. guarded to one work-item)."""
+        return line
+
+
+_PLAIN = Frame()
+INDEX32 = "int"          # the C type of 32-bit index math
+
+
+def render_body(kernel, dl, loop_pragma=None, frame=None):
     """Render every op after the leading DEFINE/INDEX block. `loop_pragma(op_i, ops)` may
-    return a pragma line to put before a LOOP, or a (before, first line of the body) pair."""
+    return a pragma line to put before a LOOP, or a (before, first line of the body) pair.
+    `frame` (a `Frame`) lets a GPU lowering split loops, skip ops and narrow index math."""
     ops = kernel.ops
     r = Rendered()
     names = {}
     lines = r.lines
     depth = 1
+    fr = frame if frame is not None else _PLAIN
+    narrow = fr.narrow
 
     def v(i):
+        return names[i]
+
+    def v32(i):
+        # constants feeding 32-bit index math are written as 32-bit literals, else C
+        # would widen the whole expression back to 64 bits
+        op = ops[i]
+        if op[0] == K.CONST and not op[1].is_float and not op[1].is_bool \
+                and -2**31 <= op[2] < 2**31:
+            return literal(dl, dt.int32, op[2])
         return names[i]
 
     for i, op in enumerate(ops):
         c = op[0]
         d = op[1]
         ind = "  " * depth
+        if fr.skip(i):
+            if c == K.CONST:      # constants cost nothing and may be named later
+                names[i] = literal(dl, d, op[2])
+            lines.extend(fr.after(i, ind))
+            continue
         if c == K.CONST:
             names[i] = literal(dl, d, op[2])
         elif c == K.DEFINE:
@@ -258,6 +305,12 @@ def render_body(kernel, dl, loop_pragma=None):
             r.indices.append((i, op[2], op[3]))
         elif c == K.LOOP:
             names[i] = f"r{i}"
+            opened = fr.open_loop(i, op, ind)
+            if opened is not None:
+                lines.extend(opened)
+                depth += 1
+                lines.extend(fr.after(i, ind))
+                continue
             inside = ""
             if loop_pragma is not None:
                 p = loop_pragma(i, ops)   # a line before the loop, or (before, first in body)
@@ -265,24 +318,27 @@ def render_body(kernel, dl, loop_pragma=None):
                     p, inside = p
                 if p:
                     lines.append(ind + p)
-            lines.append(f"{ind}for ({dl.int64} r{i} = 0; r{i} < {op[2]}; r{i}++) {{")
+            t = INDEX32 if i in narrow else dl.int64
+            lines.append(f"{ind}for ({t} r{i} = 0; r{i} < {op[2]}; r{i}++) {{")
             depth += 1
             if inside:
                 lines.append("  " * depth + inside)
         elif c == K.ENDLOOP or c == K.END_IF:
             depth -= 1
-            lines.append("  " * depth + "}")
+            closed = fr.close_loop(i, op, "  " * depth) if c == K.ENDLOOP else None
+            lines.extend(closed if closed is not None else ["  " * depth + "}"])
         elif c == K.IF_OP:
             lines.append(f"{ind}if ({v(op[2])}) {{")
             depth += 1
         elif c == K.LOAD:
             src = ops[op[2]]
+            vi = v32 if narrow else v    # a constant address of 32-bit index math
             if src[2] == K.SCOPE_REGISTER:
                 names[i] = f"v{i}"
                 sub = f"[{v(op[3])}]" if op[3] >= 0 else ""
                 lines.append(f"{ind}const {dl.ctype(d)} v{i} = {v(op[2])}{sub};")
             else:
-                e = dl.load_convert(d, f"{v(op[2])}[{v(op[3])}]")
+                e = dl.load_convert(d, f"{v(op[2])}[{vi(op[3])}]")
                 if op[4] >= 0:
                     e = f"({v(op[4])} ? {e} : {literal(dl, d, 0)})"
                 names[i] = f"v{i}"
@@ -293,13 +349,23 @@ def render_body(kernel, dl, loop_pragma=None):
                 sub = f"[{v(op[3])}]" if op[3] >= 0 else ""
                 lines.append(f"{ind}{v(op[2])}{sub} = {v(op[4])};")
             else:
-                lines.append(f"{ind}{v(op[2])}[{v(op[3])}] = "
-                             f"{dl.store_convert(dst[1], v(op[4]))};")
+                vi = v32 if narrow else v
+                lines.append(fr.store(i, f"{ind}{v(op[2])}[{vi(op[3])}] = "
+                                         f"{dl.store_convert(dst[1], v(op[4]))};"))
         elif c == K.BARRIER:
             lines.append(f"{ind}{dl.barrier(op[2])};")
+        elif i in narrow:
+            names[i] = f"v{i}"
+            lines.append(f"{ind}const {INDEX32} v{i} = "
+                         f"{alu(dl, ops, (c, dt.int32) + op[2:], v32)};")
+        elif c == K.BINARY and narrow and (op[3] in narrow or op[4] in narrow):
+            # a comparison (guard) of 32-bit index math: its constant is 32-bit too
+            names[i] = f"v{i}"
+            lines.append(f"{ind}const {dl.ctype(d)} v{i} = {alu(dl, ops, op, v32)};")
         else:
             names[i] = f"v{i}"
             lines.append(f"{ind}const {dl.ctype(d)} v{i} = {alu(dl, ops, op, v)};")
+        lines.extend(fr.after(i, "  " * depth))
     return r, names
 
 

@@ -200,6 +200,7 @@ class CUDADevice(DriverDevice):
         # kHz; CUDA 13 dropped clockRate from cudaDeviceProp, so the attribute may go too
         clock_khz = d.attribute("CLOCK_RATE", 0) or 1_500_000
         return DeviceInfo(
+            register_tiles=False,          # CPU SIMD layouts; GPUs split work in gpu.lower
             name=f"CUDA {d.name()}",
             compute=float(sms * clock_khz * 1e3 * cores_per_sm(self.cc) * 2),
             max_global_work_dims=(d.attribute("MAX_GRID_DIM_X", 2**31 - 1),

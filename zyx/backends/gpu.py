@@ -10,13 +10,53 @@ buffers a program asks for, and enqueue each `Launch` with its arguments.
 Launch arguments name either one of the zyx kernel's buffers (`("arg", i)`, i.e. the
 buffers `Device.launch` receives, output first) or a scratch buffer of the program
 (`("scratch", j)`, `GPUKernel.scratch[j]` bytes, contents undefined at entry).
+
+Strategies (`GPUKernel.strategy`, chosen by `lower` from the kernel and the DeviceInfo):
+- "elementwise": no loops; one work-item per output element, groups of `local_size_for`
+  work-items (256 where allowed, a multiple of the warp), a guard for the ragged end.
+- "serial": one work-item per output, its reduce loops run inside it as the C backend
+  writes them. Used when there are enough outputs to fill the device and the loads are
+  contiguous along the outputs (a column sum, a matmul with a row-major right operand:
+  neighbouring work-items read neighbouring elements), for short reductions, and as the
+  fallback for kernel shapes the group strategy does not take (see `reduce_nests`).
+- "group": one work-group per output; the work-items split each reduce loop nest (its
+  innermost perfectly nested loops collapsed into one flat loop, strided by the group size
+  so neighbouring work-items read neighbouring elements), then combine their partial
+  accumulators with a tree in local memory; one work-item runs the epilogue and stores.
+- "columns": outputs whose loads are contiguous along the output (a column sum) but too
+  few to fill the device: one work-item per output as in "serial" (neighbouring
+  work-items read neighbouring memory), each nest's outer loop also split over groups;
+  pass 1 writes per-work-item partials to scratch, pass 2 (one work-item per output)
+  combines them and runs the epilogue.
+- "group+partials": as "group", but with few outputs each output is also split over
+  several groups (the nest's outer loop, e.g. a blocked sum's block loop, or the flat
+  loop grid-strided): pass 1 writes one partial per group and accumulator to a scratch
+  buffer, pass 2 (a second launch, one group per output) combines them and runs the
+  epilogue (mean's division, the final cast and store).
+
+Partial accumulators are combined with the accumulator's own reduce op and dtype, so a
+blocked float sum keeps its float64 totals (blocks of at most SUM_BLOCK float32 adds per
+work-item, float64 from there on), as accurate as the CPU's.
+
+Index arithmetic is 32-bit (`int`) when interval arithmetic over the kernel's index ops
+and the launch geometry shows every value fits, 64-bit otherwise (`index_ranges`).
 """
 from __future__ import annotations
 
+from .. import dtype as dt
 from .._core import kernel as K
-from .cfamily import render_body
+from . import DeviceInfo
+from .cfamily import INDEX32, Frame, alu, render_body
 
-WORK_GROUP = 64    # work-items per group of the one-item-per-output frame
+WORK_GROUP = 64       # fewest work-items a device must allow in a group (opencl.initialize)
+ELEMENTWISE_GROUP = 256   # work-items per group of one-item-per-output kernels
+REDUCE_GROUP = 256    # most work-items splitting one reduce (16 loads each of a 4096 block)
+MIN_SPLIT = 32        # shortest flat reduce loop worth splitting over a group
+ITEMS_PER_THREAD = 8  # a group splits a reduce of n into about n / 8 work-items (pow2)
+GROUPS_PER_CORE = 8   # resident groups of 256 per compute unit (2048 threads on an SM)
+MIN_PER_ITEM = 4      # fewest flat iterations per work-item when a loop is grid-strided
+MIN_COLUMN_ITERATIONS = 16   # fewest outer-loop iterations per group in "columns"
+INT32_MAX = 2**31 - 1
 
 
 class Launch:
@@ -40,14 +80,408 @@ class Launch:
 
 class GPUKernel:
     """The lowered kernel: source text (prelude included), launches in order, scratch
-    buffer sizes in bytes."""
-    __slots__ = ("source", "launches", "scratch")
+    buffer sizes in bytes, and the strategy's name (for tests and ZYX_DEBUG)."""
+    __slots__ = ("source", "launches", "scratch", "strategy", "index_bits")
 
-    def __init__(self, source, launches, scratch=()):
+    def __init__(self, source, launches, scratch=(), strategy="serial", index_bits=64):
         self.source = source
         self.launches = launches
         self.scratch = list(scratch)
+        self.strategy = strategy
+        self.index_bits = index_bits
 
+
+# -- facts about the IR ---------------------------------------------------------------------
+
+def loop_ends(ops):
+    """LOOP position -> position of its ENDLOOP."""
+    return {op[2]: i for i, op in enumerate(ops) if op[0] == K.ENDLOOP}
+
+
+def top_level_nests(ops, ends):
+    """(LOOP, ENDLOOP) positions of the loops outside every loop and IF: the places where
+    all work-items of a group run the same code, so a barrier may follow them."""
+    nests, depth = [], 0
+    for i, op in enumerate(ops):
+        c = op[0]
+        if c == K.LOOP:
+            if depth == 0:
+                nests.append((i, ends[i]))
+            depth += 1
+        elif c == K.IF_OP:
+            depth += 1
+        elif c == K.ENDLOOP or c == K.END_IF:
+            depth -= 1
+    return nests
+
+
+def child_loops(ops, loop, ends):
+    """The loops directly inside `loop`."""
+    out, j = [], loop + 1
+    while j < ends[loop]:
+        if ops[j][0] == K.LOOP:
+            out.append(j)
+            j = ends[j] + 1
+        else:
+            j += 1
+    return out
+
+
+def only_wraps(ops, loop, child, ends):
+    """True when `loop`'s body is `child` and nothing else but constants."""
+    body = list(range(loop + 1, child)) + list(range(ends[child] + 1, ends[loop]))
+    return all(ops[j][0] == K.CONST for j in body)
+
+
+def thread_run(ops, root, ends):
+    """The loops of the nest at `root` that the work-items of a group split: follow single
+    child loops down from the root, then keep the deepest perfectly nested run (collapsed
+    into one flat loop, whose innermost variable moves fastest: consecutive work-items
+    read consecutive elements when the innermost loop walks memory contiguously)."""
+    chain = [root]
+    while True:
+        kids = child_loops(ops, chain[-1], ends)
+        if len(kids) != 1:
+            break
+        chain.append(kids[0])
+    run = [chain[-1]]
+    for loop in reversed(chain[:-1]):
+        if not only_wraps(ops, loop, run[0], ends):
+            break
+        run.insert(0, loop)
+    return run
+
+
+def register_defines(ops):
+    """REGISTER DEFINE position -> (dtype, reduce op, length)."""
+    return {i: (op[1], op[6], op[5]) for i, op in enumerate(ops)
+            if op[0] == K.DEFINE and op[2] == K.SCOPE_REGISTER}
+
+
+def accumulate_loads(ops, regs, lo, hi):
+    """Positions of the `LOAD acc` in every `acc = acc <reduce op> x` store in [lo, hi),
+    mapped to x; None when a register store there has another form."""
+    found = {}
+    for j in range(lo, hi):
+        op = ops[j]
+        if op[0] != K.STORE or op[2] not in regs:
+            continue
+        acc = op[2]
+        rop = regs[acc][1]
+        val = ops[op[4]]
+        if op[3] != -1 or rop < 0 or val[0] != K.BINARY or val[2] != K.REDUCE_BINARY[rop]:
+            return None
+        for cur, x in ((val[3], val[4]), (val[4], val[3])):
+            c = ops[cur]
+            if c[0] == K.LOAD and c[2] == acc and c[3] == -1:
+                found[cur] = (acc, x, j)
+                break
+        else:
+            return None
+    return found
+
+
+class Nest:
+    """A top-level reduce loop nest the work-items of a group split.
+
+    `run`: the loops collapsed into the split flat loop; `results`: accumulators defined
+    before the nest holding per-work-item partials at its end; `reads_earlier`: the nest
+    reads results of an earlier nest (then it cannot be split over groups)."""
+    __slots__ = ("root", "end", "run", "results", "reads_earlier", "flat")
+
+    def __init__(self, root, end, run, results, reads_earlier, flat):
+        self.root = root
+        self.end = end
+        self.run = run
+        self.results = results
+        self.reads_earlier = reads_earlier
+        self.flat = flat
+
+
+def partial_results(ops, regs, root, end, run, ends):
+    """The accumulators holding per-work-item partials after the nest when its `run` is
+    split over work-items, or None when splitting it would change the result.
+
+    Inside the split loop an accumulator defined outside it may only be updated by
+    `acc = acc op x`; after the split loop its partial value may only flow, through casts,
+    into `acc2 = acc2 op partial` with the same reduce op (a blocked sum's float64 fold:
+    a sum of partial block sums is the sum); any other use would see a partial."""
+    split, split_end = run[0], ends[run[0]]
+    acc_loads = accumulate_loads(ops, regs, root, end)
+    if acc_loads is None:
+        return None
+    store_of = {j: (acc, x) for acc, x, j in acc_loads.values()}
+    combines = {ops[j][4] for j in store_of}      # the `acc op x` of each update
+    partial = {acc for acc, _, j in acc_loads.values() if acc < split < j < split_end}
+    tainted = {}          # SSA -> reduce op of the partial value it carries
+    for j in range(root, end):
+        op = ops[j]
+        c = op[0]
+        if c in (K.IF_OP, K.BARRIER) or (c == K.STORE and op[2] not in regs):
+            return None
+        inside = split < j < split_end
+        if c == K.LOAD and op[2] in partial and j not in acc_loads:
+            if inside:
+                return None          # a running partial read mid-loop
+            tainted[j] = regs[op[2]][1]
+        elif c == K.CAST and op[2] in tainted:
+            tainted[j] = tainted[op[2]]
+        elif c == K.STORE and not inside:
+            acc, x = store_of[j]
+            if x not in tainted or tainted[x] != regs[acc][1] or acc > split:
+                return None          # not a fold of partials: each work-item would add it
+            partial.add(acc)
+        elif j not in combines and any(a in tainted for a in _operands(op)):
+            return None              # a partial used as if it were the whole
+    return sorted(a for a in partial if a < root)
+
+
+def _operands(op):
+    """SSA operands of an ALU op (CAST, UNARY, BINARY, WHERE, MAD)."""
+    c = op[0]
+    if c == K.CAST:
+        return (op[2],)
+    if c == K.UNARY:
+        return (op[3],)
+    if c == K.BINARY:
+        return (op[3], op[4])
+    if c in (K.WHERE, K.MAD):
+        return (op[2], op[3], op[4])
+    return ()
+
+
+def reduce_nests(ops, split_root=False):
+    """The kernel's top-level nests as `Nest`s, or None when the group strategy does not
+    take this kernel (no loops, register arrays of the CPU's tiled layouts, a loop under
+    an IF, a nest storing to memory, an accumulator used in a way a split would change).
+    `split_root`: the loop split is each nest's outermost loop (the "columns" strategy
+    splits it over groups) instead of its collapsed innermost run."""
+    regs = register_defines(ops)
+    if not regs or any(length != 1 for _, _, length in regs.values()):
+        return None
+    ends = loop_ends(ops)
+    nests = []
+    for root, end in top_level_nests(ops, ends):
+        run = [root] if split_root else thread_run(ops, root, ends)
+        results = partial_results(ops, regs, root, end, run, ends)
+        if not results:
+            return None
+        written = set(results)
+        reads_earlier = any(op[0] == K.LOAD and op[2] in regs and op[2] < root
+                            and op[2] not in written for op in ops[root:end])
+        flat = 1
+        for loop in run:
+            flat *= ops[loop][2]
+        nests.append(Nest(root, end, run, results, reads_earlier, flat))
+    if any(op[0] == K.LOOP for op in ops) and not nests:
+        return None
+    return nests or None
+
+
+def index_math(ops):
+    """SSA ids of index arithmetic: INDEX and LOOP variables and the integer BINARY ops
+    computed from them and constants only (data never flows into an address here)."""
+    idx = set()
+    for i, op in enumerate(ops):
+        c = op[0]
+        if c == K.INDEX or c == K.LOOP:
+            idx.add(i)
+        elif c == K.BINARY and op[1] is K.IDX and op[2] in _RANGE_OPS:
+            a, b = op[3], op[4]
+            if (a in idx or b in idx) and all(x in idx or ops[x][0] == K.CONST for x in (a, b)):
+                idx.add(i)
+    return idx
+
+
+def _div_range(a, d):
+    """Range of a / d, C truncation, for a constant d != 0."""
+    vals = [int(x / d) for x in a]
+    return min(vals), max(vals)
+
+
+def _binary_range(bop, a, b, b_const):
+    """Range of `a bop b` from the operands' ranges (None: not bounded here)."""
+    if bop == K.B_ADD:
+        return a[0] + b[0], a[1] + b[1]
+    if bop == K.B_SUB:
+        return a[0] - b[1], a[1] - b[0]
+    if bop == K.B_MUL:
+        p = [x * y for x in a for y in b]
+        return min(p), max(p)
+    if bop == K.B_MAX:
+        return max(a[0], b[0]), max(a[1], b[1])
+    if bop == K.B_MIN:
+        return min(a[0], b[0]), min(a[1], b[1])
+    if b_const is None or b_const == 0:
+        return None
+    if bop == K.B_DIV:
+        return _div_range(a, b_const)
+    m = abs(b_const) - 1      # B_MOD: C's remainder takes the dividend's sign
+    return (-m if a[0] < 0 else 0), (m if a[1] > 0 else 0)
+
+
+_RANGE_OPS = (K.B_ADD, K.B_SUB, K.B_MUL, K.B_MAX, K.B_MIN, K.B_DIV, K.B_MOD)
+
+
+def index_ranges(ops, idx):
+    """[lo, hi] of every index value, by interval arithmetic (None: unbounded)."""
+    rng = {}
+
+    def get(j):
+        op = ops[j]
+        return (op[2], op[2]) if op[0] == K.CONST else rng.get(j)
+    for i in sorted(idx):
+        op = ops[i]
+        if op[0] == K.INDEX:
+            rng[i] = (0, op[3] - 1)
+        elif op[0] == K.LOOP:
+            rng[i] = (0, op[2] - 1)
+        else:
+            a, b = get(op[3]), get(op[4])
+            bc = ops[op[4]][2] if ops[op[4]][0] == K.CONST else None
+            rng[i] = None if a is None or b is None else _binary_range(op[2], a, b, bc)
+    return rng
+
+
+def narrow_index(ops, extents):
+    """The SSA ids to render as 32-bit index math: all of them when every index value and
+    every launch extent (`extents`: global sizes, scratch lengths) fits in an int32,
+    else none."""
+    idx = index_math(ops)
+    if any(n > INT32_MAX for n in extents):
+        return frozenset()
+    for r in index_ranges(ops, idx).values():
+        if r is None or r[0] < -INT32_MAX - 1 or r[1] > INT32_MAX:
+            return frozenset()
+    return frozenset(idx)
+
+
+def output_size(ops):
+    """Number of outputs: the product of the INDEX extents."""
+    n = 1
+    for op in ops:
+        if op[0] == K.INDEX:
+            n *= op[3]
+    return n
+
+
+def _coefficient(ops, ssa, var, memo):
+    """d(index ssa)/d(var) when the index is affine in `var`, else None."""
+    if ssa in memo:
+        return memo[ssa]
+    op = ops[ssa]
+    c = op[0]
+    if ssa == var:
+        r = 1
+    elif c in (K.CONST, K.INDEX, K.LOOP):
+        r = 0
+    elif c == K.BINARY and op[2] in (K.B_ADD, K.B_SUB, K.B_MUL, K.B_DIV, K.B_MOD):
+        a = _coefficient(ops, op[3], var, memo)
+        b = _coefficient(ops, op[4], var, memo)
+        if a is None or b is None:
+            r = None
+        elif op[2] == K.B_ADD:
+            r = a + b
+        elif op[2] == K.B_SUB:
+            r = a - b
+        elif op[2] == K.B_MUL:
+            if a and b:
+                r = None
+            elif a:
+                r = a * ops[op[4]][2] if ops[op[4]][0] == K.CONST else None
+            elif b:
+                r = b * ops[op[3]][2] if ops[op[3]][0] == K.CONST else None
+            else:
+                r = 0
+        else:
+            r = 0 if a == 0 and b == 0 else None
+    else:
+        r = None
+    memo[ssa] = r
+    return r
+
+
+def contiguous_along(ops, lo, hi, var):
+    """True when every global load in [lo, hi) steps by 0 or 1 element along `var` and at
+    least one steps by 1 (neighbouring values of var read neighbouring memory)."""
+    memo, steps = {}, []
+    for op in ops[lo:hi]:
+        if op[0] == K.LOAD and ops[op[2]][2] == K.SCOPE_GLOBAL:
+            steps.append(_coefficient(ops, op[3], var, memo))
+    return bool(steps) and all(s in (0, 1) for s in steps) and 1 in steps
+
+
+# -- launch geometry --------------------------------------------------------------------
+
+def _pow2_floor(n):
+    return 1 << (max(int(n), 1).bit_length() - 1)
+
+
+def _pow2_ceil(n):
+    return 1 << (max(int(n), 1) - 1).bit_length()
+
+
+def local_size_for(info, want):
+    """Work-items per group: `want` rounded to a power of two, at most the device's
+    limit, at least a warp (32 where the device reports no warp)."""
+    top = _pow2_floor(max(info.max_local_threads, 1))
+    warp = info.warp_size if info.warp_size > 1 else 32
+    return max(min(_pow2_ceil(want), top), min(warp, top))
+
+
+def device_threads(info):
+    """Work-items that keep every compute unit busy (2048 per SM on an H100)."""
+    return max(info.num_cores, 1) * max(info.max_local_threads, 1) * 2
+
+
+def choose_strategy(ops, nests, info):
+    """"serial", "columns" or "group" for a kernel with loops (module docstring)."""
+    if nests is None or min(n.flat for n in nests) < MIN_SPLIT:
+        return "serial"
+    n_out = output_size(ops)
+    out_vars = [i for i, op in enumerate(ops) if op[0] == K.INDEX]
+    last_out = max(out_vars, key=lambda i: ops[i][2]) if out_vars else None
+    rows = all(contiguous_along(ops, n.run[-1], ends_of(ops, n.run[-1]), n.run[-1])
+               for n in nests)
+    columns = last_out is not None and not rows and all(
+        contiguous_along(ops, n.run[-1], ends_of(ops, n.run[-1]), last_out) for n in nests)
+    fill = device_threads(info)
+    if columns and n_out >= fill:
+        return "serial"      # neighbouring work-items read neighbouring memory already
+    if columns and n_out >= 2 * REDUCE_GROUP:
+        return "columns"     # too few outputs to fill the device: split their loops too
+    if not rows and n_out >= fill:
+        return "serial"      # enough outputs, and a group would read strided memory
+    return "group"
+
+
+def ends_of(ops, loop):
+    """Position of LOOP `loop`'s ENDLOOP."""
+    for i in range(loop + 1, len(ops)):
+        if ops[i][0] == K.ENDLOOP and ops[i][2] == loop:
+            return i
+    raise AssertionError(f"loop {loop} has no ENDLOOP")
+
+
+def choose_splits(ops, nests, info, local):
+    """Groups per output: enough groups to fill the device when outputs are few, each
+    with a fair share of every nest's work; 1 when a nest cannot be split over groups."""
+    n_out = output_size(ops)
+    wanted = max(info.num_cores, 1) * max(GROUPS_PER_CORE * REDUCE_GROUP // local, 1)
+    if n_out >= wanted:
+        return 1
+    last_end = nests[-1].end
+    if any(n.reads_earlier for n in nests) or any(
+            op[0] == K.STORE and ops[op[2]][2] == K.SCOPE_GLOBAL for op in ops[:last_end]):
+        return 1
+    splits = -(-wanted // n_out)
+    for n in nests:
+        cap = ops[n.root][2] if n.run[0] != n.root else n.flat // (local * MIN_PER_ITEM)
+        splits = min(splits, max(cap, 1))
+    return max(splits, 1)
+
+
+# -- source ---------------------------------------------------------------------------------
 
 def _params(kernel, dl, r):
     """Parameter declarations of the zyx kernel's buffers, in argument order."""
@@ -62,32 +496,352 @@ def _params(kernel, dl, r):
     return params
 
 
-def output_size(r):
-    n = 1
-    for _, _, length in r.indices:
-        n *= length
-    return n
+def _decode_indices(ops, itype, flat):
+    """Statements giving each INDEX variable its value from the flat output index `flat`
+    (row-major: the last index is fastest)."""
+    lines, stride = [], 1
+    for ssa in reversed([i for i, op in enumerate(ops) if op[0] == K.INDEX]):
+        length = ops[ssa][3]
+        lines.append(f"  const {itype} i{ssa} = ({flat} / {stride}) % {length};")
+        stride *= length
+    return list(reversed(lines))
+
+
+def _entry(dl, name, params, head, body):
+    """One entry point's source."""
+    return (f"{dl.kernel_prefix} {name}({', '.join(params)}) {{\n" + "\n".join(head)
+            + "\n" + "\n".join(body) + "\n}\n")
+
+
+def lower_one_per_output(kernel, dl, info, name, strategy):
+    """One work-item per output element (elementwise kernels and the serial strategy)."""
+    ops = kernel.ops
+    n = output_size(ops)
+    local = local_size_for(info, ELEMENTWISE_GROUP)
+    groups = max(-(-n // local), 1)
+    frame = Frame()
+    frame.narrow = narrow_index(ops, [groups * local])
+    itype = INDEX32 if frame.narrow else dl.int64
+    r, _ = render_body(kernel, dl, frame=frame)
+    head = [f"  const {itype} zyx_gid = ({itype}){dl.group_id(0)} * {local} + "
+            f"({itype}){dl.local_id(0)};",
+            f"  if (zyx_gid >= {n}) return;"] + _decode_indices(ops, itype, "zyx_gid")
+    src = _entry(dl, name, _params(kernel, dl, r), head, r.lines)
+    args = [("arg", i) for i in range(len(kernel.args))]
+    return GPUKernel(dl.prelude + src, [Launch(name, groups, local, args)], (),
+                     strategy, 32 if frame.narrow else 64)
+
+
+def tree_combine(dl, regs, accs, local, ind="  "):
+    """Statements combining each work-item's `acc{a}` over the group through the local
+    arrays `zyx_l{a}` (a tree of halving steps), leaving the result in every `acc{a}`."""
+    lines = [f"{ind}zyx_l{a}[zyx_lid] = acc{a};" for a in accs]
+    lines.append(f"{ind}{dl.barrier()};")
+    lines.append(f"{ind}for (int zyx_h = {local // 2}; zyx_h > 0; zyx_h >>= 1) {{")
+    lines.append(f"{ind}  if (zyx_lid < zyx_h) {{")
+    for a in accs:
+        lines.append(f"{ind}    zyx_l{a}[zyx_lid] = "
+                     f"{combine_expr(dl, regs[a], f'zyx_l{a}[zyx_lid]', f'zyx_l{a}[zyx_lid + zyx_h]')};")
+    lines.append(f"{ind}  }}")
+    lines.append(f"{ind}  {dl.barrier()};")
+    lines.append(f"{ind}}}")
+    lines += [f"{ind}acc{a} = zyx_l{a}[0];" for a in accs]
+    return lines
+
+
+def combine_expr(dl, reg, x, y):
+    """x <reduce op> y in the accumulator's dtype, written by the shared renderer (so
+    float max/min propagate NaN exactly as the serial code does)."""
+    d, rop, _ = reg
+    names = {-2: x, -3: y}
+    return alu(dl, [], (K.BINARY, d, K.REDUCE_BINARY[rop], -2, -3), names.__getitem__)
+
+
+def _local_type(dl, d):
+    """Type of a local/scratch element holding an accumulator of dtype d."""
+    return dl.storage_type(d) if not d.is_bool else dl.storage_type(dt.uint8)
+
+
+class GroupFrame(Frame):
+    """Pass 1 of the group strategy: the nests' run loops split over the work-items (and
+    over `splits` groups per output), a tree combine after each nest; with splits > 1 the
+    pass ends after the last nest by writing the group's partials to scratch."""
+
+    def __init__(self, dl, ops, nests, regs, local, splits, narrow):
+        self.dl, self.ops, self.nests, self.regs = dl, ops, nests, regs
+        self.local, self.splits, self.narrow = local, splits, narrow
+        self.itype = INDEX32 if narrow else dl.int64
+        self.by_root = {n.root: n for n in nests}
+        self.by_end = {n.end: n for n in nests}
+        self.run_first = {n.run[0]: n for n in nests}
+        self.run_inner = {loop for n in nests for loop in n.run[1:]}
+        self.run_ends = {}
+        for n in nests:
+            for loop in n.run:
+                self.run_ends[ends_of(ops, loop)] = loop
+        self.last_end = nests[-1].end
+
+    def skip(self, i):
+        return self.splits > 1 and i > self.last_end
+
+    def open_loop(self, i, op, ind):
+        t = self.itype
+        nest = self.by_root.get(i)
+        if nest is not None and self.splits > 1 and nest.run[0] != i:
+            return [f"{ind}for ({t} r{i} = zyx_part; r{i} < {op[2]}; r{i} += {self.splits}) {{"]
+        nest = self.run_first.get(i)
+        if nest is not None:
+            start, step = "zyx_lid", str(self.local)
+            if self.splits > 1 and nest.run[0] == nest.root:     # grid-stride
+                start = f"zyx_part * {self.local} + zyx_lid"
+                step = str(self.local * self.splits)
+            f = f"zyx_f{i}"
+            lines = [f"{ind}for ({t} {f} = {start}; {f} < {nest.flat}; {f} += {step}) {{"]
+            inner = nest.flat
+            for k, loop in enumerate(nest.run):
+                n = self.ops[loop][2]
+                inner //= n
+                e = f if inner == 1 else f"{f} / {inner}"
+                if k > 0:
+                    e = f"({e}) % {n}"
+                lines.append(f"{ind}  const {t} r{loop} = {e};")
+            return lines
+        if i in self.run_inner:
+            return []
+        return None
+
+    def close_loop(self, i, op, ind):
+        loop = self.run_ends.get(i)
+        if loop is not None and loop in self.run_inner:
+            return []
+        return None
+
+    def after(self, i, ind):
+        nest = self.by_end.get(i)
+        if nest is None:
+            return ()
+        lines = tree_combine(self.dl, self.regs, nest.results, self.local, ind)
+        if self.splits > 1 and i == self.last_end:
+            lines.append(f"{ind}if (zyx_lid == 0) {{")
+            for j, a in enumerate(all_results(self.nests)):
+                lines.append(f"{ind}  zyx_s{j}[zyx_grp] = acc{a};")
+            lines.append(f"{ind}}}")
+        return lines
+
+    def store(self, i, line):
+        return f"{line[:len(line) - len(line.lstrip())]}if (zyx_lid == 0) {line.lstrip()}"
+
+
+class CombineFrame(Frame):
+    """Pass 2 of "group+partials": the nests are left out; where each ended, its results
+    are combined from the scratch partials of the output's groups."""
+
+    def __init__(self, dl, nests, regs, local, splits, narrow):
+        self.dl, self.nests, self.regs = dl, nests, regs
+        self.local, self.splits, self.narrow = local, splits, narrow
+        self.slot = {a: j for j, a in enumerate(all_results(nests))}
+        self.by_end = {n.end: n for n in nests}
+        self.inside = set()
+        for n in nests:
+            self.inside.update(range(n.root, n.end + 1))
+
+    def skip(self, i):
+        return i in self.inside
+
+    def after(self, i, ind):
+        nest = self.by_end.get(i)
+        if nest is None:
+            return ()
+        t = INDEX32 if self.narrow else self.dl.int64
+        lines = []
+        for a in nest.results:
+            x = f"zyx_s{self.slot[a]}[zyx_out * {self.splits} + zyx_p]"
+            lines.append(f"{ind}for ({t} zyx_p = zyx_lid; zyx_p < {self.splits}; "
+                         f"zyx_p += {self.local}) acc{a} = "
+                         f"{combine_expr(self.dl, self.regs[a], f'acc{a}', x)};")
+        return lines + tree_combine(self.dl, self.regs, nest.results, self.local, ind)
+
+    def store(self, i, line):
+        return f"{line[:len(line) - len(line.lstrip())]}if (zyx_lid == 0) {line.lstrip()}"
+
+
+def all_results(nests):
+    """Every nest's result accumulators, in order (their scratch slots)."""
+    return [a for n in nests for a in n.results]
+
+
+def _group_head(dl, ops, regs, accs, local, itype, out_expr):
+    """Local arrays of the tree combine, work-item/group ids, the output index and the
+    INDEX variables decoded from it."""
+    head = [f"  {dl.local_qualifier}{_local_type(dl, regs[a][0])} zyx_l{a}[{local}];"
+            for a in accs]
+    head += [f"  const {itype} zyx_lid = ({itype}){dl.local_id(0)};",
+             f"  const {itype} zyx_grp = ({itype}){dl.group_id(0)};",
+             f"  const {itype} zyx_out = {out_expr};"]
+    return head + _decode_indices(ops, itype, "zyx_out")
+
+
+def lower_group(kernel, dl, info, name, nests):
+    """The "group" / "group+partials" strategies (module docstring)."""
+    ops = kernel.ops
+    regs = register_defines(ops)
+    n_out = output_size(ops)
+    local = local_size_for(info, min(REDUCE_GROUP, max(n.flat for n in nests)
+                                     // ITEMS_PER_THREAD))
+    splits = choose_splits(ops, nests, info, local)
+    groups = n_out * splits
+    results = all_results(nests)
+    narrow = narrow_index(ops, [groups * local, groups, max(n.flat for n in nests) + local * splits])
+    itype = INDEX32 if narrow else dl.int64
+    args = [("arg", i) for i in range(len(kernel.args))]
+    frame = GroupFrame(dl, ops, nests, regs, local, splits, narrow)
+    r, _ = render_body(kernel, dl, frame=frame)
+    params = _params(kernel, dl, r)
+    if splits == 1:
+        head = _group_head(dl, ops, regs, results, local, itype, "zyx_grp")
+        src = _entry(dl, name, params, head, r.lines)
+        return GPUKernel(dl.prelude + src, [Launch(name, groups, local, args)], (),
+                         "group", 32 if narrow else 64)
+    scratch_params = [f"{dl.global_qualifier}{_local_type(dl, regs[a][0])}* {dl.restrict} "
+                      f"zyx_s{j}" for j, a in enumerate(results)]
+    head = _group_head(dl, ops, regs, results, local, itype, f"zyx_grp / {splits}")
+    head.append(f"  const {itype} zyx_part = zyx_grp % {splits};")
+    p1 = _entry(dl, name, params + scratch_params, head, r.lines)
+    local2 = local_size_for(info, min(splits, REDUCE_GROUP))
+    frame2 = CombineFrame(dl, nests, regs, local2, splits, narrow)
+    r2, _ = render_body(kernel, dl, frame=frame2)
+    head2 = _group_head(dl, ops, regs, results, local2, itype, "zyx_grp")
+    p2 = _entry(dl, name + "_combine", params + scratch_params, head2, r2.lines)
+    scratch = [groups * regs[a][0].itemsize for a in results]
+    sargs = args + [("scratch", j) for j in range(len(results))]
+    launches = [Launch(name, groups, local, sargs),
+                Launch(name + "_combine", n_out, local2, sargs)]
+    return GPUKernel(dl.prelude + p1 + p2, launches, scratch, "group+partials",
+                     32 if narrow else 64)
+
+
+def column_splits(ops, nests, info, local):
+    """Groups each output's reduce is split over in the "columns" strategy: enough
+    work-items to fill the device, at least MIN_COLUMN_ITERATIONS of every nest's outer
+    loop each; 1 when a nest cannot be split over groups."""
+    n_out = output_size(ops)
+    if any(n.reads_earlier for n in nests) or any(
+            op[0] == K.STORE and ops[op[2]][2] == K.SCOPE_GLOBAL for op in ops[:nests[-1].end]):
+        return 1
+    out_groups = -(-n_out // local)
+    splits = -(-device_threads(info) // (out_groups * local))
+    for n in nests:
+        splits = min(splits, max(ops[n.root][2] // MIN_COLUMN_ITERATIONS, 1))
+    return max(splits, 1)
+
+
+class ColumnFrame(Frame):
+    """Pass 1 of "columns": one work-item per output, each nest's outer loop split over
+    `splits` groups; after the last nest each work-item writes its partials to scratch
+    (laid out [part][output], so neighbouring work-items write neighbouring words)."""
+
+    def __init__(self, ops, nests, splits, n_out, narrow, itype):
+        self.nests, self.splits, self.n_out = nests, splits, n_out
+        self.narrow, self.itype = narrow, itype
+        self.roots = {n.root for n in nests}
+        self.last_end = nests[-1].end
+
+    def skip(self, i):
+        return i > self.last_end
+
+    def open_loop(self, i, op, ind):
+        if i not in self.roots:
+            return None
+        t = self.itype
+        return [f"{ind}for ({t} r{i} = zyx_part; r{i} < {op[2]}; r{i} += {self.splits}) {{"]
+
+    def after(self, i, ind):
+        if i != self.last_end:
+            return ()
+        return [f"{ind}zyx_s{j}[zyx_part * {self.n_out} + zyx_out] = acc{a};"
+                for j, a in enumerate(all_results(self.nests))]
+
+
+class ColumnCombineFrame(Frame):
+    """Pass 2 of "columns": one work-item per output adds up its `splits` partials where
+    each nest ended, then runs the epilogue."""
+
+    def __init__(self, dl, nests, regs, splits, n_out, narrow, itype):
+        self.dl, self.nests, self.regs = dl, nests, regs
+        self.splits, self.n_out, self.narrow, self.itype = splits, n_out, narrow, itype
+        self.slot = {a: j for j, a in enumerate(all_results(nests))}
+        self.by_end = {n.end: n for n in nests}
+        self.inside = set()
+        for n in nests:
+            self.inside.update(range(n.root, n.end + 1))
+
+    def skip(self, i):
+        return i in self.inside
+
+    def after(self, i, ind):
+        nest = self.by_end.get(i)
+        if nest is None:
+            return ()
+        lines = []
+        for a in nest.results:
+            x = f"zyx_s{self.slot[a]}[zyx_p * {self.n_out} + zyx_out]"
+            lines.append(f"{ind}for ({self.itype} zyx_p = 0; zyx_p < {self.splits}; zyx_p++) "
+                         f"acc{a} = {combine_expr(self.dl, self.regs[a], f'acc{a}', x)};")
+        return lines
+
+
+def lower_columns(kernel, dl, info, name, nests):
+    """The "columns" strategy (module docstring); plain "serial" when it cannot split."""
+    ops = kernel.ops
+    n_out = output_size(ops)
+    local = local_size_for(info, ELEMENTWISE_GROUP)
+    splits = column_splits(ops, nests, info, local)
+    if splits == 1:
+        return lower_one_per_output(kernel, dl, info, name, "serial")
+    regs = register_defines(ops)
+    results = all_results(nests)
+    out_groups = -(-n_out // local)
+    groups = out_groups * splits
+    narrow = narrow_index(ops, [groups * local, n_out * splits])
+    itype = INDEX32 if narrow else dl.int64
+    r, _ = render_body(kernel, dl, frame=ColumnFrame(ops, nests, splits, n_out, narrow, itype))
+    params = _params(kernel, dl, r) + [
+        f"{dl.global_qualifier}{_local_type(dl, regs[a][0])}* {dl.restrict} zyx_s{j}"
+        for j, a in enumerate(results)]
+    head = [f"  const {itype} zyx_grp = ({itype}){dl.group_id(0)};",
+            f"  const {itype} zyx_part = zyx_grp % {splits};",
+            f"  const {itype} zyx_out = (zyx_grp / {splits}) * {local} + ({itype}){dl.local_id(0)};",
+            f"  if (zyx_out >= {n_out}) return;"] + _decode_indices(ops, itype, "zyx_out")
+    p1 = _entry(dl, name, params, head, r.lines)
+    r2, _ = render_body(kernel, dl, frame=ColumnCombineFrame(dl, nests, regs, splits, n_out,
+                                                            narrow, itype))
+    head2 = [f"  const {itype} zyx_out = ({itype}){dl.group_id(0)} * {local} + "
+             f"({itype}){dl.local_id(0)};",
+             f"  if (zyx_out >= {n_out}) return;"] + _decode_indices(ops, itype, "zyx_out")
+    p2 = _entry(dl, name + "_combine", params, head2, r2.lines)
+    args = [("arg", i) for i in range(len(kernel.args))] + [
+        ("scratch", j) for j in range(len(results))]
+    scratch = [n_out * splits * regs[a][0].itemsize for a in results]
+    launches = [Launch(name, groups, local, args),
+                Launch(name + "_combine", out_groups, local, args)]
+    return GPUKernel(dl.prelude + p1 + p2, launches, scratch, "columns",
+                     32 if narrow else 64)
 
 
 def lower(kernel, dl, info=None, name="zyx_k"):
     """`GPUKernel` of `kernel` in dialect `dl` for a device described by `info`
-    (DeviceInfo; None for defaults).
-
-    One work-item per element of the flattened output indices (the global size is
-    rounded up to whole groups, hence the guard); each runs the kernel's loops and
-    reductions serially, like one iteration of the C backend's index loops."""
-    r, _ = render_body(kernel, dl)
-    n = output_size(r)
-    i64 = dl.int64
-    head = [f"  const {i64} zyx_gid = ({i64}){dl.group_id(0)} * {dl.local_size(0)} + "
-            f"{dl.local_id(0)};",
-            f"  if (zyx_gid >= ({i64}){n}) return;"]
-    stride = 1
-    for ssa, _, length in reversed(r.indices):   # row-major: the last index is fastest
-        head.append(f"  const {i64} i{ssa} = (zyx_gid / ({i64}){stride}) % ({i64}){length};")
-        stride *= length
-    src = (f"{dl.kernel_prefix} {name}({', '.join(_params(kernel, dl, r))}) {{\n"
-           + "\n".join(head) + "\n" + "\n".join(r.lines) + "\n}\n")
-    groups = max(-(-n // WORK_GROUP), 1)
-    args = [("arg", i) for i in range(len(kernel.args))]
-    return GPUKernel(dl.prelude + src, [Launch(name, groups, WORK_GROUP, args)])
+    (DeviceInfo; None for defaults). The strategy is chosen as the module docstring says."""
+    info = info if info is not None else DeviceInfo()
+    ops = kernel.ops
+    if not any(op[0] == K.LOOP for op in ops):
+        return lower_one_per_output(kernel, dl, info, name, "elementwise")
+    nests = reduce_nests(ops)
+    strategy = choose_strategy(ops, nests, info)
+    if strategy == "columns":
+        root_nests = reduce_nests(ops, split_root=True)
+        if root_nests is not None:
+            return lower_columns(kernel, dl, info, name, root_nests)
+        strategy = "serial"
+    if strategy == "serial":
+        return lower_one_per_output(kernel, dl, info, name, "serial")
+    return lower_group(kernel, dl, info, name, nests)

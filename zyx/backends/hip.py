@@ -175,6 +175,7 @@ class HIPDevice(DriverDevice):
         clock_khz = d.attribute("ClockRate", 0) or 1_500_000
         base = self.arch.split(":", 1)[0]
         return DeviceInfo(
+            register_tiles=False,          # CPU SIMD layouts; GPUs split work in gpu.lower
             name=f"HIP {d.name()} ({base})",
             compute=float(cus * clock_khz * 1e3 * lanes_per_cu(base) * 2),
             max_local_threads=d.attribute("MaxThreadsPerBlock", 1024),

@@ -107,13 +107,25 @@ class OpenCLProgram:
     def __init__(self, cl, kernel, gpu, built):
         self.kernel = kernel
         self.gpu = gpu
-        # one cl.Kernel per launch (a kernel object holds its arguments)
+        # one cl.Kernel per launch (a kernel object holds its arguments; a program built
+        # once may serve several zyx kernels with the same source)
         self.fns = [cl.Kernel(built, launch.entry) for launch in gpu.launches]
         self.scratch = None
 
     @property
     def source(self):
         return self.gpu.source
+
+
+def _warp_size(cl, d, is_cpu):
+    """SIMD width the device schedules work-items in: NVIDIA's warp, AMD's wavefront, 32
+    for other GPUs, 1 for CPU devices (PoCL)."""
+    for attr in ("warp_size_nv", "wavefront_width_amd"):
+        try:
+            return int(getattr(d, attr))
+        except (AttributeError, cl.Error):
+            continue
+    return 1 if is_cpu else 32
 
 
 def _uses_float64(kernel):
@@ -152,6 +164,8 @@ class OpenCLDevice:
                           local_mem_size=d.local_mem_size,
                           preferred_vector_size=width * 4,
                           num_cores=d.max_compute_units,
+                          warp_size=_warp_size(cl, d, is_cpu),
+                          register_tiles=False,
                           dtypes=dtypes,
                           extra={"fp16": "cl_khr_fp16" in self.extensions, "fp64": self.fp64,
                                  "cpu": is_cpu})

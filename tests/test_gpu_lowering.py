@@ -1,0 +1,359 @@
+"""GPU lowering (backends/gpu.py) on OpenCL through whatever device is installed (PoCL's
+CPU device here and in CI): every strategy against numpy, the structure of what is
+generated (groups, launches, 32/64-bit index math), the strategy chosen for an H100's
+DeviceInfo (rendered only), and kernel counts equal to the C backend's.
+
+Skipped, with the reason, when pyopencl or an OpenCL device is missing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import zyx
+from zyx import dtype as zdt
+from zyx._core import kernel as K
+from zyx._core.kernelizer import kernelize
+from zyx._core.passes import optimize
+from zyx.backends import DeviceInfo, gpu
+from zyx.backends.cfamily import OpenCLDialect
+from zyx.errors import NoBackendAvailable
+
+cl = pytest.importorskip("pyopencl", reason="pyopencl is not installed")
+
+# an H100 as the CUDA backend will describe it (132 SMs, warps of 32, 1024 threads)
+H100 = DeviceInfo(name="H100", max_local_threads=1024, warp_size=32, num_cores=132,
+                  local_mem_size=228 * 1024, register_tiles=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def opencl_device():
+    rt = zyx._RT
+    try:
+        rt.init(only=["opencl"])
+    except NoBackendAvailable as e:
+        rt.init()
+        pytest.skip(f"no OpenCL device: {e}")
+    dev = rt.device()
+    assert dev.backend == "opencl"
+    yield dev
+    rt.init()
+
+
+@pytest.fixture
+def lowered(opencl_device, monkeypatch):
+    """The GPUKernels lowered while a test runs (programs are not reused from earlier
+    tests: the device's caches start empty)."""
+    from zyx.backends import opencl
+    found = []
+
+    def spy(kernel, dl, info=None, name="zyx_k"):
+        g = gpu.lower(kernel, dl, info, name)
+        found.append(g)
+        return g
+    monkeypatch.setattr(opencl, "lower", spy)
+    monkeypatch.setattr(opencl_device, "_programs", {})
+    monkeypatch.setattr(opencl_device, "_by_source", {})
+    monkeypatch.setattr(zyx._RT, "plans", {})
+    return found
+
+
+def close(t, ref, rtol=1e-5, atol=1e-5):
+    out = t.numpy()
+    assert out.shape == np.shape(ref)
+    np.testing.assert_allclose(out.astype(np.float64), np.asarray(ref, np.float64),
+                               rtol=rtol, atol=atol)
+
+
+def rng():
+    return np.random.default_rng(7)
+
+
+def kernels_of(t, register_tiles=False):
+    """The optimized kernels a GPU device would get for lazy tensor `t`, not run."""
+    g = zyx._RT.graph
+    order, _ = g.collect([t._id])
+    steps, _ = kernelize(g, order, [t._id], 64, register_tiles)
+    return [optimize(s.kernel) for s in steps if s.kernel is not None]
+
+
+# -- every strategy against numpy ------------------------------------------------------------
+
+def test_full_sum_of_16m_values_is_as_accurate_as_float64(lowered):
+    # values near 1000: a float32 running sum would stop growing at 2**24
+    a = (rng().random(2 ** 24) + 1000).astype(np.float32)
+    x = zyx.from_numpy(a)
+    np.testing.assert_allclose(x.sum().item(), a.astype(np.float64).sum(), rtol=1e-7)
+    np.testing.assert_allclose(x.mean().item(), a.astype(np.float64).mean(), rtol=1e-7)
+    assert [g.strategy for g in lowered] == ["group+partials", "group+partials"]
+
+
+RAGGED = [(5, 37, 130), (300, 3, 5), (1, 999, 1), (200, 3, 300)]
+AXES = [0, 1, 2, (0, 2), None]
+
+
+@pytest.mark.parametrize("shape", RAGGED)
+@pytest.mark.parametrize("op", ["sum", "max", "min", "prod"])
+def test_reduce_each_axis_of_ragged_3d(shape, op, lowered):
+    r = rng()
+    # prod of values near 1 neither overflows nor vanishes
+    a = (r.uniform(0.97, 1.03, shape) if op == "prod" else r.standard_normal(shape))
+    a = a.astype(np.float32)
+    for axis in AXES:
+        got = getattr(zyx.Tensor(a), op)(axis=axis)
+        ref = getattr(np, op)(a, axis=axis)
+        close(got, ref, rtol=1e-4)
+    # rows, columns and full reductions take different strategies here
+    assert {g.strategy for g in lowered} & {"group", "group+partials"}
+
+
+def test_reduce_keepdim_and_epilogue(lowered):
+    a = rng().standard_normal((7, 3000)).astype(np.float32)
+    b = rng().standard_normal((7, 1)).astype(np.float32)
+    x, y = zyx.Tensor(a), zyx.Tensor(b)
+    close(x.sum(axis=1, keepdim=True) * 0.5 + y, a.sum(1, keepdims=True) * 0.5 + b, rtol=1e-4)
+    close((x.max(axis=1) - x.min(axis=1)).sqrt(), np.sqrt(a.max(1) - a.min(1)))
+    # two reductions fused into one epilogue, each split over groups
+    c = rng().standard_normal(50000).astype(np.float32)
+    z = zyx.Tensor(c)
+    close(z.sum() / z.max(), c.astype(np.float64).sum() / c.max(), rtol=1e-4)
+    assert "group+partials" in [g.strategy for g in lowered]
+
+
+def test_mean_var_std(lowered):
+    a = (rng().standard_normal((9, 4100)) * 3 + 5).astype(np.float32)
+    x = zyx.Tensor(a)
+    close(x.mean(), a.astype(np.float64).mean())
+    close(x.mean(axis=1), a.mean(1), rtol=1e-5)
+    close(x.var(axis=1), a.var(1, ddof=1), rtol=1e-4)
+    close(x.var(), a.astype(np.float64).var(ddof=1), rtol=1e-4)
+    close(x.std(axis=0), a.std(0, ddof=1), rtol=1e-4)
+
+
+def test_softmax_log_softmax_logsumexp(lowered):
+    a = (rng().standard_normal((37, 1000)) * 4).astype(np.float32)
+    x = zyx.Tensor(a)
+    m = a.max(-1, keepdims=True)
+    e = np.exp(a - m)
+    close(x.softmax(-1), e / e.sum(-1, keepdims=True), rtol=1e-4, atol=1e-7)
+    close(x.log_softmax(-1), a - m - np.log(e.sum(-1, keepdims=True)), rtol=1e-4, atol=1e-5)
+    close(x.logsumexp(-1), (m + np.log(e.sum(-1, keepdims=True)))[:, 0], rtol=1e-5)
+    assert "group" in [g.strategy for g in lowered]
+
+
+def test_argmax_argmin(lowered):
+    a = rng().standard_normal((13, 517)).astype(np.float32)
+    x = zyx.Tensor(a)
+    np.testing.assert_array_equal(x.argmax(axis=1).numpy(), a.argmax(1))
+    np.testing.assert_array_equal(x.argmin(axis=0).numpy(), a.argmin(0))
+    assert int(x.argmax().item()) == int(a.argmax())
+
+
+@pytest.mark.parametrize("m,k,n", [(33, 65, 17), (4, 5000, 3), (64, 64, 64)])
+def test_matmul(m, k, n, lowered):
+    r = rng()
+    a = r.standard_normal((m, k)).astype(np.float32)
+    b = r.standard_normal((k, n)).astype(np.float32)
+    close(zyx.Tensor(a) @ zyx.Tensor(b), a @ b, rtol=1e-4, atol=1e-4)
+    close(zyx.Tensor(a) @ zyx.Tensor(b.T.copy()).T, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_integer_and_bool_reductions(lowered):
+    r = rng()
+    i = r.integers(-1000, 1000, (6, 3001)).astype(np.int32)
+    x = zyx.Tensor(i)
+    np.testing.assert_array_equal(x.sum(axis=1).numpy(), i.sum(1))
+    np.testing.assert_array_equal(x.max(axis=0).numpy(), i.max(0))
+    assert int(x.sum().item()) == int(i.astype(np.int64).sum())
+    assert int(x.min().item()) == int(i.min())
+    big = r.integers(0, 2**40, 20000).astype(np.int64)
+    assert int(zyx.Tensor(big).sum().item()) == int(big.sum())
+    b = r.random((5, 4001)) > 0.9995
+    y = zyx.Tensor(b)
+    np.testing.assert_array_equal(y.any(axis=1).numpy(), b.any(1))
+    np.testing.assert_array_equal(y.all(axis=1).numpy(), b.all(1))
+    assert bool(y.any().item()) == bool(b.any())
+    assert bool((~y).all().item()) == bool((~b).all())
+
+
+@pytest.mark.parametrize("d", [zdt.float16, zdt.bfloat16])
+def test_half_precision_reductions(d, lowered):
+    a = rng().standard_normal((5, 3000)).astype(np.float32)
+    x = zyx.Tensor(a).cast(d)
+    ref = x.cast(zdt.float32).numpy().astype(np.float64)    # the rounded inputs
+    close(x.sum(axis=1).cast(zdt.float32), ref.sum(1), rtol=1e-2, atol=0.1)
+    close(x.max(axis=1).cast(zdt.float32), ref.max(1))
+    close(x.mean().cast(zdt.float32), ref.mean(), rtol=1e-2, atol=1e-2)
+    close(x.sum().cast(zdt.float32), ref.sum(), rtol=1e-2, atol=1)
+
+
+def test_outputs_not_a_multiple_of_the_group(lowered):
+    a = rng().standard_normal(1001).astype(np.float32)
+    close(zyx.Tensor(a) * 3 - 1, a * 3 - 1)
+    g = lowered[-1]
+    assert g.strategy == "elementwise"
+    assert g.launches[0].global_size >= 1001 and g.launches[0].global_size % g.launches[0].local_size == 0
+    b = rng().standard_normal((37, 300)).astype(np.float32)
+    close(zyx.Tensor(b).sum(axis=1), b.sum(1), rtol=1e-4)
+    assert lowered[-1].strategy == "group" and lowered[-1].launches[0].groups == 37
+
+
+def test_column_reductions_split_over_groups(lowered):
+    # 900 columns read contiguously along the output: one work-item per column, each
+    # column's rows also split over groups, partials combined by a second launch
+    a = (rng().random((200, 3, 300)) + 1000).astype(np.float32)
+    x = zyx.Tensor(a)
+    close(x.sum(axis=0), a.astype(np.float64).sum(0), rtol=1e-6)
+    g = lowered[-1]
+    assert g.strategy == "columns" and len(g.launches) == 2
+    first, second = g.launches
+    assert first.groups > second.groups            # several groups per block of columns
+    # (both near 1000: the float32 difference keeps about 1e-4 of absolute precision)
+    close(x.max(axis=0) - x.mean(axis=0), a.max(0) - a.astype(np.float64).mean(0), atol=3e-4)
+    assert "columns" in [k.strategy for k in lowered[1:]]
+
+
+# -- structure ----------------------------------------------------------------------------
+
+def test_sum_of_4m_uses_many_groups_and_two_launches(lowered):
+    a = rng().standard_normal(2 ** 22).astype(np.float32)
+    close(zyx.Tensor(a).sum(), a.astype(np.float64).sum(), rtol=1e-6, atol=1e-3)
+    g = lowered[-1]
+    assert g.strategy == "group+partials"
+    assert len(g.launches) == 2
+    first, second = g.launches
+    assert first.groups > 1 and first.local_size > 1
+    assert second.groups == 1
+    assert g.scratch == [first.groups * 8]        # one float64 partial per group
+    assert ("scratch", 0) in first.args and ("scratch", 0) in second.args
+
+
+def test_index_math_is_32_bit_when_extents_fit(lowered):
+    a = rng().standard_normal((300, 200)).astype(np.float32)
+    close(zyx.Tensor(a).T.sum(axis=1) + 1, a.sum(0) + 1, rtol=1e-4)
+    g = lowered[-1]
+    assert g.index_bits == 32
+    assert "long" not in g.source.split("__kernel", 1)[1]
+
+
+def test_index_math_is_64_bit_when_an_extent_does_not_fit(opencl_device):
+    # 2**32 outputs: rendered, never run
+    x = zyx.Tensor(np.ones(2 ** 16, np.float32))
+    t = x.reshape(1, 2 ** 16).expand(2 ** 16, 2 ** 16) * 2
+    (k,) = kernels_of(t)
+    g = gpu.lower(k, OpenCLDialect(), opencl_device.info())
+    assert g.index_bits == 64
+    body = g.source.split("__kernel", 1)[1]
+    assert "const long zyx_gid" in body and "const int " not in body
+    small = gpu.lower(kernels_of(x * 2)[0], OpenCLDialect(), opencl_device.info())
+    assert small.index_bits == 32 and "const int zyx_gid" in small.source
+
+
+def test_index_ranges_of_affine_div_mod():
+    ops = [(K.INDEX, K.IDX, 0, 1000), (K.LOOP, K.IDX, 7000000), (K.CONST, K.IDX, 7000000),
+           (K.BINARY, K.IDX, K.B_MUL, 0, 2), (K.BINARY, K.IDX, K.B_ADD, 3, 1),
+           (K.CONST, K.IDX, 7), (K.BINARY, K.IDX, K.B_MOD, 4, 5),
+           (K.BINARY, K.IDX, K.B_DIV, 4, 5)]
+    idx = gpu.index_math(ops)
+    assert idx == {0, 1, 3, 4, 6, 7}
+    rng_ = gpu.index_ranges(ops, idx)
+    assert rng_[4] == (0, 999 * 7000000 + 6999999)
+    assert rng_[6] == (0, 6)
+    assert rng_[7] == (0, (999 * 7000000 + 6999999) // 7)
+    assert gpu.narrow_index(ops, [1024]) == frozenset()    # 7e9 > 2**31
+    ops[0] = (K.INDEX, K.IDX, 0, 100)
+    assert gpu.narrow_index(ops, [1024]) == frozenset(idx)    # 7e8 fits
+
+
+def test_h100_strategies_rendered():
+    dl = OpenCLDialect()
+    # 256M-element float32 sum: many groups per output, blocked float64 partials
+    x = zyx.Tensor(np.ones(2 ** 14, np.float32))
+    (k,) = kernels_of(x.reshape(1, 2 ** 14).expand(2 ** 14, 2 ** 14).sum())
+    g = gpu.lower(k, dl, H100)
+    assert g.strategy == "group+partials"
+    assert g.launches[0].groups >= 132 * 4 and g.launches[0].local_size == 256
+    assert g.index_bits == 32
+    # softmax-sized row reductions: one group per row, no second pass
+    rows = zyx.Tensor(np.ones((16, 4096), np.float32)).reshape(16, 1, 4096) \
+        .expand(16, 1024, 4096).reshape(16384, 4096)
+    (k,) = kernels_of(rows.max(axis=1))
+    g = gpu.lower(k, dl, H100)
+    assert g.strategy == "group" and g.launches[0].groups == 16384
+    assert g.launches[0].local_size == 256
+    # 64M-element elementwise chain: one work-item per element, groups of 256
+    (k,) = kernels_of((x.reshape(1, 2 ** 14).expand(2 ** 12, 2 ** 14) * 2).exp() + 1)
+    g = gpu.lower(k, dl, H100)
+    assert g.strategy == "elementwise" and g.launches[0].local_size == 256
+    assert g.launches[0].groups == 2 ** 26 // 256
+    # a big matmul: enough outputs, strided right operand -> one work-item per output
+    a = zyx.Tensor(np.ones((1024, 512), np.float32))
+    b = zyx.Tensor(np.ones((512, 1024), np.float32))
+    (k,) = kernels_of(a @ b)
+    assert gpu.lower(k, dl, H100).strategy == "serial"
+    # column sums of 4096 x 16384: too few columns to fill 132 SMs one per work-item
+    cols = zyx.Tensor(np.ones(16384, np.float32)).reshape(1, 16384).expand(4096, 16384)
+    (k,) = kernels_of(cols.sum(axis=0))
+    g = gpu.lower(k, dl, H100)
+    assert g.strategy == "columns" and g.launches[0].groups == 64 * 17
+
+
+def test_cpu_layouts_are_off_for_gpu_devices(opencl_device):
+    assert opencl_device.info().register_tiles is False
+    a = zyx.Tensor(np.ones((64, 64), np.float32))
+    (tiled,) = kernels_of(a @ a, register_tiles=True)
+    (plain,) = kernels_of(a @ a, register_tiles=False)
+    assert any(op[0] == K.DEFINE and op[2] == K.SCOPE_REGISTER and op[5] > 1
+               for op in tiled.ops)
+    assert all(op[5] == 1 for op in plain.ops
+               if op[0] == K.DEFINE and op[2] == K.SCOPE_REGISTER)
+    # kernels with the CPU's tiles still lower (one work-item per output)
+    assert gpu.lower(tiled, OpenCLDialect(), H100).strategy == "serial"
+
+
+def test_unsupported_nest_falls_back_to_serial():
+    # a register updated by something other than its reduce op (a running value) must
+    # not be split over work-items
+    f = zdt.float32
+    ops = [(K.DEFINE, f, K.SCOPE_GLOBAL, 0, False, 1, -1),
+           (K.DEFINE, f, K.SCOPE_GLOBAL, 1, True, 4096, -1),
+           (K.DEFINE, f, K.SCOPE_REGISTER, 0.0, False, 1, K.R_SUM),
+           (K.LOOP, K.IDX, 4096),
+           (K.LOAD, f, 1, 3, -1),
+           (K.LOAD, f, 2, -1, -1),
+           (K.CONST, f, 0.5),
+           (K.BINARY, f, K.B_MUL, 5, 6),
+           (K.BINARY, f, K.B_ADD, 7, 4),
+           (K.STORE, None, 2, -1, 8),
+           (K.ENDLOOP, None, 3),
+           (K.LOAD, f, 2, -1, -1),
+           (K.CONST, K.IDX, 0),
+           (K.STORE, None, 0, 12, 11)]
+    k = K.Kernel(ops, [(f, 1, False), (f, 4096, True)])
+    assert gpu.reduce_nests(ops) is None
+    assert gpu.lower(k, OpenCLDialect(), H100).strategy == "serial"
+
+
+# -- kernel counts -----------------------------------------------------------------------
+
+def _launch_count(build):
+    before = zyx.stats()["kernels_launched"]
+    build().numpy()
+    return zyx.stats()["kernels_launched"] - before
+
+
+def test_kernel_counts_equal_the_c_backends():
+    a = rng().standard_normal((40, 300)).astype(np.float32)
+    graphs = [lambda: zyx.Tensor(a).softmax(-1),
+              lambda: (zyx.Tensor(a) - zyx.Tensor(a).mean()).sum(axis=0),
+              lambda: zyx.Tensor(a).var(axis=1) + zyx.Tensor(a).sum(axis=1),
+              lambda: zyx.Tensor(a) @ zyx.Tensor(a).T]
+    rt = zyx._RT
+    gpu_counts = [_launch_count(b) for b in graphs]
+    rt.init()
+    try:
+        if getattr(rt.device(), "backend", None) == "opencl":
+            pytest.skip("no CPU backend to compare with")
+        cpu_counts = [_launch_count(b) for b in graphs]
+    finally:
+        rt.init(only=["opencl"])
+    assert gpu_counts == cpu_counts
