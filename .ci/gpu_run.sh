@@ -11,6 +11,8 @@
 #   cuda    the whole test suite with the CUDA device as the default device
 #   opencl  the whole test suite with OpenCL (NVIDIA's) as the default device
 #   bench   benches/bench_gpu.py through benches/report.py (markdown table)
+#   profile benches/gpu_launch_profile.py: where a tiny realization's host time goes (CUDA)
+# SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
 # Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
 # pytest-xdist spreads the suites over the machine's cores when its wheel was carried:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
@@ -54,7 +56,7 @@ EOF
         grep -E "^(FAILED|ERROR)" "$OUT/smoke.log" | head -20
         ;;
     cuda|opencl)
-        ZYX_DEVICE=$phase $PY -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
+        ZYX_DEVICE=$phase timeout "${SUITE_TIMEOUT:-540}" $PY -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
             -x --maxfail=30 tests >"$OUT/suite-$phase.log" 2>&1
         summary "suite on $phase" "$OUT/suite-$phase.log"
         grep -E "^(FAILED|ERROR)" "$OUT/suite-$phase.log" | head -30
@@ -64,6 +66,10 @@ EOF
         $PY benches/report.py benches/bench_gpu.py ${BENCH_K:+-k "$BENCH_K"} \
             >"$OUT/bench.md" 2>"$OUT/bench.err"
         cat "$OUT/bench.md"
+        ;;
+    profile)
+        $PY benches/gpu_launch_profile.py cuda >"$OUT/profile.log" 2>&1
+        head -40 "$OUT/profile.log"
         ;;
     *)
         echo "unknown phase $phase"; exit 2 ;;

@@ -306,6 +306,7 @@ class HandLoweredDevice(gpudriver.DriverDevice):
 def test_pool_copies_round_trip_through_staging_chunks(monkeypatch):
     monkeypatch.setattr(gpudriver, "STAGING_MAX", 4096)
     monkeypatch.setattr(gpudriver, "STAGING_MIN", 1024)
+    monkeypatch.setattr(gpudriver._UploadRing, "MAX_PIECE", 0)    # every copy staged
     drv = HostMemoryDriver()
     pool = gpudriver.DriverMemoryPool(drv, "test")
     for n in (1, 1000, 4096, 4097, 3 * 4096 + 5):
@@ -317,6 +318,31 @@ def test_pool_copies_round_trip_through_staging_chunks(monkeypatch):
         np.testing.assert_array_equal(out, a)
         pool.deallocate(buf)
     assert drv.host_allocs <= 4       # two slots, each grown at most once past 1 KiB
+    pool.close()
+    assert not drv.blocks and not drv.host
+
+
+def test_small_uploads_go_through_the_ring_and_wait_only_a_lap_later(monkeypatch):
+    monkeypatch.setattr(gpudriver._UploadRing, "SIZE", 8 * 1024)
+    monkeypatch.setattr(gpudriver._UploadRing, "SEGMENTS", 4)      # 2 KiB segments
+    drv = HostMemoryDriver()
+    syncs = []
+    drv.event_sync = lambda ev: syncs.append(ev)
+    pool = gpudriver.DriverMemoryPool(drv, "test")
+    bufs = []
+    for i in range(32):                       # 32 x 512 B = 2 laps of the 8 KiB ring
+        a = np.full(500, i, np.uint8)
+        buf, _ = pool.allocate(500)
+        pool.host_to_pool(a, buf, [])
+        bufs.append((buf, a))
+        if i < 16:
+            assert not syncs, "no wait during the first lap"
+    assert 0 < len(syncs) <= 4                # then one wait per segment entered
+    for buf, a in bufs:
+        out = np.empty(500, np.uint8)
+        pool.pool_to_host(buf, out, [])
+        np.testing.assert_array_equal(out, a)
+        pool.deallocate(buf)
     pool.close()
     assert not drv.blocks and not drv.host
 

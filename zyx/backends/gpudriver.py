@@ -126,6 +126,62 @@ class _StagingSlot:
         self.ptr, self.nbytes, self.event, self.pending = 0, 0, None, False
 
 
+class _UploadRing:
+    """Pinned memory for small host->device copies (a batch of inputs, a scalar the
+    optimizer rewrites every step). Copies take consecutive pieces of a ring cut into
+    segments; an event is recorded on the stream when the ring moves past a segment, and
+    a segment is reused only after that event (a lap later), so a training loop's
+    uploads never wait for the device the way one reused staging block would (that wait
+    is a host synchronization with the previous step's kernels)."""
+    SIZE = 16 << 20
+    SEGMENTS = 8
+    MAX_PIECE = 1 << 20        # larger copies use the staging slots
+    ALIGN = 256
+
+    def __init__(self):
+        self.base = 0
+        self.seg = self.SIZE // self.SEGMENTS
+        self.current = 0           # segment in use
+        self.off = 0               # next free byte inside it
+        self.events = [None] * self.SEGMENTS
+        self.pending = [False] * self.SEGMENTS
+
+    def take(self, driver, nbytes):
+        """Address of `nbytes` of pinned memory no enqueued copy still reads."""
+        if not self.base:
+            self.base = driver.host_alloc(self.SIZE)
+        size = -(-nbytes // self.ALIGN) * self.ALIGN
+        if self.off + size > self.seg:
+            self._leave(driver)
+        ptr = self.base + self.current * self.seg + self.off
+        self.off += size
+        return ptr
+
+    def _leave(self, driver):
+        c = self.current
+        if self.events[c] is None:
+            self.events[c] = driver.event_create()
+        driver.event_record(self.events[c])      # after every copy out of segment c
+        self.pending[c] = True
+        self.current = nxt = (c + 1) % self.SEGMENTS
+        if self.pending[nxt]:                    # its copies were enqueued a lap ago
+            driver.event_sync(self.events[nxt])
+            self.pending[nxt] = False
+        self.off = 0
+
+    def close(self, driver):
+        for i, ev in enumerate(self.events):
+            if ev is not None:
+                if self.pending[i]:
+                    driver.event_sync(ev)
+                driver.event_destroy(ev)
+        if self.base:
+            driver.host_free(self.base)
+        self.base = 0
+        self.events = [None] * self.SEGMENTS
+        self.pending = [False] * self.SEGMENTS
+
+
 class DriverMemoryPool(MemoryPool):
     """Device memory with a caching allocator: freed blocks are kept by size and handed out
     again (realizations allocate the same sizes every step, and cuMemAlloc synchronizes the
@@ -140,6 +196,7 @@ class DriverMemoryPool(MemoryPool):
         self._free = {}            # nbytes -> [device address]
         self.cached_bytes = 0
         self._slots = (_StagingSlot(), _StagingSlot())
+        self._ring = _UploadRing()
         self._next_slot = 0
         self._driver_free = None   # (cuMemGetInfo's free bytes, when asked)
 
@@ -232,6 +289,11 @@ class DriverMemoryPool(MemoryPool):
         self.sync_events(wait_events)
         src = np.ascontiguousarray(src)
         base = src.ctypes.data
+        if n <= _UploadRing.MAX_PIECE:
+            staging = self._ring.take(drv, n)
+            ctypes.memmove(staging, base, n)
+            drv.copy_to_device(dst.ptr, staging, n)
+            return None
         chunk = min(n, STAGING_MAX)
         for off in range(0, n, chunk):
             size = min(chunk, n - off)
@@ -304,6 +366,7 @@ class DriverMemoryPool(MemoryPool):
         self.trim()
         for slot in self._slots:
             slot.close(self.driver)
+        self._ring.close(self.driver)
 
 
 class _PreparedLaunch:
