@@ -22,6 +22,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/zyx-gpu-out}
 mkdir -p "$OUT"
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/zyx-cache}
+# zyx is built in place, not installed: scripts and the tests' child processes import it
+# from here
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PY=python3
 XDIST=()
 if $PY -c "import xdist" 2>/dev/null; then XDIST=(-n 12); fi

@@ -111,6 +111,30 @@ def test_elementwise_torch(benchmark):
     _run(benchmark, lambda: _chain(x), _tsync, {"bytes": 8 * N_EW})
 
 
+def _arith_chain(x, maximum):
+    """Only + - * and max: no transcendental, whose accurate float32 versions (sinf's
+    range reduction) can make a kernel compute-bound."""
+    return maximum((x * 1.5 + 0.5) * x - 0.25, x * 0.5)
+
+
+@needs_gpu
+@pytest.mark.benchmark(group="elementwise 64M f32, arithmetic only")
+def test_elementwise_arith_zyx(benchmark, gpu):
+    x = zyx.randn(N_EW).realize()
+    a = x.numpy()
+    np.testing.assert_allclose(_arith_chain(x, zyx.maximum).numpy(),
+                               _arith_chain(a, np.maximum), rtol=1e-5, atol=1e-6)
+    _run(benchmark, lambda: _arith_chain(x, zyx.maximum).realize(), _zsync(gpu),
+         {"bytes": 8 * N_EW})
+
+
+@needs_torch_cuda
+@pytest.mark.benchmark(group="elementwise 64M f32, arithmetic only")
+def test_elementwise_arith_torch(benchmark):
+    x = torch.randn(N_EW, device="cuda")
+    _run(benchmark, lambda: _arith_chain(x, torch.maximum), _tsync, {"bytes": 8 * N_EW})
+
+
 @needs_gpu
 @pytest.mark.benchmark(group="sum 256M f32")
 def test_sum_zyx(benchmark, gpu):

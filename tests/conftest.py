@@ -145,6 +145,22 @@ def device(request):
 
 
 @pytest.fixture
+def on_cpu():
+    """For tests of the C backend itself (its compiler, cache, thread team, zero-copy host
+    memory): the CPU is the default device while they run, whatever ZYX_DEVICE says."""
+    rt = zyx._RT
+    rt._ensure()
+    if not any(n.type == "cpu" for n in rt.names()):
+        pytest.skip("no C backend device")
+    before = rt.default
+    rt.set_default_device("cpu")
+    try:
+        yield
+    finally:
+        rt.default = before
+
+
+@pytest.fixture
 def kernel_counter():
     """Call it around an action: returns (kernels launched by the action, its result)."""
     def count(fn):

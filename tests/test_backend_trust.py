@@ -22,8 +22,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 REAL_CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-pytestmark = pytest.mark.skipif(REAL_CC is None or not sys.platform.startswith("linux"),
-                                reason="needs a C compiler on Linux")
+pytestmark = [pytest.mark.skipif(REAL_CC is None or not sys.platform.startswith("linux"),
+                                reason="needs a C compiler on Linux"),
+              pytest.mark.usefixtures("on_cpu")]   # in-process tests of the C backend too
 
 # exp/sum/max: a plan with a reduction; checked against numpy inside the subprocess
 COMPUTE = """
@@ -52,9 +53,13 @@ def run_zyx(tmp_path, code, config=None, env=None, cache=None, timeout=120):
     are not inherited."""
     cfg_home = tmp_path / "config"
     (cfg_home / "zyx").mkdir(parents=True, exist_ok=True)
-    (cfg_home / "zyx" / "config.json").write_text(json.dumps(config or {}))
+    # these tests are about the C backend: GPU backends stay off unless the config says
+    cfg = {name: {"enabled": False} for name in ("opencl", "cuda", "hip")}
+    cfg.update(config or {})
+    (cfg_home / "zyx" / "config.json").write_text(json.dumps(cfg))
     e = {k: v for k, v in os.environ.items()
-         if k not in ("ZYX_THREADS", "OMP_NUM_THREADS", "ZYX_CC", "CC", "ZYX_DEBUG")}
+         if k not in ("ZYX_THREADS", "OMP_NUM_THREADS", "ZYX_CC", "CC", "ZYX_DEBUG",
+                      "ZYX_DEVICE")}
     e.update(XDG_CACHE_HOME=str(cache or tmp_path / "cache"), XDG_CONFIG_HOME=str(cfg_home),
              PYTHONPATH=str(ROOT) + os.pathsep + e.get("PYTHONPATH", ""))
     e.update(env or {})

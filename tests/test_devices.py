@@ -224,3 +224,18 @@ def test_differentiating_through_a_device_copy_is_refused_clearly(other):
     (v * v).sum().backward()
     np.testing.assert_allclose(v.grad.numpy(), 2 * v.numpy(), rtol=1e-6)
     assert v.grad.device == other
+
+
+@needs_two
+def test_zyx_device_takes_backend_and_device_names(monkeypatch):
+    other = _other_device()
+    try:
+        for spec, want in [("cpu", "cpu"), ("c", "cpu"), (other.type, str(other)),
+                           (str(other), str(other))]:
+            monkeypatch.setenv("ZYX_DEVICE", spec)
+            RT.init()
+            assert str(zyx.get_default_device()) == want, spec
+            assert zyx.tensor([1.0]).device == want
+    finally:
+        monkeypatch.undo()       # the suite's own ZYX_DEVICE (if any) comes back, then init
+        RT.init()

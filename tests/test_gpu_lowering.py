@@ -194,7 +194,8 @@ def test_outputs_not_a_multiple_of_the_group(lowered):
     assert g.launches[0].global_size >= 1001 and g.launches[0].global_size % g.launches[0].local_size == 0
     b = rng().standard_normal((37, 300)).astype(np.float32)
     close(zyx.Tensor(b).sum(axis=1), b.sum(1), rtol=1e-4)
-    assert lowered[-1].strategy == "group" and lowered[-1].launches[0].groups == 37
+    # one group per row (times the groups a blocked row is split into)
+    assert lowered[-1].strategy.startswith("group") and lowered[-1].launches[0].groups % 37 == 0
 
 
 def test_column_reductions_split_over_groups(lowered):

@@ -12,6 +12,9 @@ import zyx.nn.functional as F
 from zyx._core import scheduler
 from zyx.runtime import RT
 
+# the plan layout, zero-copy from_numpy and the thread choice are the C backend's
+pytestmark = pytest.mark.usefixtures("on_cpu")
+
 
 # -- whole-plan programs and the arena ------------------------------------------------------
 

@@ -243,7 +243,7 @@ def chain_inputs():
     return [zyx.tensor(a) for a in arrs], want
 
 
-def test_keyboard_interrupt_during_run_frees_the_plan_buffers(monkeypatch, chain_inputs):
+def test_keyboard_interrupt_during_run_frees_the_plan_buffers(on_cpu, monkeypatch, chain_inputs):
     ts, want = chain_inputs
     chain(*ts).numpy()                       # compiled outside the measurement
     base = pool_bytes()

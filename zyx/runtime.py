@@ -49,12 +49,20 @@ def _max_plans(config):
 
 
 def _preferred_backend(config):
-    """ZYX_DEVICE, else the config's "default_device": a backend name (e.g. "opencl")."""
+    """ZYX_DEVICE, else the config's "default_device": (backend name, index or None).
+    Either a backend name ("c", "opencl", "cuda") or a device name ("cpu", "cuda:1")."""
     name = os.environ.get("ZYX_DEVICE") or config.get("default_device")
     if name is not None and not isinstance(name, str):
-        warn(f"zyx: ignoring default_device={name!r}: not a backend name")
-        return None
-    return name or None
+        warn(f"zyx: ignoring default_device={name!r}: not a device name")
+        return None, None
+    if not name:
+        return None, None
+    backend, _, index = name.strip().partition(":")
+    backend = {v: k for k, v in BACKEND_TYPES.items()}.get(backend, backend)
+    if index and not index.isdigit():
+        warn(f"zyx: ignoring the index of default device {name!r}: not a number")
+        index = ""
+    return backend, (int(index) if index else None)
 
 
 def _backend_of(device):
@@ -102,8 +110,8 @@ class Runtime:
         reasons = []
         self.pools, self.devices = initialize_backends(self.config, self.debug, only, reasons)
         self.unavailable = reasons
-        self.preferred = _preferred_backend(self.config)
-        self._ranked = self._rank_devices()
+        self.preferred, preferred_index = _preferred_backend(self.config)
+        self._ranked = self._rank_devices(preferred_index)
         self._names = self._name_devices()
         self._pool_device = {id(d.pool): d for d in self.devices}
         self.default = None
@@ -127,14 +135,23 @@ class Runtime:
                     return d
         return ranked[0]
 
-    def _rank_devices(self):
+    def _rank_devices(self, index=None):
         """The devices a realization may run on, most compute first: those of the backend
         ZYX_DEVICE / config "default_device" names (a backend that ranks below others by
         compute, like OpenCL on a CPU, is used only when asked for), or all devices, with
-        a warning, when none is of that backend."""
+        a warning, when none is of that backend. `index` (ZYX_DEVICE=cuda:1) puts that
+        device of the backend first."""
         devices = self.devices
         if self.preferred is not None:
             found = [d for d in devices if _backend_of(d) == self.preferred]
+            if found and index is not None:
+                if index < len(found):
+                    first = found[index]
+                    rest = sorted((d for d in found if d is not first),
+                                  key=lambda d: d.info().compute, reverse=True)
+                    return [first] + rest
+                warn(f"zyx: default device {self.preferred}:{index} does not exist; "
+                     f"using {self.preferred}'s others")
             if found:
                 devices = found
             else:

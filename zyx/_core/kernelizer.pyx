@@ -288,10 +288,11 @@ def block_split(list lengths, long long limit):
 class _Builder:
     """Renders one stored node into IR by walking the graph from the output down."""
 
-    def __init__(self, list nodes, list stored, Py_ssize_t out):
+    def __init__(self, list nodes, list stored, Py_ssize_t out, int sum_block=0):
         self.nodes = nodes
         self.stored = stored
         self.out = out
+        self.sum_block = sum_block or SUM_BLOCK   # scalar-accumulator float sum block
         self.ops = []
         self.argpos = {}      # node position -> kernel argument number
         self.args = []        # (dtype, length, read_only)
@@ -533,7 +534,7 @@ class _Builder:
         sshape = self.nodes[src].shape
         acc_dt = accumulator_dtype(node.dtype)
         new, outer, inner, extra, logged = self.plan_reduce_loops(
-            dims, axes, sshape, block_limit(rop, acc_dt, SUM_BLOCK))
+            dims, axes, sshape, block_limit(rop, acc_dt, self.sum_block))
         self.reduce_log.append((p, logged))
         total = self.define_acc(_dt.float64, R_SUM, 1) if outer else None
         outer_loops = self.open_loops(outer)
@@ -617,7 +618,7 @@ class _Builder:
             return tuple([_substitute(e, subst) for e in ds])
         rdims = reshape_index(dims, node.shape, rnode.shape)
         new, outer, inner, extra, _ = self.plan_reduce_loops(
-            rdims, axes, sshape, block_limit(rop, acc_dt, SUM_BLOCK))
+            rdims, axes, sshape, block_limit(rop, acc_dt, self.sum_block))
         totals = [self.define_acc(_dt.float64, R_SUM, 1) for _ in combos] if outer else []
         outer_loops = self.open_loops(outer)
         accs = [self.define_acc(acc_dt, rop, 1) for _ in combos]
@@ -864,11 +865,14 @@ def reshape_index(tuple dims, tuple shape, tuple src_shape):
 
 
 def kernelize(graph, list order, list target_ids, int vector_bytes=64,
-              bint register_tiles=True):
+              bint register_tiles=True, int sum_block=0):
     """Cut the subgraph `order` (topologically sorted node ids) into kernels
     (`vector_bytes`: the device's vector register width, for register tiling;
     `register_tiles` False: no "lanes"/"unroll" output layouts, which exist for CPU SIMD
-    registers; GPU devices turn them off and spread outputs over work-items instead).
+    registers; GPU devices turn them off and spread outputs over work-items instead;
+    `sum_block`: iterations per float32 block of a float sum, 0 for SUM_BLOCK: a GPU
+    work-item adds its block sequentially, with no SIMD lanes splitting it, so GPUs use
+    smaller blocks to keep the CPU's accuracy).
 
     Returns (steps, stored): steps in execution order, each reading and writing node
     positions in `order`; `stored[p]` tells which positions get a buffer."""
@@ -902,7 +906,7 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
         if numel == 0:   # nothing to compute: the scheduler only allocates
             steps.append(Step(None, [p]))
             continue
-        b = _Builder(nodes, stored, p)
+        b = _Builder(nodes, stored, p, sum_block)
         ops, args = b.build(pos)
         if len(args) == 2 and args[0][0] is args[1][0] and args[0][1] == args[1][1] \
                 and _is_identity_copy(ops):
@@ -911,7 +915,7 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
             continue
         up = choose_upcast(b, nodes[p].shape, vector_bytes) if register_tiles else None
         if up is not None:
-            b = _Builder(nodes, stored, p)
+            b = _Builder(nodes, stored, p, sum_block)
             ops, args = b.build(pos, up)
         k = Kernel(ops, args, "k")
         positions = [None] * len(args)

@@ -300,7 +300,7 @@ def build_plan(graph, list order, list target_ids, device, int debug=0):
     _check_addressable(graph, order)
     info = device.info()
     steps, stored = kernelize(graph, order, target_ids, info.preferred_vector_size,
-                              info.register_tiles)
+                              info.register_tiles, info.sum_block)
     pos = {nid: p for p, nid in enumerate(order)}
     targets = [pos[t] for t in target_ids]
     nbytes = {}

@@ -55,6 +55,7 @@ class DeviceInfo:
     # CPU register tiles of reduce kernels (kernelizer.choose_upcast's "lanes"/"unroll");
     # GPU devices set False: gpu.lower spreads outputs over work-items instead
     register_tiles: bool = True
+    sum_block: int = 0                    # float sum block (kernelizer; 0: its SUM_BLOCK)
     extra: dict = field(default_factory=dict)
 
 

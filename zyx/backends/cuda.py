@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import BackendError
 from . import DeviceInfo
+from .gpu import GPU_SUM_BLOCK
 from .cfamily import CUDADialect
 from .gpudriver import (DeviceOutOfMemory, DriverDevice, DriverMemoryPool,
                         ResultTupleDriver, device_ids, ensure_current)
@@ -201,6 +202,7 @@ class CUDADevice(DriverDevice):
         clock_khz = d.attribute("CLOCK_RATE", 0) or 1_500_000
         return DeviceInfo(
             register_tiles=False,          # CPU SIMD layouts; GPUs split work in gpu.lower
+            sum_block=GPU_SUM_BLOCK,
             name=f"CUDA {d.name()}",
             compute=float(sms * clock_khz * 1e3 * cores_per_sm(self.cc) * 2),
             max_global_work_dims=(d.attribute("MAX_GRID_DIM_X", 2**31 - 1),

@@ -48,6 +48,11 @@ from .._core import kernel as K
 from . import DeviceInfo
 from .cfamily import INDEX32, Frame, alu, render_body
 
+# Iterations per float32 block of a float sum on GPU devices (DeviceInfo.sum_block; the
+# CPU's SUM_BLOCK is 4096 because SIMD lanes split a block 16 ways): a work-item of the
+# serial and columns strategies adds its block in sequence, and 256 sequential adds are
+# what the CPU's accuracy rests on.
+GPU_SUM_BLOCK = 256
 WORK_GROUP = 64       # fewest work-items a device must allow in a group (opencl.initialize)
 ELEMENTWISE_GROUP = 256   # work-items per group of one-item-per-output kernels
 REDUCE_GROUP = 256    # most work-items splitting one reduce (16 loads each of a 4096 block)

@@ -197,6 +197,9 @@ class DriverMemoryPool(MemoryPool):
         self.cached_bytes = 0
         self._slots = (_StagingSlot(), _StagingSlot())
         self._ring = _UploadRing()
+        # copies from several threads (one reads a result while another uploads a batch)
+        # share the staging memory: one copy at a time
+        self._copy_lock = threading.Lock()
         self._next_slot = 0
         self._driver_free = None   # (cuMemGetInfo's free bytes, when asked)
 
@@ -278,6 +281,14 @@ class DriverMemoryPool(MemoryPool):
         return slot
 
     def host_to_pool(self, src, dst, wait_events=()):
+        with self._copy_lock:
+            return self._host_to_pool(src, dst, wait_events)
+
+    def pool_to_host(self, src, dst, wait_events=()):
+        with self._copy_lock:
+            self._pool_to_host(src, dst, wait_events)
+
+    def _host_to_pool(self, src, dst, wait_events=()):
         """Copy through pinned staging. Returns None before the last chunk's DMA finishes:
         the caller may drop `src` (it was copied into the slot) and the stream orders the
         kernels after the copy; the slot's event keeps it from being overwritten early."""
@@ -304,7 +315,7 @@ class DriverMemoryPool(MemoryPool):
             slot.mark_used(drv)
         return None
 
-    def pool_to_host(self, src, dst, wait_events=()):
+    def _pool_to_host(self, src, dst, wait_events=()):
         """Blocking copy into `dst` (a C-contiguous array of src.nbytes bytes): each chunk
         goes to a pinned slot on the stream; while the next chunk's DMA runs, the previous
         slot is copied out."""
@@ -314,7 +325,7 @@ class DriverMemoryPool(MemoryPool):
         drv = self.driver
         if not dst.flags.c_contiguous:       # copy into a contiguous array, then into dst
             tmp = np.empty(dst.shape, dst.dtype)
-            self.pool_to_host(src, tmp, wait_events)
+            self._pool_to_host(src, tmp, wait_events)
             dst[...] = tmp
             return
         ensure_current(drv)

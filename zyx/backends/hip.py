@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import BackendError
 from . import DeviceInfo
+from .gpu import GPU_SUM_BLOCK
 from .cfamily import HIPDialect
 from .gpudriver import (DeviceOutOfMemory, DriverDevice, DriverMemoryPool,
                         ResultTupleDriver, device_ids, ensure_current)
@@ -176,6 +177,7 @@ class HIPDevice(DriverDevice):
         base = self.arch.split(":", 1)[0]
         return DeviceInfo(
             register_tiles=False,          # CPU SIMD layouts; GPUs split work in gpu.lower
+            sum_block=GPU_SUM_BLOCK,
             name=f"HIP {d.name()} ({base})",
             compute=float(cus * clock_khz * 1e3 * lanes_per_cu(base) * 2),
             max_local_threads=d.attribute("MaxThreadsPerBlock", 1024),

@@ -19,7 +19,7 @@ from .._core import kernel as K
 from ..errors import AllocationError, BackendError, DTypeError
 from . import Buffer, DeviceInfo, MemoryPool
 from .cfamily import OpenCLDialect
-from .gpu import WORK_GROUP, lower
+from .gpu import GPU_SUM_BLOCK, WORK_GROUP, lower
 
 # Below the C backend's estimate (2e10 FLOP/s per core) for any core count: the C backend
 # computes on the same CPU faster than PoCL's generic code, so it must stay the default.
@@ -166,6 +166,7 @@ class OpenCLDevice:
                           num_cores=d.max_compute_units,
                           warp_size=_warp_size(cl, d, is_cpu),
                           register_tiles=False,
+                          sum_block=GPU_SUM_BLOCK,
                           dtypes=dtypes,
                           extra={"fp16": "cl_khr_fp16" in self.extensions, "fp64": self.fp64,
                                  "cpu": is_cpu})

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import tempfile
 from typing import Mapping
@@ -142,6 +143,20 @@ def _umask():
 # ---------------------------------------------------------------------------------------------
 # loading
 # ---------------------------------------------------------------------------------------------
+MAX_NESTING = 64      # deeper JSON in a header is reported as nesting, not as its type
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def _nesting_depth(raw: bytes) -> int:
+    """Deepest bracket nesting of a JSON text (strings skipped), without recursion."""
+    a = np.frombuffer(_JSON_STRING.sub(b"", raw), dtype=np.uint8)
+    if a.size == 0:
+        return 0
+    step = ((a == ord("[")) | (a == ord("{"))).astype(np.int64) - \
+        ((a == ord("]")) | (a == ord("}"))).astype(np.int64)
+    return int(np.cumsum(step).max())
+
+
 def _no_duplicates(pairs):
     d = dict(pairs)
     if len(d) != len(pairs):
@@ -171,11 +186,14 @@ def _parse_header(pool):
     except (UnicodeDecodeError, ValueError) as e:
         raise SafetensorsError(f"{where}: header is not valid JSON ({e})") from None
     except RecursionError:
-        # a valid header is two levels deep (tensor -> entry); thousands of nested
-        # brackets are a corrupt or hostile file, not something to parse further
-        raise SafetensorsError(f"{where}: header nests JSON values too deeply; a "
-                               "safetensors header maps names to flat entries") from None
-    if not isinstance(header, dict):
+        header = None      # too deep for this Python's parser (said below)
+    if header is None or not isinstance(header, dict):
+        if header is None or _nesting_depth(raw) > MAX_NESTING:
+            # a valid header is two levels deep (tensor -> entry); thousands of nested
+            # brackets are a corrupt or hostile file, not something to parse further
+            # (Python 3.12's parser takes them without a RecursionError)
+            raise SafetensorsError(f"{where}: header nests JSON values too deeply; a "
+                                   "safetensors header maps names to flat entries")
         raise SafetensorsError(f"{where}: header is a JSON {type(header).__name__}, not an object")
     data_start = 8 + n
     data_len = size - data_start
