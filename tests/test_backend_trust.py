@@ -46,6 +46,11 @@ print("RESULT OK")
 """
 
 
+# these tests are about the C backend: in their child processes GPU backends stay off
+# unless a test's config says otherwise
+C_ONLY = {name: {"enabled": False} for name in ("opencl", "cuda", "hip")}
+
+
 def run_zyx(tmp_path, code, config=None, env=None, cache=None, timeout=120):
     """Run `code` (or a script file) in a fresh interpreter importing this checkout's zyx,
     with a private
@@ -53,8 +58,7 @@ def run_zyx(tmp_path, code, config=None, env=None, cache=None, timeout=120):
     are not inherited."""
     cfg_home = tmp_path / "config"
     (cfg_home / "zyx").mkdir(parents=True, exist_ok=True)
-    # these tests are about the C backend: GPU backends stay off unless the config says
-    cfg = {name: {"enabled": False} for name in ("opencl", "cuda", "hip")}
+    cfg = dict(C_ONLY)
     cfg.update(config or {})
     (cfg_home / "zyx" / "config.json").write_text(json.dumps(cfg))
     e = {k: v for k, v in os.environ.items()
@@ -171,9 +175,10 @@ def test_interrupted_compile_leaves_no_temporaries_nor_compiler(tmp_path):
     cc = fake_compiler(tmp_path, f"  echo $$ > {started}; sleep 100")
     cfg_home = tmp_path / "config"
     (cfg_home / "zyx").mkdir(parents=True)
-    (cfg_home / "zyx" / "config.json").write_text("{}")
+    (cfg_home / "zyx" / "config.json").write_text(json.dumps(C_ONLY))
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), XDG_CONFIG_HOME=str(cfg_home),
                ZYX_CC=cc, PYTHONPATH=str(ROOT))
+    env.pop("ZYX_DEVICE", None)
     p = subprocess.Popen([sys.executable, "-c", COMPUTE], cwd=ROOT, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

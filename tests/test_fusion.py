@@ -139,15 +139,17 @@ def test_graph_cache_distinguishes_structure():
     assert zyx.stats()["plans_built"] == s0["plans_built"] + 1
 
 
-def test_second_process_compiles_nothing(tmp_path):
-    """Compiled kernels live in the disk cache: a second process finds them there."""
+def test_second_process_compiles_nothing(tmp_path, device):
+    """Compiled kernels live in the disk cache: a second process finds them there (for
+    each device: C libraries, OpenCL program binaries, CUDA cubins)."""
     script = tmp_path / "prog.py"
     script.write_text(
         "import numpy as np, zyx\n"
         "x = zyx.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))\n"
         "print(float((x.exp() * 1.25 - 0.75).sum(1).max().item()))\n")
     # a private, empty cache: the first process must compile, the second must not
-    env = dict(os.environ, ZYX_DEBUG="32", XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env = dict(os.environ, ZYX_DEBUG="32", XDG_CACHE_HOME=str(tmp_path / "cache"),
+               ZYX_DEVICE=str(device))
     runs = [subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                            env=env, timeout=300) for _ in range(2)]
     for r in runs:

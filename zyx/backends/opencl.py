@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 
 import numpy as np
 
@@ -18,12 +19,16 @@ from .. import dtype as dt
 from .._core import kernel as K
 from ..errors import AllocationError, BackendError, DTypeError
 from . import Buffer, DeviceInfo, MemoryPool
+from .binary_cache import BinaryCache, cache_key
 from .cfamily import OpenCLDialect
 from .gpu import GPU_SUM_BLOCK, WORK_GROUP, lower
 
 # Below the C backend's estimate (2e10 FLOP/s per core) for any core count: the C backend
 # computes on the same CPU faster than PoCL's generic code, so it must stay the default.
 CPU_COMPUTE = 1e9
+# -w: the shared renderer writes constant operands on purpose (`x || 0` in a NaN-aware
+# max); clang's warnings about them are noise
+BUILD_OPTIONS = ["-w"]
 
 
 class OpenCLMemoryPool(MemoryPool):
@@ -143,7 +148,13 @@ class OpenCLDevice:
         self.dialect = OpenCLDialect()
         self.extensions = set(cl_device.extensions.split())
         self.fp64 = "cl_khr_fp64" in self.extensions
-        self._by_source = {}     # OpenCL source -> built cl.Kernel (PoCL builds are slow)
+        self._by_source = {}     # OpenCL source -> built cl.Program (PoCL builds are slow)
+        self.compiled = 0        # programs built from source in this process (zyx.stats)
+        # the binary cache key holds what the binary depends on besides the source
+        self._fingerprint = "|".join(x.strip() for x in (
+            cl_device.platform.name, cl_device.platform.version, cl_device.name,
+            cl_device.version, cl_device.driver_version))
+        self._disk = BinaryCache("opencl", "bin")
         self._programs = {}      # zyx kernel -> OpenCLProgram
         self._info = self._make_info()
 
@@ -194,16 +205,38 @@ class OpenCLDevice:
         if built is None:
             if self.debug & 8:
                 print(f"zyx: OpenCL source\n{src}", file=sys.stderr)
-            try:
-                # -w: the shared renderer writes constant operands on purpose (`x || 0`
-                # in a NaN-aware max); clang's warnings about them are noise
-                built = self.cl.Program(self.pool.ctx, src).build(options=["-w"])
-            except self.cl.Error as e:
-                raise BackendError(f"OpenCL build failed on {self.dev.name.strip()}:\n{e}\n"
-                                   f"--- source ---\n{src}") from None
-            self._by_source[src] = built
+            built = self._by_source[src] = self._build(src)
         prog = self._programs[kernel] = OpenCLProgram(self.cl, kernel, gpu, built)
         return prog
+
+    def _build(self, src):
+        """The built cl.Program of `src`: from the disk cache (the device's own binary,
+        verified like the C backend's libraries) or compiled and stored there."""
+        cl, ctx = self.cl, self.pool.ctx
+        key = cache_key(src, self._fingerprint, BUILD_OPTIONS)
+        binary = self._disk.load(key)
+        if binary is not None:
+            try:
+                return cl.Program(ctx, [self.dev], [binary]).build(options=BUILD_OPTIONS)
+            except cl.Error:          # a driver update can refuse an old binary
+                self._disk.discard(key)
+        t0 = time.perf_counter()
+        try:
+            built = cl.Program(ctx, src).build(options=BUILD_OPTIONS)
+        except cl.Error as e:
+            raise BackendError(f"OpenCL build failed on {self.dev.name.strip()}:\n{e}\n"
+                               f"--- source ---\n{src}") from None
+        self.compiled += 1
+        if self.debug & 32:
+            print(f"zyx: OpenCL compiled a program for {self.dev.name.strip()} in "
+                  f"{(time.perf_counter() - t0) * 1e3:.1f} ms", file=sys.stderr)
+        try:
+            binaries = built.get_info(cl.program_info.BINARIES)
+            if binaries and binaries[0]:
+                self._disk.store(key, bytes(binaries[0]))
+        except cl.Error:
+            pass                      # a device that cannot return binaries: no disk cache
+        return built
 
     def launch(self, program, pool, args, wait_events=()):
         gpu = program.gpu

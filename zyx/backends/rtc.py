@@ -6,6 +6,7 @@ target + options, so a second process compiles nothing.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 from ..errors import BackendError
@@ -77,7 +78,7 @@ class RuntimeCompiler:
         self.compiled += 1
         if self.debug & 32:
             print(f"zyx: {self.label} compiled {size} bytes for {self.target} in "
-                  f"{(time.perf_counter() - t0) * 1e3:.1f} ms")
+                  f"{(time.perf_counter() - t0) * 1e3:.1f} ms", file=sys.stderr)
         return bytes(out)
 
     def _log(self, prog):
