@@ -11,6 +11,7 @@
 #   cuda    the whole test suite with the CUDA device as the default device
 #   opencl  the whole test suite with OpenCL (NVIDIA's) as the default device
 #   bench   benches/bench_gpu.py through benches/report.py (markdown table)
+#   opencl-cache  test_fusion, test_backend_trust, test_opencl with OpenCL as the default
 #   profile benches/gpu_launch_profile.py: where a tiny realization's host time goes (CUDA)
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
 # Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
@@ -69,6 +70,14 @@ EOF
         $PY benches/report.py benches/bench_gpu.py ${BENCH_K:+-k "$BENCH_K"} \
             >"$OUT/bench.md" 2>"$OUT/bench.err"
         cat "$OUT/bench.md"
+        ;;
+    opencl-cache)
+        # the tests of the disk caches and of the C backend, with OpenCL as the default
+        ZYX_DEVICE=opencl $PY -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
+            tests/test_fusion.py tests/test_backend_trust.py tests/test_opencl.py \
+            >"$OUT/opencl-cache.log" 2>&1
+        summary "opencl cache tests" "$OUT/opencl-cache.log"
+        grep -E "^(FAILED|ERROR)" "$OUT/opencl-cache.log" | head -30
         ;;
     profile)
         $PY benches/gpu_launch_profile.py cuda >"$OUT/profile.log" 2>&1
