@@ -10,6 +10,10 @@ import pytest
 import zyx
 import zyx.nn.functional as F
 
+# every test runs on every device zyx finds (conftest `device`: the CPU, OpenCL on PoCL
+# in CI, CUDA on a GPU machine)
+pytestmark = pytest.mark.usefixtures("device")
+
 try:
     import torch
     import torch.nn.functional as TF

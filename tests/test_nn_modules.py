@@ -12,6 +12,10 @@ import zyx
 from zyx import nn
 import zyx.nn.functional as F
 
+# every test runs on every device zyx finds (conftest `device`: the CPU, OpenCL on PoCL
+# in CI, CUDA on a GPU machine)
+pytestmark = pytest.mark.usefixtures("device")
+
 try:
     import torch
     import torch.nn as tnn

@@ -7,6 +7,10 @@ import pytest
 import zyx
 from zyx import optim
 
+# every test runs on every device zyx finds (conftest `device`: the CPU, OpenCL on PoCL
+# in CI, CUDA on a GPU machine)
+pytestmark = pytest.mark.usefixtures("device")
+
 STEPS = 10
 
 
