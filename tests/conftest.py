@@ -144,6 +144,22 @@ def device(request):
         rt.default = before
 
 
+def only_backend(name, reason):
+    """Body of a module fixture running a test module on backend `name` alone: the
+    runtime is re-initialized with only that backend (skipping the module with `reason`
+    when it cannot start) and restored afterwards. Yields the device."""
+    rt = zyx._RT
+    try:
+        rt.init(only=[name])
+    except zyx.NoBackendAvailable as e:
+        rt.init()
+        pytest.skip(f"{reason}: {e}")
+    dev = rt.device()
+    assert dev.backend == name
+    yield dev
+    rt.init()
+
+
 @pytest.fixture
 def on_cpu():
     """For tests of the C backend itself (its compiler, cache, thread team, zero-copy host

@@ -23,10 +23,11 @@ from zyx.backends import DeviceInfo, gpudriver
 from zyx.backends.binary_cache import BinaryCache
 from zyx.backends.cfamily import CUDADialect
 from zyx.backends.gpu import GPUKernel, Launch, lower
-from zyx.errors import AllocationError, BackendError, NoBackendAvailable
+from zyx.errors import AllocationError, BackendError
 
 from gpu_cases import *  # noqa: F401,F403  (numerical cases, run on the CUDA device)
 from gpu_cases import GRAPHS, kernels_of
+from conftest import only_backend
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -447,16 +448,7 @@ def cuda_runtime():
         cuda.initialize({})
     except BackendError as e:
         pytest.skip(f"no NVIDIA driver: {e}")
-    rt = zyx._RT
-    try:
-        rt.init(only=["cuda"])
-    except NoBackendAvailable as e:
-        rt.init()
-        pytest.skip(f"no CUDA device: {e}")
-    dev = rt.device()
-    assert dev.backend == "cuda"
-    yield dev
-    rt.init()
+    yield from only_backend("cuda", "no CUDA device")
 
 
 @pytest.fixture(autouse=True)

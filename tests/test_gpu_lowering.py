@@ -16,7 +16,8 @@ from zyx._core.kernelizer import kernelize
 from zyx._core.passes import optimize
 from zyx.backends import DeviceInfo, gpu
 from zyx.backends.cfamily import OpenCLDialect
-from zyx.errors import NoBackendAvailable
+
+from conftest import only_backend
 
 cl = pytest.importorskip("pyopencl", reason="pyopencl is not installed")
 
@@ -27,16 +28,7 @@ H100 = DeviceInfo(name="H100", max_local_threads=1024, warp_size=32, num_cores=1
 
 @pytest.fixture(scope="module", autouse=True)
 def opencl_device():
-    rt = zyx._RT
-    try:
-        rt.init(only=["opencl"])
-    except NoBackendAvailable as e:
-        rt.init()
-        pytest.skip(f"no OpenCL device: {e}")
-    dev = rt.device()
-    assert dev.backend == "opencl"
-    yield dev
-    rt.init()
+    yield from only_backend("opencl", "no OpenCL device")
 
 
 @pytest.fixture

@@ -211,13 +211,7 @@ class Tensor(_TB.TensorBase):
         false). Moving to another device computes the tensor where it is and copies the
         result into a new tensor there; `non_blocking` is accepted (copies to a GPU are
         queued anyway)."""
-        for a in args:
-            if isinstance(a, Tensor):
-                device, dtype = a.device, a.dtype
-            elif _names_device(a):
-                device = a
-            else:
-                dtype = a
+        device, dtype = _to_args(args, device, dtype)
         out = self if dtype is None else self.cast(dtype)
         if device is not None:
             dev = RT.resolve(device)
@@ -1060,6 +1054,19 @@ def _to_numpy(data, d):
 
 # ---------------------------------------------------------------------------------------
 # creation
+def _to_args(args, device, dtype):
+    """(device, dtype) of `to(*args, device=, dtype=)` as torch reads them: positional
+    devices, dtypes, or a tensor giving both."""
+    for a in args:
+        if isinstance(a, Tensor):
+            device, dtype = a.device, a.dtype
+        elif _names_device(a):
+            device = a
+        else:
+            dtype = a
+    return device, dtype
+
+
 def _names_device(a):
     """Whether a positional argument of `to()` names a device (a Device, a device string
     such as "cuda:0", a backend device) rather than a dtype ("float64", zyx.int32...)."""

@@ -14,9 +14,8 @@ import numpy as np
 
 from ... import dtype as dt
 from ...errors import ShapeError, ZyxError
-from ...device import Device
 from ...runtime import RT
-from ...tensor import Tensor, _names_device, _rebind
+from ...tensor import Tensor, _rebind, _to_args
 from ..init import _assign
 
 __all__ = ["Module", "Parameter"]
@@ -319,13 +318,7 @@ class Module:
         dtype (torch's `to(device)`, `to(dtype)`, `to(device, dtype)`, `to(tensor)`), in
         place: the tensor objects stay the same, so an optimizer built before still holds
         them (its state follows at the next step). Gradients move with their parameters."""
-        for a in args:
-            if isinstance(a, Tensor):
-                device, dtype = a.device, a.dtype
-            elif _names_device(a):
-                device = a
-            else:
-                dtype = a
+        device, dtype = _to_args(args, device, dtype)
         d = None
         if dtype is not None:
             d = dt.to_dtype(dtype)
