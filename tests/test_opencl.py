@@ -107,3 +107,16 @@ def test_pocl_without_a_linker_is_skipped_not_aborted(opencl_runtime, monkeypatc
     mine = cl.get_platforms().index(opencl_runtime.dev.platform)
     with pytest.raises(BackendError, match="linker"):
         opencl.initialize({"platform_ids": [mine]})
+
+
+def test_uploads_are_queued_and_the_source_may_change_at_once():
+    pool = zyx._RT.device().pool       # (an earlier test may have re-initialized)
+    a = np.arange(1000, dtype=np.float32)
+    x = zyx.Tensor(a)             # copies a: changing a afterwards must not reach x
+    a[:] = -1
+    assert len(pool._uploads) >= 1          # queued, not waited for
+    np.testing.assert_array_equal(x.numpy(), np.arange(1000, dtype=np.float32))
+    assert not pool._uploads                # a read waits for the queue, then forgets them
+    many = [zyx.Tensor(np.full(16, i, np.float32)) for i in range(200)]
+    assert len(pool._uploads) <= 200
+    assert [t.numpy()[0] for t in many] == list(range(200))

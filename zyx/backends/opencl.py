@@ -43,6 +43,7 @@ class OpenCLMemoryPool(MemoryPool):
         self.ctx = ctx
         self.queue = queue
         self._free = {}    # nbytes -> [cl.Buffer]
+        self._uploads = []  # events of queued host->device copies (each holds its array)
 
     def allocate(self, nbytes):
         if nbytes > self.free_bytes:
@@ -76,6 +77,11 @@ class OpenCLMemoryPool(MemoryPool):
         self._free.setdefault(buf.nbytes, []).append(buf.handle)
         buf.handle = None
 
+    def _forget_finished_uploads(self):
+        done = self.cl.command_execution_status.COMPLETE
+        self._uploads = [ev for ev in self._uploads
+                         if ev.command_execution_status != done]
+
     def trim(self):
         """Release every cached free buffer."""
         for lst in self._free.values():
@@ -84,18 +90,27 @@ class OpenCLMemoryPool(MemoryPool):
         self._free.clear()
 
     def host_to_pool(self, src, dst, wait_events=()):
-        # blocking: the caller may drop `src` as soon as this returns
+        """Queue the copy and return: a blocking write on the in-order queue would wait for
+        every kernel queued before it (a host synchronization per uploaded batch). The
+        data is first copied into an array of our own, so the caller may change or drop
+        `src` at once; pyopencl's event for a non-blocking copy holds that array until the
+        copy ran, and we hold the events until they complete."""
         if dst.nbytes == 0:
             return None
-        src = np.ascontiguousarray(src)
-        return self.cl.enqueue_copy(self.queue, dst.handle, src, wait_for=list(wait_events) or None,
-                                    is_blocking=True)
+        own = np.array(src, copy=True, order="C")
+        ev = self.cl.enqueue_copy(self.queue, dst.handle, own,
+                                  wait_for=list(wait_events) or None, is_blocking=False)
+        self._uploads.append(ev)
+        if len(self._uploads) > 64:
+            self._forget_finished_uploads()
+        return None      # the queue is in order: kernels after it see the data
 
     def pool_to_host(self, src, dst, wait_events=()):
         if src.nbytes == 0:
             return
         self.cl.enqueue_copy(self.queue, dst.reshape(-1).view(np.uint8), src.handle,
                              wait_for=list(wait_events) or None, is_blocking=True)
+        self._uploads.clear()     # in order: every copy queued before has run
 
     def sync_events(self, events):
         events = [e for e in events if e is not None]
@@ -256,6 +271,7 @@ class OpenCLDevice:
     def synchronize(self):
         """Wait until everything queued on this device has run."""
         self.pool.queue.finish()
+        self.pool._uploads.clear()
 
     def release(self, program):
         self._programs.pop(program.kernel, None)
