@@ -77,11 +77,11 @@ def diagonal(input, offset=0, dim1=0, dim2=1):
     n, m = x.shape[-2:]
     length = builtins.max(0, builtins.min(n, m - offset) if offset >= 0 else
                           builtins.min(n + offset, m))
-    if length == 0:
-        return _const(0, input.dtype, lead + (0,))
+    flat = x.reshape(lead + (n * m,))
+    if length == 0:      # still computed from input, so a backward through it works
+        return flat.shrink(tuple((0, s) for s in lead) + ((0, 0),))
     # element t of the diagonal sits at start + t * (m + 1) of the flattened matrix
     start = offset if offset >= 0 else -offset * m
-    flat = x.reshape(lead + (n * m,))
     span = length * (m + 1)
     flat = flat._pad(((0, 0),) * len(lead) + ((-start, start + span - n * m),))
     rows = flat.reshape(lead + (length, m + 1))
