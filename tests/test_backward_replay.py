@@ -63,7 +63,7 @@ def _shared_and_movement(rng):
     def loss():
         h = w * b + w.exp()                      # w used twice, b broadcast
         cat = zyx.cat([h[1:, ::2], h[:-1, 1::2].flip(0)], 1)
-        padded = F.pad(cat, (1, 2)).max(1) + zyx.where(h > 0, h, h * 0.1).min(0).sum()
+        padded = F.pad(cat, (1, 2)).amax(1) + zyx.where(h > 0, h, h * 0.1).amin(0).sum()
         return (padded.abs() + h.cast(zyx.float64).sum().cast(zyx.float32)).sum()
     return [w, b], loss
 

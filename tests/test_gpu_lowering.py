@@ -103,7 +103,7 @@ def test_reduce_keepdim_and_epilogue(lowered):
     b = rng().standard_normal((7, 1)).astype(np.float32)
     x, y = zyx.Tensor(a), zyx.Tensor(b)
     close(x.sum(axis=1, keepdim=True) * 0.5 + y, a.sum(1, keepdims=True) * 0.5 + b, rtol=1e-4)
-    close((x.max(axis=1) - x.min(axis=1)).sqrt(), np.sqrt(a.max(1) - a.min(1)))
+    close((x.amax(axis=1) - x.amin(axis=1)).sqrt(), np.sqrt(a.max(1) - a.min(1)))
     # two reductions fused into one epilogue, each split over groups
     c = rng().standard_normal(50000).astype(np.float32)
     z = zyx.Tensor(c)
@@ -154,7 +154,7 @@ def test_integer_and_bool_reductions(lowered):
     i = r.integers(-1000, 1000, (6, 3001)).astype(np.int32)
     x = zyx.Tensor(i)
     np.testing.assert_array_equal(x.sum(axis=1).numpy(), i.sum(1))
-    np.testing.assert_array_equal(x.max(axis=0).numpy(), i.max(0))
+    np.testing.assert_array_equal(x.amax(axis=0).numpy(), i.max(0))
     assert int(x.sum().item()) == int(i.astype(np.int64).sum())
     assert int(x.min().item()) == int(i.min())
     big = r.integers(0, 2**40, 20000).astype(np.int64)
@@ -173,7 +173,7 @@ def test_half_precision_reductions(d, lowered):
     x = zyx.Tensor(a).cast(d)
     ref = x.cast(zdt.float32).numpy().astype(np.float64)    # the rounded inputs
     close(x.sum(axis=1).cast(zdt.float32), ref.sum(1), rtol=1e-2, atol=0.1)
-    close(x.max(axis=1).cast(zdt.float32), ref.max(1))
+    close(x.amax(axis=1).cast(zdt.float32), ref.max(1))
     close(x.mean().cast(zdt.float32), ref.mean(), rtol=1e-2, atol=1e-2)
     close(x.sum().cast(zdt.float32), ref.sum(), rtol=1e-2, atol=1)
 
@@ -201,7 +201,7 @@ def test_column_reductions_split_over_groups(lowered):
     first, second = g.launches
     assert first.groups > second.groups            # several groups per block of columns
     # (both near 1000: the float32 difference keeps about 1e-4 of absolute precision)
-    close(x.max(axis=0) - x.mean(axis=0), a.max(0) - a.astype(np.float64).mean(0), atol=3e-4)
+    close(x.amax(axis=0) - x.mean(axis=0), a.max(0) - a.astype(np.float64).mean(0), atol=3e-4)
     assert "columns" in [k.strategy for k in lowered[1:]]
 
 
@@ -269,7 +269,7 @@ def test_h100_strategies_rendered():
     # softmax-sized row reductions: one group per row, no second pass
     rows = zyx.Tensor(np.ones((16, 4096), np.float32)).reshape(16, 1, 4096) \
         .expand(16, 1024, 4096).reshape(16384, 4096)
-    (k,) = kernels_of(rows.max(axis=1))
+    (k,) = kernels_of(rows.amax(axis=1))
     g = gpu.lower(k, dl, H100)
     assert g.strategy == "group" and g.launches[0].groups == 16384
     assert g.launches[0].local_size == 256

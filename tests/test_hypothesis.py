@@ -50,8 +50,8 @@ BINARY = {
 }
 REDUCE = {
     "sum": (lambda x, ax, k: x.sum(ax, keepdim=k), lambda a, ax, k: a.sum(ax, keepdims=k)),
-    "max": (lambda x, ax, k: x.max(ax, keepdim=k), lambda a, ax, k: a.max(ax, keepdims=k)),
-    "min": (lambda x, ax, k: x.min(ax, keepdim=k), lambda a, ax, k: a.min(ax, keepdims=k)),
+    "max": (lambda x, ax, k: x.amax(ax, keepdim=k), lambda a, ax, k: a.max(ax, keepdims=k)),
+    "min": (lambda x, ax, k: x.amin(ax, keepdim=k), lambda a, ax, k: a.min(ax, keepdims=k)),
     "mean": (lambda x, ax, k: x.mean(ax, keepdim=k), lambda a, ax, k: a.mean(ax, keepdims=k)),
 }
 
@@ -196,7 +196,7 @@ def test_random_int_graphs(data, shape):
             if op == "sum":
                 x, ref = x.sum(ax), ref.sum(ax)
             elif op == "max":
-                x, ref = x.max(ax, keepdim=True), ref.max(ax, keepdims=True)
+                x, ref = x.amax(ax, keepdim=True), ref.max(ax, keepdims=True)
             else:
                 x, ref = x.cumsum(ax), np.cumsum(ref, ax)
             x, ref = x.cast(zyx.int32), ref.astype(np.int32).astype(np.int64)

@@ -95,8 +95,8 @@ def test_max_min_propagate_nan(d, n):
     a[2, -1] = np.nan
     x = zyx.Tensor(a, dtype=d)
     with np.errstate(all="ignore"):
-        assert_close(x.max(1), np.max(a, axis=1), dtype=d)
-        assert_close(x.min(1), np.min(a, axis=1), dtype=d)
+        assert_close(x.amax(1), np.max(a, axis=1), dtype=d)
+        assert_close(x.amin(1), np.min(a, axis=1), dtype=d)
         assert np.isnan(x.max().item()) and np.isnan(x.amin().item())
 
 
@@ -104,8 +104,8 @@ def test_max_min_infinities():
     a = np.full((2, 40000), -np.inf, dtype=np.float32)
     a[1, 7] = -3.0
     x = zyx.Tensor(a)
-    assert_close(x.max(1), np.array([-np.inf, -3.0], dtype=np.float32), dtype=zyx.float32)
-    assert_close((-x).min(1), np.array([np.inf, 3.0], dtype=np.float32), dtype=zyx.float32)
+    assert_close(x.amax(1), np.array([-np.inf, -3.0], dtype=np.float32), dtype=zyx.float32)
+    assert_close((-x).amin(1), np.array([np.inf, 3.0], dtype=np.float32), dtype=zyx.float32)
     assert x.max().item() == -3.0
     assert zyx.Tensor(np.full(8, -np.inf, dtype=np.float32)).max().item() == -np.inf
 
@@ -272,7 +272,7 @@ def test_reduce_noncontiguous_views():
     a = np.random.randn(6, 8).astype(np.float32)
     x = zyx.Tensor(a)
     assert_close(x.T.sum(0), a.T.sum(0), dtype=zyx.float32)
-    assert_close(x[::2, ::-3].max(1), a[::2, ::-3].max(1), dtype=zyx.float32)
+    assert_close(x[::2, ::-3].amax(1), a[::2, ::-3].max(1), dtype=zyx.float32)
     assert_close(x.flip(1).cumsum(1), np.cumsum(a[:, ::-1], 1), dtype=zyx.float32, scale=4)
     assert_close(x.reshape(4, 12).permute(1, 0).mean(1), a.reshape(4, 12).T.mean(1),
                  dtype=zyx.float32, scale=2)
@@ -301,11 +301,11 @@ def test_reduce_empty():
     assert x.prod().item() == 1.0
     assert_close(x.any(0), np.zeros(3, bool), dtype=zyx.bool)
     assert_close(x.all(0), np.ones(3, bool), dtype=zyx.bool)
-    assert_close(x.max(1), np.zeros(0, np.float32), dtype=zyx.float32)  # nothing to reduce
+    assert_close(x.amax(1), np.zeros(0, np.float32), dtype=zyx.float32)  # nothing to reduce
     with np.errstate(all="ignore"):
         assert np.isnan(x.mean().item())
     with pytest.raises(zyx.ShapeError, match=r"\(0, 3\)"):
-        x.max(0)
+        x.amax(0)
     with pytest.raises(zyx.ShapeError):
         x.argmax()
     with pytest.raises(zyx.ShapeError):

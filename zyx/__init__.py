@@ -44,6 +44,13 @@ from .device import Device, device
 from .tensor import *  # noqa: F401,F403
 from .tensor import __all__ as _tensor_all
 from .runtime import RT as _RT
+# --- PyTorch habits: sorting, indexing, products and linalg, small ops (issue 12) ---
+from .sorting import *  # noqa: F401,F403,E402  (max/min/where here are torch's forms)
+from .indexing import *  # noqa: F401,F403,E402
+from .products import *  # noqa: F401,F403,E402
+from .misc_ops import *  # noqa: F401,F403,E402
+from . import linalg  # noqa: E402
+# --- end PyTorch habits ---
 
 half = float16
 float = float32  # noqa: A001  (torch spelling: zyx.float is float32)

@@ -2110,8 +2110,9 @@ def _setitem(self, idx, value):
     raise ZyxError("zyx tensors are immutable; build a new tensor with where/masked_fill/cat")
 
 
+# max/min (values, indices with a dim; elementwise with a tensor) are zyx/sorting.py's
 for _name, _fn in (("sum", _sum), ("prod", _prod_r), ("amax", _amax), ("amin", _amin),
-                   ("max", _amax), ("min", _amin), ("mean", _mean), ("var", _var), ("std", _std),
+                   ("mean", _mean), ("var", _var), ("std", _std),
                    ("argmax", _argmax), ("argmin", _argmin), ("any", _any), ("all", _all),
                    ("logsumexp", _logsumexp), ("softmax", _softmax), ("log_softmax", _log_softmax),
                    ("cumsum", _cumsum), ("flatten", _flatten), ("squeeze", _squeeze),

@@ -1,0 +1,328 @@
+"""Small PyTorch habits: comparisons (allclose, isclose, equal, logical_*), new_* and *_like
+factories, random sampling (multinomial, bernoulli, randperm, randint's two-argument
+form), size queries (numel, element_size, nbytes, itemsize), .t(), .is_contiguous(),
+zyx.Size, set_num_threads/get_num_threads, and `requires_grad=` on every factory.
+
+Random numbers are drawn on the host by zyx's generator (zyx.manual_seed), as zyx.rand.
+"""
+import builtins
+import os
+import sys
+
+import numpy as np
+
+from . import dtype as dt
+from .errors import ShapeError
+from .runtime import RT
+from .tensor import Tensor
+
+_tensor_module = sys.modules["zyx.tensor"]     # `zyx.tensor` is the function (see ARCHITECTURE.md)
+
+
+class Size(tuple):
+    """torch.Size: a tuple of dims with numel(). zyx's `x.shape` and `x.size()` stay plain
+    tuples (they are read in hot paths and compare equal to Size anyway)."""
+
+    def numel(self):
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+    def __repr__(self):
+        return f"zyx.Size({list(self)})"
+
+
+# ---------------------------------------------------------------------------------------
+# comparisons
+def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """torch.isclose: |input - other| <= atol + rtol * |other| elementwise (infinities equal
+    only to themselves; NaN equal to NaN when equal_nan)."""
+    if not isinstance(other, Tensor):
+        other = Tensor(other, dtype=input.dtype)
+    if input.dtype.is_bool or not input.dtype.is_float:
+        a, b = input.cast(dt.float64), other.cast(dt.float64)
+    else:
+        d = dt.promote(input.dtype, other.dtype)
+        a, b = input.cast(d), other.cast(d)
+    same = a == b
+    near = (a - b).abs() <= (b.abs() * rtol + atol)
+    close = same | (near & a.isfinite() & b.isfinite())
+    if equal_nan:
+        close = close | (a.isnan() & b.isnan())
+    return close
+
+
+def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    """torch.allclose: True when every element isclose (a Python bool; realizes)."""
+    return builtins.bool(isclose(input, other, rtol, atol, equal_nan).all().item())
+
+
+def equal(input, other):
+    """torch.equal: True when both have the same shape and the same values (a Python bool;
+    realizes). NaN is not equal to itself, as in torch."""
+    if tuple(input.shape) != tuple(other.shape):
+        return False
+    return builtins.bool((input == other).all().item())
+
+
+def logical_and(input, other):
+    """torch.logical_and: elementwise, nonzero is true; a bool tensor."""
+    return _truth(input) & _truth(other)
+
+
+def logical_or(input, other):
+    """torch.logical_or (see logical_and)."""
+    return _truth(input) | _truth(other)
+
+
+def logical_xor(input, other):
+    """torch.logical_xor (see logical_and)."""
+    return _truth(input) ^ _truth(other)
+
+
+def logical_not(input):
+    """torch.logical_not: a bool tensor, true where input is zero."""
+    return ~_truth(input)
+
+
+def _truth(x):
+    if not isinstance(x, Tensor):
+        x = Tensor(x)
+    return x if x.dtype.is_bool else x != 0
+
+
+# ---------------------------------------------------------------------------------------
+# methods
+def type_as(self, other):
+    """torch.Tensor.type_as: self cast to other's dtype."""
+    return self.cast(other.dtype)
+
+
+def _new(self, shape, fill, dtype, device, requires_grad):
+    d = dt.to_dtype(dtype) if dtype is not None else self.dtype
+    return _tensor_module.full(_tensor_module._shape_args(shape), fill, d,
+                               device if device is not None else self.device, requires_grad)
+
+
+def new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
+    """torch.Tensor.new_zeros: zeros with self's dtype and device unless given."""
+    return _new(self, size, 0, dtype, device, requires_grad)
+
+
+def new_ones(self, *size, dtype=None, device=None, requires_grad=False):
+    """torch.Tensor.new_ones: ones with self's dtype and device unless given."""
+    return _new(self, size, 1, dtype, device, requires_grad)
+
+
+def new_empty(self, *size, dtype=None, device=None, requires_grad=False):
+    """torch.Tensor.new_empty: zyx fills it with zeros (no uninitialized memory)."""
+    return _new(self, size, 0, dtype, device, requires_grad)
+
+
+def new_full(self, size, fill_value, *, dtype=None, device=None, requires_grad=False):
+    """torch.Tensor.new_full: `fill_value` everywhere, self's dtype and device unless given."""
+    return _new(self, size, fill_value, dtype, device, requires_grad)
+
+
+def new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+    """torch.Tensor.new_tensor: a tensor of `data` with self's dtype and device unless
+    given."""
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    return Tensor(data, dtype=dtype if dtype is not None else self.dtype,
+                  device=device if device is not None else self.device,
+                  requires_grad=requires_grad)
+
+
+def element_size(self):
+    """Bytes per element (torch.Tensor.element_size)."""
+    return self.dtype.itemsize
+
+
+def _t(self):
+    """torch.Tensor.t: the transpose of a matrix; 0-D and 1-D tensors are returned as is."""
+    if self.ndim > 2:
+        raise ShapeError(f"t() expects a tensor with <= 2 dimensions, but self is "
+                         f"{self.ndim}D")
+    return self.transpose(0, 1) if self.ndim == 2 else self
+
+
+def is_contiguous(self, memory_format=None):
+    """Always True: a zyx tensor has no strides (movement ops are index math in the kernel
+    that reads them), so there is nothing to make contiguous."""
+    return True
+
+
+# ---------------------------------------------------------------------------------------
+# random
+def _rng():
+    return RT.rng
+
+
+def multinomial(input, num_samples, replacement=False, *, generator=None):
+    """torch.multinomial: `num_samples` category indices per row of non-negative weights
+    (1-D or 2-D input), with or without replacement; int64. Drawn on the host by zyx's
+    generator (zyx.manual_seed), so it realizes input; the draws differ from torch's."""
+    w = np.asarray(input.numpy(), dtype=np.float64)
+    if w.ndim not in (1, 2):
+        raise ShapeError(f"multinomial: prob_dist must be 1 or 2 dim, got {w.ndim}")
+    rows = w.reshape(1, -1) if w.ndim == 1 else w
+    if not np.isfinite(rows).all() or (rows < 0).any():
+        raise ValueError("multinomial: probability tensor contains either `inf`, `nan` or "
+                         "element < 0")
+    if (rows.sum(1) <= 0).any():
+        raise ValueError("multinomial: invalid multinomial distribution (sum of "
+                         "probabilities <= 0)")
+    if not replacement and num_samples > rows.shape[1]:
+        raise ValueError("multinomial: cannot sample n_sample > prob_dist.size(-1) samples "
+                         "without replacement")
+    if not replacement and num_samples > np.count_nonzero(rows, 1).min():
+        raise ValueError("multinomial: invalid multinomial distribution (with replacement="
+                         "False, not enough non-negative category to sample)")
+    rng = _rng()
+    out = np.stack([rng.choice(rows.shape[1], size=num_samples, replace=replacement,
+                               p=r / r.sum()) for r in rows]).astype(np.int64)
+    return Tensor(out.reshape(-1) if w.ndim == 1 else out, dtype=dt.int64, device=input.device)
+
+
+def bernoulli(input, p=None, *, generator=None):
+    """torch.bernoulli: 1 with probability input (or p) per element, else 0, in input's
+    dtype. The uniform draws come from zyx's generator; the compare is lazy."""
+    probs = input if p is None else p
+    u = _tensor_module.rand(*input.shape, dtype=dt.float32 if input.dtype is not dt.float64
+                            else dt.float64, device=input.device)
+    return (u < probs).cast(input.dtype)
+
+
+def randperm(n, *, dtype=None, device=None, requires_grad=False, generator=None):
+    """torch.randperm: a random permutation of 0..n-1 (int64 by default)."""
+    d = dt.to_dtype(dtype) if dtype is not None else dt.int64
+    return Tensor(_rng().permutation(builtins.int(n)).astype(d.np if not d.is_float or
+                                                              d is not dt.bfloat16 else np.float32),
+                  dtype=d, device=device, requires_grad=requires_grad)
+
+
+def rand_like(input, *, dtype=None, device=None, requires_grad=False):
+    """torch.rand_like: uniform [0, 1) with input's shape (and dtype/device unless given)."""
+    return _tensor_module.rand(*input.shape, dtype=dtype or input.dtype,
+                               device=device or input.device, requires_grad=requires_grad)
+
+
+def randn_like(input, *, dtype=None, device=None, requires_grad=False):
+    """torch.randn_like: standard normal with input's shape (and dtype/device unless given)."""
+    return _tensor_module.randn(*input.shape, dtype=dtype or input.dtype,
+                                device=device or input.device, requires_grad=requires_grad)
+
+
+def randint_like(input, low=0, high=None, *, dtype=None, device=None, requires_grad=False):
+    """torch.randint_like(input, high) / (input, low, high): integers in [low, high) with
+    input's shape and dtype unless given."""
+    if high is None:
+        low, high = 0, low
+    return randint(low, high, input.shape, dtype=dtype or input.dtype,
+                   device=device or input.device, requires_grad=requires_grad)
+
+
+def randint(low, high=None, size=None, *, dtype=None, device=None, requires_grad=False,
+            generator=None):
+    """torch.randint(high, size) or randint(low, high, size): integers in [low, high)
+    (int64 by default in torch; zyx gives int32 when the range fits, as zyx.arange)."""
+    if size is None and isinstance(high, (tuple, list)):
+        low, high, size = 0, low, high        # torch's two-argument form
+    if size is None:
+        raise TypeError("randint() missing the required argument 'size'")
+    t = _base_randint(low, high, size, dtype, device)
+    if requires_grad:
+        t.requires_grad = True
+    return t
+
+
+_base_randint = _tensor_module.randint
+
+
+# ---------------------------------------------------------------------------------------
+# factories with requires_grad=
+def _with_grad(fn):
+    def wrapped(*args, requires_grad=False, **kwargs):
+        t = fn(*args, **kwargs)
+        if requires_grad:
+            if not t.dtype.is_float:
+                raise RuntimeError("Only Tensors of floating point dtype can require "
+                                   "gradients")
+            t.requires_grad = True
+        return t
+    wrapped.__name__ = fn.__name__
+    wrapped.__doc__ = (fn.__doc__ or f"torch.{fn.__name__}.") + \
+        " requires_grad=True makes it a leaf that records gradients."
+    return wrapped
+
+
+arange = _with_grad(_tensor_module.arange)
+linspace = _with_grad(_tensor_module.linspace)
+eye = _with_grad(_tensor_module.eye)
+zeros_like = _with_grad(_tensor_module.zeros_like)
+ones_like = _with_grad(_tensor_module.ones_like)
+full_like = _with_grad(_tensor_module.full_like)
+
+
+def empty(*size, dtype=None, device=None, requires_grad=False):
+    """torch.empty: zyx fills it with zeros (no uninitialized memory)."""
+    return _tensor_module.zeros(*size, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def empty_like(input, *, dtype=None, device=None, requires_grad=False):
+    """torch.empty_like: zeros shaped like input (see empty)."""
+    return zeros_like(input, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+# ---------------------------------------------------------------------------------------
+# threads
+def set_num_threads(n):
+    """torch.set_num_threads: OpenMP threads the C backend's plans use (plans already
+    compiled follow it too: the team size is read when a plan runs)."""
+    n = builtins.int(n)
+    if n < 1:
+        raise ValueError(f"set_num_threads expects a positive number, got {n}")
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    for dev in _c_devices():
+        dev.threads = n
+        omp = getattr(dev, "_omp", None)
+        if omp is not None:
+            omp.omp_set_num_threads(n)
+    _NUM_THREADS[0] = n
+
+
+_NUM_THREADS = [None]
+
+
+def get_num_threads():
+    """torch.get_num_threads: the C backend's OpenMP thread count (all cores when unset)."""
+    if _NUM_THREADS[0] is not None:
+        return _NUM_THREADS[0]
+    for dev in _c_devices():
+        if dev.threads:
+            return dev.threads
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    return builtins.int(env) if env.isdigit() and builtins.int(env) > 0 else (os.cpu_count() or 1)
+
+
+def _c_devices():
+    RT._ensure()
+    return [d for d in (RT.devices or ()) if type(d).__name__ == "CDevice"]
+
+
+__all__ = ["Size", "isclose", "allclose", "equal", "logical_and", "logical_or", "logical_xor",
+           "logical_not", "multinomial", "bernoulli", "randperm", "rand_like", "randn_like",
+           "randint_like", "randint", "arange", "linspace", "eye", "zeros_like", "ones_like",
+           "full_like", "empty", "empty_like", "set_num_threads", "get_num_threads"]
+
+for _name, _fn in (("type_as", type_as), ("new_zeros", new_zeros), ("new_ones", new_ones),
+                   ("new_empty", new_empty), ("new_full", new_full), ("new_tensor", new_tensor),
+                   ("element_size", element_size), ("t", _t), ("is_contiguous", is_contiguous),
+                   ("isclose", isclose), ("allclose", allclose), ("equal", equal),
+                   ("multinomial", multinomial), ("bernoulli", bernoulli)):
+    setattr(Tensor, _name, _fn)
+Tensor.nbytes = property(lambda self: self.numel() * self.dtype.itemsize,
+                         doc="Bytes the tensor's values take (numel * itemsize).")
+Tensor.itemsize = property(lambda self: self.dtype.itemsize, doc="Bytes per element.")
