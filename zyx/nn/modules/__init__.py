@@ -14,7 +14,7 @@ from .activation import (ReLU, ReLU6, GELU, SiLU, Tanh, Sigmoid, LeakyReLU, ELU,
                          Hardtanh, Hardsigmoid, Hardswish, Softsign, Softplus, LogSigmoid, Softmax,
                          LogSoftmax, Softmin, GLU, PReLU, Threshold, Tanhshrink, Softshrink,
                          Hardshrink)
-from .rnn import RNNCell, GRUCell, LSTMCell
+from .rnn import RNNCell, GRUCell, LSTMCell, RNNBase, RNN, LSTM, GRU
 from .transformer import (MultiheadAttention, CausalSelfAttention, PositionalEncoding,
                           TransformerEncoderLayer, TransformerDecoderLayer, TransformerEncoder,
                           TransformerDecoder)
