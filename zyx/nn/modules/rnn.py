@@ -128,6 +128,14 @@ class LSTMCell(_CellBase):
 # ---------------------------------------------------------------------------------------------
 # sequence modules
 # ---------------------------------------------------------------------------------------------
+def _stored(x: Tensor) -> Tensor:
+    """x in a buffer of its own, in its logical (row-major) order: a sum over a new size-1
+    axis is a reduce, which the kernelizer stores. A batch_first input transposed to
+    time-major is copied once, so the input-projection matmul and its weight gradient read
+    plain rows (tiled kernels) instead of div/mod index math on every load."""
+    return x.unsqueeze(0).sum(0)
+
+
 def _steps(seq: Tensor):
     """The timesteps of `seq` (T, N, G) as T tensors (N, G), each stored in a buffer of its
     own (a sum over a size-1 axis is a reduce, which the kernelizer stores): every
@@ -137,24 +145,38 @@ def _steps(seq: Tensor):
     return [seq[i:i + 1].sum(0) for i in range(t)]
 
 
+def _hidden_proj(h, w_hh, b_hh):
+    """h @ W_hh^T (+ b_hh), with W_hh read through a flip (undone on the output).
+
+    Autograd sums the T per-step weight gradients; a movement op (the flip) between each
+    per-step matmul and that sum makes every per-step weight gradient a kernel of its own
+    (a tiled matmul, the same source at every step) followed by one cheap elementwise sum,
+    instead of one kernel that fuses T untiled reductions."""
+    y = F.linear(h, w_hh.flip(0)).flip(1)
+    return y if b_hh is None else y + b_hh
+
+
 def _tanh_cell(gx, h, w_hh, b_hh):
-    return (gx + F.linear(h, w_hh, b_hh)).tanh()
+    return (gx + _hidden_proj(h, w_hh, b_hh)).tanh()
 
 
 def _relu_cell(gx, h, w_hh, b_hh):
-    return (gx + F.linear(h, w_hh, b_hh)).relu()
+    return (gx + _hidden_proj(h, w_hh, b_hh)).relu()
 
 
 def _lstm_cell(gx, state, w_hh, b_hh):
     h, c = state
-    i, f, g, o = (gx + F.linear(h, w_hh, b_hh)).chunk(4, 1)
-    c2 = f.sigmoid() * c + i.sigmoid() * g.tanh()
+    i, f, g, o = (gx + _hidden_proj(h, w_hh, b_hh)).chunk(4, 1)
+    # c is read only by elementwise ops, so unstored it would be inlined into the next
+    # step's kernels, each step's kernel recomputing all earlier steps' c (a different
+    # source per step); storing it keeps every step the same two kernels
+    c2 = _stored(f.sigmoid() * c + i.sigmoid() * g.tanh())
     return o.sigmoid() * c2.tanh(), c2
 
 
 def _gru_cell(gx, h, w_hh, b_hh):
     ir, iz, in_ = gx.chunk(3, 1)
-    hr, hz, hn = F.linear(h, w_hh, b_hh).chunk(3, 1)
+    hr, hz, hn = _hidden_proj(h, w_hh, b_hh).chunk(3, 1)
     r = (ir + hr).sigmoid()
     z = (iz + hz).sigmoid()
     n = (in_ + r * hn).tanh()
@@ -224,15 +246,18 @@ class RNNBase(Module):
             raise RuntimeError(f"Expected hidden size {want}, got {tuple(h.shape)}")
         return h.unsqueeze(1) if unbatched else h
 
-    def _run_direction(self, seq, state, layer, d):
-        """One layer in one direction over seq (T, N, H_in): (outputs (T, N, H), last state)."""
+    def _run_direction(self, seq, state, layer, d, batch_major=False):
+        """One layer in one direction over seq (T, N, H_in), or (N, T, H_in) when
+        batch_major: (outputs (T, N, H), last state)."""
         w_ih, w_hh, b_ih, b_hh = self._weights(layer, d)
-        t, n = seq.shape[0], seq.shape[1]
         # one matmul for every timestep's input projection; b_hh joins it when the cell
         # adds it to h's projection unchanged (all but GRU's n gate)
         b_in = b_ih
         if b_ih is not None and self._fold_hh_bias:
             b_in, b_hh = b_ih + b_hh, None
+        if batch_major:
+            seq = _stored(seq.transpose(0, 1))
+        t, n = seq.shape[0], seq.shape[1]
         gx = F.linear(seq.reshape(t * n, seq.shape[2]), w_ih, b_in)
         gx = gx.reshape(t, n, gx.shape[1])
         if d:
@@ -252,9 +277,8 @@ class RNNBase(Module):
         unbatched = x.ndim == 2
         if unbatched:
             x = x.unsqueeze(1)
-        elif self.batch_first:
-            x = x.transpose(0, 1)
-        n = x.shape[1]
+        batch_major = self.batch_first and not unbatched    # x stays (N, T, H_in)
+        n = x.shape[0] if batch_major else x.shape[1]
         dirs = 2 if self.bidirectional else 1
         states = self._initial_states(hx, n, unbatched, x)     # per (layer, dir)
         finals = []
@@ -262,7 +286,8 @@ class RNNBase(Module):
         for layer in range(self.num_layers):
             outs = []
             for d in range(dirs):
-                out, st = self._run_direction(seq, states[layer * dirs + d], layer, d)
+                out, st = self._run_direction(seq, states[layer * dirs + d], layer, d,
+                                              batch_major and layer == 0)
                 outs.append(out)
                 finals.append(st)
             seq = outs[0] if dirs == 1 else cat(outs, 2)
