@@ -94,3 +94,33 @@ def test_mnist_missing_directory_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "zyx.examples.train", "--mnist",
                         str(tmp_path / "nope"), "--epochs", "1"], capture_output=True, text=True)
     assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_char_lstm_example_trains_a_few_steps():
+    """The char-level LSTM example (`python -m zyx.examples.char_lstm`), a few short steps:
+    the loss falls from ~log(vocab) and every step's time is printed."""
+    from zyx.examples import char_lstm
+    text = char_lstm.load_text("os")[:6000]
+    log = io.StringIO()
+    res = char_lstm.train(text, steps=12, batch_size=8, seq_len=12, hidden=32, lr=1e-2,
+                          log_every=4, out=log)
+    vocab = len(res["itos"])
+    assert len(res["losses"]) == 12 and all(np.isfinite(res["losses"]))
+    assert abs(res["losses"][0] - np.log(vocab)) < 0.5            # starts near uniform
+    assert np.mean(res["losses"][-3:]) < res["losses"][0] - 0.3    # and learns
+    out = log.getvalue()
+    assert "step     4  loss" in out and "ms (median" in out
+    text_out = char_lstm.sample(res["model"], res["stoi"], res["itos"], "def ", 10)
+    assert text_out.startswith("def ") and len(text_out) == 14
+
+
+def test_char_lstm_command_line(tmp_path):
+    ck = tmp_path / "ck.safetensors"
+    r = subprocess.run([sys.executable, "-m", "zyx.examples.char_lstm", "--steps", "3",
+                        "--batch-size", "4", "--seq-len", "8", "--hidden", "16",
+                        "--log-every", "1", "--sample", "5", "--save", str(ck)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "step     3  loss" in r.stdout and "---- sample ----" in r.stdout
+    state = zyx.load(ck)
+    assert state["steps"] == 3 and "lstm.weight_hh_l0" in state["model"]

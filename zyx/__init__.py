@@ -59,15 +59,17 @@ long = int64
 int = int32  # noqa: A001
 
 # --- files and datasets (issue 3: zyx/io, zyx/datasets.py) ---
-def save(state_dict, path, metadata=None):
-    """Write a dict of tensors as a safetensors file (see zyx.io.save)."""
-    from .io import save as _save
-    return _save(state_dict, path, metadata)
+def save(obj, path, metadata=None):
+    """Write a state_dict, or nested state (dicts/lists of tensors, numbers, strings), as a
+    safetensors file (see zyx.io.checkpoint; a flat dict of tensors is plain safetensors)."""
+    from .io.checkpoint import save as _save
+    return _save(obj, path, metadata)
 
 
 def load(path):
-    """Open a safetensors file lazily: tensors are read when used (see zyx.io.load)."""
-    from .io import load as _load
+    """Open a file written by zyx.save (or any safetensors file) lazily: tensors are read
+    when used, nested state comes back with its structure (see zyx.io.checkpoint)."""
+    from .io.checkpoint import load as _load
     return _load(path)
 # --- end files and datasets ---
 
@@ -130,7 +132,7 @@ from .autograd import Tape, no_grad, enable_grad, set_grad_enabled, is_grad_enab
 # --- end autograd and optimizers ---
 
 # nn, optim, io and datasets load on first use: `import zyx` stays cheap for a first result
-_LAZY = ("nn", "optim", "io", "datasets", "examples")
+_LAZY = ("nn", "optim", "io", "datasets", "examples", "utils")
 
 
 def __getattr__(name):

@@ -166,6 +166,33 @@ def _no_duplicates(pairs):
     return d
 
 
+_CONVERT = ("convert it once with PyTorch: `sd = torch.load(path, map_location='cpu', "
+            "weights_only=True)` then `safetensors.torch.save_file(sd, 'model.safetensors')` "
+            "(pip install safetensors), and load that file")
+
+
+def _foreign_format(pool):
+    """A message naming what a file that is not safetensors is (a PyTorch checkpoint), or
+    None. Only asked when the header length is impossible, so real files pay nothing."""
+    head = pool.read(0, min(pool.total_bytes, 8))
+    where = pool.path
+    if head.startswith(b"PK\x03\x04"):
+        import zipfile
+        try:
+            with zipfile.ZipFile(where) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError):
+            names = []
+        if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+            return (f"{where} is a PyTorch checkpoint (torch.save's zip format with data.pkl), "
+                    f"not a safetensors file; zyx does not unpickle files: {_CONVERT}")
+        return f"{where} is a zip archive, not a safetensors file"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return (f"{where} is a Python pickle (PyTorch's legacy torch.save format?), not a "
+                f"safetensors file; zyx does not unpickle files: {_CONVERT}")
+    return None
+
+
 def _parse_header(pool):
     """Validate the header of the mapped file; return (entries, metadata, data_start) where
     entries is a list of (name, dtype, shape, begin, end) in header order."""
@@ -175,6 +202,10 @@ def _parse_header(pool):
         raise SafetensorsError(f"{where}: truncated file ({size} bytes): shorter than the "
                                "8-byte header length")
     (n,) = struct.unpack("<Q", pool.read(0, 8))
+    if n > size - 8 or n > _MAX_HEADER:
+        foreign = _foreign_format(pool)
+        if foreign:
+            raise SafetensorsError(foreign)
     if n > size - 8:
         raise SafetensorsError(f"{where}: header length {n} exceeds the {size - 8} bytes after "
                                "the length field (truncated or not a safetensors file)")

@@ -343,16 +343,103 @@ def _pool_args(x, kernel_size, stride, padding, dilation, nd, what):
 
 
 def _max_poolnd(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, nd, what):
-    if return_indices:
-        raise NotImplementedError(f"{what}: return_indices=True is not supported")
     x = _t(input)
     k, s, p, d = _pool_args(x, kernel_size, stride, padding, dilation, nd, what)
     ins = x.shape[-nd:]
-    _, extra = _pool_geometry(ins, k, s, p, d, ceil_mode, what)
+    outs, extra = _pool_geometry(ins, k, s, p, d, ceil_mode, what)
     lead = x.ndim - nd
     x = x._pad([(0, 0)] * lead + [(pp, pp + e) for pp, e in zip(p, extra)], _neg_inf(x.dtype))
     win = _windows(x, k, s, d)
-    return win._reduce(K.R_MAX, tuple(range(x.ndim, x.ndim + nd)), False)
+    axes = tuple(range(x.ndim, x.ndim + nd))
+    out = win._reduce(K.R_MAX, axes, False)
+    if not return_indices:
+        return out
+    return out, _pool_argmax(win, out, axes, _window_positions(ins, outs, k, s, p, d))
+
+
+def _window_positions(ins, outs, k, s, p, d) -> Tensor:
+    """int64 (*outs, *k): the flat index in the unpadded input plane of each window element
+    (torch's max-pool indices count positions of one (H, W) plane)."""
+    nd = len(k)
+    flat = np.zeros(tuple(outs) + tuple(k), np.int64)
+    plane_stride = 1
+    for j in reversed(range(nd)):
+        o = np.arange(outs[j]).reshape([-1 if a == j else 1 for a in range(2 * nd)])
+        kk = np.arange(k[j]).reshape([-1 if a == nd + j else 1 for a in range(2 * nd)])
+        flat = flat + (o * s[j] - p[j] + kk * d[j]) * plane_stride
+        plane_stride *= ins[j]
+    return Tensor(flat)
+
+
+def _pool_argmax(win, out, axes, positions):
+    """Index of the first maximum of every window (row-major window order, as torch's CPU
+    kernel), as int64 positions in the input plane. Only padding holds -inf where a
+    window has no real element, which pool geometry rules out."""
+    n_lead = win.ndim - positions.ndim
+    pos = positions.reshape((1,) * n_lead + positions.shape)
+    m = out.reshape(out.shape + (1,) * len(axes))
+    big = _const(np.iinfo(np.int64).max, dt.int64, ())
+    hit = (win == m) | (win != win)           # a NaN is the maximum of its window (torch)
+    cand = where(hit.detach(), pos, big)
+    return cand._reduce(K.R_MIN, axes, False)
+
+
+def _unpool_nd(input, indices, kernel_size, stride, padding, output_size, nd, what):
+    """Scatter each value to its recorded position of an output plane, zeros elsewhere.
+    Built from one-hot comparisons (value j goes to position q where indices[j] == q): no
+    scatter primitive is needed, and the gradient is the gather torch computes."""
+    x, idx = _t(input), _t(indices)
+    if not idx.dtype.is_int:
+        raise DTypeError(f"{what}: indices must be an integer tensor, got {idx.dtype.name}")
+    if idx.shape != x.shape:
+        raise ShapeError(f"{what}: Expected shape of indices to be same as that of the input "
+                         f"tensor ({x.shape}) but got indices tensor with shape {idx.shape}")
+    if x.ndim not in (nd + 1, nd + 2):
+        raise ShapeError(f"{what}: Expected {nd + 1}D or {nd + 2}D input, got shape {x.shape}")
+    k = _tuple(kernel_size, nd, f"{what} kernel_size")
+    s = k if stride is None else _tuple(stride, nd, f"{what} stride")
+    p = _tuple(padding, nd, f"{what} padding")
+    ins = x.shape[-nd:]
+    default = tuple((i - 1) * ss - 2 * pp + kk for i, ss, pp, kk in zip(ins, s, p, k))
+    if output_size is None:
+        size = default
+    else:
+        size = tuple(output_size)[-nd:]
+        if len(size) != nd or any(abs(a - b) >= ss for a, b, ss in zip(size, default, s)):
+            raise ValueError(f"{what}: invalid output_size {tuple(output_size)} (expected about "
+                             f"{default})")
+    lead = x.shape[:-nd]
+    q = int(np.prod(size))
+    flat_x = x.reshape(lead + (-1, 1))
+    flat_i = idx.reshape(lead + (-1, 1)).cast(dt.int64)
+    hit = flat_i == _iota(q, dt.int64).reshape((1,) * (len(lead) + 1) + (q,))
+    _watch_range(hit, idx, 0, q, lambda v: (
+        f"{what}: Found an invalid max index: {v} (output volumes are of size "
+        f"{'x'.join(str(a) for a in size)})"))
+    total = where(hit, flat_x, _const(0, x.dtype, ())).sum(-2)
+    if all(ss >= kk for ss, kk in zip(s, k)):
+        return total.reshape(lead + size)        # windows do not overlap: no repeats
+    # overlapping windows can record one position twice (with the same value); torch
+    # writes one copy, and its gradient hands every copy the output's gradient (a
+    # gather). Value: the copies' mean; gradient: that of the sum (zero-valued term).
+    count = hit.cast(x.dtype).sum(-2)
+    value = (total / count.maximum(_const(1, x.dtype, ()))).detach()
+    out = value + (total - total.detach())
+    return out.reshape(lead + size)
+
+
+def max_unpool1d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    """Inverse of max_pool1d(return_indices=True): values at their indices, zeros elsewhere."""
+    return _unpool_nd(input, indices, kernel_size, stride, padding, output_size, 1,
+                      "max_unpool1d")
+
+
+def max_unpool2d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    """Inverse of max_pool2d(return_indices=True): (N, C, H_out, W_out) with each value at
+    its flat plane index, zeros elsewhere; H_out = (H_in - 1) * stride - 2 * padding +
+    kernel_size unless output_size says."""
+    return _unpool_nd(input, indices, kernel_size, stride, padding, output_size, 2,
+                      "max_unpool2d")
 
 
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
@@ -862,7 +949,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     if w.ndim != 2:
         raise ShapeError(f"embedding weight must be 2-D, got {w.shape}")
     if max_norm is not None:
-        raise NotImplementedError("embedding: max_norm (an in-place renorm) is not supported")
+        w = _embedding_renorm(weight, idx, float(max_norm), float(norm_type))
     if padding_idx is not None:
         # the padding row reads a detached copy: it never receives a gradient (torch's rule)
         v = w.shape[0]
@@ -870,6 +957,33 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
         w = where(pad_row, w.detach(), w)
     return _take(w, 0, idx, "index out of range in self: index {} is out of bounds for "
                  "dimension 0 with size {} (in embedding)", (w.shape[0],))
+
+
+def _embedding_renorm(weight, idx, max_norm, norm_type):
+    """torch's embedding_renorm_: rows of `weight` that `idx` looks up and whose p-norm
+    exceeds max_norm are scaled to max_norm / (norm + 1e-7), outside autograd. torch
+    changes the weight in place; zyx rebinds the weight tensor object (a parameter stays
+    the same object, as after an optimizer step) to the renormalized value and returns it."""
+    from ..autograd import no_grad
+    from ..tensor import _rebind
+    w = _t(weight)
+    v = w.shape[0]
+    with no_grad():
+        rows = _iota(v, idx.dtype).reshape((1, v))
+        used = (idx.reshape((-1, 1)) == rows).cast(dt.int32).max(0).reshape((v, 1)) > 0
+        wd = w.detach()
+        if norm_type == float("inf"):
+            norm = wd.abs().max(1, keepdim=True)
+        else:
+            norm = (wd.abs() ** norm_type).sum(1, keepdim=True) ** (1.0 / norm_type)
+        scale = where(used & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
+        new = (wd * scale.cast(w.dtype)).realize()
+    if isinstance(weight, Tensor):
+        rg = weight.requires_grad
+        _rebind(weight, new)
+        weight.requires_grad = rg
+        return weight
+    return new
 
 
 def one_hot(tensor, num_classes=-1):

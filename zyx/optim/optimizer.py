@@ -173,7 +173,10 @@ class Optimizer:
             p = by_index[int(i)]
             new = {}
             for k, v in st.items():
-                if isinstance(v, Tensor):
+                if k == "step":
+                    # torch keeps the count as a 0-d tensor; zyx keeps a Python int
+                    v = int(v.item()) if hasattr(v, "item") else int(v)
+                elif isinstance(v, Tensor):
                     if v.shape != p.shape:
                         raise ZyxError(f"optimizer state {k!r} of parameter {i} has shape "
                                        f"{v.shape}, the parameter {p.shape}")

@@ -307,11 +307,14 @@ class Module:
         return self
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the parameters' gradients: None (default), or zeros with
+        set_to_none=False (zeros even where the gradient was NaN, as torch's zero_)."""
         for p in self.parameters():
             if set_to_none or p.grad is None:
                 p.grad = None
             else:
-                p.grad = p.grad * 0
+                p.grad = Tensor(np.zeros(p.shape, np.float32 if p.dtype is dt.bfloat16
+                                         else p.dtype.np), dtype=p.dtype)
 
     def to(self, *args, dtype=None, device=None, non_blocking=False) -> "Module":
         """Move parameters and buffers to a device and/or cast the floating ones to a

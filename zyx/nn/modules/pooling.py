@@ -5,7 +5,7 @@ from .. import functional as F
 from .module import Module
 
 __all__ = ["MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
-           "AdaptiveAvgPool1d", "AdaptiveAvgPool2d"]
+           "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "MaxUnpool1d", "MaxUnpool2d"]
 
 
 class _MaxPoolNd(Module):
@@ -33,12 +33,42 @@ class MaxPool1d(_MaxPoolNd):
 
 
 class MaxPool2d(_MaxPoolNd):
-    """Max over kernel_size windows (stride defaults to kernel_size)."""
+    """Max over kernel_size windows (stride defaults to kernel_size). With
+    return_indices=True returns (output, indices): int64 flat positions of each maximum in
+    its input plane (the first one of a window on ties), for MaxUnpool2d."""
     _fn = staticmethod(F.max_pool2d)
 
 
 class MaxPool3d(_MaxPoolNd):
     _fn = staticmethod(F.max_pool3d)
+
+
+class _MaxUnpoolNd(Module):
+    _nd = 2
+
+    def __init__(self, kernel_size, stride=None, padding=0):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding = padding
+
+    def forward(self, input, indices, output_size=None):
+        fn = F.max_unpool2d if self._nd == 2 else F.max_unpool1d
+        return fn(input, indices, self.kernel_size, self.stride, self.padding, output_size)
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxUnpool1d(_MaxUnpoolNd):
+    """Partial inverse of MaxPool1d: forward(input, indices, output_size=None)."""
+    _nd = 1
+
+
+class MaxUnpool2d(_MaxUnpoolNd):
+    """Partial inverse of MaxPool2d: forward(input, indices, output_size=None) puts each
+    value at its index of an output plane, zeros elsewhere."""
+    _nd = 2
 
 
 class _AvgPoolNd(Module):

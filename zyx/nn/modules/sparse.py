@@ -13,7 +13,12 @@ __all__ = ["Embedding"]
 
 
 class Embedding(Module):
-    """weight (num_embeddings, embedding_dim) ~ N(0, 1); the padding_idx row starts at zero."""
+    """weight (num_embeddings, embedding_dim) ~ N(0, 1); the padding_idx row starts at zero.
+
+    max_norm: rows looked up whose norm_type-norm exceeds max_norm are renormalized to
+    max_norm before the lookup, as torch. torch writes them into the weight in place; zyx
+    rebinds `self.weight` (the same tensor object, so optimizers keep it) to the
+    renormalized value, realized at the call."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx=None, max_norm=None,
                  norm_type=2.0, scale_grad_by_freq=False, sparse=False, _weight=None,

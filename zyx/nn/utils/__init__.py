@@ -1,10 +1,11 @@
-"""zyx.nn.utils: gradient clipping and parameter/vector conversion (torch.nn.utils)."""
+"""zyx.nn.utils: gradient clipping, parameter/vector conversion (torch.nn.utils) and
+sequence padding (zyx.nn.utils.rnn)."""
 from __future__ import annotations
 
-from ..errors import ShapeError
-from ..runtime import RT
-from ..tensor import Tensor, cat, stack
-from .init import _assign
+from ...errors import ShapeError
+from ...runtime import RT
+from ...tensor import Tensor, cat, stack
+from ..init import _assign
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_", "parameters_to_vector", "vector_to_parameters"]
 
@@ -62,3 +63,6 @@ def vector_to_parameters(vec, parameters):
         k = p.numel()
         _assign(p, vec[off:off + k].reshape(p.shape))
         off += k
+
+
+from . import rnn  # noqa: E402  (torch.nn.utils.rnn)

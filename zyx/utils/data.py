@@ -1,0 +1,454 @@
+"""Datasets and batching with torch.utils.data's names and semantics.
+
+    ds = TensorDataset(x_numpy, y_numpy)
+    for x, y in DataLoader(ds, batch_size=32, shuffle=True, drop_last=True):
+        loss = F.cross_entropy(model(x), y)          # x, y are zyx tensors
+
+Samples are numpy arrays, zyx tensors or Python numbers; batches are zyx tensors. Each
+field of a batch becomes one contiguous numpy array handed to `zyx.from_numpy` (no copy on
+the C backend), so a batch costs one host gather per field and no tensor per sample. A
+`TensorDataset` (or a `Subset` of one) is gathered with one fancy index per field.
+
+Where zyx differs from torch:
+- `num_workers > 0` loads in the calling process (a warning says so): there are no
+  worker processes.
+- `generator=` takes a `numpy.random.Generator` or an int seed. Without one, each epoch's
+  order is drawn from zyx's global generator, so `zyx.manual_seed(s)` fixes every order.
+- Python floats collate to float64 and ints to int64, as torch's default_collate.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import numbers
+import warnings
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["Dataset", "IterableDataset", "TensorDataset", "Subset", "ConcatDataset",
+           "DataLoader", "Sampler", "SequentialSampler", "RandomSampler", "BatchSampler",
+           "SubsetRandomSampler", "random_split", "default_collate", "default_convert"]
+
+
+def _zyx():
+    import zyx
+    return zyx
+
+
+def _is_tensor(x) -> bool:
+    return isinstance(x, _zyx().Tensor)
+
+
+def _host_array(x) -> np.ndarray:
+    """A numpy view of a sample field (zyx tensors are read once: realized then copied)."""
+    if _is_tensor(x):
+        return x.numpy()
+    return np.asarray(x)
+
+
+def _rng_of(generator) -> np.random.Generator:
+    """The numpy generator that draws one epoch's order."""
+    if generator is None:
+        from ..runtime import RT
+        # a fresh seed from zyx's global generator per epoch (torch draws from its default
+        # generator the same way): zyx.manual_seed fixes the orders, epochs still differ
+        return np.random.Generator(np.random.PCG64(int(RT.rng.integers(0, 2 ** 63))))
+    if isinstance(generator, np.random.Generator):
+        return generator
+    if isinstance(generator, numbers.Integral) and not isinstance(generator, bool):
+        return np.random.Generator(np.random.PCG64(int(generator)))
+    raise TypeError(f"generator must be a numpy.random.Generator, an int seed or None, got "
+                    f"{type(generator).__name__}")
+
+
+def _seeded(generator):
+    """A generator object to keep for several epochs (an int seed becomes one generator,
+    so successive epochs differ, as with a torch.Generator)."""
+    if generator is None or isinstance(generator, np.random.Generator):
+        return generator
+    return _rng_of(generator)      # an int seed, or a TypeError for anything else
+
+
+# ---------------------------------------------------------------------------------------------
+# datasets
+# ---------------------------------------------------------------------------------------------
+class Dataset:
+    """Map-style dataset: subclass it and define `__getitem__(index)` and `__len__()`.
+    `a + b` concatenates two datasets (ConcatDataset)."""
+
+    def __getitem__(self, index):
+        raise NotImplementedError(f"{type(self).__name__} must define __getitem__")
+
+    def __add__(self, other):
+        return ConcatDataset([self, other])
+
+    def _gather_arrays(self, indices):
+        """Each field of the samples at `indices` as one stacked numpy array, or None when
+        this dataset has no faster way than fetching the samples one by one."""
+        return None
+
+
+class IterableDataset(Dataset):
+    """Stream-style dataset: define `__iter__`; the DataLoader batches what it yields
+    (no shuffling or sampler: the stream decides the order)."""
+
+    def __iter__(self):
+        raise NotImplementedError(f"{type(self).__name__} must define __iter__")
+
+
+class TensorDataset(Dataset):
+    """Samples are the index-th rows of the given tensors (zyx tensors or numpy arrays, all
+    with the same first dimension). `ds[i]` returns a tuple of those rows; batches from a
+    DataLoader are gathered from the host arrays with one fancy index per field."""
+
+    def __init__(self, *tensors):
+        if not tensors:
+            raise ValueError("TensorDataset needs at least one tensor")
+        sizes = [t.shape[0] if len(t.shape) else None for t in tensors]
+        if None in sizes or any(s != sizes[0] for s in sizes):
+            raise ValueError(f"Size mismatch between tensors: first dimensions {sizes}")
+        self.tensors = tuple(tensors)
+        self._arrays = None
+
+    def __getitem__(self, index):
+        return tuple(t[index] for t in self.tensors)
+
+    def __len__(self):
+        return self.tensors[0].shape[0]
+
+    def _gather_arrays(self, indices):
+        if self._arrays is None:       # zyx tensors are read to the host once
+            self._arrays = [_host_array(t) for t in self.tensors]
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and idx[-1] - idx[0] == idx.size - 1 and np.all(np.diff(idx) == 1):
+            # a run of consecutive rows (shuffle=False) is a view, not a copy
+            return [a[idx[0]:idx[-1] + 1] for a in self._arrays]
+        return [a[idx] for a in self._arrays]
+
+
+class Subset(Dataset):
+    """The samples of `dataset` at `indices`, in that order."""
+
+    def __init__(self, dataset, indices):
+        self.dataset = dataset
+        self.indices = indices
+
+    def __getitem__(self, idx):
+        if isinstance(idx, list):
+            return self.dataset[[self.indices[i] for i in idx]]
+        return self.dataset[self.indices[idx]]
+
+    def __len__(self):
+        return len(self.indices)
+
+    def _gather_arrays(self, indices):
+        return self.dataset._gather_arrays([self.indices[i] for i in indices]) \
+            if isinstance(self.dataset, Dataset) else None
+
+
+class ConcatDataset(Dataset):
+    """The samples of several datasets one after the other."""
+
+    def __init__(self, datasets):
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise ValueError("datasets should not be an empty iterable")
+        for d in self.datasets:
+            if isinstance(d, IterableDataset):
+                raise TypeError("ConcatDataset does not support IterableDataset")
+        self.cumulative_sizes = list(itertools.accumulate(len(d) for d in self.datasets))
+
+    def __len__(self):
+        return self.cumulative_sizes[-1]
+
+    def __getitem__(self, idx):
+        if idx < 0:
+            if -idx > len(self):
+                raise ValueError("absolute value of index should not exceed dataset length")
+            idx += len(self)
+        k = bisect.bisect_right(self.cumulative_sizes, idx)
+        start = self.cumulative_sizes[k - 1] if k else 0
+        return self.datasets[k][idx - start]
+
+
+def random_split(dataset, lengths, generator=None):
+    """Split `dataset` into non-overlapping Subsets of the given lengths (ints summing to
+    len(dataset), or fractions summing to 1: floors, the remainder handed out one by one
+    from the first subset on, as torch)."""
+    n = len(dataset)
+    lengths = list(lengths)
+    if lengths and math.isclose(sum(lengths), 1) and sum(lengths) <= 1:
+        counts = []
+        for i, frac in enumerate(lengths):
+            if frac < 0 or frac > 1:
+                raise ValueError(f"Fraction at index {i} is not between 0 and 1")
+            counts.append(int(math.floor(n * frac)))
+        for i in range(n - sum(counts)):
+            counts[i % len(counts)] += 1
+        lengths = counts
+    if sum(lengths) != n:
+        raise ValueError("Sum of input lengths does not equal the length of the input dataset!")
+    order = _rng_of(generator).permutation(n).tolist()
+    out, start = [], 0
+    for k in lengths:
+        out.append(Subset(dataset, order[start:start + k]))
+        start += k
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# samplers
+# ---------------------------------------------------------------------------------------------
+class Sampler:
+    """Yields dataset indices; subclasses define `__iter__` (and `__len__`)."""
+
+    def __init__(self, data_source=None):
+        self.data_source = data_source
+
+    def __iter__(self):
+        raise NotImplementedError(f"{type(self).__name__} must define __iter__")
+
+
+class SequentialSampler(Sampler):
+    """0, 1, ..., len(data_source) - 1."""
+
+    def __iter__(self):
+        return iter(range(len(self.data_source)))
+
+    def __len__(self):
+        return len(self.data_source)
+
+
+class RandomSampler(Sampler):
+    """A random permutation per epoch (or `num_samples` draws with replacement)."""
+
+    def __init__(self, data_source, replacement=False, num_samples=None, generator=None):
+        self.data_source = data_source
+        self.replacement = replacement
+        self._num_samples = num_samples
+        self.generator = _seeded(generator)
+        if not isinstance(replacement, bool):
+            raise TypeError(f"replacement should be a boolean value, but got "
+                            f"replacement={replacement}")
+        if not isinstance(self.num_samples, int) or self.num_samples <= 0:
+            raise ValueError(f"num_samples should be a positive integer value, but got "
+                             f"num_samples={self.num_samples}")
+
+    @property
+    def num_samples(self):
+        return len(self.data_source) if self._num_samples is None else self._num_samples
+
+    def __iter__(self):
+        rng, n = _rng_of(self.generator), len(self.data_source)
+        if self.replacement:
+            return iter(rng.integers(0, n, size=self.num_samples).tolist())
+        reps = -(-self.num_samples // n)
+        order = np.concatenate([rng.permutation(n) for _ in range(reps)])
+        return iter(order[:self.num_samples].tolist())
+
+    def __len__(self):
+        return self.num_samples
+
+
+class SubsetRandomSampler(Sampler):
+    """The given indices in a random order per epoch."""
+
+    def __init__(self, indices, generator=None):
+        self.indices = list(indices)
+        self.generator = _seeded(generator)
+
+    def __iter__(self):
+        perm = _rng_of(self.generator).permutation(len(self.indices))
+        return iter([self.indices[i] for i in perm])
+
+    def __len__(self):
+        return len(self.indices)
+
+
+class BatchSampler(Sampler):
+    """Groups the indices of `sampler` into lists of `batch_size` (the last one shorter
+    unless drop_last)."""
+
+    def __init__(self, sampler, batch_size, drop_last):
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"batch_size should be a positive integer value, but got "
+                             f"batch_size={batch_size}")
+        if not isinstance(drop_last, bool):
+            raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last}")
+        self.sampler, self.batch_size, self.drop_last = sampler, batch_size, drop_last
+
+    def __iter__(self):
+        it = iter(self.sampler)
+        while True:
+            batch = list(itertools.islice(it, self.batch_size))
+            if not batch or (self.drop_last and len(batch) < self.batch_size):
+                return
+            yield batch
+
+    def __len__(self):
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# collation
+# ---------------------------------------------------------------------------------------------
+def _to_tensor(arr: np.ndarray):
+    """One batch array as a zyx tensor sharing its memory where the device allows."""
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return _zyx().from_numpy(arr)
+
+
+def _stack_field(samples):
+    """Samples of one field (arrays, tensors or numbers) -> one zyx tensor."""
+    first = samples[0]
+    if isinstance(first, bool):
+        return _to_tensor(np.array(samples, dtype=np.bool_))
+    if isinstance(first, numbers.Integral) and not isinstance(first, np.generic):
+        return _to_tensor(np.array(samples, dtype=np.int64))
+    if isinstance(first, numbers.Real) and not isinstance(first, np.generic):
+        return _to_tensor(np.array(samples, dtype=np.float64))
+    arrays = [_host_array(s) for s in samples]
+    shapes = {a.shape for a in arrays}
+    if len(shapes) != 1:
+        raise RuntimeError(f"stack expects each tensor to be equal size, but got shapes "
+                           f"{sorted(shapes)} in one batch")
+    return _to_tensor(np.stack(arrays))
+
+
+def default_collate(batch):
+    """Turn a list of samples into a batch, as torch's default_collate: arrays, tensors
+    and numbers are stacked into a zyx tensor with a new first dimension; dicts, tuples
+    and lists are collated field by field (tuples and lists come back as lists, namedtuples
+    as namedtuples); strings stay a list."""
+    first = batch[0]
+    if _is_tensor(first) or isinstance(first, (np.ndarray, np.generic, numbers.Number)):
+        return _stack_field(batch)
+    if isinstance(first, (str, bytes)):
+        return list(batch)
+    if isinstance(first, Mapping):
+        fields = {k: default_collate([s[k] for s in batch]) for k in first}
+        try:
+            return type(first)(fields)
+        except TypeError:
+            return fields
+    if isinstance(first, tuple) and hasattr(first, "_fields"):       # namedtuple
+        return type(first)(*(default_collate(list(f)) for f in zip(*batch)))
+    if isinstance(first, Sequence):
+        if any(len(s) != len(first) for s in batch):
+            raise RuntimeError("each element in list of batch should be of equal size")
+        return [default_collate(list(f)) for f in zip(*batch)]
+    raise TypeError(f"default_collate: batch must contain tensors, numpy arrays, numbers, "
+                    f"dicts or lists; found {type(first).__name__}")
+
+
+def default_convert(data):
+    """What batch_size=None yields: numpy arrays and numbers become zyx tensors, containers
+    are converted element by element."""
+    if _is_tensor(data):
+        return data
+    if isinstance(data, (np.ndarray, np.generic)):
+        return _to_tensor(np.asarray(data))
+    if isinstance(data, Mapping):
+        return type(data)({k: default_convert(v) for k, v in data.items()})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(default_convert(v) for v in data))
+    if isinstance(data, (list, tuple)):
+        return [default_convert(v) for v in data]
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# the loader
+# ---------------------------------------------------------------------------------------------
+class DataLoader:
+    """Iterate over `dataset` in batches (torch.utils.data.DataLoader's arguments).
+
+    shuffle=True draws a new permutation every epoch (from `generator`, else from zyx's
+    global generator); drop_last drops a last incomplete batch; `sampler` /
+    `batch_sampler` replace the default order; `collate_fn` replaces default_collate."""
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
+                 num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None, generator=None, *,
+                 prefetch_factor=None, persistent_workers=False, pin_memory_device=""):
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
+                             "disable multiprocessing.")
+        if num_workers > 0:
+            warnings.warn("zyx DataLoader has no worker processes: num_workers="
+                          f"{num_workers} loads in the main process", stacklevel=2)
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.generator = _seeded(generator)
+        self._iterable = isinstance(dataset, IterableDataset)
+        if self._iterable and (shuffle or sampler is not None or batch_sampler is not None):
+            raise ValueError("DataLoader with IterableDataset: expected unspecified shuffle, "
+                             "sampler and batch_sampler options")
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                                 "shuffle, sampler, and drop_last")
+            batch_size, drop_last = None, False
+        elif batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+        if sampler is None and not self._iterable:
+            sampler = RandomSampler(dataset, generator=self.generator) if shuffle else \
+                SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None and not self._iterable:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last)
+        self.batch_size, self.drop_last = batch_size, drop_last
+        self.sampler, self.batch_sampler = sampler, batch_sampler
+        self._custom_collate = collate_fn is not None
+        self.collate_fn = collate_fn if collate_fn is not None else (
+            default_collate if batch_size is not None or batch_sampler is not None
+            else default_convert)
+
+    def __len__(self):
+        if self._iterable:
+            n = len(self.dataset)
+            if self.batch_size is None:
+                return n
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        return len(self.sampler)
+
+    def __iter__(self):
+        if self._iterable:
+            return self._iter_stream()
+        if self.batch_sampler is None:
+            return (self.collate_fn(self.dataset[i]) for i in self.sampler)
+        return (self._fetch(indices) for indices in self.batch_sampler)
+
+    def _fetch(self, indices):
+        """One batch: stacked host arrays straight to tensors when the dataset can gather
+        them (TensorDataset, Subset of one), else the samples collated."""
+        if not self._custom_collate and isinstance(self.dataset, Dataset):
+            arrays = self.dataset._gather_arrays(indices)
+            if arrays is not None:
+                return [_to_tensor(a) for a in arrays]
+        if hasattr(self.dataset, "__getitems__"):
+            samples = self.dataset.__getitems__(indices)
+        else:
+            samples = [self.dataset[i] for i in indices]
+        return self.collate_fn(samples)
+
+    def _iter_stream(self):
+        it = iter(self.dataset)
+        if self.batch_size is None:
+            for sample in it:
+                yield self.collate_fn(sample)
+            return
+        while True:
+            batch = list(itertools.islice(it, self.batch_size))
+            if not batch or (self.drop_last and len(batch) < self.batch_size):
+                return
+            yield self.collate_fn(batch)
