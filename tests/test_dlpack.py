@@ -144,3 +144,13 @@ def test_export_from_a_device_without_dlpack_is_a_clear_error():
     with pytest.raises(BufferError, match="cpu"):
         x.__dlpack__()
     np.testing.assert_array_equal(np.from_dlpack(x.cpu()), np.ones(3, np.float32))
+
+
+def test_read_only_arrays_come_through_versioned_dlpack():
+    a = np.arange(6, dtype=np.float32)
+    a.flags.writeable = False            # numpy 2 exports these only as DLPack 1.x
+    x = zyx.from_dlpack(a)
+    assert RT.graph.get(x._id).buffer.ptr == a.ctypes.data
+    np.testing.assert_array_equal((x * 2).numpy(), a * 2)
+    n = np.from_dlpack(x)                # numpy's own import of our export: read-only view
+    np.testing.assert_array_equal(zyx.from_dlpack(n).numpy(), a)

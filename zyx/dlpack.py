@@ -51,6 +51,20 @@ _DELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
 DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p),
                             ("deleter", _DELETER)]
 
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    pass
+
+
+_VDELETER = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensorVersioned))
+DLManagedTensorVersioned._fields_ = [("version", DLPackVersion),
+                                     ("manager_ctx", ctypes.c_void_p),
+                                     ("deleter", _VDELETER), ("flags", ctypes.c_uint64),
+                                     ("dl_tensor", DLTensor)]
+
 _api = ctypes.pythonapi
 _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
@@ -68,6 +82,11 @@ _get_pointer_raw.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
 
 _NAME = b"dltensor"
 _USED = b"used_dltensor"
+_VNAME = b"dltensor_versioned"          # DLPack 1.x (numpy 2 exports read-only arrays only so)
+_VUSED = b"used_dltensor_versioned"
+_is_valid = ctypes.pythonapi["PyCapsule_IsValid"]
+_is_valid.restype = ctypes.c_int
+_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
 def _dl_dtype(d):
@@ -161,29 +180,56 @@ def export(runtime, nid, device_name, device_id):
 # -- import -------------------------------------------------------------------------------
 
 class _Borrowed:
-    """The producer's memory while zyx uses it: calls the producer's deleter when the last
-    reference goes (numpy arrays over it hold this object as their base)."""
+    """The producer's memory while zyx uses it: calls the producer's deleter (`release`)
+    when the last reference goes (numpy arrays over it hold this object as their base)."""
 
-    def __init__(self, mt_ptr, data, nbytes):
-        self._mt = mt_ptr
+    def __init__(self, release, data, nbytes):
+        self._release = release
         self.ptr = data
         self.nbytes = nbytes
         self.__array_interface__ = {"data": (data, False), "shape": (nbytes,),
                                     "typestr": "|u1", "version": 3}
 
     def __del__(self):
-        mt, self._mt = self._mt, None
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+
+def request(obj, **kwargs):
+    """obj.__dlpack__(...), asking for a versioned capsule (DLPack 1.x) first: numpy 2
+    exports a read-only array only that way. zyx never writes borrowed memory (in-place
+    ops rebind), so read-only data is fine."""
+    try:
+        return obj.__dlpack__(max_version=(1, 0), **kwargs)
+    except TypeError:          # a producer of the 0.x protocol
+        return obj.__dlpack__(**kwargs)
+
+
+def _releaser(mt):
+    """A callable running the producer's deleter of managed tensor `mt` once."""
+    def release():
         if mt and mt.contents.deleter:
             mt.contents.deleter(mt)
+    return release
 
 
 def consume(capsule):
-    """(DLManagedTensor pointer, DLTensor) of a "dltensor" capsule, which is marked used
-    (its producer no longer frees it: our `_Borrowed` calls the deleter)."""
+    """(release, DLTensor) of a "dltensor" or "dltensor_versioned" capsule, which is
+    marked used: its producer no longer frees it, `release()` (called by `_Borrowed`)
+    runs the producer's deleter."""
+    if _is_valid(capsule, _VNAME):
+        ptr = _api.PyCapsule_GetPointer(capsule, _VNAME)
+        mt = ctypes.cast(ptr, ctypes.POINTER(DLManagedTensorVersioned))
+        if mt.contents.version.major > 1:
+            raise BufferError(f"DLPack {mt.contents.version.major}.x tensors are not "
+                              "supported (1.x and 0.x are)")
+        _api.PyCapsule_SetName(capsule, _VUSED)
+        return _releaser(mt), mt.contents.dl_tensor
     ptr = _api.PyCapsule_GetPointer(capsule, _NAME)
     mt = ctypes.cast(ptr, ctypes.POINTER(DLManagedTensor))
     _api.PyCapsule_SetName(capsule, _USED)
-    return mt, mt.contents.dl_tensor
+    return _releaser(mt), mt.contents.dl_tensor
 
 
 def describe(t: DLTensor):
@@ -201,25 +247,25 @@ def describe(t: DLTensor):
     return shape, d, (t.data or 0) + t.byte_offset, compact
 
 
-def host_array(mt, t, shape, d, data):
+def host_array(release, t, shape, d, data):
     """A numpy array over CPU DLPack memory (a copy when not compact), and the byte view
     zyx borrows; the producer's deleter runs when neither is referenced any more."""
     n = int(np.prod(shape, dtype=np.int64)) if shape else 1
     itemsize = d.itemsize
     if n == 0:
-        mt.contents.deleter(mt)
+        release()
         return np.empty(shape, np.uint8 if d is dt.bool_ else _np_storage(d)), True
     compact = describe(t)[3]
     if compact:
-        owner = _Borrowed(mt, data, n * itemsize)
+        owner = _Borrowed(release, data, n * itemsize)
         return np.asarray(owner).view(_np_storage(d)).reshape(shape), False
     strides = tuple(t.strides[i] * itemsize for i in range(t.ndim))
     if any(s < 0 for s in strides):
-        mt.contents.deleter(mt)
+        release()
         raise BufferError("DLPack tensors with negative strides are not supported; "
                           "pass a contiguous copy")
     span = sum((s - 1) * abs(st) for s, st in zip(shape, strides)) + itemsize
-    owner = _Borrowed(mt, data, span)
+    owner = _Borrowed(release, data, span)
     view = np.lib.stride_tricks.as_strided(np.asarray(owner).view(_np_storage(d)),
                                            shape, strides)
     return np.ascontiguousarray(view), True

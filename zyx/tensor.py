@@ -1137,9 +1137,9 @@ def from_dlpack(obj) -> Tensor:
     kind, index = obj.__dlpack_device__()
     kind = builtins.int(kind)
     if kind == dlpack.KDL_CPU:
-        mt, t = dlpack.consume(obj.__dlpack__())
+        release, t = dlpack.consume(dlpack.request(obj))
         shape, d, data, _ = dlpack.describe(t)
-        arr, copied = dlpack.host_array(mt, t, shape, d, data)
+        arr, copied = dlpack.host_array(release, t, shape, d, data)
         cpu = [dev for n, dev in RT._names if n.type == "cpu"] if RT.devices else []
         if not cpu:
             RT._ensure()
@@ -1154,11 +1154,11 @@ def from_dlpack(obj) -> Tensor:
         name = f"{'cuda' if kind == dlpack.KDL_CUDA else 'hip'}:{builtins.int(index)}"
         dev = RT.resolve(name)
         stream = getattr(dev, "dlpack_stream", None)
-        cap = obj.__dlpack__(stream=stream) if stream is not None else obj.__dlpack__()
-        mt, t = dlpack.consume(cap)
+        cap = dlpack.request(obj, stream=stream) if stream is not None else dlpack.request(obj)
+        release, t = dlpack.consume(cap)
         shape, d, data, compact = dlpack.describe(t)
         nbytes = _prod(shape) * d.itemsize
-        owner = dlpack._Borrowed(mt, data, nbytes)
+        owner = dlpack._Borrowed(release, data, nbytes)
         if not compact:
             raise BufferError("from_dlpack: a non-contiguous GPU tensor; pass "
                               "x.contiguous()")
