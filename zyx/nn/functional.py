@@ -970,10 +970,10 @@ def _embedding_renorm(weight, idx, max_norm, norm_type):
     v = w.shape[0]
     with no_grad():
         rows = _iota(v, idx.dtype).reshape((1, v))
-        used = (idx.reshape((-1, 1)) == rows).cast(dt.int32).max(0).reshape((v, 1)) > 0
+        used = (idx.reshape((-1, 1)) == rows).cast(dt.int32).amax(0).reshape((v, 1)) > 0
         wd = w.detach()
         if norm_type == float("inf"):
-            norm = wd.abs().max(1, keepdim=True)
+            norm = wd.abs().amax(1, keepdim=True)
         else:
             norm = (wd.abs() ** norm_type).sum(1, keepdim=True) ** (1.0 / norm_type)
         scale = where(used & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
