@@ -85,6 +85,8 @@ def _mark_written(t, had_history=False):
 def _snapshot(t):
     """A new tensor object holding t's current node and recorded inputs: what ops written
     now compute from, so that t's own recorded history stays correct after t is rebound."""
+    if not _TB.is_recording():
+        return t        # nothing records: the ops read t's current node, as a snapshot would
     _graph.retain(t._id)
     old = Tensor._wrap(t._id)
     old._ctx = t._ctx
@@ -215,8 +217,8 @@ def _commit(t, new):
         if t._id == before:          # not among the base's views re-derived: do it here
             _set_node(t, _derive(base, kind, arg))
         return
-    was_buffer = _graph.get(t._id).op == G.LEAF
     _realize_chained(t)
+    was_buffer = _graph.get(t._id).op == G.LEAF
     _set_node(t, new)
     if was_buffer:
         _defer(t)
@@ -377,6 +379,17 @@ def _parse(x, idx):
     return steps
 
 
+def _scalar_const(value, d, shape, what):
+    """A Python number as a constant of dtype d, cast as torch casts (a float into an
+    integer tensor truncates); numbers out of d's range raise like torch."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    _tensor_mod._check_fits(value, d, what)
+    if d.is_int and isinstance(value, builtins.float):
+        value = builtins.int(value)
+    return _const(value, d, shape)
+
+
 def _value_tensor(value, d):
     """The assigned value as a tensor of dtype d (torch casts assigned values silently)."""
     if isinstance(value, Tensor):
@@ -472,8 +485,7 @@ def _put_basic(x, steps, value, accumulate):
             where_at[d] = (start, n, step)
     v = _value_tensor(value, x.dtype)
     if v is None:
-        _tensor_mod._check_fits(value, x.dtype, "setitem")
-        v = _const(value, x.dtype, tuple(region))
+        v = _scalar_const(value, x.dtype, tuple(region), "setitem")
     else:
         v = _orig["reshape"](_fit_value(v, tuple(out)), tuple(region))
     if 0 in region:
@@ -504,8 +516,7 @@ def _put_mask(x, steps, value, accumulate):
     mx = _orig["reshape"](m, (1,) * d + m.shape + (1,) * len(rest)).expand(x.shape)
     v = _value_tensor(value, x.dtype)
     if v is None:
-        _tensor_mod._check_fits(value, x.dtype, "setitem")
-        v = _const(value, x.dtype, x.shape)
+        v = _scalar_const(value, x.dtype, x.shape, "setitem")
     elif d == 0 and v.ndim == 1 + len(rest) and v.shape[0] != 1:
         # one value row per True element, in order: row = (running count of the mask) - 1
         flat = _orig["reshape"](m, (m.numel(),)).cast(dt.int64).cumsum(0) - 1
@@ -558,8 +569,7 @@ def _put_indexed(x, steps, value, accumulate):
     # the value in the layout x dims (indexed ones of size 1) + index block
     v = _value_tensor(value, x.dtype)
     if v is None:
-        _tensor_mod._check_fits(value, x.dtype, "index_put")
-        v = _const(value, x.dtype, out_shape)
+        v = _scalar_const(value, x.dtype, out_shape, "index_put")
     v = _fit_value(v, out_shape)
     rest_pos = list(range(lead)) + list(range(lead + k, len(out_shape)))
     v = _orig["permute"](v, tuple(rest_pos + list(range(lead, lead + k))))
@@ -659,8 +669,7 @@ def _fill_(self, value):
             raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
                                f"with {value.ndim} dimensions.")
         return _inplace(self, lambda old: value.cast(self.dtype).expand(self.shape))
-    _tensor_mod._check_fits(value, self.dtype, "fill_")
-    return _inplace(self, lambda old: _const(value, self.dtype, self.shape))
+    return _inplace(self, lambda old: _scalar_const(value, self.dtype, self.shape, "fill_"))
 
 
 def _zero_(self):
@@ -697,8 +706,7 @@ def _masked_fill_(self, mask, value):
     def compute(old):
         if isinstance(value, Tensor):
             return where(mask, value.cast(self.dtype), old)
-        _tensor_mod._check_fits(value, self.dtype, "masked_fill_")
-        return where(mask, _const(value, self.dtype, ()), old)
+        return where(mask, _scalar_const(value, self.dtype, (), "masked_fill_"), old)
     return _inplace(self, compute)
 
 
@@ -758,8 +766,7 @@ def _fill_diagonal_(self, fill_value, wrap=False):
             step = builtins.sum(self.shape[0] ** i for i in range(self.ndim))
             on = (flat % step) == 0
         on = _orig["reshape"](on, self.shape)
-        _tensor_mod._check_fits(fill_value, self.dtype, "fill_diagonal_")
-        return where(on, _const(fill_value, self.dtype, ()), old)
+        return where(on, _scalar_const(fill_value, self.dtype, (), "fill_diagonal_"), old)
     return _inplace(self, compute)
 
 
@@ -785,8 +792,10 @@ def _addcdiv_(self, tensor1, tensor2, value=1):
 
 
 def _augmented(name):
+    op = getattr(Tensor, name)
+
     def method(self, other):
-        return _inplace(self, lambda old: getattr(old, name)(other))
+        return _inplace(self, lambda old: op(old, other))
     method.__name__ = name.replace("__", "__i", 1)
     method.__doc__ = f"`x {name}= other` in place: x keeps its identity and dtype (torch)."
     return method
