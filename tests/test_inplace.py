@@ -500,3 +500,16 @@ def test_handwritten_loop_runs_one_plan_per_step_and_keeps_no_graph():
             seen.add(nid)
             stack += list(RT.graph.get(nid).srcs)
     assert len(seen) < 60, len(seen)
+
+
+def test_view_of_parameter_updated_under_no_grad_stays_differentiable():
+    zw, tw = both(X, requires_grad=True)
+    res = []
+    for w, lib in ((zw, zyx), (tw, torch)):
+        wt = w.T                     # a view kept across the update, as torch keeps it
+        with lib.no_grad():
+            w -= 1.0
+        (wt * wt).sum().backward()
+        res.append((wt, w.grad))
+    check(res[0][0], res[1][0])
+    check(res[0][1], res[1][1])

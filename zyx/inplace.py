@@ -299,6 +299,16 @@ def _getitem_view(self, idx):
 
 
 def _derive(base, kind, arg):
+    """The view (kind, arg) of base's current value. A view of a tensor that requires grad
+    stays connected to it (recorded even under no_grad), as torch's views keep their
+    grad_fn when the base is updated under no_grad."""
+    if base.requires_grad and not _TB.is_recording():
+        with _autograd.enable_grad():
+            return _derive_now(base, kind, arg)
+    return _derive_now(base, kind, arg)
+
+
+def _derive_now(base, kind, arg):
     if kind == "shape":
         return _orig["reshape"](base, arg)
     if kind == "perm":
