@@ -513,3 +513,20 @@ def test_view_of_parameter_updated_under_no_grad_stays_differentiable():
         res.append((wt, w.grad))
     check(res[0][0], res[1][0])
     check(res[0][1], res[1][1])
+
+
+def test_data_writes_change_the_tensor_unrecorded():
+    zw, tw = both(X, requires_grad=True)
+    for w in (zw, tw):
+        (w * w).sum().backward()
+        w.data.add_(w.grad, alpha=-0.1)     # outside no_grad: .data is not recorded
+        w.data[0, 0] = 9.0
+        assert w.is_leaf and w.requires_grad
+    check(zw, tw)
+    zw.data = zyx.Tensor(Y)
+    tw.data = torch.tensor(Y)
+    check(zw, tw)
+    zw.grad = tw.grad = None
+    (zw * 3).sum().backward()
+    (tw * 3).sum().backward()
+    check(zw.grad, tw.grad)

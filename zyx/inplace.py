@@ -158,9 +158,18 @@ def _root(t):
     return t
 
 
+def _through_data(t):
+    """Whether t is (a view of) some tensor's `.data`: writes there are not recorded."""
+    while t._view is not None:
+        if t._view[1] == "data":
+            return True
+        t = t._view[0]
+    return False
+
+
 def _check_writable(t):
     """torch refuses in-place ops on leaves that require grad while grad mode is on."""
-    if not _TB.is_recording():
+    if not _TB.is_recording() or (t._view is not None and _through_data(t)):
         return
     if t.requires_grad and t._ctx is None and t._view is None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
@@ -302,6 +311,8 @@ def _derive(base, kind, arg):
     """The view (kind, arg) of base's current value. A view of a tensor that requires grad
     stays connected to it (recorded even under no_grad), as torch's views keep their
     grad_fn when the base is updated under no_grad."""
+    if kind == "data":
+        return base.detach()
     if base.requires_grad and not _TB.is_recording():
         with _autograd.enable_grad():
             return _derive_now(base, kind, arg)
@@ -318,6 +329,8 @@ def _derive_now(base, kind, arg):
 
 def _write_back(base, kind, arg, val):
     """The base's new value when its view (kind, arg) takes the value `val`."""
+    if kind == "data":
+        return val
     if kind == "shape":
         return _orig["reshape"](val, base.shape)
     if kind == "perm":
@@ -326,6 +339,23 @@ def _write_back(base, kind, arg, val):
             inv[a] = i
         return _orig["permute"](val, tuple(inv))
     return _put(base, arg, val)
+
+
+def _data_get(self):
+    """torch's `.data`: the same values, detached; in-place writes to it change this tensor
+    without being recorded (`p.data.add_(-lr * p.grad)`), like torch's shared storage."""
+    return _link(self.detach(), self, "data", None)
+
+
+def _data_set(self, value):
+    """`t.data = value`: t takes value's values (any shape), not recorded."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
+    if value.device != self.device:
+        value = value.to(self.device)
+    _mark_written(self, self._ctx is not None)
+    _rebind(self, value.detach())
+    _propagate(self)
 
 
 # ---------------------------------------------------------------------------------------
@@ -891,6 +921,7 @@ def _attach():
     Tensor.permute = _permute_view
     Tensor.__getitem__ = _getitem_view
     Tensor.__setitem__ = _setitem
+    Tensor.data = property(_data_get, _data_set)
     for name, fn in (("add_", _add_), ("sub_", _sub_), ("mul_", _mul_), ("div_", _div_),
                      ("pow_", _pow_), ("clamp_", _clamp_), ("clip_", _clamp_),
                      ("clamp_min_", _clamp_min_), ("clamp_max_", _clamp_max_),
