@@ -530,3 +530,28 @@ def test_data_writes_change_the_tensor_unrecorded():
     (zw * 3).sum().backward()
     (tw * 3).sum().backward()
     check(zw.grad, tw.grad)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_, np.float16])
+def test_setitem_other_dtypes(dtype):
+    base = (np.arange(20).reshape(4, 5) % 3).astype(dtype)
+    z, ref = zyx.Tensor(base), base.copy()
+    one = dtype(1)
+    for idx, v in (((1, slice(None, None, 2)), one), ((np.array([0, 3]), np.array([4, 1])), one),
+                   ((slice(None), np.array([2])), np.array([[one]] * 4, dtype)),
+                   (base > 1, dtype(0))):
+        z[idx] = zyx.Tensor(np.asarray(v, dtype)) if isinstance(v, np.ndarray) else v
+        ref[idx] = v
+    assert z.dtype.name == np.dtype(dtype).name.replace("bool", "bool")
+    np.testing.assert_array_equal(z.numpy(), ref)
+
+
+def test_constant_input_written_after_use_keeps_its_old_value():
+    """w * c recorded, then c written: the gradient of w is the old c (torch raises)."""
+    zw, tw = both(Y, requires_grad=True)
+    c = zyx.Tensor(np.float32([2.0, -1.0, 0.5]))
+    y = (zw * c).sum()
+    c.add_(10)
+    y.backward()
+    np.testing.assert_allclose(zw.grad.numpy(), [2.0, -1.0, 0.5])
+    np.testing.assert_allclose(c.numpy(), [12.0, 9.0, 10.5])
