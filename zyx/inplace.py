@@ -49,7 +49,6 @@ from ._core import graph as G
 from ._core import kernel as K
 from ._core import tensorbase as _TB
 from . import autograd as _autograd
-from .errors import ShapeError
 from .runtime import RT
 from .tensor import Tensor, _const, _rebind, _broadcast_shape, _iota, _watch_range, where
 
@@ -496,7 +495,7 @@ def _safe_slice(start, stop, step):
     return slice(start, None if stop < 0 else stop, step)
 
 
-def steps_dims(steps):
+def _region_readers(steps):
     """Per basic step, a function taking x's region along that dim (size 1 for ints)."""
     fns = []
     for s in steps:
@@ -534,7 +533,7 @@ def _put_basic(x, steps, value, accumulate):
         return x + v if accumulate else v      # the whole tensor
     if accumulate:
         old = x
-        for d, s in enumerate(steps_dims(steps)):
+        for d, s in enumerate(_region_readers(steps)):
             old = s(old)
         v = v + old
     mask = _const(True, dt.bool_, tuple(region))
@@ -599,7 +598,8 @@ def _put_indexed(x, steps, value, accumulate):
         ti = where(t < 0, t + n, t).expand(bshape)
         sh = [1] * (nd + k)
         sh[d] = n
-        h = _orig["reshape"](ti, (1,) * nd + bshape) == _orig["reshape"](_iota(n, ti.dtype), tuple(sh))
+        axis = _orig["reshape"](_iota(n, ti.dtype), tuple(sh))
+        h = _orig["reshape"](ti, (1,) * nd + bshape) == axis
         _watch_range(h, t, -n, n, _INDEX_MESSAGE, (d, n, "index_put"))
         hit = h if hit is None else (hit & h)
     for d, j in isteps:
