@@ -555,3 +555,19 @@ def test_constant_input_written_after_use_keeps_its_old_value():
     y.backward()
     np.testing.assert_allclose(zw.grad.numpy(), [2.0, -1.0, 0.5])
     np.testing.assert_allclose(c.numpy(), [12.0, 9.0, 10.5])
+
+
+def test_scalar_writes_in_a_loop_share_one_plan():
+    """Positions and values of `y[i] = c` are data (0-d leaves), not constants: the same
+    graph for every i, so a second fill of the same size builds no plan."""
+    def fill(n):
+        y = zyx.zeros(n, 3)
+        for i in range(n):
+            y[i, 1] = float(i)
+        return y.numpy()
+    ref = np.zeros((12, 3), np.float32)
+    ref[:, 1] = np.arange(12)
+    np.testing.assert_array_equal(fill(12), ref)
+    plans = RT.stats["plans_built"]
+    np.testing.assert_array_equal(fill(12), ref)
+    assert RT.stats["plans_built"] == plans

@@ -506,7 +506,41 @@ def _region_readers(steps):
     return fns
 
 
+def _leaf_scalar(value, d, like):
+    """A 0-d leaf holding `value` on like's device: a write's position or value as data,
+    not as a constant folded into the kernel, so writes in a loop share one plan."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    _tensor_mod._check_fits(value, d, "setitem")
+    if d.is_int and isinstance(value, builtins.float):
+        value = builtins.int(value)
+    arr = np.asarray(value, dtype=np.float32 if d is dt.bfloat16 else d.np)
+    return Tensor(arr, dtype=d, device=_tensor_mod._device_of_like(like, None))
+
+
+def _put_point(x, steps, value):
+    """x[i, j, :] = scalar (ints and full slices only): where(position == index, value, x)
+    with the indices and the value as 0-d leaves, so `for i: y[i] = v` builds the same graph
+    every time (plans reused; constants would make every write a new kernel)."""
+    mask = None
+    for s in steps:
+        if s[0] != "int":
+            continue
+        _, d, j = s
+        sh = [1] * x.ndim
+        sh[d] = x.shape[d]
+        axis = _orig["reshape"](_iota(x.shape[d], dt.int32), tuple(sh))
+        m = axis == _leaf_scalar(j, dt.int32, x).expand(tuple(sh))
+        mask = m if mask is None else mask & m
+    v = _leaf_scalar(value, x.dtype, x)
+    return where(mask, v, x)
+
+
 def _put_basic(x, steps, value, accumulate):
+    if not accumulate and not isinstance(value, (Tensor, list, np.ndarray)) and \
+            any(s[0] == "int" for s in steps) and \
+            all(s[0] in ("int", "new") or s[2:] == (0, x.shape[s[1]], 1) for s in steps):
+        return _put_point(x, steps, value)
     region = list(x.shape)          # per x dim: the written length
     where_at = [(0, n, 1) for n in x.shape]
     out = []                        # getitem's result shape
