@@ -690,8 +690,12 @@ def _index_put_(self, indices, values, accumulate=False):
 
 
 def _binop(name):
+    op = getattr(Tensor, name)
+
     def method(self, other):
-        return _inplace(self, lambda old: getattr(old, name)(other))
+        return _inplace(self, lambda old: op(old, other))
+    method.__name__ = name + "_"
+    method.__doc__ = f"torch.Tensor.{name}_(other): self = self.{name}(other) in place."
     return method
 
 
