@@ -129,6 +129,7 @@ def set_checks(on: "bool") -> None:
 
 # --- autograd and optimizers (issue 3) ---
 from .autograd import Tape, no_grad, enable_grad, set_grad_enabled, is_grad_enabled  # noqa: E402
+from . import inplace as _inplace  # noqa: E402,F401  (in-place ops, __setitem__, views)
 # --- end autograd and optimizers ---
 
 # nn, optim, io and datasets load on first use: `import zyx` stays cheap for a first result

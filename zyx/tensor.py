@@ -2106,10 +2106,6 @@ def _advanced_index(x, tsteps, steps):
     return r.reshape(tuple(shape))
 
 
-def _setitem(self, idx, value):
-    raise ZyxError("zyx tensors are immutable; build a new tensor with where/masked_fill/cat")
-
-
 # max/min (values, indices with a dim; elementwise with a tensor) are zyx/sorting.py's
 for _name, _fn in (("sum", _sum), ("prod", _prod_r), ("amax", _amax), ("amin", _amin),
                    ("mean", _mean), ("var", _var), ("std", _std),
@@ -2118,7 +2114,7 @@ for _name, _fn in (("sum", _sum), ("prod", _prod_r), ("amax", _amax), ("amin", _
                    ("cumsum", _cumsum), ("flatten", _flatten), ("squeeze", _squeeze),
                    ("unsqueeze", _unsqueeze), ("transpose", _transpose), ("repeat", _repeat),
                    ("roll", _roll), ("pad", _pad_torch), ("__getitem__", _getitem),
-                   ("__setitem__", _setitem), ("matmul", matmul), ("__matmul__", matmul),
+                   ("matmul", matmul), ("__matmul__", matmul),
                    ("dot", dot), ("split", split), ("chunk", chunk), ("tril", tril), ("triu", triu),
                    ("gather", gather)):
     setattr(Tensor, _name, _fn)

@@ -1,0 +1,998 @@
+"""In-place ops (`x.add_(y)`, `x += y`, `x[idx] = v`, ...) on zyx's lazy graph.
+
+zyx tensors are nodes of an immutable graph; an in-place op is a functional update: the new
+value is built from the old one with ordinary ops (a slice assignment is a pad of the value
+into the region and a `where`, a boolean-mask assignment a `where`, an integer-index
+assignment a one-hot compare and a reduce), then the Tensor object is pointed at the new
+node (`tensor._rebind`), keeping its identity. Nothing runs on the host and the update fuses
+with whatever reads it, like any other op.
+
+Torch semantics kept:
+- dtype: the result keeps self's dtype; an op whose result type cannot be cast to it in place
+  (float into an integer tensor, anything but bool into a bool tensor) raises RuntimeError
+  "result type Float can't be cast to the desired output type Long". Assigned values
+  (`x[i] = v`, `fill_`, `copy_`) are cast to self's dtype.
+- views: tensors made by basic indexing (ints, slices, None, Ellipsis), reshape/view/flatten/
+  squeeze/unsqueeze and permute/transpose/T/mT remember their base (`_view`, a strong
+  reference, as torch's `._base`). Writing a view writes its base (`v = x[0]; v += 1`
+  changes x; `x[0][1] = 5` too), and writing a base re-derives its live views (weak
+  references in the base's `_views`), so views see later writes to the base. zyx differs:
+  `expand`, `narrow`-like ops other than indexing, and advanced indexing results are not
+  views (advanced indexing copies in torch too), and a view re-derived after a write of its
+  base is a new node, so an op recorded on the view before the write raises at backward
+  (torch raises there too when that op saved the view).
+- autograd: an in-place op records like its out-of-place form; the object's recorded inputs
+  become the new op's. In-place on a leaf that requires grad raises unless grad mode is off
+  (`with zyx.no_grad(): p -= lr * p.grad`). Ops recorded before an in-place write keep
+  reading the value they saw: their backward uses the old version (kept as a snapshot),
+  so the gradient is the gradient of what was computed (torch raises instead when the op
+  saved the overwritten tensor; zyx's answer equals torch's gradient of the out-of-place
+  code). Where the old version is gone (a leaf that requires grad, a view re-derived after
+  its base was written, an op whose node was realized) the backward raises torch's
+  "one of the variables needed for gradient computation has been modified by an inplace
+  operation".
+- state updates: a write under no_grad to a computed (realized) tensor is deferred
+  (`RT.defer`) so that the next realization computes it in the same plan as the rest; a
+  second write after a backward() realizes the pending work first, so a hand-written
+  optimizer loop realizes once per step and its graph never grows across steps.
+"""
+from __future__ import annotations
+
+import builtins
+import sys
+import weakref
+
+import numpy as np
+
+from . import dtype as dt
+from ._core import graph as G
+from ._core import kernel as K
+from ._core import tensorbase as _TB
+from . import autograd as _autograd
+from .runtime import RT
+from .tensor import Tensor, _const, _rebind, _broadcast_shape, _iota, _watch_range, where
+
+_tensor_mod = sys.modules["zyx.tensor"]   # `zyx.tensor` is the function
+
+_graph = RT.graph
+_INDEX_MESSAGE = "index {} is out of bounds for dimension {} with size {} (in {})"
+
+# ---------------------------------------------------------------------------------------
+# bookkeeping: which tensors were written, their old versions, deferred state updates
+
+_written = {}     # id(tensor) -> (weakref, had recorded history): tensors written in place
+_snapshots = {}   # (id(tensor), old node id) -> weakref to the old version's tensor object
+_deferred = {}    # id(tensor) -> (weakref, foreign epoch when deferred)
+_pending_seen = [None, 0, 0]   # RT.pending list last seen, its length, foreign epoch
+
+
+def _forget(table, key):
+    def cb(_ref):
+        table.pop(key, None)
+    return cb
+
+
+def _mark_written(t, had_history=False):
+    k = id(t)
+    entry = _written.get(k)
+    if entry is None:
+        _written[k] = (weakref.ref(t, _forget(_written, k)), had_history)
+    elif had_history and not entry[1]:
+        _written[k] = (entry[0], True)
+
+
+def _snapshot(t):
+    """A new tensor object holding t's current node and recorded inputs: what ops written
+    now compute from, so that t's own recorded history stays correct after t is rebound."""
+    if not _TB.is_recording():
+        return t        # nothing records: the ops read t's current node, as a snapshot would
+    _graph.retain(t._id)
+    old = Tensor._wrap(t._id)
+    old._ctx = t._ctx
+    old.requires_grad = t.requires_grad
+    if t._ctx is not None:
+        key = (id(t), t._id)
+        _snapshots[key] = weakref.ref(old, _forget(_snapshots, key))
+    return old
+
+
+def _foreign_epoch():
+    """Counts the times someone else (backward()) deferred work since our last deferral."""
+    seen = _pending_seen
+    p = RT.pending
+    if p is not seen[0]:
+        if p:
+            seen[2] += 1
+        seen[0], seen[1] = p, len(p)
+    elif len(p) != seen[1]:
+        seen[2] += 1
+        seen[1] = len(p)
+    return seen[2]
+
+
+def _realize_chained(t):
+    """t was written lazily, deferred, and a backward() came since: realize everything
+    pending now (the previous update with this step's forward and backward), so a
+    hand-written optimizer loop does not grow one graph across steps."""
+    entry = _deferred.get(id(t))
+    if entry is None or entry[0]() is not t or _graph.get(t._id).op == G.LEAF:
+        return
+    if _foreign_epoch() > entry[1]:
+        RT.realize([t._id])
+
+
+def _defer(t):
+    epoch = _foreign_epoch()
+    RT.defer([t])
+    _pending_seen[0], _pending_seen[1] = RT.pending, len(RT.pending)
+    k = id(t)
+    _deferred[k] = (weakref.ref(t, _forget(_deferred, k)), epoch)
+
+
+# ---------------------------------------------------------------------------------------
+# checks
+
+_TORCH_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half",
+                "bfloat16": "BFloat16", "int64": "Long", "int32": "Int", "int16": "Short",
+                "int8": "Char", "uint8": "Byte", "bool": "Bool", "uint16": "UInt16",
+                "uint32": "UInt32", "uint64": "UInt64"}
+
+
+def _torch_name(d):
+    return _TORCH_NAMES.get(d.name, d.name)
+
+
+def _can_cast(src, dst):
+    """torch.can_cast: no float into an integer tensor, nothing but bool into a bool one."""
+    if src.is_float and not dst.is_float:
+        return False
+    if dst.is_bool and not src.is_bool:
+        return False
+    return True
+
+
+def _root(t):
+    while t._view is not None:
+        t = t._view[0]
+    return t
+
+
+def _through_data(t):
+    """Whether t is (a view of) some tensor's `.data`: writes there are not recorded."""
+    while t._view is not None:
+        if t._view[1] == "data":
+            return True
+        t = t._view[0]
+    return False
+
+
+def _check_writable(t):
+    """torch refuses in-place ops on leaves that require grad while grad mode is on."""
+    if not _TB.is_recording() or (t._view is not None and _through_data(t)):
+        return
+    if t.requires_grad and t._ctx is None and t._view is None:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
+                           "operation.")
+    if t._view is not None:
+        r = _root(t)
+        if r.requires_grad and r._ctx is None:
+            raise RuntimeError("a view of a leaf Variable that requires grad is being used "
+                               "in an in-place operation.")
+
+
+def _fit(t, new):
+    """`new` as t's next value: same shape as t, t's dtype (torch's in-place casting)."""
+    if new.shape != t.shape:
+        try:
+            shape = _broadcast_shape(new.shape, t.shape)
+        except Exception:
+            shape = None
+        if shape != t.shape:
+            raise RuntimeError(f"output with shape {list(t.shape)} doesn't match the "
+                               f"broadcast shape {list(shape or new.shape)}")
+        new = new.expand(t.shape)
+    if new.dtype is not t.dtype:
+        if not _can_cast(new.dtype, t.dtype):
+            raise RuntimeError(f"result type {_torch_name(new.dtype)} can't be cast to the "
+                               f"desired output type {_torch_name(t.dtype)}")
+        new = new.cast(t.dtype)
+    return new
+
+
+# ---------------------------------------------------------------------------------------
+# committing a new value
+
+def _set_node(t, new):
+    """Point t at new's node; t's recorded inputs become new's (and t counts as written)."""
+    _mark_written(t, t._ctx is not None)
+    _rebind(t, new)
+    if new._ctx is not None:
+        t._ctx = new._ctx
+        t.requires_grad = True
+    elif t._ctx is not None:      # a computed tensor overwritten without recording
+        t._ctx = None
+        t.requires_grad = False
+
+
+def _commit(t, new):
+    """t (a tensor object) takes the value `new` (t's shape and dtype): a view writes its
+    base, a base re-derives its views."""
+    info = t._view
+    if info is not None:
+        base, kind, arg = info
+        before = t._id
+        _commit(base, _write_back(_snapshot(base), kind, arg, new))
+        if t._id == before:          # not among the base's views re-derived: do it here
+            _set_node(t, _derive(base, kind, arg))
+        return
+    _realize_chained(t)
+    was_buffer = _graph.get(t._id).op == G.LEAF
+    _set_node(t, new)
+    if was_buffer:
+        _defer(t)
+    _propagate(t)
+
+
+def _propagate(t):
+    """Re-derive the live views of t (and theirs) from t's new value."""
+    refs = t._views
+    if not refs:
+        return
+    live = []
+    for r in refs:
+        c = r()
+        if c is None or c._view is None or c._view[0] is not t:
+            continue
+        live.append(r)
+        _, kind, arg = c._view
+        _set_node(c, _derive(t, kind, arg))
+        _propagate(c)
+    t._views = live or None
+
+
+def _inplace(t, compute):
+    """The shape of every in-place method: check, compute from a snapshot, commit."""
+    _check_writable(t)
+    new = _fit(t, compute(_snapshot(t)))
+    _commit(t, new)
+    return t
+
+
+# ---------------------------------------------------------------------------------------
+# views: remembered by the view ops, written back through their inverse
+
+_orig = {}
+
+
+def _link(out, base, kind, arg):
+    if out is base:
+        return out
+    out._view = (base, kind, arg)
+    refs = base._views
+    if refs is None:
+        base._views = [weakref.ref(out)]
+    else:
+        refs.append(weakref.ref(out))
+        if len(refs) % 64 == 0:           # drop dead views now and then
+            base._views = [r for r in refs if r() is not None] or None
+    return out
+
+
+def _reshape_view(self, *shape):
+    out = _orig["reshape"](self, *shape)
+    return _link(out, self, "shape", out.shape) if out is not self else out
+
+
+def _permute_view(self, *axes):
+    out = _orig["permute"](self, *axes)
+    if out is self:
+        return out
+    return _link(out, self, "perm", _graph.get(out._id).arg)
+
+
+def _is_basic(i):
+    return i is None or i is Ellipsis or isinstance(i, slice) or (
+        isinstance(i, (builtins.int, np.integer)) and not isinstance(i, (builtins.bool, np.bool_)))
+
+
+def _getitem_view(self, idx):
+    out = _orig["__getitem__"](self, idx)
+    if out is self:
+        return out
+    key = idx if isinstance(idx, tuple) else (idx,)
+    for i in key:
+        if not _is_basic(i):
+            return out       # advanced indexing copies (as in torch)
+    return _link(out, self, "index", key)
+
+
+def _derive(base, kind, arg):
+    """The view (kind, arg) of base's current value. A view of a tensor that requires grad
+    stays connected to it (recorded even under no_grad), as torch's views keep their
+    grad_fn when the base is updated under no_grad."""
+    if kind == "data":
+        return base.detach()
+    if base.requires_grad and not _TB.is_recording():
+        with _autograd.enable_grad():
+            return _derive_now(base, kind, arg)
+    return _derive_now(base, kind, arg)
+
+
+def _derive_now(base, kind, arg):
+    if kind == "shape":
+        return _orig["reshape"](base, arg)
+    if kind == "perm":
+        return _orig["permute"](base, arg)
+    return _orig["__getitem__"](base, arg)
+
+
+def _write_back(base, kind, arg, val):
+    """The base's new value when its view (kind, arg) takes the value `val`."""
+    if kind == "data":
+        return val
+    if kind == "shape":
+        return _orig["reshape"](val, base.shape)
+    if kind == "perm":
+        inv = [0] * len(arg)
+        for i, a in enumerate(arg):
+            inv[a] = i
+        return _orig["permute"](val, tuple(inv))
+    return _put(base, arg, val)
+
+
+def _data_get(self):
+    """torch's `.data`: the same values, detached; in-place writes to it change this tensor
+    without being recorded (`p.data.add_(-lr * p.grad)`), like torch's shared storage."""
+    return _link(self.detach(), self, "data", None)
+
+
+def _data_set(self, value):
+    """`t.data = value`: t takes value's values (any shape), not recorded."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
+    if value.device != self.device:
+        value = value.to(self.device)
+    _mark_written(self, self._ctx is not None)
+    _rebind(self, value.detach())
+    _propagate(self)
+
+
+# ---------------------------------------------------------------------------------------
+# setitem: x[idx] = value as a functional update
+
+def _parse(x, idx):
+    """Steps like getitem's: ("new",), ("int", d, j), ("slice", d, start, stop, step),
+    ("tensor", d, t) and ("mask", d, t) (a bool tensor covering t.ndim dims)."""
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    if builtins.sum(1 for i in idx if i is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    conv = []
+    for i in idx:
+        if isinstance(i, (list, np.ndarray)):
+            arr = np.asarray(i)
+            i = Tensor(arr, dtype=dt.bool_ if arr.dtype == np.bool_ else dt.int64)
+        conv.append(i)
+    used = builtins.sum(i.ndim if isinstance(i, Tensor) and i.dtype.is_bool else 1
+                        for i in conv if i is not None and i is not Ellipsis)
+    if used > x.ndim:
+        raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
+    full = []
+    for i in conv:
+        if i is Ellipsis:
+            full += [slice(None)] * (x.ndim - used)
+        else:
+            full.append(i)
+    if not any(i is Ellipsis for i in conv):
+        full += [slice(None)] * (x.ndim - used)
+    steps, d = [], 0
+    for i in full:
+        if i is None:
+            steps.append(("new",))
+            continue
+        if isinstance(i, (builtins.bool, np.bool_)):
+            raise IndexError("boolean scalar indices are not supported")
+        if isinstance(i, Tensor) and i.dtype.is_bool:
+            if i.shape != x.shape[d:d + i.ndim]:
+                raise IndexError(f"The shape of the mask {list(i.shape)} at index {d} does not "
+                                 f"match the shape of the indexed tensor {list(x.shape)}")
+            steps.append(("mask", d, i))
+            d += i.ndim
+            continue
+        size = x.shape[d]
+        if isinstance(i, (builtins.int, np.integer)):
+            j = builtins.int(i)
+            if not -size <= j < size:
+                raise IndexError(f"index {j} is out of bounds for dimension {d} with size {size}")
+            steps.append(("int", d, j % size))
+        elif isinstance(i, slice):
+            steps.append(("slice", d) + i.indices(size))
+        elif isinstance(i, Tensor):
+            if not i.dtype.is_int:
+                raise IndexError(f"tensors used as indices must be long, int, byte or bool "
+                                 f"tensors, got {i.dtype.name}")
+            steps.append(("tensor", d, i))
+        else:
+            raise IndexError(f"unsupported index {i!r}")
+        d += 1
+    return steps
+
+
+def _scalar_const(value, d, shape, what):
+    """A Python number as a constant of dtype d, cast as torch casts (a float into an
+    integer tensor truncates); numbers out of d's range raise like torch."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    _tensor_mod._check_fits(value, d, what)
+    if d.is_int and isinstance(value, builtins.float):
+        value = builtins.int(value)
+    return _const(value, d, shape)
+
+
+def _value_tensor(value, d):
+    """The assigned value as a tensor of dtype d (torch casts assigned values silently)."""
+    if isinstance(value, Tensor):
+        return value.cast(d)
+    if isinstance(value, (list, np.ndarray)):
+        return Tensor(np.asarray(value)).cast(d)
+    return None
+
+
+def _fit_value(v, shape):
+    """v broadcast to `shape` (leading size-1 dims of v may be dropped, as in torch)."""
+    while v.ndim > len(shape) and v.shape[0] == 1:
+        v = _orig["reshape"](v, v.shape[1:])
+    try:
+        ok = _broadcast_shape(v.shape, shape) == tuple(shape)
+    except Exception:
+        ok = False
+    if not ok:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(v.shape)} cannot be "
+                           f"broadcast to indexing result of shape {list(shape)}")
+    return v.expand(tuple(shape)) if v.shape != tuple(shape) else v
+
+
+def _length(start, stop, step):
+    if step > 0:
+        return builtins.max(0, (stop - start + step - 1) // step)
+    return builtins.max(0, (start - stop - step - 1) // (-step))
+
+
+def _embed(t, d, start, length, step, n, fill):
+    """t (size `length` along d) placed at start, start+step, ... of an axis of size n;
+    the other positions hold `fill` (pads only: index arithmetic, no copy)."""
+    if step < 0:
+        t = t.flip(d)
+        start, step = start + (length - 1) * step, -step
+    span = length
+    if step > 1:
+        sh = t.shape
+        t = _orig["reshape"](t, sh[:d] + (length, 1) + sh[d + 1:])
+        pads = [(0, 0)] * t.ndim
+        pads[d + 1] = (0, step - 1)
+        t = _orig["reshape"](t._pad(pads, fill), sh[:d] + (length * step,) + sh[d + 1:])
+        span = length * step
+    pads = [(0, 0)] * t.ndim
+    pads[d] = (start, n - start - span)
+    return t._pad(pads, fill)
+
+
+def _put(x, idx, value, accumulate=False):
+    """x with x[idx] set to `value` (or increased by it with accumulate=True), as a new
+    tensor of x's shape and dtype."""
+    steps = _parse(x, idx)
+    kinds = {s[0] for s in steps}
+    if "mask" in kinds:
+        return _put_mask(x, steps, value, accumulate)
+    if "tensor" in kinds:
+        return _put_indexed(x, steps, value, accumulate)
+    return _put_basic(x, steps, value, accumulate)
+
+
+def _safe_slice(start, stop, step):
+    """A slice object for slice.indices' (start, stop, step): its stop -1 with a negative
+    step means "through index 0", which a slice would read as "the last"."""
+    return slice(start, None if stop < 0 else stop, step)
+
+
+def _region_readers(steps):
+    """Per basic step, a function taking x's region along that dim (size 1 for ints)."""
+    fns = []
+    for s in steps:
+        if s[0] == "int":
+            fns.append(lambda x, d=s[1], j=s[2]: _tensor_mod._narrow(x, d, j, j + 1))
+        elif s[0] == "slice":
+            fns.append(lambda x, s=s: _tensor_mod._slice_axis(x, *s[1:]))
+    return fns
+
+
+def _leaf_scalar(value, d, like):
+    """A 0-d leaf holding `value` on like's device: a write's position or value as data,
+    not as a constant folded into the kernel, so writes in a loop share one plan."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    _tensor_mod._check_fits(value, d, "setitem")
+    if d.is_int and isinstance(value, builtins.float):
+        value = builtins.int(value)
+    arr = np.asarray(value, dtype=np.float32 if d is dt.bfloat16 else d.np)
+    return Tensor(arr, dtype=d, device=_tensor_mod._device_of_like(like, None))
+
+
+def _put_point(x, steps, value):
+    """x[i, j, :] = scalar (ints and full slices only): where(position == index, value, x)
+    with the indices and the value as 0-d leaves, so `for i: y[i] = v` builds the same graph
+    every time (plans reused; constants would make every write a new kernel)."""
+    mask = None
+    for s in steps:
+        if s[0] != "int":
+            continue
+        _, d, j = s
+        sh = [1] * x.ndim
+        sh[d] = x.shape[d]
+        axis = _orig["reshape"](_iota(x.shape[d], dt.int32), tuple(sh))
+        m = axis == _leaf_scalar(j, dt.int32, x).expand(tuple(sh))
+        mask = m if mask is None else mask & m
+    v = _leaf_scalar(value, x.dtype, x)
+    return where(mask, v, x)
+
+
+def _put_basic(x, steps, value, accumulate):
+    if not accumulate and not isinstance(value, (Tensor, list, np.ndarray)) and \
+            any(s[0] == "int" for s in steps) and \
+            all(s[0] in ("int", "new") or s[2:] == (0, x.shape[s[1]], 1) for s in steps):
+        return _put_point(x, steps, value)
+    region = list(x.shape)          # per x dim: the written length
+    where_at = [(0, n, 1) for n in x.shape]
+    out = []                        # getitem's result shape
+    for s in steps:
+        if s[0] == "new":
+            out.append(1)
+        elif s[0] == "int":
+            region[s[1]] = 1
+            where_at[s[1]] = (s[2], 1, 1)
+        else:
+            _, d, start, stop, step = s
+            n = _length(start, stop, step)
+            region[d] = n
+            out.append(n)
+            where_at[d] = (start, n, step)
+    v = _value_tensor(value, x.dtype)
+    if v is None:
+        v = _scalar_const(value, x.dtype, tuple(region), "setitem")
+    else:
+        v = _orig["reshape"](_fit_value(v, tuple(out)), tuple(region))
+    if 0 in region:
+        return x
+    if all(w == (0, n, 1) for w, n in zip(where_at, x.shape)):
+        return x + v if accumulate else v      # the whole tensor
+    if accumulate:
+        old = x
+        for d, s in enumerate(_region_readers(steps)):
+            old = s(old)
+        v = v + old
+    mask = _const(True, dt.bool_, tuple(region))
+    for d, (start, n, step) in enumerate(where_at):
+        if (start, n, step) != (0, x.shape[d], 1):
+            v = _embed(v, d, start, n, step, x.shape[d], 0)
+            mask = _embed(mask, d, start, n, step, x.shape[d], False)
+    return where(mask, v, x)
+
+
+def _put_mask(x, steps, value, accumulate):
+    """x[mask] = value: a where. The value is a scalar, broadcasts to the dims after the
+    mask, or has one row per True element (gathered by the running count of the mask)."""
+    if builtins.sum(1 for s in steps if s[0] != "slice" or s[2:] != (0, x.shape[s[1]], 1)) > 1:
+        raise IndexError("a boolean mask can be combined only with full slices (:) and ...")
+    _, d, m = next(s for s in steps if s[0] == "mask")
+    k = m.ndim
+    rest = x.shape[d + k:]
+    mx = _orig["reshape"](m, (1,) * d + m.shape + (1,) * len(rest)).expand(x.shape)
+    v = _value_tensor(value, x.dtype)
+    if v is None:
+        v = _scalar_const(value, x.dtype, x.shape, "setitem")
+    elif d == 0 and v.ndim == 1 + len(rest) and v.shape[0] != 1:
+        # one value row per True element, in order: row = (running count of the mask) - 1
+        flat = _orig["reshape"](m, (m.numel(),)).cast(dt.int64).cumsum(0) - 1
+        rows = _orig["__getitem__"](v, (flat.clamp(0, None),))
+        v = _orig["reshape"](rows, m.shape + rest)
+    else:
+        v = _fit_value(v, x.shape[:d] + (1,) + rest)
+        v = _orig["reshape"](v, x.shape[:d] + (1,) * k + rest).expand(x.shape)
+    return where(mx, x + v if accumulate else v, x)
+
+
+def _put_indexed(x, steps, value, accumulate):
+    """x[i0, i1, ...] = value with integer index tensors (ints and slices beside them):
+    a one-hot compare of every index with its axis, and per written element the last
+    matching value (duplicates: the last wins; accumulate=True adds them all)."""
+    if any(s[0] == "new" for s in steps):
+        raise IndexError("None cannot be combined with index tensors in an assignment")
+    if any(s[0] == "slice" and s[2:] != (0, x.shape[s[1]], 1) for s in steps):
+        # partial slices: write the sliced region as a whole (view, update, write back)
+        outer = tuple(_safe_slice(*s[2:]) if s[0] == "slice" else slice(None) for s in steps)
+        inner = tuple(slice(None) if s[0] == "slice" else (s[2]) for s in steps)
+        sub = _orig["__getitem__"](x, outer)
+        return _put_basic(x, _parse(x, outer), _put_indexed(sub, _parse(sub, inner), value,
+                                                            accumulate), False)
+    tsteps = [(s[1], s[2]) for s in steps if s[0] == "tensor"]
+    isteps = [(s[1], s[2]) for s in steps if s[0] == "int"]
+    tdims = [d for d, _ in tsteps]
+    bshape = _broadcast_shape(*[t.shape for _, t in tsteps])
+    nd, k = x.ndim, len(bshape)
+    rest = [d for d in range(nd) if d not in tdims and d not in dict(isteps)]
+    adjacent = tdims == list(range(tdims[0], tdims[0] + len(tdims)))
+    # getitem's result layout (ints dropped): the index block where the indexed dims were
+    # when they are adjacent, else first
+    lead = len([d for d in rest if d < tdims[0]]) if adjacent else 0
+    out_shape = tuple(x.shape[d] for d in rest[:lead]) + bshape + \
+        tuple(x.shape[d] for d in rest[lead:])
+    hit = None
+    for d, t in tsteps:
+        n = x.shape[d]
+        ti = where(t < 0, t + n, t).expand(bshape)
+        sh = [1] * (nd + k)
+        sh[d] = n
+        axis = _orig["reshape"](_iota(n, ti.dtype), tuple(sh))
+        h = _orig["reshape"](ti, (1,) * nd + bshape) == axis
+        _watch_range(h, t, -n, n, _INDEX_MESSAGE, (d, n, "index_put"))
+        hit = h if hit is None else (hit & h)
+    for d, j in isteps:
+        sh = [1] * (nd + k)
+        sh[d] = x.shape[d]
+        hit = hit & (_orig["reshape"](_iota(x.shape[d], dt.int32), tuple(sh)) == j)
+    # the value in the layout x dims (indexed ones of size 1) + index block
+    v = _value_tensor(value, x.dtype)
+    if v is None:
+        v = _scalar_const(value, x.dtype, out_shape, "index_put")
+    v = _fit_value(v, out_shape)
+    rest_pos = list(range(lead)) + list(range(lead + k, len(out_shape)))
+    v = _orig["permute"](v, tuple(rest_pos + list(range(lead, lead + k))))
+    sh = [1] * nd
+    for d, s in zip(rest, v.shape[:len(rest)]):
+        sh[d] = s
+    v = _orig["reshape"](v, tuple(sh) + bshape)
+    full = x.shape + bshape
+    hit = hit.expand(full)
+    block = tuple(range(nd, nd + k))
+    calc = dt.int32 if x.dtype.is_bool else x.dtype
+    vv = v.cast(calc).expand(full)
+    if accumulate:
+        add = where(hit, vv, _const(0, calc, ()))._reduce(K.R_SUM, block, False)
+        return (x.cast(calc) + add).cast(x.dtype)
+    nb = 1
+    for s in bshape:
+        nb *= s
+    order = _orig["reshape"](_iota(nb, dt.int32), (1,) * nd + bshape).expand(full)
+    last = where(hit, order, _const(-1, dt.int32, ()))._reduce(K.R_MAX, block, True)
+    pick = hit & (order == last.expand(full))
+    val = where(pick, vv, _const(0, calc, ()))._reduce(K.R_SUM, block, False).cast(x.dtype)
+    written = _orig["reshape"](last, x.shape) >= 0
+    return where(written, val, x)
+
+
+def _setitem(self, idx, value):
+    """`x[idx] = value` (torch semantics): ints, slices (steps, negative), None, Ellipsis,
+    boolean masks and integer index tensors/lists; `value` a scalar or a tensor that
+    broadcasts to `x[idx]`'s shape, cast to x's dtype. The right side is read before the
+    write (`x[1:] = x[:-1]` shifts). With duplicate indices the last value wins (torch
+    leaves it unspecified). A boolean-mask assignment of one row per True element checks
+    only that the count does not exceed the rows (torch also checks equality)."""
+    _inplace(self, lambda old: _put(old, idx, value))
+
+
+# ---------------------------------------------------------------------------------------
+# the in-place methods
+
+def _index_put_(self, indices, values, accumulate=False):
+    """torch.Tensor.index_put_(indices, values, accumulate=False): `self[indices] = values`,
+    or `+=` with every duplicate index counted when accumulate=True."""
+    return _inplace(self, lambda old: _put(old, tuple(indices), values, accumulate))
+
+
+def _binop(name):
+    op = getattr(Tensor, name)
+
+    def method(self, other):
+        return _inplace(self, lambda old: op(old, other))
+    method.__name__ = name + "_"
+    method.__doc__ = f"torch.Tensor.{name}_(other): self = self.{name}(other) in place."
+    return method
+
+
+def _add_(self, other, alpha=1):
+    """torch.Tensor.add_(other, alpha=1): self += alpha * other."""
+    return _inplace(self, lambda old: old + (other * alpha if alpha != 1 else other))
+
+
+def _sub_(self, other, alpha=1):
+    """torch.Tensor.sub_(other, alpha=1): self -= alpha * other."""
+    return _inplace(self, lambda old: old - (other * alpha if alpha != 1 else other))
+
+
+def _mul_(self, other):
+    """torch.Tensor.mul_(other): self *= other (a tensor or a scalar)."""
+    return _inplace(self, lambda old: old * other)
+
+
+def _div_(self, other, rounding_mode=None):
+    """torch.Tensor.div_(other, rounding_mode=None); true division of an integer tensor
+    raises (its Float result cannot be stored in place), as in torch."""
+    return _inplace(self, lambda old: old.div(other, rounding_mode=rounding_mode))
+
+
+def _pow_(self, exponent):
+    """torch.Tensor.pow_(exponent)."""
+    return _inplace(self, lambda old: old ** exponent)
+
+
+def _clamp_(self, min=None, max=None):  # noqa: A002  (torch names)
+    """torch.Tensor.clamp_(min=None, max=None)."""
+    return _inplace(self, lambda old: old.clamp(min, max))
+
+
+def _clamp_min_(self, min):  # noqa: A002
+    """torch.Tensor.clamp_min_(min)."""
+    return _inplace(self, lambda old: old.clamp(min, None))
+
+
+def _clamp_max_(self, max):  # noqa: A002
+    """torch.Tensor.clamp_max_(max)."""
+    return _inplace(self, lambda old: old.clamp(None, max))
+
+
+def _fill_(self, value):
+    """torch.Tensor.fill_(value): every element set to `value` (a number or a 0-d tensor)."""
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise RuntimeError(f"fill_ only supports 0-dimension value tensor but got tensor "
+                               f"with {value.ndim} dimensions.")
+        return _inplace(self, lambda old: value.cast(self.dtype).expand(self.shape))
+    return _inplace(self, lambda old: _scalar_const(value, self.dtype, self.shape, "fill_"))
+
+
+def _zero_(self):
+    """torch.Tensor.zero_(): every element set to 0."""
+    return _fill_(self, 0)
+
+
+def _copy_(self, src, non_blocking=False):
+    """torch.Tensor.copy_(src): src's values (broadcast to self's shape, cast to its
+    dtype; moved to self's device) written into self."""
+    if not isinstance(src, Tensor):
+        src = Tensor(np.asarray(src))
+    if src.device != self.device:
+        src = src.to(self.device)
+
+    def compute(old):
+        s = src
+        if s.shape != self.shape:
+            try:
+                ok = _broadcast_shape(s.shape, self.shape) == self.shape
+            except Exception:
+                ok = False
+            if not ok:
+                raise RuntimeError(f"The size of tensor a ({list(self.shape)}) must match the "
+                                   f"size of tensor b ({list(s.shape)})")
+            s = s.expand(self.shape)
+        return s.cast(self.dtype)
+    return _inplace(self, compute)
+
+
+def _masked_fill_(self, mask, value):
+    """torch.Tensor.masked_fill_(mask, value): value where mask is True (mask broadcasts
+    to self's shape)."""
+    def compute(old):
+        if isinstance(value, Tensor):
+            return where(mask, value.cast(self.dtype), old)
+        return where(mask, _scalar_const(value, self.dtype, (), "masked_fill_"), old)
+    return _inplace(self, compute)
+
+
+def _unary(name):
+    def method(self):
+        return _inplace(self, lambda old: getattr(old, name)())
+    method.__name__ = name + "_"
+    method.__doc__ = f"torch.Tensor.{name}_(): self = self.{name}() in place (self's dtype)."
+    return method
+
+
+def _check_float(t, what):
+    if not t.dtype.is_float:
+        raise RuntimeError(f"\"{what}\" not implemented for '{_torch_name(t.dtype)}'")
+
+
+def _uniform_(self, a=0.0, b=1.0, generator=None):
+    """torch.Tensor.uniform_(from=0, to=1): uniform samples from zyx's generator
+    (`zyx.manual_seed`); `generator` is not supported (must be None)."""
+    _check_float(self, "uniform_")
+    if generator is not None:
+        raise TypeError("zyx's uniform_ takes no generator (seed with zyx.manual_seed)")
+    return _inplace(self, lambda old: _tensor_mod.rand(*self.shape, dtype=self.dtype,
+                                                       device=self.device) * (b - a) + a)
+
+
+def _normal_(self, mean=0.0, std=1.0, generator=None):
+    """torch.Tensor.normal_(mean=0, std=1): normal samples from zyx's generator."""
+    _check_float(self, "normal_")
+    if generator is not None:
+        raise TypeError("zyx's normal_ takes no generator (seed with zyx.manual_seed)")
+    return _inplace(self, lambda old: _tensor_mod.randn(*self.shape, dtype=self.dtype,
+                                                        device=self.device) * std + mean)
+
+
+def _fill_diagonal_(self, fill_value, wrap=False):
+    """torch.Tensor.fill_diagonal_(fill_value, wrap=False): the main diagonal (all indices
+    equal) set to fill_value; a tensor of more than 2 dims must have equal sizes. With
+    wrap=True a tall matrix's diagonal starts again after every N+1 rows, as in torch."""
+    if self.ndim < 2:
+        raise RuntimeError("dimensions must larger than 1")
+    if self.ndim > 2 and len(set(self.shape)) != 1:
+        raise RuntimeError("all dimensions of input must be of equal length")
+
+    def compute(old):
+        n = self.numel()
+        flat = _iota(n, dt.int64, None) if n else None
+        if flat is None:
+            return old
+        if self.ndim == 2:
+            rows, cols = self.shape
+            if wrap:
+                on = (flat % (cols + 1)) == 0
+            else:
+                on = ((flat % (cols + 1)) == 0) & (flat < builtins.min(rows, cols) * cols)
+        else:
+            step = builtins.sum(self.shape[0] ** i for i in range(self.ndim))
+            on = (flat % step) == 0
+        on = _orig["reshape"](on, self.shape)
+        return where(on, _scalar_const(fill_value, self.dtype, (), "fill_diagonal_"), old)
+    return _inplace(self, compute)
+
+
+def _lerp_(self, end, weight):
+    """torch.Tensor.lerp_(end, weight): self += weight * (end - self)."""
+    return _inplace(self, lambda old: old.lerp(end, weight))
+
+
+def _addcmul_(self, tensor1, tensor2, value=1):
+    """torch.Tensor.addcmul_(tensor1, tensor2, value=1): self += value * tensor1 * tensor2."""
+    return _inplace(self, lambda old: old + (tensor1 * tensor2) * value)
+
+
+def _addcdiv_(self, tensor1, tensor2, value=1):
+    """torch.Tensor.addcdiv_(tensor1, tensor2, value=1): self += value * tensor1 / tensor2
+    (integer tensor1 and tensor2 are refused, as in torch)."""
+    if isinstance(tensor1, Tensor) and isinstance(tensor2, Tensor) and \
+            not tensor1.dtype.is_float and not tensor2.dtype.is_float:
+        raise RuntimeError("Integer division with addcdiv is no longer supported, and in a "
+                           "future release addcdiv will perform a true division of tensor1 "
+                           "and tensor2.")
+    return _inplace(self, lambda old: old + (tensor1 / tensor2) * value)
+
+
+def _augmented(name):
+    op = getattr(Tensor, name)
+
+    def method(self, other):
+        return _inplace(self, lambda old: op(old, other))
+    method.__name__ = name.replace("__", "__i", 1)
+    method.__doc__ = f"`x {name}= other` in place: x keeps its identity and dtype (torch)."
+    return method
+
+
+def _functional_forms(name):
+    """scatter_/scatter_add_/index_add_ as thin in-place wrappers of the functional ops,
+    when this build has them."""
+    def method(self, *args, **kwargs):
+        return _inplace(self, lambda old: getattr(old, name)(*args, **kwargs))
+    method.__name__ = name + "_"
+    method.__doc__ = f"torch.Tensor.{name}_: self = self.{name}(...) in place."
+    return method
+
+
+# ---------------------------------------------------------------------------------------
+# the backward check (autograd._run_backward calls it before walking the graph)
+
+def _old_version(s, old_id):
+    """The tensor to read in place of s's current value: its version of node `old_id`."""
+    r = _snapshots.get((id(s), old_id))
+    snap = r() if r is not None else None
+    if snap is None and not (s.requires_grad or s._ctx is not None or _written[id(s)][1]):
+        _graph.retain(old_id)
+        return Tensor._wrap(old_id)         # a constant input: its old value, no gradient
+    if snap is None:
+        raise RuntimeError(
+            f"one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: [{_torch_name(s.dtype)} {list(s.shape)}] was written in "
+            f"place after an op recorded it, and its old version is gone (a leaf that "
+            f"requires grad, or a view re-derived from its base). Hint: write a clone() "
+            f"instead, or write after backward().")
+    return snap
+
+
+def _repair(visited):
+    """Point every recorded op whose input was written in place after it at the input's
+    old version. True when something changed (the walk is then repeated)."""
+    if not _written:
+        return False
+    changed = False
+    for t in visited:
+        ctx = t._ctx
+        if type(ctx) is not tuple:
+            continue
+        srcs = ctx[2]
+        for s in srcs:
+            if id(s) in _written:
+                break
+        else:
+            continue
+        node = _graph.get(t._id)
+        if len(node.srcs) != len(srcs):
+            # realized since it was recorded: which version it read is unknown
+            if any(id(s) in _written and (s.requires_grad or s._ctx is not None or
+                                          _written[id(s)][1]) for s in srcs):
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified "
+                    "by an inplace operation, or may have been: an op whose result was "
+                    "computed (realized) reads a tensor written in place since. Hint: write "
+                    "a clone() instead.")
+            continue
+        new = list(srcs)
+        moved = False
+        for i, s in enumerate(srcs):
+            if s._id != node.srcs[i]:
+                new[i] = _old_version(s, node.srcs[i])
+                moved = True
+        if moved:
+            t._ctx = (ctx[0], ctx[1], tuple(new))
+            changed = True
+    return changed
+
+
+# ---------------------------------------------------------------------------------------
+# attach
+
+def _attach():
+    for name in ("reshape", "view", "permute", "__getitem__"):
+        _orig[name] = getattr(Tensor, name)
+    Tensor.reshape = _reshape_view
+    Tensor.view = _reshape_view
+    Tensor.permute = _permute_view
+    Tensor.__getitem__ = _getitem_view
+    Tensor.__setitem__ = _setitem
+    Tensor.data = property(_data_get, _data_set)
+    for name, fn in (("add_", _add_), ("sub_", _sub_), ("mul_", _mul_), ("div_", _div_),
+                     ("pow_", _pow_), ("clamp_", _clamp_), ("clip_", _clamp_),
+                     ("clamp_min_", _clamp_min_), ("clamp_max_", _clamp_max_),
+                     ("zero_", _zero_), ("fill_", _fill_), ("copy_", _copy_),
+                     ("masked_fill_", _masked_fill_), ("index_put_", _index_put_),
+                     ("uniform_", _uniform_), ("normal_", _normal_),
+                     ("fill_diagonal_", _fill_diagonal_), ("lerp_", _lerp_),
+                     ("addcmul_", _addcmul_), ("addcdiv_", _addcdiv_),
+                     ("true_divide_", _div_), ("multiply_", _mul_), ("subtract_", _sub_)):
+        setattr(Tensor, name, fn)
+    for name in ("neg", "abs", "exp", "log", "sqrt", "sigmoid", "tanh", "relu", "sin", "cos",
+                 "floor", "ceil", "trunc", "round", "reciprocal", "rsqrt", "square", "sign",
+                 "log1p", "expm1", "exp2", "log2", "erf"):
+        if hasattr(Tensor, name):
+            setattr(Tensor, name + "_", _unary(name))
+    Tensor.neg_ = Tensor.negative_ = _inplace_neg
+    for name in ("__add__", "__sub__", "__mul__", "__truediv__", "__pow__", "__floordiv__",
+                 "__mod__", "__and__", "__or__", "__xor__", "__lshift__", "__rshift__"):
+        setattr(Tensor, name.replace("__", "__i", 1), _augmented(name))
+    for name in ("fmod", "remainder", "bitwise_and", "bitwise_or", "bitwise_xor",
+                 "maximum", "minimum", "logical_and", "logical_or"):
+        if hasattr(Tensor, name):
+            setattr(Tensor, name + "_", _binop(name))
+    for name in ("scatter", "scatter_add", "index_add", "index_fill", "index_copy",
+                 "masked_scatter"):
+        if hasattr(Tensor, name):
+            setattr(Tensor, name + "_", _functional_forms(name))
+    _autograd._inplace_repair[:] = [_repair]
+
+
+def _inplace_neg(self):
+    """torch.Tensor.neg_(): self = -self."""
+    return _inplace(self, lambda old: -old)
+
+
+_attach()
