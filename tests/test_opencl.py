@@ -11,6 +11,7 @@ import pytest
 
 import zyx
 from conftest import only_backend
+from gpu_cases import close, rand
 
 cl = pytest.importorskip("pyopencl", reason="pyopencl is not installed")
 
@@ -18,17 +19,6 @@ cl = pytest.importorskip("pyopencl", reason="pyopencl is not installed")
 @pytest.fixture(scope="module", autouse=True)
 def opencl_runtime():
     yield from only_backend("opencl", "no OpenCL device")
-
-
-def close(t, ref, rtol=1e-5, atol=1e-6):
-    out = t.numpy()
-    assert out.shape == np.shape(ref)
-    np.testing.assert_allclose(out.astype(np.float64), np.asarray(ref, np.float64),
-                               rtol=rtol, atol=atol)
-
-
-def rand(*shape):
-    return np.random.randn(*shape).astype(np.float32)
 
 
 def test_the_device_is_opencl(opencl_runtime):
