@@ -236,13 +236,12 @@ class Runtime:
     def _device_for(self, order):
         """The device a realization of the subgraph `order` runs on: the default one while
         every tensor lives there; otherwise the device holding most bytes of its inputs
-        (ties and input-less graphs: the default device). Inputs elsewhere move to it,
-        once (`_move_to_pool`)."""
+        (ties: the one with more compute, a GPU the user put tensors on over the CPU, then
+        the default one; input-less graphs: the default device). Inputs elsewhere move to
+        it, once (`_move_to_pool`)."""
         default = self.device()
         if not self._multi:
             return default
-        # ties go to the device with more compute (a GPU the user put tensors on over the
-        # CPU), and between equals to the default one
         graph = self.graph
         pool_device = self._pool_device
         weight = {}
