@@ -289,6 +289,8 @@ def test_uniform_normal_randint():
     r = zyx.randint(2 ** 40, 2 ** 40 + 5, size=(100,))      # bounds beyond int32: int64
     assert r.dtype == zyx.int64 and set(r.numpy()) <= set(range(2 ** 40, 2 ** 40 + 5))
     with pytest.raises(ValueError):
+        zyx.randint(5, 5, size=(2,))
+    with pytest.raises(TypeError):          # as torch: the size is required
         zyx.randint(5, 5)
 
 
