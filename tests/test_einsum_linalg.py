@@ -189,3 +189,11 @@ def test_meshgrid(indexing):
         same(z, t)
     with pytest.raises(ValueError):
         zyx.meshgrid(*zs, indexing="yx")
+
+
+def test_two_norm_gradient_at_zero_is_zero_like_torch():
+    for data in (np.zeros(4, np.float32), np.array([3.0, 0.0, -4.0, 0.0], np.float32)):
+        grads_match(lambda x: zyx.linalg.norm(x) * 2.0, lambda x: torch.linalg.norm(x) * 2.0,
+                    [data])
+    grads_match(lambda x: zyx.linalg.matrix_norm(x), lambda x: torch.linalg.matrix_norm(x),
+                [np.zeros((2, 3), np.float32)])

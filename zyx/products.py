@@ -341,8 +341,8 @@ def _float_of(x, dtype):
 
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):   # noqa: A002
     """torch.linalg.vector_norm: (sum |x|^ord)^(1/ord) over dim (all dims when None); ord
-    inf/-inf: the largest/smallest |x|; ord 0: the number of nonzeros. (At x == 0 the
-    gradient of the 2-norm is NaN here; torch gives 0.)"""
+    inf/-inf: the largest/smallest |x|; ord 0: the number of nonzeros. At x == 0 the
+    gradient of the 2-norm is 0, as torch's."""
     x = _float_of(x, dtype)
     a = x.abs()
     if ord == math.inf:
@@ -354,8 +354,17 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):   # noqa: A00
     if ord == 1:
         return a.sum(dim, keepdim=keepdim)
     if ord == 2:
-        return (x * x).sum(dim, keepdim=keepdim).sqrt()
+        return _sqrt_of_sum_of_squares((x * x).sum(dim, keepdim=keepdim))
     return (a ** ord).sum(dim, keepdim=keepdim) ** (1.0 / ord)
+
+
+def _sqrt_of_sum_of_squares(s):
+    """sqrt(s) of a sum of squares, with torch's zero gradient where s == 0: sqrt's
+    derivative is infinite there and times the zero derivative of x * x gives NaN, so
+    the square root reads 1 where s is 0 (derivative 0 through the where) and the result
+    is masked back to 0."""
+    zero = s == 0
+    return where(zero, 0.0, where(zero, 1.0, s).sqrt())
 
 
 def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):   # noqa: A002
@@ -366,7 +375,7 @@ def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):   # n
     if r == c:
         raise ShapeError("linalg.matrix_norm: dims must be different")
     if ord == "fro":
-        return (A * A).sum((r, c), keepdim=keepdim).sqrt()
+        return _sqrt_of_sum_of_squares((A * A).sum((r, c), keepdim=keepdim))
     if ord in ("nuc", 2, -2):
         raise NotImplementedError(f"linalg.matrix_norm: ord={ord!r} needs singular values, "
                                   "which zyx does not compute")
