@@ -637,28 +637,30 @@ class GroupFrame(Frame):
         return f"{line[:len(line) - len(line.lstrip())]}if (zyx_lid == 0) {line.lstrip()}"
 
 
-def _combine_setup(frame, dl, nests, regs):
-    """What a second-pass frame knows of the reduce nests it replaces: where each result's
-    partials sit in scratch (`slot`), the nest ending at each op (`by_end`) and the ops
-    inside nests (`inside`: skipped, the partials stand for them)."""
-    frame.dl, frame.nests, frame.regs = dl, nests, regs
-    frame.slot = {a: j for j, a in enumerate(all_results(nests))}
-    frame.by_end = {n.end: n for n in nests}
-    frame.inside = set()
-    for n in nests:
-        frame.inside.update(range(n.root, n.end + 1))
+class _SecondPassFrame(Frame):
+    """A second-pass frame: what it knows of the reduce nests it replaces (where each
+    result's partials sit in scratch, `slot`; the nest ending at each op, `by_end`) and
+    the ops inside nests, which it skips (the partials stand for them)."""
+
+    def __init__(self, dl, nests, regs):
+        self.dl, self.nests, self.regs = dl, nests, regs
+        self.slot = {a: j for j, a in enumerate(all_results(nests))}
+        self.by_end = {n.end: n for n in nests}
+        self.inside = set()
+        for n in nests:
+            self.inside.update(range(n.root, n.end + 1))
+
+    def skip(self, i):
+        return i in self.inside
 
 
-class CombineFrame(Frame):
+class CombineFrame(_SecondPassFrame):
     """Pass 2 of "group+partials": the nests are left out; where each ended, its results
     are combined from the scratch partials of the output's groups."""
 
     def __init__(self, dl, nests, regs, local, splits, narrow):
-        _combine_setup(self, dl, nests, regs)
+        super().__init__(dl, nests, regs)
         self.local, self.splits, self.narrow = local, splits, narrow
-
-    def skip(self, i):
-        return i in self.inside
 
     def after(self, i, ind):
         nest = self.by_end.get(i)
@@ -774,16 +776,13 @@ class ColumnFrame(Frame):
                 for j, a in enumerate(all_results(self.nests))]
 
 
-class ColumnCombineFrame(Frame):
+class ColumnCombineFrame(_SecondPassFrame):
     """Pass 2 of "columns": one work-item per output adds up its `splits` partials where
     each nest ended, then runs the epilogue."""
 
     def __init__(self, dl, nests, regs, splits, n_out, narrow, itype):
-        _combine_setup(self, dl, nests, regs)
+        super().__init__(dl, nests, regs)
         self.splits, self.n_out, self.narrow, self.itype = splits, n_out, narrow, itype
-
-    def skip(self, i):
-        return i in self.inside
 
     def after(self, i, ind):
         nest = self.by_end.get(i)
