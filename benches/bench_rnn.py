@@ -104,3 +104,86 @@ def test_lstm_first_step_cold_cache(benchmark):
                                 second_step_ms=float(second) * 1e3, compiler_runs=int(runs))
     print(f"\nzyx LSTM cold first step {float(first):.2f} s ({runs} compiler runs), second "
           f"step {float(second) * 1e3:.1f} ms")
+
+
+# -- the char-level LSTM language model of zyx/examples/char_lstm.py ----------------------
+# Batched the PyTorch way from one long tensor of character codes (issue 12: random
+# windows by slicing, `stack([data[i:i + T] for i in ix])`, must not recompile), then the
+# example's step: Embedding(vocab, 32) -> LSTM(32, 128) -> Linear(128, vocab), cross
+# entropy over every position, clip_grad_norm_(1.0), Adam.
+CB, CT = 32, 30
+
+
+def _char_codes():
+    from zyx.examples.char_lstm import load_text
+    text = load_text("os")
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    return np.array([stoi[c] for c in text], np.int64), len(chars)
+
+
+def _char_zyx_step():
+    from zyx import nn
+    import zyx.nn.functional as F
+    from zyx.examples.char_lstm import CharLSTM
+    codes, vocab = _char_codes()
+    zyx.manual_seed(0)
+    model = CharLSTM(vocab)
+    params = list(model.parameters())
+    opt = zyx.optim.Adam(params, lr=3e-3)
+    data = zyx.tensor(codes).realize()
+    rng = np.random.default_rng(0)
+
+    def step():
+        ix = rng.integers(0, len(codes) - CT - 1, CB)
+        x = zyx.stack([data[int(i):int(i) + CT] for i in ix])
+        y = zyx.stack([data[int(i) + 1:int(i) + CT + 1] for i in ix])
+        logits, _ = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return loss.item()
+    return step
+
+
+@pytest.mark.benchmark(group="char-lm-train-step")
+def test_char_lm_step_zyx(benchmark):
+    step = _char_zyx_step()
+    for _ in range(3):
+        step()
+    compiled = zyx.stats()["kernels_compiled"]
+    benchmark(step)
+    benchmark.extra_info.update(kernels_compiled_while_timed=zyx.stats()["kernels_compiled"]
+                                - compiled)
+    print(f"\nzyx char-LM: {zyx.stats()['kernels_compiled'] - compiled} kernels compiled "
+          f"during the timed steps")
+
+
+@pytest.mark.benchmark(group="char-lm-train-step")
+def test_char_lm_step_torch(benchmark):
+    torch = need_torch()
+    codes, vocab = _char_codes()
+    torch.manual_seed(0)
+    embed, lstm = torch.nn.Embedding(vocab, 32), torch.nn.LSTM(32, 128, batch_first=True)
+    head = torch.nn.Linear(128, vocab)
+    params = list(embed.parameters()) + list(lstm.parameters()) + list(head.parameters())
+    opt = torch.optim.Adam(params, lr=3e-3)
+    data = torch.from_numpy(codes)
+    rng = np.random.default_rng(0)
+
+    def step():
+        ix = rng.integers(0, len(codes) - CT - 1, CB)
+        x = torch.stack([data[int(i):int(i) + CT] for i in ix])
+        y = torch.stack([data[int(i) + 1:int(i) + CT + 1] for i in ix])
+        out, _ = lstm(embed(x))
+        loss = torch.nn.functional.cross_entropy(head(out).reshape(-1, vocab), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        return loss.item()
+    for _ in range(3):
+        step()
+    benchmark(step)

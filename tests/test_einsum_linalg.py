@@ -130,8 +130,28 @@ def test_matrix_norms(ord):
                 [a])
     same(zyx.linalg.norm(z), torch.linalg.norm(t), rtol=1e-5)
     same(z.norm(), t.norm(), rtol=1e-5)
-    with pytest.raises(NotImplementedError):
-        zyx.linalg.matrix_norm(z, "nuc")
+
+
+@pytest.mark.parametrize("ord", ["nuc", 2, -2])
+@pytest.mark.parametrize("shape,dim", [((3, 4), (-2, -1)), ((2, 5, 3), (0, 2)),
+                                       ((4, 4), (1, 0))])
+def test_singular_value_norms(ord, shape, dim):
+    a = rnd(*shape)
+    z, t = both(a)
+    for keepdim in (False, True):
+        same(zyx.linalg.matrix_norm(z, ord, dim, keepdim),
+             torch.linalg.matrix_norm(t, ord, dim, keepdim), rtol=1e-5)
+    grads_match(lambda x: zyx.linalg.matrix_norm(x, ord, dim),
+                lambda x: torch.linalg.matrix_norm(x, ord, dim), [a])
+    if ord == "nuc" and len(shape) == 2:
+        same(zyx.norm(z, "nuc"), torch.norm(t, "nuc"), rtol=1e-5)
+
+
+def test_clone_function_copies():
+    z = zyx.tensor(np.arange(4.0, dtype=np.float32))
+    c = zyx.clone(z)
+    c[0] = 7.0
+    assert z.numpy()[0] == 0.0 and c.numpy()[0] == 7.0
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])

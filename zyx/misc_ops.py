@@ -140,6 +140,13 @@ def element_size(self):
     return self.dtype.itemsize
 
 
+def clone(input, *, memory_format=None):
+    """torch.clone: a copy of `input` that later in-place writes to either do not
+    affect the other (gradients flow through it); `memory_format` is accepted and ignored
+    (zyx tensors are always contiguous)."""
+    return input.clone()
+
+
 def _t(self):
     """torch.Tensor.t: the transpose of a matrix; 0-D and 1-D tensors are returned as is."""
     if self.ndim > 2:
@@ -315,7 +322,7 @@ def _c_devices():
 __all__ = ["Size", "isclose", "allclose", "equal", "logical_and", "logical_or", "logical_xor",
            "logical_not", "multinomial", "bernoulli", "randperm", "rand_like", "randn_like",
            "randint_like", "randint", "arange", "linspace", "eye", "zeros_like", "ones_like",
-           "full_like", "empty", "empty_like", "set_num_threads", "get_num_threads"]
+           "full_like", "empty", "empty_like", "set_num_threads", "get_num_threads", "clone"]
 
 for _name, _fn in (("type_as", type_as), ("new_zeros", new_zeros), ("new_ones", new_ones),
                    ("new_empty", new_empty), ("new_full", new_full), ("new_tensor", new_tensor),

@@ -369,7 +369,8 @@ def _sqrt_of_sum_of_squares(s):
 
 def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):   # noqa: A002
     """torch.linalg.matrix_norm for ord in fro, 1, -1, inf, -inf (max/min absolute column
-    or row sum). ord 2/-2/nuc need singular values, which zyx does not compute yet."""
+    or row sum), 2, -2 (largest/smallest singular value) and nuc (their sum). 2, -2 and
+    nuc realize A: its singular vectors come from numpy's SVD on the host."""
     A = _float_of(A, dtype)
     r, c = (_one_axis(d, A.ndim) for d in dim)
     if r == c:
@@ -377,8 +378,7 @@ def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):   # n
     if ord == "fro":
         return _sqrt_of_sum_of_squares((A * A).sum((r, c), keepdim=keepdim))
     if ord in ("nuc", 2, -2):
-        raise NotImplementedError(f"linalg.matrix_norm: ord={ord!r} needs singular values, "
-                                  "which zyx does not compute")
+        return _singular_value_norm(A, ord, r, c, keepdim)
     if ord not in (1, -1, math.inf, -math.inf):
         raise ValueError(f"linalg.matrix_norm: Order {ord} not supported.")
     inner, outer_ = (r, c) if builtins.abs(ord) == 1 else (c, r)
@@ -387,6 +387,31 @@ def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):   # n
     if not keepdim:
         red = red.reshape(tuple(s for k, s in enumerate(red.shape) if k not in (r, c)))
     return red
+
+
+def _singular_value_norm(A, ord, r, c, keepdim):
+    """ord 2, -2 or nuc over axes (r, c): sum(A * G) where G, from the host SVD
+    A = U diag(S) Vh, is u_1 v_1^T (2), u_k v_k^T (-2) or U Vh (nuc). Its value is
+    sigma_1, sigma_k or sum(S) (u_i^T A v_i = sigma_i), and since G is a constant its
+    gradient is G, which is the derivative of those norms wherever the singular values
+    involved are distinct and nonzero (torch's too)."""
+    import numpy as np
+    rest = [k for k in range(A.ndim) if k not in (r, c)]
+    Am = A.permute(*rest, r, c)
+    host = Am.detach().numpy().astype(np.float64)
+    if host.size == 0:
+        raise ShapeError(f"linalg.matrix_norm: ord={ord!r} of an empty matrix")
+    U, S, Vh = np.linalg.svd(host, full_matrices=False)
+    if ord == "nuc":
+        G = U @ Vh
+    else:
+        k = 0 if ord == 2 else S.shape[-1] - 1
+        G = U[..., :, k:k + 1] @ Vh[..., k:k + 1, :]
+    out = (Am * Tensor(G.astype(Am.dtype.np if Am.dtype is not dt.bfloat16 else np.float32),
+                       dtype=Am.dtype, device=Am.device)).sum((-2, -1))
+    if keepdim:
+        out = out.reshape(tuple(1 if k in (r, c) else s for k, s in enumerate(A.shape)))
+    return out
 
 
 def linalg_norm(A, ord=None, dim=None, keepdim=False, *, dtype=None):   # noqa: A002
@@ -413,14 +438,18 @@ def linalg_norm(A, ord=None, dim=None, keepdim=False, *, dtype=None):   # noqa: 
 
 def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
     """torch.norm: p "fro" (the default) is the 2-norm over dim (all dims when None); a
-    number p is a vector norm over dim (the flattened input when None); p "nuc" is not
-    supported. Prefer zyx.linalg.norm / vector_norm / matrix_norm, as torch advises."""
+    number p is a vector norm over dim (the flattened input when None); p "nuc" is the
+    nuclear norm over dim (the last two dims when None; see matrix_norm). Prefer
+    zyx.linalg.norm / vector_norm / matrix_norm, as torch advises."""
     if p == "fro":
         if dim is not None and isinstance(dim, (tuple, list)) and len(dim) == 2:
             return matrix_norm(input, "fro", dim, keepdim, dtype=dtype)
         return vector_norm(input, 2, dim, keepdim, dtype=dtype)
+    if p == "nuc":
+        return matrix_norm(input, "nuc", (-2, -1) if dim is None else dim, keepdim,
+                           dtype=dtype)
     if isinstance(p, str):
-        raise NotImplementedError(f"norm: p={p!r} is not supported")
+        raise ValueError(f"norm: p={p!r} is not supported (fro, nuc or a number)")
     return vector_norm(input, p, dim, keepdim, dtype=dtype)
 
 

@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 
 from . import dtype as dt
-from ._core.graph import Graph, LEAF, RESHAPE
+from ._core.graph import Graph, CONST, LEAF, PAD, RESHAPE
 from ._core import scheduler
 from ._core import valuecheck
 from .backends import initialize_backends, load_config, warn
@@ -70,6 +70,16 @@ def _backend_of(device):
     return getattr(device, "backend", None) or type(device).__module__.rsplit(".", 1)[-1]
 
 
+def _masked(entry):
+    """A structural-key entry with its values masked (_values_plan): None for a constant's
+    scalar; for a PAD arg, None in place of each axis that is only cut (its start becomes a
+    parameter), the real pads and the fill kept."""
+    if type(entry) is tuple and len(entry) == 2 and type(entry[0]) is tuple:
+        return (tuple([None if b <= 0 and a <= 0 else (b, a) for b, a in entry[0]]),
+                entry[1])
+    return None
+
+
 class Runtime:
     def __init__(self):
         self.graph = Graph()
@@ -89,6 +99,8 @@ class Runtime:
         # instead of taking the default.
         self._multi = False
         self.plans = {}
+        # skeleton key -> (first graph's key, key indices whose values varied): _values_plan
+        self._families = {}
         # Threads realize one at a time: realization mutates the plan cache, the pools and
         # the graph (targets become leaves), and two threads realizing the same tensor at
         # once each computed it and one result leaked. Re-entrant: freeing a buffer takes
@@ -117,6 +129,7 @@ class Runtime:
         self.default = None
         self._multi = False
         self.plans.clear()     # their programs are unloaded with them
+        self._families.clear()
 
     def _ensure(self):
         if self.devices is None:
@@ -399,20 +412,147 @@ class Runtime:
         key = (id(dev), key)
         plan = self.plans.get(key)
         if plan is None:
-            plan = scheduler.build_plan(self.graph, order, ids, dev, self.debug)
-            if len(self.plans) >= self.max_plans:
-                self._drop_least_recent_plan()
-            self.plans[key] = plan
-            self.stats["plans_built"] += 1
-            self.stats["kernels_compiled"] += plan.nkernels
+            plan = self._values_plan(order, key, ids, dev)
+            if plan is None:
+                plan = scheduler.build_plan(self.graph, order, ids, dev, self.debug)
+                self._keep_plan(key, plan)
         else:
             self.stats["plan_cache_hits"] += 1
         plan.last_used = self.stats["realizations"]
-        self._execute_checked(plan, order, dev, ids, checks)
+        if plan.params is None:
+            self._execute_checked(plan, order, dev, ids, checks)
+        else:
+            leaves = self._param_leaves(plan, order, dev)
+            try:
+                self._execute_checked(plan, order + leaves, dev, ids, checks)
+            finally:
+                for nid in leaves:
+                    self.graph.release(nid)
         self.stats["realizations"] += 1
         if self.debug & DEBUG_PERF:
             print(f"zyx: realized {len(ids)} tensor(s), {len(plan.steps)} kernel(s) in "
                   f"{(time.perf_counter() - t0) * 1e6:.1f} us", file=sys.stderr)
+
+    def _keep_plan(self, key, plan):
+        if len(self.plans) >= self.max_plans:
+            self._drop_least_recent_plan()
+        self.plans[key] = plan
+        self.stats["plans_built"] += 1
+        self.stats["kernels_compiled"] += plan.nkernels
+
+    # -- values read at launch ----------------------------------------------------------------
+    def _values_plan(self, order, key, ids, dev):
+        """On a plan-cache miss, the plan of a graph that differs from one seen before only
+        in values: constants' scalars and slice starts (`x[i:i + n]`, a PAD cutting an axis
+        on both sides). None when there is none: then an ordinary plan, with every value in
+        its kernels' source, is built.
+
+        Graphs are grouped by their "skeleton", the structural key with every such value
+        masked. The first graph of a skeleton gets an ordinary plan and is remembered; a
+        later one with other values turns the entries that differ into parameters: its plan
+        reads them at launch from parameter leaves (`_param_leaves`), so every graph that
+        differs from the first only there reuses that one plan. What still specializes a
+        kernel: shapes, dtypes, ops, the fill and amounts of real pads, and every value
+        that has not changed yet (it stays a literal, so x * 1.0 still folds)."""
+        values = []
+        flat = key[1]
+        self.graph.collect(ids, values)
+        if not values:
+            return None
+        skel = list(flat)
+        for ki, _ in values:
+            skel[ki] = _masked(flat[ki])
+        skel = (key[0], tuple(skel))
+        family = self._families.get(skel)
+        if family is None:
+            if len(self._families) >= 4 * self.max_plans:
+                self._families.clear()
+            self._families[skel] = (flat, set())
+            return None
+        first, vary = family
+        for ki, _ in values:
+            if flat[ki] != first[ki]:
+                vary.add(ki)
+        if not vary:
+            return None     # the first graph again, its plan dropped from the cache
+        masked = list(flat)
+        for ki in vary:
+            masked[ki] = skel[1][ki]
+        vkey = ("values", key[0], tuple(masked))
+        plan = self.plans.get(vkey)
+        if plan is None:
+            plan = self._build_values_plan(order, ids, dev,
+                                           [cpos for ki, cpos in values if ki in vary])
+            self._keep_plan(vkey, plan)
+        else:
+            self.stats["plan_cache_hits"] += 1
+        return plan
+
+    def _build_values_plan(self, order, ids, dev, positions):
+        """A plan whose kernels read the values of the nodes at `positions` from parameter
+        leaves appended to `order`: an int64 leaf (slice starts, integer and bool
+        constants) and a float64 one (float constants; float32 on a device without
+        float64)."""
+        spec = []       # (position, axis or -1 for a constant, reads the float leaf)
+        for p in positions:
+            node = self.graph.get(order[p])
+            if node.op == CONST:
+                spec.append((p, -1, node.dtype.is_float))
+            else:
+                for d, (before, after) in enumerate(node.arg[0]):
+                    if before <= 0 and after <= 0:
+                        spec.append((p, d, False))
+        n_float = sum(1 for s in spec if s[2])
+        n_int = len(spec) - n_float
+        fdt = dt.float64 if getattr(dev, "fp64", True) else dt.float32
+        ext = list(order)
+        leaf_pos = {}
+        for is_float, n in ((False, n_int), (True, n_float)):
+            if n:
+                leaf_pos[is_float] = len(ext)
+                ext.append(self._param_leaf(np.zeros(n, fdt.np if is_float else np.int64),
+                                            fdt if is_float else dt.int64, dev))
+        params, count = {}, {False: 0, True: 0}
+        for p, axis, is_float in spec:
+            params[(p, axis)] = (leaf_pos[is_float], count[is_float])
+            count[is_float] += 1
+        try:
+            plan = scheduler.build_plan(self.graph, ext, ids, dev, self.debug, params)
+        finally:
+            for nid in ext[len(order):]:
+                self.graph.release(nid)
+        plan.params = (spec, fdt, n_int, n_float)
+        if self.debug & DEBUG_SCHEDULE:
+            print(f"zyx: plan reads {len(spec)} value(s) at launch", file=sys.stderr)
+        return plan
+
+    def _param_leaves(self, plan, order, dev):
+        """The node ids of a values plan's parameter leaves, holding this graph's values."""
+        spec, fdt, n_int, n_float = plan.params
+        ints, floats = [], []
+        graph = self.graph
+        for p, axis, is_float in spec:
+            arg = graph.get(order[p]).arg
+            if axis >= 0:
+                ints.append(-arg[0][axis][0])
+            elif is_float:
+                floats.append(arg)
+            else:
+                v = int(arg)
+                ints.append(v - (1 << 64) if v >= 1 << 63 else v)   # uint64: same bits
+        out = []
+        if n_int:
+            out.append(self._param_leaf(np.array(ints, np.int64), dt.int64, dev))
+        if n_float:
+            out.append(self._param_leaf(np.array(floats, fdt.np), fdt, dev))
+        return out
+
+    def _param_leaf(self, arr, dtype, dev):
+        pool = dev.pool
+        with self.lock:
+            buf, _ = pool.allocate(arr.nbytes)
+        buf.event = pool.host_to_pool(arr, buf, [])
+        return self.graph.leaf(buf, tuple(arr.shape), dtype)
 
     def _drop_least_recent_plan(self):
         """Make room in the bounded plan cache: the plan that ran longest ago goes (its

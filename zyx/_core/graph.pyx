@@ -33,6 +33,15 @@ OP_NAMES = ("LEAF", "CONST", "CAST", "UNARY", "BINARY", "WHERE", "REDUCE", "RESH
 MOVEMENT = frozenset((RESHAPE, PERMUTE, EXPAND, PAD, FLIP))
 
 
+def shrinks(arg):
+    """True when a PAD arg has an axis that is only cut (before <= 0, after <= 0, not
+    both 0): the axes whose start a kernel may read as a parameter."""
+    for before, after in arg[0]:
+        if before <= 0 and after <= 0 and (before or after):
+            return True
+    return False
+
+
 cdef class Node:
     # made only by _node (no __init__ argument parsing: a training step makes hundreds)
 
@@ -157,9 +166,14 @@ cdef class Graph:
     def __len__(self):
         return self.nodes.count
 
-    def collect(self, list targets):
+    def collect(self, list targets, list values=None):
         """Topologically ordered ids of the unrealized subgraph feeding `targets`, with the
         realized leaves and constants it reads, plus its structural key.
+
+        `values` (a list, on a plan-cache miss only): filled with (key index, position) of
+        every key entry that is a value a kernel could take as a parameter instead of
+        baking it into its source (runtime `_values_plan`): a CONST's scalar and the arg of
+        a PAD that shrinks some axis on both sides (a slice `x[i:i + n]`).
 
         The key names ops, args, shapes, dtypes and how nodes connect, never buffer
         identities, so a training loop that rebuilds the same graph on new buffers hits the
@@ -196,6 +210,8 @@ cdef class Graph:
                     n.cpos = len(order)
                     order.append(i)
                     key.append(n.op)
+                    if values is not None and n.op == PAD and shrinks(n.arg):
+                        values.append((len(key), n.cpos))
                     key.append(n.arg)
                     key.append(n.shape)
                     key.append(n.dtype.code)
@@ -212,6 +228,8 @@ cdef class Graph:
                     order.append(i)
                     key.append(n.op)
                     if n.op == CONST:
+                        if values is not None:
+                            values.append((len(key), n.cpos))
                         # float.hex tells 0.0 from -0.0 and makes NaN equal to itself
                         key.append(n.arg.hex() if type(n.arg) is float else n.arg)
                     key.append(n.shape)

@@ -288,7 +288,8 @@ def block_split(list lengths, long long limit):
 class _Builder:
     """Renders one stored node into IR by walking the graph from the output down."""
 
-    def __init__(self, list nodes, list stored, Py_ssize_t out, int sum_block=0):
+    def __init__(self, list nodes, list stored, Py_ssize_t out, int sum_block=0,
+                 dict params=None):
         self.nodes = nodes
         self.stored = stored
         self.out = out
@@ -303,6 +304,11 @@ class _Builder:
         self.load_log = []    # symbolic index of every load (for the upcast heuristic)
         self.reduce_log = []  # (reduce position, loop vars) of every reduce rendered
         self.out_vars = {}    # output axis -> Var
+        # values read at launch (see kernelize's `params`): (position, axis) -> (leaf
+        # position, element); what they render to, and the SSA ids _hoist_index moves up
+        self.params = params or {}
+        self.param_ssa = {}
+        self.hoisted = set()
 
     def emit(self, op):
         self.ops.append(op)
@@ -337,6 +343,36 @@ class _Builder:
             self.defines[a] = self.emit((DEFINE, node.dtype, SCOPE_GLOBAL, a, read_only, numel,
                                          -1))
         return self.defines[a]
+
+    # -- values passed at launch -----------------------------------------------------------
+    def param(self, tuple slot, dt):
+        """The value of parameter `slot` as `dt`: a load of its element of the parameter
+        leaf (cast when the leaf holds another dtype), emitted once and hoisted to the
+        kernel's start, so every loop nest may use it."""
+        r = self.param_ssa.get((slot, dt))
+        if r is not None:
+            return r
+        leaf, element = slot
+        src_dt = self.nodes[leaf].dtype
+        c = self.const(IDX, element)
+        r = self.emit((LOAD, src_dt, self.arg(leaf, True), c, -1))
+        self.hoisted.update((c, r))
+        if dt is not src_dt:
+            r = self.emit((K_CAST, dt, r))
+            self.hoisted.add(r)
+        self.param_ssa[(slot, dt)] = r
+        return r
+
+    def param_offset(self, tuple slot, long long hi):
+        """A slice start read at launch, as a symbolic atom in [0, hi]."""
+        if hi == 0:
+            return 0
+        v = self.param_ssa.get(slot)
+        if v is None:
+            v = self.new_var(hi + 1)
+            self.var_ssa[v.id] = self.param(slot, IDX)
+            self.param_ssa[slot] = v
+        return sym.var(v)
 
     # -- index expressions ---------------------------------------------------------------
     def index(self, s):
@@ -402,6 +438,9 @@ class _Builder:
         if op == LEAF or (self.stored[p] and p != self.out):
             return self.load(p, dims, valid)
         if op == CONST:
+            slot = self.params.get((p, -1)) if self.params else None
+            if slot is not None:
+                return self.param(slot, node.dtype)
             return self.const(node.dtype, node.arg)
         if op == CAST:
             return self.emit((K_CAST, node.dtype, self.render(self.src(node, 0), dims, valid)))
@@ -440,6 +479,10 @@ class _Builder:
             new = []
             added = []
             for d, (before, after) in enumerate(pads):
+                slot = self.params.get((p, d)) if self.params else None
+                if slot is not None:    # a cut axis whose start is read at launch
+                    new.append(sym.add(dims[d], self.param_offset(slot, sshape[d] - node.shape[d])))
+                    continue
                 x = sym.add(dims[d], -before)
                 new.append(x)
                 if (before > 0 or after > 0) and (x.lo < 0 or x.hi > sshape[d] - 1):
@@ -597,7 +640,7 @@ class _Builder:
         self.emit((STORE, None, out_def, idx, val))
         self.close_loops(loops)
         # INDEX ops must lead the kernel (backends open their loops/threads there)
-        return _hoist_index(self.ops), self.args
+        return _hoist_index(self.ops, self.hoisted), self.args
 
     def build_unrolled(self, node, out_def, tuple dims, list lanes, Py_ssize_t r):
         """Every lane combination gets its own scalar accumulator and the reduce loop stays
@@ -641,7 +684,7 @@ class _Builder:
             self.scopes[-1][(r, tuple([e.key for e in at(c, rdims)]), ())] = v
             val = self.render(self.out, cd, ())
             self.emit((STORE, None, out_def, self.index(sym.linearize(cd, node.shape)), val))
-        return _hoist_index(self.ops), self.args
+        return _hoist_index(self.ops, self.hoisted), self.args
 
     def lane_index(self, list lanes):
         s = sym.constant(0)
@@ -791,11 +834,13 @@ def _choose_unroll(b, tuple shape, list axes, k, Py_ssize_t r):
     return (r, [(axes[-2], 4), (axes[-1], 4)], "unroll")
 
 
-def _hoist_index(list ops):
-    """Move INDEX ops (and the DEFINEs before them) to the front, renumbering references."""
+def _hoist_index(list ops, hoisted=()):
+    """Move INDEX ops (and the DEFINEs before them) to the front, then the `hoisted` ops
+    (parameter loads, in their order), renumbering references."""
     first = [i for i, op in enumerate(ops) if op[0] == INDEX or op[0] == DEFINE and op[2] == SCOPE_GLOBAL]
-    rest = [i for i, op in enumerate(ops) if not (op[0] == INDEX or op[0] == DEFINE and op[2] == SCOPE_GLOBAL)]
-    order = first + rest
+    up = [i for i in range(len(ops)) if i in hoisted]
+    rest = [i for i, op in enumerate(ops) if not (op[0] == INDEX or op[0] == DEFINE and op[2] == SCOPE_GLOBAL or i in hoisted)]
+    order = first + up + rest
     new = {old: i for i, old in enumerate(order)}
     out = []
     for old in order:
@@ -865,14 +910,17 @@ def reshape_index(tuple dims, tuple shape, tuple src_shape):
 
 
 def kernelize(graph, list order, list target_ids, int vector_bytes=64,
-              bint register_tiles=True, int sum_block=0):
+              bint register_tiles=True, int sum_block=0, dict params=None):
     """Cut the subgraph `order` (topologically sorted node ids) into kernels
     (`vector_bytes`: the device's vector register width, for register tiling;
     `register_tiles` False: no "lanes"/"unroll" output layouts, which exist for CPU SIMD
     registers; GPU devices turn them off and spread outputs over work-items instead;
     `sum_block`: iterations per float32 block of a float sum, 0 for SUM_BLOCK: a GPU
     work-item adds its block sequentially, with no SIMD lanes splitting it, so GPUs use
-    smaller blocks to keep the CPU's accuracy).
+    smaller blocks to keep the CPU's accuracy; `params`: values the kernels read at
+    launch instead of having them in their source, {(position, axis): (leaf position,
+    element)} with axis -1 for a CONST's scalar and d for the start of a PAD's cut axis d;
+    the leaves are 1-D parameter arrays at the end of `order`).
 
     Returns (steps, stored): steps in execution order, each reading and writing node
     positions in `order`; `stored[p]` tells which positions get a buffer."""
@@ -906,7 +954,7 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
         if numel == 0:   # nothing to compute: the scheduler only allocates
             steps.append(Step(None, [p]))
             continue
-        b = _Builder(nodes, stored, p, sum_block)
+        b = _Builder(nodes, stored, p, sum_block, params)
         ops, args = b.build(pos)
         if len(args) == 2 and args[0][0] is args[1][0] and args[0][1] == args[1][1] \
                 and _is_identity_copy(ops):
@@ -915,7 +963,7 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
             continue
         up = choose_upcast(b, nodes[p].shape, vector_bytes) if register_tiles else None
         if up is not None:
-            b = _Builder(nodes, stored, p, sum_block)
+            b = _Builder(nodes, stored, p, sum_block, params)
             ops, args = b.build(pos, up)
         k = Kernel(ops, args, "k")
         positions = [None] * len(args)

@@ -201,7 +201,7 @@ cdef class ThreadChoice:
 class Plan:
     __slots__ = ("steps", "nbytes", "free_after", "targets", "leaves", "device", "stored",
                  "nkernels", "runner", "slot", "owned", "root", "arena_bytes", "nslots",
-                 "threads", "last_used")
+                 "threads", "last_used", "params")
 
     def __init__(self, steps, nbytes, free_after, targets, leaves, device, stored):
         self.steps = steps
@@ -214,6 +214,7 @@ class Plan:
         self.nkernels = sum(1 for st in steps if st.kernel is not None and nbytes.get(st.args[0]))
         self.runner = None     # a device-side program running every kernel (compile_plan)
         self.last_used = 0     # the runtime's realization count when it last ran (plan LRU)
+        self.params = None     # values read at launch (runtime._values_plan), if any
 
 
 ARENA_ALIGN = 64
@@ -295,12 +296,14 @@ def _check_addressable(graph, list order):
                 f"{n} bytes, beyond what 64-bit indices address (2**63 bytes)")
 
 
-def build_plan(graph, list order, list target_ids, device, int debug=0):
+def build_plan(graph, list order, list target_ids, device, int debug=0, dict params=None):
+    """`params`: kernelize's (values read at launch from parameter leaves at the end of
+    `order`)."""
     t0 = time.perf_counter()
     _check_addressable(graph, order)
     info = device.info()
     steps, stored = kernelize(graph, order, target_ids, info.preferred_vector_size,
-                              info.register_tiles, info.sum_block)
+                              info.register_tiles, info.sum_block, params)
     pos = {nid: p for p, nid in enumerate(order)}
     targets = [pos[t] for t in target_ids]
     nbytes = {}
