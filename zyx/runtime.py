@@ -70,14 +70,14 @@ def _backend_of(device):
     return getattr(device, "backend", None) or type(device).__module__.rsplit(".", 1)[-1]
 
 
-def _masked(entry):
-    """A structural-key entry with its values masked (_values_plan): None for a constant's
-    scalar; for a PAD arg, None in place of each axis that is only cut (its start becomes a
-    parameter), the real pads and the fill kept."""
-    if type(entry) is tuple and len(entry) == 2 and type(entry[0]) is tuple:
-        return (tuple([None if b <= 0 and a <= 0 else (b, a) for b, a in entry[0]]),
-                entry[1])
-    return None
+class _Family:
+    """Graphs of one skeleton (_values_plan): the first one's key and the key indices
+    whose values have differed from it. Plan keys hold the object (hashed by identity)."""
+    __slots__ = ("first", "vary")
+
+    def __init__(self, first):
+        self.first = first
+        self.vary = set()
 
 
 class Runtime:
@@ -456,29 +456,25 @@ class Runtime:
         that has not changed yet (it stays a literal, so x * 1.0 still folds)."""
         values = []
         flat = key[1]
-        self.graph.collect(ids, values)
+        skel = (key[0], self.graph.collect(ids, values)[1])
         if not values:
             return None
-        skel = list(flat)
-        for ki, _ in values:
-            skel[ki] = _masked(flat[ki])
-        skel = (key[0], tuple(skel))
         family = self._families.get(skel)
         if family is None:
             if len(self._families) >= 4 * self.max_plans:
                 self._families.clear()
-            self._families[skel] = (flat, set())
+            self._families[skel] = _Family(flat)
             return None
-        first, vary = family
+        first, vary = family.first, family.vary
         for ki, _ in values:
-            if flat[ki] != first[ki]:
+            if ki not in vary and flat[ki] != first[ki]:
                 vary.add(ki)
         if not vary:
             return None     # the first graph again, its plan dropped from the cache
-        masked = list(flat)
-        for ki in vary:
-            masked[ki] = skel[1][ki]
-        vkey = ("values", key[0], tuple(masked))
+        # the plan for this family's varying entries and the values of the others (vary
+        # only grows, so its size tells which entries `fixed` holds)
+        fixed = tuple([flat[ki] for ki, _ in values if ki not in vary])
+        vkey = ("values", family, len(vary), fixed)
         plan = self.plans.get(vkey)
         if plan is None:
             plan = self._build_values_plan(order, ids, dev,

@@ -33,6 +33,12 @@ OP_NAMES = ("LEAF", "CONST", "CAST", "UNARY", "BINARY", "WHERE", "REDUCE", "RESH
 MOVEMENT = frozenset((RESHAPE, PERMUTE, EXPAND, PAD, FLIP))
 
 
+def mask_cuts(arg):
+    """A PAD arg with None in place of each axis that is only cut (its start may become a
+    parameter), the real pads and the fill kept."""
+    return (tuple([None if b <= 0 and a <= 0 else (b, a) for b, a in arg[0]]), arg[1])
+
+
 def shrinks(arg):
     """True when a PAD arg has an axis that is only cut (before <= 0, after <= 0, not
     both 0): the axes whose start a kernel may read as a parameter."""
@@ -173,7 +179,8 @@ cdef class Graph:
         `values` (a list, on a plan-cache miss only): filled with (key index, position) of
         every key entry that is a value a kernel could take as a parameter instead of
         baking it into its source (runtime `_values_plan`): a CONST's scalar and the arg of
-        a PAD that shrinks some axis on both sides (a slice `x[i:i + n]`).
+        a PAD that shrinks some axis on both sides (a slice `x[i:i + n]`). The key returned
+        is then the skeleton: those entries masked (None; `mask_cuts` for PADs).
 
         The key names ops, args, shapes, dtypes and how nodes connect, never buffer
         identities, so a training loop that rebuilds the same graph on new buffers hits the
@@ -212,7 +219,9 @@ cdef class Graph:
                     key.append(n.op)
                     if values is not None and n.op == PAD and shrinks(n.arg):
                         values.append((len(key), n.cpos))
-                    key.append(n.arg)
+                        key.append(mask_cuts(n.arg))
+                    else:
+                        key.append(n.arg)
                     key.append(n.shape)
                     key.append(n.dtype.code)
                     for s in n.srcs:
@@ -230,8 +239,10 @@ cdef class Graph:
                     if n.op == CONST:
                         if values is not None:
                             values.append((len(key), n.cpos))
-                        # float.hex tells 0.0 from -0.0 and makes NaN equal to itself
-                        key.append(n.arg.hex() if type(n.arg) is float else n.arg)
+                            key.append(None)
+                        else:
+                            # float.hex tells 0.0 from -0.0 and makes NaN equal to itself
+                            key.append(n.arg.hex() if type(n.arg) is float else n.arg)
                     key.append(n.shape)
                     key.append(n.dtype.code)
                     continue

@@ -1,0 +1,81 @@
+"""conv2d on the CPU, zyx next to PyTorch in one run (issue 13's shapes).
+
+Run:  python -m pytest benches/bench_conv.py --benchmark-only
+
+Shapes (N, C, H, K, O): the MNIST convnet's second conv (128, 32, 24, 5, 32) and a 3x3
+one (128, 32, 10, 3, 64); forward alone, and forward + backward (input and weight
+gradients) as a training step computes them."""
+import numpy as np
+import pytest
+
+import zyx
+import zyx.nn.functional as F
+from conftest import need_torch
+
+SHAPES = {"n128c32h24k5o32": (128, 32, 24, 5, 32), "n128c32h10k3o64": (128, 32, 10, 3, 64)}
+
+
+def _data(shape):
+    N, C, H, K, O = shape
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((N, C, H, H), dtype=np.float32),
+            rng.standard_normal((O, C, K, K), dtype=np.float32) * 0.1)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_conv_forward_zyx(benchmark, name):
+    benchmark.group = f"conv2d forward {name}"
+    xn, wn = _data(SHAPES[name])
+    x, w = zyx.tensor(xn).realize(), zyx.tensor(wn).realize()
+    torch = need_torch()
+    ref = torch.nn.functional.conv2d(torch.from_numpy(xn), torch.from_numpy(wn)).numpy()
+    np.testing.assert_allclose(F.conv2d(x, w).numpy(), ref, rtol=1e-3, atol=1e-3)
+    benchmark(lambda: F.conv2d(x, w).realize())
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_conv_forward_torch(benchmark, name):
+    benchmark.group = f"conv2d forward {name}"
+    torch = need_torch()
+    xn, wn = _data(SHAPES[name])
+    x, w = torch.from_numpy(xn), torch.from_numpy(wn)
+    benchmark(lambda: torch.nn.functional.conv2d(x, w))
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_conv_backward_zyx(benchmark, name):
+    benchmark.group = f"conv2d forward+backward {name}"
+    xn, wn = _data(SHAPES[name])
+    x = zyx.tensor(xn, requires_grad=True)
+    w = zyx.tensor(wn, requires_grad=True)
+
+    def step():
+        x.grad = w.grad = None
+        y = F.conv2d(x, w)
+        (y * y).sum().backward()
+        zyx.realize(x.grad, w.grad) if hasattr(zyx, "realize") else (x.grad.realize(),
+                                                                     w.grad.realize())
+    step()
+    torch = need_torch()
+    tx = torch.from_numpy(xn).requires_grad_()
+    tw = torch.from_numpy(wn).requires_grad_()
+    ty = torch.nn.functional.conv2d(tx, tw)
+    (ty * ty).sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=2e-3, atol=2e-2)
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=2e-3, atol=2e-3)
+    benchmark(step)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_conv_backward_torch(benchmark, name):
+    benchmark.group = f"conv2d forward+backward {name}"
+    torch = need_torch()
+    xn, wn = _data(SHAPES[name])
+    x = torch.from_numpy(xn).requires_grad_()
+    w = torch.from_numpy(wn).requires_grad_()
+
+    def step():
+        x.grad = w.grad = None
+        y = torch.nn.functional.conv2d(x, w)
+        (y * y).sum().backward()
+    benchmark(step)
