@@ -378,6 +378,39 @@ _RULES[G.EXPAND] = _expand_rule
 _RULES[G.PAD] = _pad_rule
 _RULES[G.FLIP] = _flip_rule
 
+# Composite ops: a tensor built from primitives while recording was off, recorded as one
+# op whose backward is written by hand (record_composite). For a convolution the
+# primitives' rules give an input gradient that materializes every window (8-D, 40M
+# elements for the MNIST convnet's second conv); its hand-written backward is a
+# transposed convolution, one windowed reduce like the forward.
+COMPOSITE = len(G.OP_NAMES)
+_COMPOSITES = {}     # name (arg[0]) -> rule(out, g, arg, srcs, need)
+
+
+def register_composite(name, rule):
+    """Make `rule(out, g, arg, srcs, need) -> gradients` the backward of composite `name`."""
+    _COMPOSITES[name] = rule
+
+
+def record_composite(out, arg, srcs):
+    """Record `out`, built from `srcs` while recording was off, as the composite op
+    `arg[0]` (arg: a hashable tuple of its parameters; backward templates key on it),
+    when autograd would have recorded a primitive with these inputs (inside a Tape, or
+    an input requires grad, and `out` is a float). Returns `out`."""
+    if not _TB.is_recording() or not out.dtype.is_float:
+        return out
+    if _tapes() or any(s.requires_grad for s in srcs):
+        out._ctx = (COMPOSITE, arg, tuple(srcs))
+        out.requires_grad = True
+    return out
+
+
+def _composite_rule(out, g, arg, srcs, need):
+    return _COMPOSITES[arg[0]](out, g, arg, srcs, need)
+
+
+_RULES.append(_composite_rule)
+
 
 # ---------------------------------------------------------------------------------------
 # the backward pass
@@ -670,7 +703,7 @@ def _grad_fn(self):
         return None
     if ctx is _FREED:
         return "<freed>"
-    return G.OP_NAMES[ctx[0]]
+    return ctx[1][0] if ctx[0] == COMPOSITE else G.OP_NAMES[ctx[0]]
 
 
 def _detach_(self):

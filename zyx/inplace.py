@@ -55,6 +55,7 @@ from .tensor import Tensor, _const, _rebind, _broadcast_shape, _iota, _watch_ran
 _tensor_mod = sys.modules["zyx.tensor"]   # `zyx.tensor` is the function
 
 _graph = RT.graph
+_COMPOSITE = _autograd.COMPOSITE
 _INDEX_MESSAGE = "index {} is out of bounds for dimension {} with size {} (in {})"
 
 # ---------------------------------------------------------------------------------------
@@ -926,8 +927,9 @@ def _repair(visited):
         else:
             continue
         node = _graph.get(t._id)
-        if len(node.srcs) != len(srcs):
-            # realized since it was recorded: which version it read is unknown
+        if ctx[0] == _COMPOSITE or len(node.srcs) != len(srcs):
+            # realized since it was recorded, or a composite (its node is not the op on
+            # its recorded inputs): which version it read is unknown
             if any(id(s) in _written and (s.requires_grad or s._ctx is not None or
                                           _written[id(s)][1]) for s in srcs):
                 raise RuntimeError(

@@ -797,6 +797,12 @@ def choose_upcast(b, tuple shape, int vector_bytes=64):
         if ck not in (0, 1):
             strided = True
     if not strided:
+        # a short innermost loop (a convolution's window row) gains little from scalar
+        # accumulators running along it: vector lanes over the output width first
+        if lanes_ok and k.hi < 15:
+            up = _choose_window_lanes(b, shape, axes, axis, J, vector_bytes, r)
+            if up is not None:
+                return up
         up = _choose_unroll(b, shape, axes, k, r)
         if up is not None or not lanes_ok:
             return up

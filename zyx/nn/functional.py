@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import dtype as dt
 from .._core import graph as _G
+from .._core import tensorbase as _TB
 from .._core import kernel as K
 from ..errors import DTypeError, ShapeError, ZyxError
 from ..tensor import Tensor, _const, _iota, _matmul_nt, _watch_range, rand, where
@@ -202,7 +203,22 @@ def _convnd(x, weight, bias, stride, padding, dilation, groups, nd, what):
     pads = _conv_padding(padding, k, d, s, nd, what)
     ct = dt.promote(x.dtype, w.dtype)
     x, w = x.cast(ct), w.cast(ct)
-    x = x._pad([(0, 0), (0, 0)] + pads)
+    out = _conv_recorded(x, w, tuple(pads), tuple(s), tuple(d), g, nd)
+    if bias is not None:
+        b = _t(bias)
+        if b.shape != (cout,):
+            raise ShapeError(f"{what}: bias must have shape ({cout},), got {b.shape}")
+        out = out + b.cast(ct).reshape((1, cout) + (1,) * nd)
+    return out.squeeze(0) if squeeze else out
+
+
+def _conv_forward(x, w, pads, s, d, g, nd):
+    """The convolution as one windowed reduce over a pad/reshape/expand view of x (no
+    copy): (n, g, cout/g, *o, cg, *k) products summed over (cg, *k)."""
+    n, cin = x.shape[:2]
+    cout, cg = w.shape[:2]
+    k = w.shape[2:]
+    x = x._pad([(0, 0), (0, 0)] + list(pads))
     win = _windows(x, k, s, d)                                   # (n, cin, *o, *k)
     o = win.shape[2:2 + nd]
     # (n, g, 1, cg, *o, *k) -> (n, g, 1, *o, cg, *k) -> expand the out-channel axis
@@ -212,13 +228,48 @@ def _convnd(x, weight, bias, stride, padding, dilation, groups, nd, what):
     win = win.expand(full)
     wv = w.reshape((1, g, cout // g) + (1,) * nd + (cg,) + k).expand(full)
     out = (win * wv)._reduce(K.R_SUM, tuple(range(3 + nd, 4 + 2 * nd)), False)
-    out = out.reshape((n, cout) + o)
-    if bias is not None:
-        b = _t(bias)
-        if b.shape != (cout,):
-            raise ShapeError(f"{what}: bias must have shape ({cout},), got {b.shape}")
-        out = out + b.cast(ct).reshape((1, cout) + (1,) * nd)
-    return out.squeeze(0) if squeeze else out
+    return out.reshape((n, cout) + o)
+
+
+def _conv_recorded(x, w, pads, s, d, g, nd):
+    """_conv_forward recorded for autograd as one composite op ("conv") with the
+    hand-written backward `_conv_backward`."""
+    from .. import autograd
+    prev = _TB.set_recording(False)
+    try:
+        out = _conv_forward(x, w, pads, s, d, g, nd)
+    finally:
+        _TB.set_recording(prev)
+    return autograd.record_composite(out, ("conv", nd, pads, s, d, g), (x, w))
+
+
+def _conv_backward(out, gy, arg, srcs, need):
+    """Gradients of a convolution: the weight's is one reduce of windows of x times gy
+    over (n, *o) (4x4 register tiles over output and input channels); the input's is the
+    transposed convolution of gy (one windowed reduce like the forward, instead of the
+    8-D window tensor the primitives' rules would store), cut or padded from the padded
+    input's extent back to x's."""
+    _, nd, pads, s, d, g = arg
+    x, w = srcs
+    gx = gw = None
+    k = w.shape[2:]
+    if need[1]:
+        n, cin = x.shape[:2]
+        cout, cg = w.shape[:2]
+        o = gy.shape[2:]
+        win = _windows(x._pad([(0, 0), (0, 0)] + list(pads)), k, s, d)
+        full = (n, g, cout // g, cg) + o + k
+        win = win.reshape((n, g, 1, cg) + o + k).expand(full)
+        gv = gy.reshape((n, g, cout // g, 1) + o + (1,) * nd).expand(full)
+        gw = (win * gv)._reduce(K.R_SUM, (0,) + tuple(range(4, 4 + nd)), False)
+        gw = gw.reshape((cout, cg) + k)
+    if need[0]:
+        t = _conv_transposend(gy, w, None, s, 0, 0, g, d, nd, "conv backward")
+        crop = []
+        for ti, xi, (pb, pa) in zip(t.shape[2:], x.shape[2:], pads):
+            crop.append((-pb, xi + pb + pa - ti - pa))   # to the padded extent, then cut
+        gx = t._pad([(0, 0), (0, 0)] + crop)
+    return gx, gw
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -1417,3 +1468,11 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     if reduction == "batchmean":
         return loss.sum() * (1.0 / x.shape[0]) if x.ndim else loss.sum()
     return _reduce_loss(loss, reduction)
+
+
+def _register_composites():
+    from .. import autograd
+    autograd.register_composite("conv", _conv_backward)
+
+
+_register_composites()
