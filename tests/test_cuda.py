@@ -82,6 +82,107 @@ def test_half_types_are_stored_as_16_bits_and_computed_in_float(compiler):
     assert compiler.binary(src)[:4] == b"\x7fELF"
 
 
+# an H100 as the CUDA backend describes it: the elementwise strategy keeps its full steps
+_H100 = DeviceInfo(name="H100", max_local_threads=1024, warp_size=32, num_cores=132,
+                   register_tiles=False)
+
+
+def _ew_graphs():
+    def f(*s, d=np.float32):
+        return zyx.Tensor(np.ones(s, d))
+    big = f(2 ** 16).reshape(1, 2 ** 16).expand(2 ** 16, 2 ** 16)     # 2**32: 64-bit index
+    m = 2 ** 22
+    return {
+        "chain": lambda: ((f(2 ** 24) * 1.5 + 0.5).sin() * 0.25 + f(2 ** 24)).tanh(),
+        "ragged_bias": lambda: f(1000, 1001) + f(1001) * f(1000, 1),
+        "half": lambda: f(m, d=np.float16) * 3 + f(m, d=np.float16),           # ushort4
+        "bf16": lambda: f(m).cast("bfloat16") * 3,                              # ushort4 out
+        "int8": lambda: f(m, d=np.int8) * 3 + (f(m) > 0).cast("int8"),          # char4
+        "bool": lambda: f(m, d=np.bool_) ^ (f(m) > 0),                          # uchar4
+        "int64": lambda: f(m, d=np.int64) * 3 + f(m, d=np.int64),               # longlong2
+        "double": lambda: f(m, d=np.float64) * 2,                               # double2
+        "transposed": lambda: f(2048, 2048).T * 2,
+        "index64": lambda: big * 2,
+    }
+
+
+@pytest.mark.parametrize("variant", ["", "items=1,vec=1", "items=2,vec=8,local=512",
+                                     "items=16,vec=2,local=128,waves=4"])
+def test_elementwise_variants_compile_to_cubins(variant, compiler, monkeypatch):
+    from zyx.backends import gpu
+    monkeypatch.setenv(gpu.EW_ENV, variant)
+    want_vec = gpu.elementwise_variant(variant)["vec"]
+    for name, build in _ew_graphs().items():
+        (k,) = kernels_of(build())
+        g = lower(k, CUDADialect(), _H100, "zyx_k")
+        assert g.strategy == "elementwise", name
+        if name == "index64":
+            assert g.index_bits == 64 and "const long long zyx_base" in g.source
+        if name == "transposed" or want_vec == 1:
+            assert g.variant["vec"] == 1, name
+        elif name != "index64":
+            assert g.variant["vec"] == want_vec and g.variant["vector_accesses"] >= 1, name
+        assert compiler.binary(g.source)[:4] == b"\x7fELF", name
+    if want_vec == 4:       # the default: 16-byte loads and stores of the chain
+        (k,) = kernels_of(_ew_graphs()["chain"]())
+        src = lower(k, CUDADialect(), _H100).source
+        assert "*(const float4*)(g" in src and "*(float4*)(g0" in src
+
+
+_LAUNCH_SHIM = r"""
+typedef struct { void *f; unsigned d[7]; void *stream, **params, **extra;
+                 unsigned long long p0; } rec_t;
+rec_t zyx_last;
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, unsigned shm, void *stream, void **params, void **extra) {
+  unsigned d[7] = {gx, gy, gz, bx, by, bz, shm};
+  for (int i = 0; i < 7; i++) zyx_last.d[i] = d[i];
+  zyx_last.f = f; zyx_last.stream = stream; zyx_last.params = params;
+  zyx_last.extra = extra; zyx_last.p0 = *(unsigned long long *)params[0];
+  return gx == 0 ? 1 : 0;      /* CUDA_ERROR_INVALID_VALUE for an empty grid */
+}
+"""
+
+
+class _LaunchRecord(ctypes.Structure):
+    _fields_ = [("f", ctypes.c_void_p), ("d", ctypes.c_uint * 7), ("stream", ctypes.c_void_p),
+                ("params", ctypes.c_void_p), ("extra", ctypes.c_void_p), ("p0", ctypes.c_uint64)]
+
+
+def test_direct_launch_passes_cuLaunchKernel_its_arguments(tmp_path, monkeypatch):
+    # the ctypes launch path against a stand-in for the driver's cuLaunchKernel (no GPU
+    # here): the same 11 arguments cuda-bindings would pass, the parameter block read
+    # through kernelParams, and a failure raised as BackendError
+    import shutil
+    import subprocess
+    from zyx.backends import cuda
+    drv = nvrtc_or_skip() and cuda.import_bindings()[0]
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in driver library")
+    (tmp_path / "shim.c").write_text(_LAUNCH_SHIM)
+    so = tmp_path / "libshim.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(tmp_path / "shim.c")], check=True)
+    lib = ctypes.CDLL(str(so))
+    d = object.__new__(cuda.CUDADriver)
+    d.drv, d.label, d.ordinal = drv, "CUDA", 0
+    d.SUCCESS, d._error_name = drv.CUresult.CUDA_SUCCESS, drv.cuGetErrorName
+    d.stream = drv.CUstream(0x5678)
+    d._direct = cuda.direct_launch(lib)
+    assert d._direct is not None
+    pl = gpudriver._PreparedLaunch(drv.CUfunction(0x1234), Launch("k", 96, 256, [("arg", 0)]), d)
+    pl.values[0] = 0xDEADBEEF
+    pl.call()
+    rec = _LaunchRecord.in_dll(lib, "zyx_last")
+    assert (rec.f, list(rec.d), rec.stream) == (0x1234, [96, 1, 1, 256, 1, 1, 0], 0x5678)
+    assert rec.params == pl.address and rec.extra is None and rec.p0 == 0xDEADBEEF
+    empty = gpudriver._PreparedLaunch(drv.CUfunction(0x1234), Launch("k", 0, 256, [("arg", 0)]), d)
+    with pytest.raises(BackendError, match="cuLaunchKernel"):
+        empty.call()
+    monkeypatch.setenv("ZYX_CUDA_LAUNCH", "bindings")
+    assert cuda.direct_launch(lib) is None
+
+
 def test_nan_and_infinity_literals_compile(compiler):
     t = zyx.Tensor(np.random.randn(4).astype(np.float32)).maximum(zyx.Tensor(np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)))
     for k in kernels_of(t * float("inf")):

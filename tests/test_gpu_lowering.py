@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import zyx
+import zyx.nn.functional as F
 from zyx import dtype as zdt
 from zyx._core import kernel as K
 from zyx._core.kernelizer import kernelize
@@ -184,7 +185,7 @@ def test_outputs_not_a_multiple_of_the_group(lowered):
     close(zyx.Tensor(a) * 3 - 1, a * 3 - 1)
     g = lowered[-1]
     assert g.strategy == "elementwise"
-    assert g.launches[0].global_size >= 1001 and g.launches[0].global_size % g.launches[0].local_size == 0
+    assert g.launches[0].groups * g.variant["tile"] >= 1001
     b = rng().standard_normal((37, 300)).astype(np.float32)
     close(zyx.Tensor(b).sum(axis=1), b.sum(1), rtol=1e-4)
     # one group per row (times the groups a blocked row is split into)
@@ -204,6 +205,153 @@ def test_column_reductions_split_over_groups(lowered):
     # (both near 1000: the float32 difference keeps about 1e-4 of absolute precision)
     close(x.amax(axis=0) - x.mean(axis=0), a.max(0) - a.astype(np.float64).mean(0), atol=3e-4)
     assert "columns" in [k.strategy for k in lowered[1:]]
+
+
+# -- the elementwise strategy's variants (ZYX_GPU_EW) --------------------------------------
+
+# the default, scalar, wide vectors with few items, many items with short vectors and a
+# grid-stride loop, and groups smaller than a vector step's worth of the tile
+EW_VARIANTS = ["", "items=1,vec=1", "items=4,vec=1", "items=2,vec=8,local=64",
+               "items=16,vec=2,local=128,waves=1", "items=1,vec=16,local=32,waves=2"]
+
+
+@pytest.fixture(params=EW_VARIANTS)
+def ew_variant(request, monkeypatch, lowered):
+    monkeypatch.setenv(gpu.EW_ENV, request.param)
+    return request.param
+
+
+def _ew(lowered):
+    g = [k for k in lowered if k.strategy == "elementwise"][-1]
+    return g, g.variant
+
+
+# more than one tile per group step on PoCL's 2 compute units, a ragged tail, fewer
+# outputs than one group, one output
+@pytest.mark.parametrize("n", [2 ** 20 + 5, 65536, 1001, 7, 1])
+def test_elementwise_variants_ragged_tails(n, ew_variant, lowered):
+    a = rng().standard_normal(n).astype(np.float32)
+    x = zyx.Tensor(a)
+    close(((x * 1.5 + 0.5).sin() * 0.25 + x).tanh(),
+          np.tanh(np.sin(a * 1.5 + 0.5) * 0.25 + a), rtol=2e-6, atol=1e-6)
+    g, var = _ew(lowered)
+    assert var["tile"] == var["local"] * var["items"] * var["vec"]
+    assert g.launches[0].groups * var["tile"] >= n or var["waves"]
+    if n > 1 and gpu.elementwise_variant(ew_variant)["vec"] > 1:
+        assert var["vec"] > 1 and var["vector_accesses"] == 2     # x in, result out
+    if n % var["tile"]:
+        assert f"zyx_base + {var['tile']} <= {n}" in g.source    # the guarded tail
+
+
+def test_elementwise_variants_broadcasts_and_strided_loads(ew_variant, lowered):
+    b = rng().standard_normal((37, 132)).astype(np.float32)
+    c = rng().standard_normal(132).astype(np.float32)
+    d = rng().standard_normal((37, 1)).astype(np.float32)
+    vec = gpu.elementwise_variant(ew_variant)["vec"] > 1
+    # a row broadcast (same element along the row) and a bias (neighbouring elements):
+    # the contiguous operand and the result are vectors, the others read per element
+    close(zyx.Tensor(b) + zyx.Tensor(c) * zyx.Tensor(d), b + c * d, rtol=1e-6)
+    g, var = _ew(lowered)
+    assert var["vec"] > 1 if vec else var["vec"] == 1
+    if vec:
+        assert var["vector_accesses"] == 2
+    # a transposed read: the kernel stays scalar (a work-item's neighbours would be far apart)
+    close(zyx.Tensor(b).T * 2 + 1, b.T * 2 + 1, rtol=1e-6)
+    assert _ew(lowered)[1]["vec"] == 1
+    # a slice: its rows start 1 element in, so only the result is at the flat index
+    close(zyx.Tensor(b)[:, 1:] * 2, b[:, 1:] * 2, rtol=1e-6)
+    g, var = _ew(lowered)
+    if vec:
+        assert var["vector_accesses"] == 1
+    # padding reads under a mask: never vector loads (they may point outside the buffer)
+    close(F.pad(zyx.Tensor(b), (3, 1, 1, 2)) + 1, np.pad(b, ((1, 2), (3, 1))) + 1, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16", "int8", "uint8", "int16", "int32",
+                                  "int64", "float64", "bool"])
+def test_elementwise_variants_dtypes(name, ew_variant, lowered):
+    n = 3 * 4096 + 3
+    r = rng()
+    if name == "bool":
+        a = r.random(n) < 0.5
+        b = r.random(n) < 0.5
+        close(zyx.Tensor(a) ^ zyx.Tensor(b), a ^ b)
+        close(zyx.Tensor(a.astype(np.float32)) > 0.5, a)
+        return
+    if name in ("float16", "bfloat16", "float64"):
+        a = r.standard_normal(n).astype(np.float32)
+        x = zyx.Tensor(a).cast(name)
+        ref = zyx.Tensor(a).cast(name).float().numpy().astype(np.float64)
+        tol = {"float16": 2e-3, "bfloat16": 1.6e-2, "float64": 2e-7}[name]
+        close((x * 3 - 1).float(), ref * 3 - 1, rtol=tol, atol=tol)
+        close(x * 3 - 1, ref * 3 - 1, rtol=tol, atol=tol)     # stored in 16 (64) bits
+        return
+    info = np.iinfo(name)
+    a = r.integers(max(info.min, -1000), min(info.max, 1000), n).astype(name)
+    x = zyx.Tensor(a)
+    out = (x * 3 - 1).numpy()
+    assert out.dtype == np.dtype(name)
+    np.testing.assert_array_equal(out, (a * 3 - 1).astype(name))
+    np.testing.assert_array_equal((x.float() * 0.5).numpy(), a.astype(np.float32) * 0.5)
+
+
+def test_elementwise_vector_types_and_both_index_widths(opencl_device, monkeypatch):
+    # rendered (and built by the OpenCL compiler), not run: 2**32 outputs need 64-bit index
+    # math; the vector types follow each buffer's storage type (16 bytes at most)
+    monkeypatch.setenv(gpu.EW_ENV, "items=2,vec=8")
+    dl = OpenCLDialect()
+    big = zyx.Tensor(np.ones(2 ** 16, np.float16)).reshape(1, 2 ** 16).expand(2 ** 16, 2 ** 16)
+    small = zyx.Tensor(np.ones((64, 2 ** 12), np.float16))
+    for t, bits in ((big * 2, 64), (small.float() * 2 + small, 32)):
+        (k,) = kernels_of(t)
+        g = gpu.lower(k, dl, H100)
+        assert g.strategy == "elementwise" and g.index_bits == bits
+        assert g.variant["vec"] == 8
+        itype = "long" if bits == 64 else "int"
+        assert f"const {itype} zyx_base" in g.source
+        cl.Program(opencl_device.pool.ctx, g.source).build()
+    assert "*(__global const ushort4*)" in g.source and "*(__global float4*)" in g.source
+    # the big one's input is a broadcast of one row: read per element, result stored as
+    # ushort4 (8 lanes = two of them per step)
+    (k,) = kernels_of(big * 2)
+    g = gpu.lower(k, dl, H100)
+    assert g.variant["vector_accesses"] == 1 and g.source.count("*(__global ushort4*)") == 4
+
+
+def test_elementwise_variant_is_read_from_the_environment(monkeypatch):
+    assert gpu.elementwise_variant("") == gpu.EW_DEFAULT
+    assert gpu.elementwise_variant("items=2, vec=8,waves=3") == dict(
+        gpu.EW_DEFAULT, items=2, vec=8, waves=3)
+    for bad in ("items=3", "vec=32", "local=0", "foo=1", "items", "items=x"):
+        with pytest.raises(ValueError, match="ZYX_GPU_EW"):
+            gpu.elementwise_variant(bad)
+    monkeypatch.setenv(gpu.EW_ENV, "items=1,vec=2,local=512")
+    x = zyx.Tensor(np.ones(2 ** 22, np.float32))
+    (k,) = kernels_of(x * 2)
+    g = gpu.lower(k, OpenCLDialect(), H100)
+    assert g.variant == {"items": 1, "vec": 2, "local": 512, "waves": 0, "tile": 1024,
+                         "vector_accesses": 2}
+    assert g.launches[0].local_size == 512 and g.launches[0].groups == 2 ** 22 // 1024
+    assert "float2" in g.source
+
+
+def test_elementwise_steps_shrink_for_big_kernels_and_small_outputs(monkeypatch):
+    monkeypatch.setenv(gpu.EW_ENV, "items=8,vec=4")
+    dl = OpenCLDialect()
+    x = zyx.Tensor(np.ones(2 ** 26, np.float32))
+    (k,) = kernels_of(x * 2)
+    assert gpu.lower(k, dl, H100).variant["items"] == 8
+    # 64K outputs: 8 x 4 per work-item would leave most of 132 SMs idle
+    (k,) = kernels_of(zyx.Tensor(np.ones(2 ** 16, np.float32)) * 2)
+    assert gpu.lower(k, dl, H100).variant["items"] == 1
+    # a long fused body is written items * vec times: the steps shrink to fit EW_MAX_OPS
+    y = x
+    for j in range(200):
+        y = (y * 1.0001 + j).sin()
+    k = max(kernels_of(y), key=lambda k: len(k.ops))
+    monkeypatch.setattr(gpu, "EW_MAX_OPS", 12 * len(k.ops))    # (bounded inlining: <100)
+    v = gpu.lower(k, dl, H100).variant
+    assert v["items"] == 2 and v["vec"] == 4
 
 
 # -- structure ----------------------------------------------------------------------------
@@ -274,11 +422,12 @@ def test_h100_strategies_rendered():
     g = gpu.lower(k, dl, H100)
     assert g.strategy == "group" and g.launches[0].groups == 16384
     assert g.launches[0].local_size == 256
-    # 64M-element elementwise chain: one work-item per element, groups of 256
+    # 64M-element elementwise chain: groups of 256, each a tile of 4 steps of 4 elements
+    # (the default variant; the broadcast operand is read per element)
     (k,) = kernels_of((x.reshape(1, 2 ** 14).expand(2 ** 12, 2 ** 14) * 2).exp() + 1)
     g = gpu.lower(k, dl, H100)
     assert g.strategy == "elementwise" and g.launches[0].local_size == 256
-    assert g.launches[0].groups == 2 ** 26 // 256
+    assert g.launches[0].groups == 2 ** 26 // g.variant["tile"]
     # a big matmul: enough outputs, strided right operand -> one work-item per output
     a = zyx.Tensor(np.ones((1024, 512), np.float32))
     b = zyx.Tensor(np.ones((512, 1024), np.float32))

@@ -264,6 +264,9 @@ class Runtime:
                 dev = pool_device.get(id(node.buffer.pool))
                 if dev is not None:
                     weight[dev] = weight.get(dev, 0) + node.buffer.nbytes + 1
+        if len(weight) == 1:      # the usual case: every input on one device
+            for d in weight:
+                return d
         if not weight:
             return default
         return max(weight, key=lambda d: (weight[d], d.info().compute, d is default))
@@ -405,7 +408,7 @@ class Runtime:
         ids = [i for i in ids if self.graph.get(i).op != LEAF]
         if not ids:
             return
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if self.debug & DEBUG_PERF else 0.0
         self._ensure()
         order, key, ids, checks = self._collect_checked(ids)
         dev = device if device is not None else self._device_for(order)

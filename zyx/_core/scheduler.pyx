@@ -451,7 +451,6 @@ def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0, ver
     free_after = plan.free_after
     launched = 0
     free = graph.free_buffer
-    leaves = set(plan.leaves)
     try:
         for si, st in enumerate(plan.steps):
             out = st.args[0]
@@ -474,6 +473,7 @@ def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0, ver
         if verify is not None:
             verify(bufs.__getitem__)
     except BaseException:     # as in execute_runner: free what this run holds, re-raise
+        leaves = set(plan.leaves)
         for p, buf in bufs.items():
             if p not in leaves:
                 free(buf)

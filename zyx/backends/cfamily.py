@@ -54,6 +54,25 @@ class CDialect:
             return f"zyx_f2bf({expr})"
         return expr
 
+    # Vector types of the GPU dialects by storage type (CUDA's and HIP's names; OpenCL
+    # differs for the 64-bit integers). CUDA has vectors of at most 4 lanes, and the
+    # lowering never asks for more than 16 bytes: the widest load a GPU issues.
+    _VECTOR_BASE = {"float": "float", "double": "double", "int": "int", "unsigned int": "uint",
+                    "short": "short", "unsigned short": "ushort", "signed char": "char",
+                    "unsigned char": "uchar", "long long": "longlong",
+                    "unsigned long long": "ulonglong"}
+
+    def vector_type(self, d, lanes):
+        """The type of `lanes` consecutive stored elements of dtype d (lanes 1: the storage
+        type itself); components are .x .y .z .w in every GPU dialect."""
+        if lanes == 1:
+            return self.storage_type(d)
+        return f"{self._VECTOR_BASE[d.cname]}{lanes}"
+
+    def aligned(self, ptr, nbytes):
+        """C expression: pointer `ptr` is a multiple of `nbytes` (a power of two)."""
+        return f"((((unsigned long long){ptr}) & {nbytes - 1}u) == 0)"
+
 
 # OpenCL C reserves `long long`: its 64-bit integers are `long` / `ulong`
 _OPENCL_TYPES = {"long long": "long", "unsigned long long": "ulong"}
@@ -99,6 +118,12 @@ class OpenCLDialect(CDialect):
 
     def storage_type(self, d):
         return _OPENCL_TYPES.get(d.cname, d.cname)
+
+    _VECTOR_BASE = dict(CDialect._VECTOR_BASE, **{"long long": "long",
+                                                  "unsigned long long": "ulong"})
+
+    def aligned(self, ptr, nbytes):
+        return f"((((ulong){ptr}) & {nbytes - 1}u) == 0)"
 
     def math_fn(self, name, d):
         # OpenCL allows tanh 5 ulp of error and PoCL uses it: near -1, 0.5 * x * (1 +
@@ -256,6 +281,11 @@ class Frame:
         """The statement that writes a global STORE (e.g. guarded to one work-item)."""
         return line
 
+    def access(self, i, buf, index):
+        """The element a global LOAD or STORE i reads or writes: `buf[index]`, or a lane of
+        a vector the GPU lowering loaded (or stores) for several elements at once."""
+        return f"{buf}[{index}]"
+
 
 _PLAIN = Frame()
 INDEX32 = "int"          # the C type of 32-bit index math
@@ -346,7 +376,7 @@ def render_body(kernel, dl, loop_pragma=None, frame=None):
                 sub = f"[{v(op[3])}]" if op[3] >= 0 else ""
                 lines.append(f"{ind}const {dl.ctype(d)} v{i} = {v(op[2])}{sub};")
             else:
-                e = dl.load_convert(d, f"{v(op[2])}[{vi(op[3])}]")
+                e = dl.load_convert(d, fr.access(i, v(op[2]), vi(op[3])))
                 if op[4] >= 0:
                     e = f"({v(op[4])} ? {e} : {literal(dl, d, 0)})"
                 names[i] = f"v{i}"
@@ -358,7 +388,7 @@ def render_body(kernel, dl, loop_pragma=None, frame=None):
                 lines.append(f"{ind}{v(op[2])}{sub} = {v(op[4])};")
             else:
                 vi = v32 if narrow else v
-                lines.append(fr.store(i, f"{ind}{v(op[2])}[{vi(op[3])}] = "
+                lines.append(fr.store(i, f"{ind}{fr.access(i, v(op[2]), vi(op[3]))} = "
                                          f"{dl.store_convert(dst[1], v(op[4]))};"))
         elif c == K.BARRIER:
             lines.append(f"{ind}{dl.barrier(op[2])};")

@@ -7,8 +7,17 @@ launch path are shared with HIP in gpudriver.py; this module is the cuda-binding
 
 Config (`"cuda"` section of config.json): enabled (default true), device_ids (list of
 CUDA device ordinals to use, default all).
+
+Kernels are launched by calling the driver's cuLaunchKernel through ctypes with arguments
+converted once per program (`CUDADriver.prepared_launch`): cuda-bindings' wrapper converts
+and checks its 11 arguments on every call, several microseconds of a tiny realization's
+host time. ZYX_CUDA_LAUNCH=bindings launches through cuda-bindings instead.
 """
 from __future__ import annotations
+
+import ctypes
+import os
+import sys
 
 import numpy as np
 
@@ -85,6 +94,39 @@ def nvrtc_compiler(cc, debug=0, nvrtc=None):
     return comp
 
 
+def driver_library():
+    """The CUDA driver library as a ctypes CDLL (cuda-bindings loaded it at cuInit, so this
+    is the same library), or None where it cannot be opened."""
+    try:
+        return ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+    except OSError:
+        return None
+
+
+def direct_launch(lib):
+    """`lib`'s cuLaunchKernel for calls whose 11 arguments are ctypes objects already
+    (no argtypes: ctypes then passes them without converting anything), returning the
+    CUresult as an int; None when `lib` has no such function or launching through
+    cuda-bindings was asked for (ZYX_CUDA_LAUNCH=bindings)."""
+    if lib is None or os.environ.get("ZYX_CUDA_LAUNCH", "").lower() == "bindings":
+        return None
+    try:
+        fn = lib.cuLaunchKernel
+    except AttributeError:
+        return None
+    fn.argtypes = None
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def launch_arguments(fn, groups, local_size, stream, params):
+    """cuLaunchKernel's arguments as ctypes objects: function, grid (groups, 1, 1), block
+    (local_size, 1, 1), no dynamic shared memory, stream, kernelParams, no extra."""
+    u = ctypes.c_uint
+    return (ctypes.c_void_p(int(fn)), u(groups), u(1), u(1), u(local_size), u(1), u(1), u(0),
+            ctypes.c_void_p(int(stream)), ctypes.c_void_p(int(params)), None)
+
+
 class CUDADriver(ResultTupleDriver):
     """The gpudriver protocol for one CUDA device through cuda-bindings: its primary
     context and one non-blocking stream (no implicit synchronization with the legacy
@@ -103,6 +145,7 @@ class CUDADriver(ResultTupleDriver):
         self.stream = self.check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING),
                                  "cuStreamCreate")
         self._launch = drv.cuLaunchKernel
+        self._direct = direct_launch(driver_library())
         self._no_timing = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
 
     def attribute(self, name, default=None):
@@ -178,6 +221,21 @@ class CUDADriver(ResultTupleDriver):
         err, = self._launch(fn, groups, 1, 1, local_size, 1, 1, 0, self.stream, params, 0)
         if err is not self.SUCCESS:
             self.check((err,), "cuLaunchKernel")
+
+    def prepared_launch(self, fn, groups, local_size, params):
+        """A no-argument callable making this launch (gpudriver._PreparedLaunch): the
+        driver's cuLaunchKernel through ctypes with the arguments made once, or
+        cuda-bindings' when the driver library cannot be called directly."""
+        direct = self._direct
+        if direct is None:
+            return lambda: self.launch(fn, groups, local_size, params)
+        args = launch_arguments(fn, groups, local_size, self.stream, params)
+
+        def call():
+            err = direct(*args)
+            if err:
+                self.check((self.drv.CUresult(err),), "cuLaunchKernel")
+        return call
 
 
 class CUDAMemoryPool(DriverMemoryPool):

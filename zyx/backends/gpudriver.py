@@ -12,6 +12,8 @@ context and its one stream, with these methods (addresses are Python ints):
     event_create() / event_record(ev) / event_sync(ev) / event_destroy(ev) / stream_sync()
     module_load(image: bytes) -> module  function(module, name) -> fn   module_unload(module)
     launch(fn, groups, local_size, params_address)   1-D launch on the stream
+    prepared_launch(fn, groups, local_size, params_address) -> call   (optional) a
+                                         no-argument callable making that launch
 
 and the device subclass supplies `_make_info()`; its compiler (rtc.RuntimeCompiler) turns
 sources into binaries through the disk cache. Everything here runs on that single in-order stream, so a kernel
@@ -24,6 +26,7 @@ import ctypes
 import sys
 import threading
 import time
+from functools import partial
 
 import numpy as np
 
@@ -384,9 +387,10 @@ class _PreparedLaunch:
     """One Launch of a loaded program with its parameter block built once: `values` holds
     one device address per kernel parameter and `params` the addresses of those values
     (the `void**` the driver reads), so a launch only writes the pointer values."""
-    __slots__ = ("fn", "groups", "local_size", "sources", "values", "params", "address")
+    __slots__ = ("fn", "groups", "local_size", "sources", "values", "params", "address",
+                 "call")
 
-    def __init__(self, fn, launch):
+    def __init__(self, fn, launch, driver):
         self.fn = fn
         self.groups = launch.groups
         self.local_size = launch.local_size
@@ -397,6 +401,12 @@ class _PreparedLaunch:
         base = self.values.ctypes.data
         self.params = np.array([base + 8 * j for j in range(n)], np.uint64)
         self.address = self.params.ctypes.data
+        # what enqueues it: everything but the parameter values is fixed, so a driver may
+        # convert its arguments once (CUDADriver.prepared_launch) instead of per launch
+        prepared = getattr(driver, "prepared_launch", None)
+        self.call = (prepared(fn, self.groups, self.local_size, self.address)
+                     if prepared is not None else
+                     partial(driver.launch, fn, self.groups, self.local_size, self.address))
 
 
 class DriverProgram:
@@ -466,13 +476,12 @@ class DriverDevice:
             fn = fns.get(launch.entry)
             if fn is None:
                 fn = fns[launch.entry] = self.driver.function(entry[0], launch.entry)
-            launches.append(_PreparedLaunch(fn, launch))
+            launches.append(_PreparedLaunch(fn, launch, self.driver))
         prog = self._programs[kernel] = DriverProgram(kernel, gpu, entry[0], launches)
         return prog
 
     def launch(self, program, pool, args, wait_events=()):
-        drv = self.driver
-        ensure_current(drv)
+        ensure_current(self.driver)
         if wait_events:
             pool.sync_events(wait_events)
         scratch = program.scratch
@@ -480,9 +489,11 @@ class DriverDevice:
             scratch = program.scratch = [pool.raw_alloc(n) for n in program.gpu.scratch]
         for pl in program.launches:
             values = pl.values
-            for j, i in enumerate(pl.sources):
+            j = 0
+            for i in pl.sources:
                 values[j] = args[i].ptr if i >= 0 else scratch[-1 - i]
-            drv.launch(pl.fn, pl.groups, pl.local_size, pl.address)
+                j += 1
+            pl.call()
         return None     # one in-order stream: whatever comes next runs after
 
     def synchronize(self):
