@@ -13,6 +13,7 @@
 #   bench   benches/bench_gpu.py through benches/report.py (markdown table)
 #   opencl-cache  test_fusion, test_backend_trust, test_opencl with OpenCL as the default
 #   profile benches/gpu_launch_profile.py: where a tiny realization's host time goes (CUDA)
+#   sweep   benches/gpu_elementwise_sweep.py: the elementwise lowering's variants (ZYX_GPU_EW)
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
 # Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
 # pytest-xdist spreads the suites over the machine's cores when its wheel was carried:
@@ -78,6 +79,11 @@ EOF
             >"$OUT/opencl-cache.log" 2>&1
         summary "opencl cache tests" "$OUT/opencl-cache.log"
         grep -E "^(FAILED|ERROR)" "$OUT/opencl-cache.log" | head -30
+        ;;
+    sweep)
+        # the elementwise lowering's variants (ZYX_GPU_EW) against torch's copy bandwidth
+        $PY benches/gpu_elementwise_sweep.py >"$OUT/sweep.log" 2>"$OUT/sweep.err"
+        cat "$OUT/sweep.log"; tail -5 "$OUT/sweep.err"
         ;;
     profile)
         $PY benches/gpu_launch_profile.py cuda >"$OUT/profile.log" 2>&1
