@@ -79,3 +79,57 @@ def test_conv_backward_torch(benchmark, name):
         y = torch.nn.functional.conv2d(x, w)
         (y * y).sum().backward()
     benchmark(step)
+
+
+# -- issue 13's MNIST convnet: Conv 1-32-5, 32-32-5, pool, 32-64-3, pool, Linear 1024-10,
+# batch 128, Adam; one training step (the recipe is 150 of them)
+def _convnet(nn):
+    return nn.Sequential(nn.Conv2d(1, 32, 5), nn.ReLU(), nn.Conv2d(32, 32, 5), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(64 * 4 * 4, 10))
+
+
+def _mnist_batch():
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((128, 1, 28, 28), dtype=np.float32),
+            rng.integers(0, 10, 128).astype(np.int64))
+
+
+@pytest.mark.benchmark(group="mnist convnet step (batch 128, Adam)")
+def test_convnet_step_zyx(benchmark):
+    from zyx import nn
+    zyx.manual_seed(0)
+    model = _convnet(nn)
+    opt = zyx.optim.Adam(model.parameters(), 1e-3)
+    xn, yn = _mnist_batch()
+    x, y = zyx.tensor(xn).realize(), zyx.tensor(yn).realize()
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    for _ in range(3):
+        step()
+    benchmark(step)
+
+
+@pytest.mark.benchmark(group="mnist convnet step (batch 128, Adam)")
+def test_convnet_step_torch(benchmark):
+    torch = need_torch()
+    torch.manual_seed(0)
+    model = _convnet(torch.nn)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    xn, yn = _mnist_batch()
+    x, y = torch.from_numpy(xn), torch.from_numpy(yn)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    for _ in range(3):
+        step()
+    benchmark(step)

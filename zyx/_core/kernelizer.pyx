@@ -835,13 +835,21 @@ def _choose_window_lanes(b, tuple shape, list axes, Py_ssize_t axis, J, int vect
     is reused by R channels and each weight broadcast over J positions, R*J FMAs per
     R + 1 loads instead of one FMA per two loads."""
     out_var = b.out_vars[axis]
+    if J % 4 == 0 and J not in (8, 16):
+        # gcc keeps R rows of one 4-, 8- or 16-float vector in registers; a 20-lane row
+        # (16 + a tail of 4) stays in memory: conv2d 32->32 5x5 on 24x24 took 100 ms with
+        # 8x20 tiles, 57 ms with 8x4 (8x16 and 32x4 rows spill: 130-180 ms)
+        J = 4
+    rvars = [v for v in b.reduce_log[0][1] if v is not None]
+    # the reduce body's loads (an epilogue's, read once per output, may vary along both)
+    body = [s for s in b.load_log if any(_coef(s, v) != 0 for v in rvars)]
     best = None
     for a in axes[:-1]:
         v = b.out_vars.get(a)
         if v is None:
             continue
         reused = False
-        for s in b.load_log:
+        for s in body:
             cj, cr = _coef(s, out_var), _coef(s, v)
             if cr is None:
                 return None

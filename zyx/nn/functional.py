@@ -264,7 +264,7 @@ def _conv_backward(out, gy, arg, srcs, need):
         gw = (win * gv)._reduce(K.R_SUM, (0,) + tuple(range(4, 4 + nd)), False)
         gw = gw.reshape((cout, cg) + k)
     if need[0]:
-        t = _conv_transposend(gy, w, None, s, 0, 0, g, d, nd, "conv backward")
+        t = _conv_transposend(gy, w, None, s, 0, 0, g, d, nd, "conv backward", True)
         crop = []
         for ti, xi, (pb, pa) in zip(t.shape[2:], x.shape[2:], pads):
             crop.append((-pb, xi + pb + pa - ti - pa))   # to the padded extent, then cut
@@ -287,10 +287,13 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _convnd(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")
 
 
-def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, dilation, nd, what):
+def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, dilation, nd, what,
+                      store_input=False):
     """Transposed convolution as a plain one: insert stride-1 zeros between input elements,
     pad by dilation*(k-1)-padding (plus output_padding on the far side), then convolve with
-    the flipped, channel-swapped weights."""
+    the flipped, channel-swapped weights. `store_input`: that padded input gets a buffer of
+    its own, so the convolution's loads need no range check per tap and what computes x
+    (a ReLU's backward) runs once instead of once per tap."""
     x, w = _t(x), _t(weight)
     x, squeeze = _batched(x, nd, what)
     if w.ndim != nd + 2:
@@ -320,6 +323,8 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
         x = x.shrink([(0, n), (0, cin)] + [(0, (i - 1) * ss + 1) for i, ss in zip(ins, s)])
     x = x._pad([(0, 0), (0, 0)] + [(dd * (kk - 1) - pp, dd * (kk - 1) - pp + oo)
                                    for kk, dd, pp, oo in zip(k, d, p, op)])
+    if store_input:
+        x = x.unsqueeze(0).sum(0)     # a reduce over a size-1 axis: the kernelizer stores it
     cg = cin // g
     wt = w.reshape((g, cg, cog) + k).permute([0, 2, 1] + list(range(3, 3 + nd)))
     wt = wt.reshape((g * cog, cg) + k).flip(tuple(range(2, 2 + nd)))
