@@ -951,6 +951,69 @@ def _repair(visited):
 
 
 # ---------------------------------------------------------------------------------------
+# in-place view ops: only the shape changes (unsqueeze_, squeeze_, t_, transpose_, ...)
+
+def _restride(t, view):
+    """t becomes `view(t)` (a reshape or permute of its value; torch's in-place view ops).
+    A hidden tensor object takes t's old value and its place in the view tree (t's base
+    and t's views point at it), and t becomes a view of it, so writes through t, through
+    views taken before, or through t's base still reach each other."""
+    _check_writable(t)
+    old = Tensor._wrap(t._id)
+    _graph.retain(t._id)
+    old._ctx = t._ctx
+    old.requires_grad = t.requires_grad
+    if t._ctx is not None:     # what ops recorded before read: autograd's repair finds it
+        key = (id(t), t._id)
+        _snapshots[key] = weakref.ref(old, _forget(_snapshots, key))
+    old._view, old._views = t._view, t._views
+    if t._view is not None:
+        base = t._view[0]
+        base._views = [weakref.ref(old) if r() is t else r for r in base._views or ()]
+    for r in old._views or ():
+        c = r()
+        if c is not None and c._view is not None and c._view[0] is t:
+            c._view = (old, c._view[1], c._view[2])
+    t._view = t._views = None
+    new = view(old)                      # recorded like the out-of-place view
+    _set_node(t, new)
+    kind, arg = new._view[1], new._view[2]
+    old._views = [r for r in old._views if r() is not new] or None
+    _link(t, old, kind, arg)
+    return t
+
+
+def _unsqueeze_(self, dim):
+    """torch.Tensor.unsqueeze_: a size-1 axis inserted at `dim`, in place."""
+    return _restride(self, lambda x: x.unsqueeze(dim))
+
+
+def _squeeze_(self, dim=None):
+    """torch.Tensor.squeeze_: size-1 axes (or axis `dim`) removed, in place."""
+    if self.squeeze(*(() if dim is None else (dim,))).shape == self.shape:
+        return self          # nothing to remove (also checks dim)
+    return _restride(self, lambda x: x.squeeze() if dim is None else x.squeeze(dim))
+
+
+def _transpose_(self, dim0, dim1):
+    """torch.Tensor.transpose_ / swapdims_ / swapaxes_: two axes swapped, in place."""
+    n = builtins.max(self.ndim, 1)
+    if (dim0 % n if isinstance(dim0, builtins.int) else dim0) == \
+            (dim1 % n if isinstance(dim1, builtins.int) else dim1):
+        self.transpose(dim0, dim1)      # checks the dims; swapping an axis with itself
+        return self
+    return _restride(self, lambda x: x.transpose(dim0, dim1))
+
+
+def _t_(self):
+    """torch.Tensor.t_: a 0-, 1- or 2-D tensor transposed in place."""
+    if self.ndim > 2:
+        raise RuntimeError(f"t_() expects a tensor with <= 2 dimensions, but self is "
+                           f"{self.ndim}D")
+    return self if self.ndim < 2 else _transpose_(self, 0, 1)
+
+
+# ---------------------------------------------------------------------------------------
 # attach
 
 def _attach():
@@ -966,6 +1029,9 @@ def _attach():
                      ("pow_", _pow_), ("clamp_", _clamp_), ("clip_", _clamp_),
                      ("clamp_min_", _clamp_min_), ("clamp_max_", _clamp_max_),
                      ("zero_", _zero_), ("fill_", _fill_), ("copy_", _copy_),
+                     ("unsqueeze_", _unsqueeze_), ("squeeze_", _squeeze_),
+                     ("transpose_", _transpose_), ("swapdims_", _transpose_),
+                     ("swapaxes_", _transpose_), ("t_", _t_),
                      ("masked_fill_", _masked_fill_), ("index_put_", _index_put_),
                      ("uniform_", _uniform_), ("normal_", _normal_),
                      ("fill_diagonal_", _fill_diagonal_), ("lerp_", _lerp_),

@@ -1245,7 +1245,10 @@ def _iota(n, d, device=None):
                    dtype=d, device=None if device is None else dev)
         if n <= 1 << 16:
             _IOTA_CACHE[key] = t
-    return t
+    # a new object on the cached node: an in-place write to one arange (x[1] = 7 rebinds
+    # its object) must not change the cache and every later arange
+    _graph.retain(t._id)
+    return _wrap(t._id)
 
 
 def linspace(start, end, steps, dtype=None, device=None) -> Tensor:
