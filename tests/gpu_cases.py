@@ -15,7 +15,7 @@ from zyx._core import passes
 from zyx._core.kernelizer import kernelize
 
 __all__ = ["test_elementwise_chain", "test_broadcasting", "test_sum_max_mean",
-           "test_large_reduction", "test_matmul", "test_softmax",
+           "test_large_reduction", "test_matmul", "test_softmax", "test_row_kernels",
            "test_cast_float_to_int_and_back", "test_float16_storage", "test_bfloat16_round_trip",
            "test_int_ops", "test_float64", "test_mlp_forward_backward", "test_where_pow_bool",
            "test_float16_reduction_and_matmul", "test_large_elementwise",
@@ -47,6 +47,13 @@ GRAPHS = {
     "sum_axis": lambda: _f(3, 17, 33).sum(1),
     "max_all": lambda: _f(3, 17, 33).max(),
     "softmax": lambda: _f(8, 10).softmax(-1),
+    # row kernels (reduces computed per row inside the output's kernel; "group" lowering
+    # with a store loop split over the work-items)
+    "softmax_rows": lambda: _f(64, 512).softmax(-1),
+    "layer_norm_rows": lambda: (lambda x: (x - x.mean(-1, keepdim=True))
+                                * (x.var(-1, keepdim=True, correction=0) + 1e-5).rsqrt())(
+                                    _f(64, 512)),
+    "log_softmax_rows_f16": lambda: _f(64, 300, dtype=np.float16).log_softmax(-1),
     "matmul": lambda: _f(17, 33) @ _f(33, 65),
     "batched_matmul": lambda: _f(2, 16, 64) @ _f(2, 64, 16),
     "float16": lambda: (_f(9, 5, dtype=np.float16) * 3 + 1).sum(0),
@@ -115,6 +122,33 @@ def test_softmax():
     a = rand(8, 10) * 4
     e = np.exp(a - a.max(-1, keepdims=True))
     close(zyx.Tensor(a).softmax(-1), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_row_kernels():
+    # softmax / log_softmax / layer_norm as one kernel each: rows of -inf, all-equal
+    # rows, a long row whose float sum is blocked (masked last block), a permuted input
+    for shape in [(37, 1000), (20, 4099), (300, 64)]:
+        a = rand(*shape) * 4
+        a[0] = -np.inf
+        a[1] = 2.0
+        e = np.exp(a[1:] - a[1:].max(-1, keepdims=True))
+        x = zyx.Tensor(a)
+        sm = x.softmax(-1).numpy()
+        assert np.isnan(sm[0]).all()
+        np.testing.assert_allclose(sm[1:], e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+        close(zyx.Tensor(a[1:]).log_softmax(-1),
+              a[1:] - a[1:].max(-1, keepdims=True) - np.log(e.sum(-1, keepdims=True)),
+              rtol=1e-5, atol=1e-5)
+        b = a[1:].astype(np.float64)
+        m = b.mean(-1, keepdims=True)
+        v = ((b - m) ** 2).mean(-1, keepdims=True)
+        y = zyx.Tensor(a[1:])
+        close((y - y.mean(-1, keepdim=True)) * (y.var(-1, keepdim=True, correction=0)
+                                                + 1e-5).rsqrt(),
+              (b - m) / np.sqrt(v + 1e-5), rtol=1e-4, atol=1e-4)
+    a = rand(64, 48)
+    e = np.exp(a.T - a.T.max(-1, keepdims=True))
+    close(zyx.Tensor(a).permute(1, 0).softmax(-1), e / e.sum(-1, keepdims=True))
 
 
 def test_cast_float_to_int_and_back():

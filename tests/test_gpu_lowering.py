@@ -134,6 +134,59 @@ def test_softmax_log_softmax_logsumexp(lowered):
     assert "group" in [g.strategy for g in lowered]
 
 
+def test_row_kernels_run_as_one_group_per_row(lowered):
+    # softmax, log_softmax and layer_norm are one kernel each: per row, each reduce nest
+    # split over the group's work-items and combined in local memory (every work-item
+    # reads the result back), then the store loop split over the work-items
+    import zyx.nn.functional as F
+    a = (rng().standard_normal((37, 1000)) * 4).astype(np.float32)
+    a[0] = -np.inf
+    a[1] = 3.0
+    t = torch_like_softmax(a)
+    close(zyx.Tensor(a).softmax(-1), t, rtol=1e-5, atol=1e-7)
+    b = a[1:]
+    m = b.max(-1, keepdims=True)
+    e = np.exp(b - m)
+    close(zyx.Tensor(b).log_softmax(-1), b - m - np.log(e.sum(-1, keepdims=True)),
+          rtol=1e-5, atol=1e-5)
+    w = rng().standard_normal(1000).astype(np.float32)
+    c = a[2:]    # (an all-equal row's deviations are rounding, scaled up by 1/sqrt(eps))
+    mu = c.astype(np.float64).mean(-1, keepdims=True)
+    var = ((c - mu) ** 2).mean(-1, keepdims=True)
+    close(F.layer_norm(zyx.Tensor(c), (1000,), zyx.Tensor(w)),
+          (c - mu) / np.sqrt(var + 1e-5) * w, rtol=1e-4, atol=1e-4)
+    assert [g.strategy for g in lowered] == ["group"] * 3
+    assert all(g.launches[0].groups == n for g, n in zip(lowered, (37, 36, 35)))
+
+
+def torch_like_softmax(a):
+    """softmax with torch's NaN for a row of -inf."""
+    with np.errstate(invalid="ignore"):
+        e = np.exp(a - a.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+
+def test_row_kernel_store_loop_is_split_and_unguarded():
+    dl = OpenCLDialect()
+    rows = zyx.Tensor(np.ones((16, 4096), np.float32)).reshape(16, 1, 4096) \
+        .expand(16, 1024, 4096).reshape(16384, 4096)
+    (k,) = kernels_of(rows.softmax(-1))
+    nests = gpu.reduce_nests(k.ops)
+    assert [n.stores for n in nests] == [False] * (len(nests) - 1) + [True]
+    g = gpu.lower(k, dl, H100)
+    assert g.strategy == "group" and len(g.launches) == 1
+    assert g.launches[0].groups == 16384 and g.launches[0].local_size == 256
+    store_loop = g.source[g.source.rindex("for (int zyx_f"):]
+    assert "+= 256)" in store_loop.splitlines()[0]       # strided over the group
+    assert "g0[" in store_loop and "zyx_lid == 0" not in store_loop
+    # a store nest whose index does not move with its loop is not split
+    ops = list(k.ops)
+    st = max(i for i, op in enumerate(ops) if op[0] == K.STORE)
+    row = next(i for i, op in enumerate(ops) if op[0] == K.INDEX)
+    ops[st] = ops[st][:3] + (row,) + ops[st][4:]
+    assert gpu.reduce_nests(ops) is None
+
+
 def test_argmax_argmin(lowered):
     a = rng().standard_normal((13, 517)).astype(np.float32)
     x = zyx.Tensor(a)

@@ -42,7 +42,7 @@ class Step:
 ELEMENTWISE = frozenset((CAST, UNARY, BINARY, WHERE))
 
 
-def decide_stored(list nodes, list consumers, list srcpos, list targets):
+def decide_stored(list nodes, list consumers, list srcpos, list targets, rows=None):
     """Positions of nodes whose value must be written to a buffer (see module doc).
 
     Besides targets and non-epilogue reduces, an elementwise node is stored when
@@ -57,15 +57,24 @@ def decide_stored(list nodes, list consumers, list srcpos, list targets):
       double the code each time;
     - it ends a chain of `CHAIN_LIMIT` inlined nodes (`_cut_long_chains`): a kernel's code
       and the renderer's recursion stay bounded however long the graph is.
-    The cuts of long chains are new kernels, so the other rules run again around them."""
+    The cuts of long chains are new kernels, so the other rules run again around them.
+
+    A reduce whose result only comes back through an expand over its own axes into one
+    stored kernel (softmax's max and sum, layer_norm's mean and variance) is not stored
+    when `_RowKernels` says so: that kernel walks each row as often as it needs
+    (`rows`, when given, receives {kernel position: (reduced axes, expand positions)})."""
     cdef Py_ssize_t n = len(nodes)
     stored = [False] * n
     for t in targets:
         if nodes[t].op != LEAF:
             stored[t] = True
-    _store_by_use(nodes, consumers, srcpos, stored)
+    found = {}
+    _store_by_use(nodes, consumers, srcpos, stored, found)
     if _cut_long_chains(nodes, srcpos, stored):
-        _store_by_use(nodes, consumers, srcpos, stored)
+        found = {}
+        _store_by_use(nodes, consumers, srcpos, stored, found)
+    if rows is not None:
+        rows.update(found)
     return stored
 
 
@@ -110,11 +119,13 @@ def _inline_costs(list nodes, list srcpos, list stored):
     return cost, inputs
 
 
-def _store_by_use(list nodes, list consumers, list srcpos, list stored):
+def _store_by_use(list nodes, list consumers, list srcpos, list stored, dict found=None):
     """One pass in reverse topological order (consumers before their sources) storing the
-    reduces that cannot be fused and the elementwise nodes inlining would recompute."""
+    reduces that cannot be fused and the elementwise nodes inlining would recompute.
+    `found` receives the row kernels (`_RowKernels.result`)."""
     cdef Py_ssize_t n = len(nodes), p, c, s, k, ck, moved, same, u
     cost, inputs = _inline_costs(nodes, srcpos, stored)
+    rk = _RowKernels(nodes, consumers, srcpos, stored)
     # renders[p]: how often p gets rendered over all kernels, roughly. Consumers at p's
     # own index (elementwise ones) render it at most as often as the busiest of them (the
     # memo shares equal indices); a stored consumer, a reduce (its loop index) or a
@@ -131,7 +142,9 @@ def _store_by_use(list nodes, list consumers, list srcpos, list stored):
         if stored[p]:
             sink[p] = p
             kernel[p] = p
+            rk.target(p)
             continue
+        rk.classify(p)
         s = -2
         k = -2
         moved = 0
@@ -160,13 +173,16 @@ def _store_by_use(list nodes, list consumers, list srcpos, list stored):
                 body = True
             elif not stored[c]:
                 body = body or in_body[c]
-                expanded = expanded or under_expand[c] or (cn.op == EXPAND and in_body[c])
+                # (not through a row expand: what it expands is computed once per row)
+                expanded = expanded or under_expand[c] or (
+                    cn.op == EXPAND and in_body[c] and not rk.is_row_expand(c))
         if s == -2:
             s = -1
         u = min(moved + same, _COST_CAP)
         if node.op == REDUCE and s == -1:
-            stored[p] = True
-            s = p
+            if not rk.qualify(p):
+                stored[p] = True
+                s = p
         elif node.op in ELEMENTWISE and (
                 (expanded and cost[p] >= RECOMPUTE_LIMIT) or
                 (_numel(node.shape) <= <Py_ssize_t>inputs[p] and (
@@ -176,11 +192,165 @@ def _store_by_use(list nodes, list consumers, list srcpos, list stored):
             # view: stored it would be a buffer many times the size of what it reads)
             stored[p] = True
             s = p
+        if stored[p]:
+            rk.target(p)   # stored after all: a kernel of its own, whose sources it reads
         sink[p] = s
         kernel[p] = p if stored[p] else k
         renders[p] = 1 if stored[p] else max(u, 1)
         in_body[p] = body and not stored[p]
         under_expand[p] = expanded and not stored[p]
+    if found is not None:
+        found.update(rk.result())
+
+
+ROW_MIN = 32          # fewest rows of a row kernel over more than ROW_SMALL elements
+ROW_SMALL = 1 << 16   # (few long rows keep their stored reduces: a device splits each of
+                      # those over many work-groups, a row kernel gives a row one group)
+
+
+def _row_axes_ok(tuple shape, tuple axes):
+    """A row kernel over `shape` may reduce `axes`: they are its last axes longer than 1
+    (the loop storing a row walks its output contiguously, and the rows spread over
+    threads/groups), at least one axis is left for the rows, and the rows are many or
+    the tensor small."""
+    cdef Py_ssize_t rows = 1, total = 1
+    long_axes = [a for a, d in enumerate(shape) if d != 1]
+    if not axes or len(axes) >= len(long_axes) or tuple(long_axes[-len(axes):]) != axes:
+        return False
+    for a, d in enumerate(shape):
+        total *= d
+        if a not in axes:
+            rows *= d
+    return rows >= ROW_MIN or total <= ROW_SMALL
+
+
+class _RowKernels:
+    """Which reduces a stored node T computes itself, once per row, instead of reading
+    them from a buffer (softmax: max and sum of exp inside the kernel of the output).
+
+    T is a "row kernel" over a full shape S with reduced axes A (the last axes of S, see
+    `_row_axes_ok`): T is stored and either elementwise of shape S (softmax's output; the
+    kernel indexes the rows, computes the row's reduces, then loops over A to store each
+    element) or a reduce over A of a source of shape S (cross-entropy's picked log-prob;
+    the kernel is the usual reduce kernel plus the row's other reduces). Nodes relative to
+    T, decided from their consumers (all decided before, reverse topological order):
+      - full: shape S, every use inside T's kernel at the element's own index: T itself
+        (elementwise, or reading its reduce source), full elementwise nodes, reduces
+        computed by T;
+      - row expand: a full EXPAND from a shape with size 1 at exactly axes B, else equal;
+      - row: every use is a row node or row expand of T with the same B;
+      - a reduce over B of a shape-S source that is a row node qualifies (not stored) when
+        B is T's A (the first qualifying reduce fixes A).
+    So a qualifying reduce is used by T's kernel alone, only through row values, which the
+    kernel renders once per row before anything else (`_Builder.build_rows`); any other
+    shape (a permute or reshape on the way, a second consumer kernel) stores it as before."""
+
+    def __init__(self, list nodes, list consumers, list srcpos, list stored):
+        cdef Py_ssize_t n = len(nodes)
+        self.nodes, self.consumers, self.srcpos, self.stored = nodes, consumers, srcpos, stored
+        self.full = [-1] * n      # T when the node is a full node of T
+        self.row = [None] * n     # (T, B) when it is a row node
+        self.rexp = [None] * n    # (T, B) when it is a row expand
+        self.qual = [-1] * n      # T when it is a reduce computed by T
+        self.shape = {}           # T -> S
+        self.axes = {}            # T -> A, None while no reduce fixed it
+        self.expands = {}         # T -> [(row expand, B)]
+        self.reduces = {}         # T -> qualifying reduces
+
+    def target(self, Py_ssize_t p):
+        """p is stored: forget its classification, note whether it can be a row kernel."""
+        self.full[p] = -1
+        self.row[p] = None
+        self.rexp[p] = None
+        node = self.nodes[p]
+        if node.op in ELEMENTWISE:
+            self.shape[p] = node.shape
+            self.axes[p] = None
+        elif node.op == REDUCE:
+            ss = self.nodes[self.srcpos[p][0]].shape
+            axes = tuple(sorted([a for a in node.arg[1] if ss[a] != 1]))
+            if _row_axes_ok(ss, axes):
+                self.shape[p] = ss
+                self.axes[p] = axes
+
+    def is_row_expand(self, Py_ssize_t p):
+        return self.rexp[p] is not None
+
+    def classify(self, Py_ssize_t p):
+        node = self.nodes[p]
+        t = -2
+        r = 0
+        for c in self.consumers[p]:
+            cn = self.nodes[c]
+            ct = -1
+            cr = None
+            if self.stored[c]:
+                if c in self.shape and (cn.op in ELEMENTWISE or self.srcpos[c][0] == p):
+                    ct = c
+            elif cn.op in ELEMENTWISE:
+                ct = self.full[c]
+                cr = self.row[c]
+            elif cn.op == REDUCE:
+                ct = self.qual[c]
+            elif cn.op == EXPAND:
+                cr = self.rexp[c]
+            t = ct if t == -2 or t == ct else -1
+            r = cr if r == 0 or r == cr else None
+        if t >= 0 and node.shape == self.shape[t]:
+            self.full[p] = t
+            if node.op == EXPAND:
+                self.row_expand(p, t)
+        if r:
+            T, B = r
+            S = self.shape[T]
+            if node.shape == tuple([1 if a in B else d for a, d in enumerate(S)]):
+                self.row[p] = r
+
+    def row_expand(self, Py_ssize_t p, Py_ssize_t t):
+        S = self.shape[t]
+        ss = self.nodes[self.srcpos[p][0]].shape
+        if len(ss) != len(S):
+            return
+        B = []
+        for a in range(len(S)):
+            if ss[a] == 1 and S[a] != 1:
+                B.append(a)
+            elif ss[a] != S[a]:
+                return
+        if B:
+            self.rexp[p] = (t, tuple(B))
+            self.expands.setdefault(t, []).append((p, tuple(B)))
+
+    def qualify(self, Py_ssize_t p):
+        """True when reduce p is computed by the row kernel its uses lead to."""
+        r = self.row[p]
+        if r is None:
+            return False
+        T, B = r
+        node = self.nodes[p]
+        ss = self.nodes[self.srcpos[p][0]].shape
+        axes = tuple(sorted([a for a in node.arg[1] if ss[a] != 1]))
+        if ss != self.shape[T] or axes != B:
+            return False
+        A = self.axes[T]
+        if A is None:
+            if not _row_axes_ok(ss, axes):
+                return False
+            self.axes[T] = axes
+        elif A != axes:
+            return False
+        self.qual[p] = T
+        self.reduces.setdefault(T, []).append(p)
+        return True
+
+    def result(self):
+        """{T: (A, row expands over A in topological order)} of every kernel computing
+        a reduce of its own."""
+        out = {}
+        for T in self.reduces:
+            A = self.axes[T]
+            out[T] = (A, sorted([e for e, B in self.expands.get(T, ()) if B == A]))
+        return out
 
 
 def _cut_long_chains(list nodes, list srcpos, list stored):
@@ -309,6 +479,7 @@ class _Builder:
         self.params = params or {}
         self.param_ssa = {}
         self.hoisted = set()
+        self.rows = None      # (reduced axes, row expands) of a row kernel (_RowKernels)
 
     def emit(self, op):
         self.ops.append(op)
@@ -468,8 +639,11 @@ class _Builder:
                 new[ax] = dims[k]
             return self.render(src, tuple(new), valid)
         if op == EXPAND:
-            return self.render(src, tuple([sym.constant(0) if sshape[d] == 1 and node.shape[d] != 1
-                                           else dims[d] for d in range(len(dims))]), valid)
+            new = tuple([sym.constant(0) if sshape[d] == 1 and node.shape[d] != 1
+                         else dims[d] for d in range(len(dims))])
+            if self.rows is not None and valid:
+                valid = _valid_for(valid, new)
+            return self.render(src, new, valid)
         if op == FLIP:
             return self.render(src, tuple([sym.add(sym.mul(dims[d], -1), sshape[d] - 1)
                                            if d in node.arg else dims[d]
@@ -604,6 +778,8 @@ class _Builder:
         self.pos = pos
         node = self.nodes[self.out]
         out_def = self.arg(self.out, False)
+        if self.rows is not None and upcast is None:
+            return self.build_rows(node, out_def)
         sizes = dict(upcast[1]) if upcast is not None else {}
         dims = []
         lanes = []
@@ -640,6 +816,40 @@ class _Builder:
         self.emit((STORE, None, out_def, idx, val))
         self.close_loops(loops)
         # INDEX ops must lead the kernel (backends open their loops/threads there)
+        return _hoist_index(self.ops, self.hoisted), self.args
+
+    def build_rows(self, node, out_def):
+        """A row kernel (`_RowKernels`): INDEX over the rows; the row values its expands
+        read (the reduces over the reduced axes A and what is computed from them per row)
+        rendered once, before any loop, in dependency order, so every later rendering at
+        the row's index (an EXPAND maps A to 0) finds them in the outermost memo scope;
+        then, for an elementwise output, a LOOP over A computing and storing each element
+        (a reduce output is the usual reduce, its loop reading the row values)."""
+        A, expands = self.rows
+        shape = node.shape
+        dims = []
+        for axis, n in enumerate(shape):
+            if n == 1 or axis in A:
+                dims.append(sym.constant(0))
+            else:
+                v = self.new_var(n)
+                self.var_ssa[v.id] = self.emit((INDEX, IDX, axis, n))
+                self.out_vars[axis] = v
+                dims.append(sym.var(v))
+        for e in expands:
+            src = self.src(self.nodes[e], 0)
+            sshape = self.nodes[src].shape
+            self.render(src, tuple([sym.constant(0) if sshape[d] == 1 else dims[d]
+                                    for d in range(len(sshape))]), ())
+        loop_axes = [a for a in A if shape[a] != 1]
+        variables = [self.new_var(shape[a]) for a in loop_axes]
+        loops = self.open_loops(variables)
+        for a, v in zip(loop_axes, variables):
+            dims[a] = sym.var(v)
+        dims = tuple(dims)
+        val = self.render(self.out, dims, ())
+        self.emit((STORE, None, out_def, self.index(sym.linearize(dims, shape)), val))
+        self.close_loops(loops)
         return _hoist_index(self.ops, self.hoisted), self.args
 
     def build_unrolled(self, node, out_def, tuple dims, list lanes, Py_ssize_t r):
@@ -728,6 +938,27 @@ class _Builder:
                 r = self.emit((K_CAST, node.dtype, r))
             return r
         return value
+
+
+def _vars_in(s, set out):
+    for atom, _ in s.terms:
+        if type(atom) is sym.Var:
+            out.add(atom.id)
+        else:
+            _vars_in(atom.num, out)
+    return out
+
+
+def _valid_for(tuple valid, tuple dims):
+    """The range checks of `valid` that still matter below an expand to `dims`: those on
+    a variable some index of `dims` uses. A check on variables the expanded value no
+    longer depends on (a masked reduce block's, on a reduced axis) cannot keep its loads
+    in bounds, and left in place it would give the row value another memo key inside the
+    reduce loop than at the row (recomputed per element)."""
+    used = set()
+    for s in dims:
+        _vars_in(s, used)
+    return tuple([v for v in valid if not _vars_in(v[0], set()).isdisjoint(used)])
 
 
 def _substitute(s, dict values):
@@ -1006,7 +1237,8 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
             consumers[pos[s]].append(p)
     targets = [pos[t] for t in target_ids]
     srcpos = [[pos[s] for s in nodes[p].srcs] for p in range(n)]
-    stored = decide_stored(nodes, consumers, srcpos, targets)
+    rows = {}
+    stored = decide_stored(nodes, consumers, srcpos, targets, rows)
     aliases = {}
     for t in targets:   # a target that only reshapes a buffer needs no kernel
         q = t
@@ -1028,13 +1260,16 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
             steps.append(Step(None, [p]))
             continue
         b = _Builder(nodes, stored, p, sum_block, params)
+        b.rows = rows.get(p)
         ops, args = b.build(pos)
         if len(args) == 2 and args[0][0] is args[1][0] and args[0][1] == args[1][1] \
                 and _is_identity_copy(ops):
             q = [k for k, a in b.argpos.items() if a == 1][0]
             steps.append(Step(None, [p, q], True))   # e.g. a transpose of a transpose
             continue
-        up = choose_upcast(b, nodes[p].shape, vector_bytes) if register_tiles else None
+        # (a row kernel computes several reduces per row: no register tile layout)
+        up = choose_upcast(b, nodes[p].shape, vector_bytes) \
+            if register_tiles and b.rows is None else None
         if up is not None:
             b = _Builder(nodes, stored, p, sum_block, params)
             ops, args = b.build(pos, up)

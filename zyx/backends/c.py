@@ -513,8 +513,14 @@ class CDevice:
             lanes = False
             accs = {}
             arrays = {}   # per-lane accumulators: OpenMP array-section reductions
+            stores = False   # stores to memory (a row kernel's loop writing the row)
+            tile = False     # reads per-lane accumulators (a lane tile's epilogue)
             while True:
                 o = ops[j]
+                if o[0] == K.STORE and ops[o[2]][2] == K.SCOPE_GLOBAL:
+                    stores = True
+                elif o[0] == K.LOAD and ops[o[2]][2] == K.SCOPE_REGISTER and o[3] != -1:
+                    tile = True
                 if o[0] == K.LOOP:
                     inner = True
                     depth += 1
@@ -562,6 +568,10 @@ class CDevice:
             if not inner and accs:
                 return f"#pragma omp simd {red}"
             if not inner and lanes:
+                return "#pragma omp simd"
+            if not inner and stores and not accs and not lanes and not tile:
+                # a row kernel's store loop: element j of the row from the row's registers
+                # and loads, stored at a distinct address per iteration (a vector of exp)
                 return "#pragma omp simd"
             return ""
 

@@ -25,6 +25,9 @@ Strategies (`GPUKernel.strategy`, chosen by `lower` from the kernel and the Devi
   innermost perfectly nested loops collapsed into one flat loop, strided by the group size
   so neighbouring work-items read neighbouring elements), then combine their partial
   accumulators with a tree in local memory; one work-item runs the epilogue and stores.
+  A row kernel (kernelizer `build_rows`: softmax) ends with a store loop (`store_nest`):
+  its work-items split it as well, every one reading the row's combined results, and
+  each stores the elements it computed.
 - "columns": outputs whose loads are contiguous along the output (a column sum) but too
   few to fill the device: one work-item per output as in "serial" (neighbouring
   work-items read neighbouring memory), each nest's outer loop also split over groups;
@@ -196,16 +199,19 @@ class Nest:
 
     `run`: the loops collapsed into the split flat loop; `results`: accumulators defined
     before the nest holding per-work-item partials at its end; `reads_earlier`: the nest
-    reads results of an earlier nest (then it cannot be split over groups)."""
-    __slots__ = ("root", "end", "run", "results", "reads_earlier", "flat")
+    reads results of an earlier nest (then it cannot be split over groups); `stores`: a
+    row kernel's store loop (no accumulator, each iteration stores its own elements:
+    the work-items split it and each stores what it computed, nothing to combine)."""
+    __slots__ = ("root", "end", "run", "results", "reads_earlier", "flat", "stores")
 
-    def __init__(self, root, end, run, results, reads_earlier, flat):
+    def __init__(self, root, end, run, results, reads_earlier, flat, stores=False):
         self.root = root
         self.end = end
         self.run = run
         self.results = results
         self.reads_earlier = reads_earlier
         self.flat = flat
+        self.stores = stores
 
 
 def partial_results(ops, regs, root, end, run, ends):
@@ -271,8 +277,15 @@ def reduce_nests(ops, split_root=False):
         return None
     ends = loop_ends(ops)
     nests = []
-    for root, end in top_level_nests(ops, ends):
+    tops = top_level_nests(ops, ends)
+    for k, (root, end) in enumerate(tops):
         run = [root] if split_root else thread_run(ops, root, ends)
+        if k == len(tops) - 1 and k > 0 and store_nest(ops, regs, root, end, run, ends):
+            flat = 1
+            for loop in run:
+                flat *= ops[loop][2]
+            nests.append(Nest(root, end, run, [], True, flat, True))
+            continue
         results = partial_results(ops, regs, root, end, run, ends)
         if not results:
             return None
@@ -286,6 +299,27 @@ def reduce_nests(ops, split_root=False):
     if any(op[0] == K.LOOP for op in ops) and not nests:
         return None
     return nests or None
+
+
+def store_nest(ops, regs, root, end, run, ends):
+    """True when the nest at `root` is a row kernel's store loop (kernelizer.build_rows):
+    its perfectly nested `run` is the whole nest, and its body writes no register and
+    stores to memory at an index that moves with the run's innermost loop (so every
+    iteration writes elements of its own, and work-items splitting the run never write
+    the same element)."""
+    if run[0] != root or any(ops[j][0] in (K.LOOP, K.IF_OP, K.BARRIER)
+                             for j in range(run[-1] + 1, ends[run[-1]])):
+        return False
+    memo, found = {}, False
+    for j in range(root, end):
+        op = ops[j]
+        if op[0] == K.STORE:
+            if op[2] in regs:
+                return False
+            if _coefficient(ops, op[3], run[-1], memo) in (None, 0):
+                return False
+            found = True
+    return found
 
 
 def index_math(ops):
@@ -451,6 +485,7 @@ def choose_strategy(ops, nests, info):
     n_out = output_size(ops)
     out_vars = [i for i, op in enumerate(ops) if op[0] == K.INDEX]
     last_out = max(out_vars, key=lambda i: ops[i][2]) if out_vars else None
+    nests = [n for n in nests if not n.stores]   # (where the data is read decides)
     rows = all(contiguous_along(ops, n.run[-1], ends_of(ops, n.run[-1]), n.run[-1])
                for n in nests)
     columns = last_out is not None and not rows and all(
@@ -889,7 +924,7 @@ class GroupFrame(Frame):
 
     def after(self, i, ind):
         nest = self.by_end.get(i)
-        if nest is None:
+        if nest is None or nest.stores:
             return ()
         lines = tree_combine(self.dl, self.regs, nest.results, self.local, ind)
         if self.splits > 1 and i == self.last_end:
@@ -900,6 +935,8 @@ class GroupFrame(Frame):
         return lines
 
     def store(self, i, line):
+        if any(n.stores and n.root < i < n.end for n in self.nests):
+            return line     # a store loop's element, written by the work-item computing it
         return f"{line[:len(line) - len(line.lstrip())]}if (zyx_lid == 0) {line.lstrip()}"
 
 
