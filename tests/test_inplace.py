@@ -571,3 +571,79 @@ def test_scalar_writes_in_a_loop_share_one_plan():
     plans = RT.stats["plans_built"]
     np.testing.assert_array_equal(fill(12), ref)
     assert RT.stats["plans_built"] == plans
+
+
+# ---------------------------------------------------------------------------------------
+# in-place view ops: only the shape changes
+
+def test_t_then_write_reaches_base_views_like_torch():
+    zy, ty = both(np.arange(6.0, dtype=np.float32).reshape(2, 3))
+    zv, tv = zy[0], ty[0]
+    zy.t_()
+    ty.t_()
+    zy[0, 1] = 100.0
+    ty[0, 1] = 100.0
+    check(zy, ty)
+    check(zv, tv)
+
+
+def test_unsqueeze_of_a_view_writes_its_base():
+    zz, tz = both(np.arange(6.0, dtype=np.float32).reshape(2, 3))
+    zw, tw = zz.view(6), tz.view(6)
+    zw.unsqueeze_(0)
+    tw.unsqueeze_(0)
+    zw[0, 4] = -1.0
+    tw[0, 4] = -1.0
+    check(zz, tz)
+    check(zw, tw)
+    zz[0, 0] = 9.0        # and the base's writes reach the re-shaped view
+    tz[0, 0] = 9.0
+    check(zw, tw)
+
+
+@pytest.mark.parametrize("op", ["unsqueeze_", "squeeze_", "transpose_", "swapdims_",
+                                "swapaxes_", "t_"])
+def test_view_ops_in_place_shapes_and_gradients(op):
+    args = {"unsqueeze_": (1,), "squeeze_": (), "transpose_": (0, 2), "swapdims_": (2, 0),
+            "swapaxes_": (1, 2), "t_": ()}[op]
+    shape = (2, 1, 3) if op != "t_" else (2, 3)
+    a = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    zx, tx = both(a, requires_grad=True)
+    zb, tb = zx * 2, tx * 2
+    getattr(zb, op)(*args)
+    getattr(tb, op)(*args)
+    assert zb.shape == tuple(tb.shape)
+    wz = zyx.Tensor(np.arange(np.prod(zb.shape), dtype=np.float32).reshape(zb.shape))
+    wt = torch.tensor(wz.numpy())
+    (zb * wz).sum().backward()
+    (tb * wt).sum().backward()
+    check(zx.grad, tx.grad)
+    # an op recorded before the in-place view op read the old shape: torch's version
+    # counter refuses its backward; zyx keeps the old value (only the shape changed), so
+    # the gradient is the right one: d/dx sum((2x)^2) = 8x
+    zx2 = zyx.Tensor(a, requires_grad=True)
+    zb2 = zx2 * 2
+    zr = zb2 * zb2
+    getattr(zb2, op)(*args)
+    zr.sum().backward()
+    np.testing.assert_allclose(zx2.grad.numpy(), 8 * a, rtol=1e-6)
+
+
+def test_view_ops_in_place_errors_like_torch():
+    zx = zyx.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        zx.unsqueeze_(0)
+    with pytest.raises(RuntimeError, match="<= 2 dimensions"):
+        zyx.ones(2, 2, 2).t_()
+    q = zyx.zeros(2, 3)
+    assert q.squeeze_() is q and q.shape == (2, 3)        # nothing to remove
+    assert q.transpose_(1, 1) is q and q.shape == (2, 3)
+
+
+def test_writing_into_an_arange_leaves_later_aranges_alone():
+    y = zyx.arange(6.0)
+    y[1] = 7.0
+    z = zyx.arange(6.0).reshape(2, 3)
+    z[0, 0] = 5.0
+    assert np.array_equal(zyx.arange(6.0).numpy(), np.arange(6.0, dtype=np.float32))
+    assert y.numpy()[1] == 7.0 and z.numpy()[0, 0] == 5.0

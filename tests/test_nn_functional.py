@@ -137,6 +137,46 @@ def test_conv2d_matches_torch(cout, k, s, p, d, g):
 
 
 @needs_torch
+@pytest.mark.filterwarnings("ignore:Using padding='same'")
+@pytest.mark.parametrize("cout,k,s,p,d,g", CONV_CASES)
+def test_conv2d_gradients_match_torch(cout, k, s, p, d, g):
+    """conv is one composite autograd op (hand-written backward: a transposed conv for the
+    input, a window reduce for the weight): first and second derivatives against torch."""
+    import torch as _t
+    k2 = (k, k) if isinstance(k, int) else k
+    x, w, b = rnd(*X4), rnd(cout, 4 // g, *k2), rnd(cout)
+    zx, zw, zb = (zyx.Tensor(a, requires_grad=True) for a in (x, w, b))
+    tx, tw, tb = (_t.tensor(a, requires_grad=True) for a in (x, w, b))
+    zy = F.conv2d(zx, zw, zb, s, p, d, g)
+    ty = TF.conv2d(tx, tw, tb, s, p, d, g)
+    assert F.conv2d(zx, zw, None, s, p, d, g).grad_fn == "conv"
+    gx, gw, gb = zyx.autograd.grad((zy * zy).sum(), [zx, zw, zb], create_graph=True)
+    hx, hw, hb = _t.autograd.grad((ty * ty).sum(), [tx, tw, tb], create_graph=True)
+    for z_, t_ in ((gx, hx), (gw, hw), (gb, hb)):
+        close(z_, t_, 1e-4, 1e-3)
+    # second order: d/dw of sum(grad_x ** 2)
+    g2 = zyx.autograd.grad((gx * gx).sum(), [zw])[0]
+    h2 = _t.autograd.grad((hx * hx).sum(), [tw])[0]
+    close(g2, h2, 1e-3, 1e-5 * float(h2.abs().max()))   # (values up to ~1e6: cancellation)
+
+
+@needs_torch
+def test_conv_under_no_grad_and_tape():
+    import torch as _t
+    x, w = rnd(*X4), rnd(3, 4, 3, 3)
+    with zyx.no_grad():
+        y = F.conv2d(zyx.Tensor(x, requires_grad=True), zyx.Tensor(w))
+    assert not y.requires_grad and y.grad_fn is None
+    zw = zyx.Tensor(w)
+    with zyx.autograd.Tape() as tape:
+        tape.watch(zw) if hasattr(tape, "watch") else None
+        out = F.conv2d(zyx.Tensor(x), zw).sum()
+    tw = _t.tensor(w, requires_grad=True)
+    TF.conv2d(T(x), tw).sum().backward()
+    close(tape.gradient(out, [zw])[0], tw.grad, 1e-4, 1e-3)
+
+
+@needs_torch
 def test_conv1d_conv3d_and_unbatched_match_torch():
     x1, w1, b1 = rnd(2, 3, 10), rnd(5, 3, 3), rnd(5)
     close(F.conv1d(Z(x1), Z(w1), Z(b1), stride=2, padding=1),
