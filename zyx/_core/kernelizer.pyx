@@ -190,8 +190,18 @@ def _store_by_use(list nodes, list consumers, list srcpos, list stored, dict fou
                     (u > 1 and (u - 1) * <Py_ssize_t>cost[p] >= REPEAT_LIMIT)))):
             # (the last two not for a node broadcast beyond its inputs, a conv's window
             # view: stored it would be a buffer many times the size of what it reads)
-            stored[p] = True
-            s = p
+            cut = _stored_slice(p, nodes, consumers, stored, rk)
+            if cut >= 0 and not (_numel(node.shape) <= <Py_ssize_t>inputs[p] and (
+                    (k == -1 and cost[p] >= SHARED_LIMIT) or
+                    (u > 1 and (u - 1) * <Py_ssize_t>cost[p] >= REPEAT_LIMIT))):
+                # only a slice of p is read (the last step of an LSTM's stacked output):
+                # store that slice, computed from p inlined, not all of p
+                stored[cut] = True
+                rk.target(cut)
+                body = expanded = False      # p is inlined into the slice's copy only
+            else:
+                stored[p] = True
+                s = p
         if stored[p]:
             rk.target(p)   # stored after all: a kernel of its own, whose sources it reads
         sink[p] = s
@@ -201,6 +211,24 @@ def _store_by_use(list nodes, list consumers, list srcpos, list stored, dict fou
         under_expand[p] = expanded and not stored[p]
     if found is not None:
         found.update(rk.result())
+
+
+def _stored_slice(Py_ssize_t p, list nodes, list consumers, list stored, rk):
+    """The position of a PAD reading at most half of p's elements that every use of p goes
+    through (a chain of single-use, unstored reshapes/permutes/flips/pads), else -1: what
+    to store instead of p when p would be stored only because a reduce recomputes it."""
+    cdef Py_ssize_t q = p, c
+    total = _numel(nodes[p].shape)
+    while len(consumers[q]) == 1:
+        c = consumers[q][0]
+        cn = nodes[c]
+        if stored[c] or cn.op not in (RESHAPE, PERMUTE, FLIP, PAD) or rk.full[c] != -1 \
+                or rk.row[c] is not None or rk.rexp[c] is not None:
+            return -1
+        if cn.op == PAD and 2 * _numel(cn.shape) <= total:
+            return c
+        q = c
+    return -1
 
 
 ROW_MIN = 32          # fewest rows of a row kernel over more than ROW_SMALL elements
