@@ -1384,7 +1384,10 @@ def _cross_entropy_2d(x, y, ignore_index):
     picked = mk(_G.REDUCE, (K.R_SUM, (1,)), (mk(_G.WHERE, None, (hit, logp, zero), nc, d),),
                 n1, d)
     total = mk(_G.REDUCE, (K.R_SUM, (0, 1)), (picked,), (1, 1), d)
-    wt = mk(_G.REDUCE, (K.R_SUM, (0, 1)), (mk(_G.CAST, d, (hit,), nc, d),), (1, 1), d)
+    # rows counted: those whose target is a class (ignore_index is not one here), read
+    # from the n targets instead of the n x c one-hot compare
+    counted = ((y >= 0) & (y < c)).cast(d)
+    wt = mk(_G.REDUCE, (K.R_SUM, (0,)), (counted,), (1,), d).reshape(1, 1)
     return mk(_G.RESHAPE, (), (-total / wt,), (), d)
 
 
