@@ -99,7 +99,7 @@ class Runtime:
         # instead of taking the default.
         self._multi = False
         self.plans = {}
-        # skeleton key -> (first graph's key, key indices whose values varied): _values_plan
+        # skeleton key -> _Family (first graph's key, the entries that varied): _values_plan
         self._families = {}
         # Threads realize one at a time: realization mutates the plan cache, the pools and
         # the graph (targets become leaves), and two threads realizing the same tensor at
