@@ -122,3 +122,21 @@ def test_matmul_errors_name_shapes():
         zyx.Tensor(1.0) @ zyx.ones(1)
     with pytest.raises(zyx.ShapeError):
         zyx.ones(4) @ zyx.ones(3)
+
+
+@pytest.mark.parametrize("k", [4, 8, 12, 20, 32, 48, 60])
+def test_short_contiguous_reductions_in_register_tiles(k):
+    """x @ W.T with a short inner dimension: the 4x4 tile's innermost reduce loop is split
+    into lanes (length/J x J partial sums per accumulator, folded after the loops)."""
+    rng = np.random.default_rng(k)
+    a = rng.standard_normal((36, k)).astype(np.float32)
+    b = rng.standard_normal((44, k)).astype(np.float32)
+    got = (zyx.tensor(a) @ zyx.tensor(b).T).numpy()
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b.T.astype(np.float64),
+                               rtol=1e-5, atol=1e-5)
+    # batched, and a long outer reduction on top (blocked float sums around the lanes)
+    a3 = rng.standard_normal((8, 12, 500, k)).astype(np.float32)
+    b3 = rng.standard_normal((8, 16, 500, k)).astype(np.float32)
+    got = zyx.einsum("bine,bjne->bij", zyx.tensor(a3), zyx.tensor(b3)).numpy()
+    ref = np.einsum("bine,bjne->bij", a3.astype(np.float64), b3.astype(np.float64))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)

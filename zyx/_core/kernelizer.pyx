@@ -828,7 +828,8 @@ class _Builder:
                 dims.append(sym.var(v))
         dims = tuple(dims)
         if upcast is not None and upcast[2] == "unroll":
-            return self.build_unrolled(node, out_def, dims, lanes, upcast[0])
+            return self.build_unrolled(node, out_def, dims, lanes, upcast[0],
+                                       upcast[3] if len(upcast) > 3 else 0)
         loops = []
         if lanes:
             r = upcast[0]
@@ -880,7 +881,8 @@ class _Builder:
         self.close_loops(loops)
         return _hoist_index(self.ops, self.hoisted), self.args
 
-    def build_unrolled(self, node, out_def, tuple dims, list lanes, Py_ssize_t r):
+    def build_unrolled(self, node, out_def, tuple dims, list lanes, Py_ssize_t r,
+                       int reduce_lanes=0):
         """Every lane combination gets its own scalar accumulator and the reduce loop stays
         innermost: loads contiguous along the reduce axis vectorize there, and each loaded
         row is reused by the other axis' lanes from registers (a 4x4 tile of dot products:
@@ -900,15 +902,40 @@ class _Builder:
         rdims = reshape_index(dims, node.shape, rnode.shape)
         new, outer, inner, extra, _ = self.plan_reduce_loops(
             rdims, axes, sshape, block_limit(rop, acc_dt, self.sum_block))
+        J = reduce_lanes
+        if J and (not inner or (inner[-1].hi + 1) % J or extra):
+            J = 0
+        if J:
+            # the innermost reduce loop as (its length / J) x J lanes, each accumulator an
+            # array of J partial results folded after the loops: a short contiguous loop
+            # (a convolution's weight gradient walks output rows of 20) otherwise ends in a
+            # horizontal sum of every vector accumulator per row
+            vi = inner[-1]
+            vq = self.new_var((vi.hi + 1) // J)
+            lane = self.new_var(J)
+            at_lane = {vi.id: sym.add(sym.mul(sym.var(vq), J), sym.var(lane))}
+            new = [_substitute(e, at_lane) for e in new]
+            inner = inner[:-1] + [vq, lane]
         totals = [self.define_acc(_dt.float64, R_SUM, 1) for _ in combos] if outer else []
         outer_loops = self.open_loops(outer)
-        accs = [self.define_acc(acc_dt, rop, 1) for _ in combos]
+        accs = [self.define_acc(acc_dt, rop, J or 1) for _ in combos]
         loops = self.open_loops(inner)
         for c, acc in zip(combos, accs):
             # (a partial block's range check is on the reduce index: it has no lane)
             x = self.reduce_input(src, list(at(c, tuple(new))), (), extra, acc_dt, rop)
-            self.accumulate(acc, -1, x, acc_dt, rop)
+            self.accumulate(acc, self.var_ssa[lane.id] if J else -1, x, acc_dt, rop)
         self.close_loops(loops)
+        if J:
+            folded = []
+            for acc in accs:
+                one = self.define_acc(acc_dt, rop, 1)
+                q = self.new_var(J)
+                fold = self.open_loops([q])
+                self.accumulate(one, -1, self.emit((LOAD, acc_dt, acc, self.var_ssa[q.id], -1)),
+                                acc_dt, rop)
+                self.close_loops(fold)
+                folded.append(one)
+            accs = folded
         if outer:
             for total, acc in zip(totals, accs):
                 self.fold_block(total, acc, -1, acc_dt)
@@ -990,7 +1017,7 @@ def _valid_for(tuple valid, tuple dims):
 
 
 def _substitute(s, dict values):
-    """Expression `s` with lane variables replaced by constants."""
+    """Expression `s` with variables replaced (by constants: lanes; or expressions)."""
     out = sym.constant(s.offset)
     for atom, c in s.terms:
         out = sym.add(out, sym.mul(_substitute_atom(atom, values), c))
@@ -999,7 +1026,10 @@ def _substitute(s, dict values):
 
 def _substitute_atom(a, dict values):
     if type(a) is sym.Var:
-        return sym.constant(values[a.id]) if a.id in values else sym.var(a)
+        if a.id not in values:
+            return sym.var(a)
+        v = values[a.id]
+        return v if type(v) is sym.Sum else sym.constant(v)   # an expression, or a lane
     num = _substitute(a.num, values)
     return sym.div(num, a.d) if type(a) is sym.Div else sym.mod(num, a.d)
 
@@ -1162,7 +1192,9 @@ def _choose_unroll(b, tuple shape, list axes, k, Py_ssize_t r):
         reuse_i = any(_coef(s, vi) == 0 and _coef(s, vj) not in (0, None) for s in b.load_log)
         reuse_j = any(_coef(s, vj) == 0 and _coef(s, vi) not in (0, None) for s in b.load_log)
         if reuse_i and reuse_j:
-            return (r, [(i, 4), (j, 4)], "unroll")
+            n = k.hi + 1
+            lanes = 0 if n >= 64 else (8 if n % 8 == 0 and n >= 16 else (4 if n % 4 == 0 else 0))
+            return (r, [(i, 4), (j, 4)], "unroll", lanes)
     return None
 
 
