@@ -95,6 +95,20 @@ def _mnist_batch():
             rng.integers(0, 10, 128).astype(np.int64))
 
 
+def _bench_steps(benchmark, cross_entropy, model, opt, x, y):
+    """Time the training step (either library: they share the spelling), after 3 warm-up
+    steps (the first compiles)."""
+    def step():
+        loss = cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+    for _ in range(3):
+        step()
+    benchmark(step)
+
+
 @pytest.mark.benchmark(group="mnist convnet step (batch 128, Adam)")
 def test_convnet_step_zyx(benchmark):
     from zyx import nn
@@ -103,16 +117,7 @@ def test_convnet_step_zyx(benchmark):
     opt = zyx.optim.Adam(model.parameters(), 1e-3)
     xn, yn = _mnist_batch()
     x, y = zyx.tensor(xn).realize(), zyx.tensor(yn).realize()
-
-    def step():
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
-    for _ in range(3):
-        step()
-    benchmark(step)
+    _bench_steps(benchmark, F.cross_entropy, model, opt, x, y)
 
 
 @pytest.mark.benchmark(group="mnist convnet step (batch 128, Adam)")
@@ -123,13 +128,4 @@ def test_convnet_step_torch(benchmark):
     opt = torch.optim.Adam(model.parameters(), 1e-3)
     xn, yn = _mnist_batch()
     x, y = torch.from_numpy(xn), torch.from_numpy(yn)
-
-    def step():
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
-    for _ in range(3):
-        step()
-    benchmark(step)
+    _bench_steps(benchmark, torch.nn.functional.cross_entropy, model, opt, x, y)
