@@ -212,6 +212,13 @@ def _convnd(x, weight, bias, stride, padding, dilation, groups, nd, what):
     return out.squeeze(0) if squeeze else out
 
 
+def _stored(x):
+    """x in a buffer of its own, in its logical (row-major) order: a sum over a new size-1
+    axis is a reduce, which the kernelizer stores (what reads it then reads plain rows,
+    and what computes x runs once instead of in every kernel reading it)."""
+    return x.unsqueeze(0).sum(0)
+
+
 def _conv_forward(x, w, pads, s, d, g, nd):
     """The convolution as one windowed reduce over a pad/reshape/expand view of x (no
     copy): (n, g, cout/g, *o, cg, *k) products summed over (cg, *k)."""
@@ -234,13 +241,12 @@ def _conv_forward(x, w, pads, s, d, g, nd):
 def _conv_recorded(x, w, pads, s, d, g, nd):
     """_conv_forward recorded for autograd as one composite op ("conv") with the
     hand-written backward `_conv_backward`."""
-    from .. import autograd
     prev = _TB.set_recording(False)
     try:
         out = _conv_forward(x, w, pads, s, d, g, nd)
     finally:
         _TB.set_recording(prev)
-    return autograd.record_composite(out, ("conv", nd, pads, s, d, g), (x, w))
+    return _record_composite(out, ("conv", nd, pads, s, d, g), (x, w))
 
 
 def _conv_backward(out, gy, arg, srcs, need):
@@ -267,7 +273,9 @@ def _conv_backward(out, gy, arg, srcs, need):
         t = _conv_transposend(gy, w, None, s, 0, 0, g, d, nd, "conv backward", True)
         crop = []
         for ti, xi, (pb, pa) in zip(t.shape[2:], x.shape[2:], pads):
-            crop.append((-pb, xi + pb + pa - ti - pa))   # to the padded extent, then cut
+            # t spans the padded input's first ti positions: pad it to the padded extent
+            # (xi + pb + pa; positions no window reached get 0), then cut pb and pa off
+            crop.append((-pb, xi + pb - ti))
         gx = t._pad([(0, 0), (0, 0)] + crop)
     return gx, gw
 
@@ -324,7 +332,7 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
     x = x._pad([(0, 0), (0, 0)] + [(dd * (kk - 1) - pp, dd * (kk - 1) - pp + oo)
                                    for kk, dd, pp, oo in zip(k, d, p, op)])
     if store_input:
-        x = x.unsqueeze(0).sum(0)     # a reduce over a size-1 axis: the kernelizer stores it
+        x = _stored(x)
     cg = cin // g
     wt = w.reshape((g, cg, cog) + k).permute([0, 2, 1] + list(range(3, 3 + nd)))
     wt = wt.reshape((g * cog, cg) + k).flip(tuple(range(2, 2 + nd)))
@@ -1479,8 +1487,13 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
 
 
 def _register_composites():
+    """Hook the composite ops up with autograd (imported here: autograd imports the
+    tensor module this one builds on)."""
+    global _record_composite
     from .. import autograd
+    _record_composite = autograd.record_composite
     autograd.register_composite("conv", _conv_backward)
 
 
+_record_composite = None
 _register_composites()

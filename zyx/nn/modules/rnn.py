@@ -128,12 +128,10 @@ class LSTMCell(_CellBase):
 # ---------------------------------------------------------------------------------------------
 # sequence modules
 # ---------------------------------------------------------------------------------------------
-def _stored(x: Tensor) -> Tensor:
-    """x in a buffer of its own, in its logical (row-major) order: a sum over a new size-1
-    axis is a reduce, which the kernelizer stores. A batch_first input transposed to
-    time-major is copied once, so the input-projection matmul and its weight gradient read
-    plain rows (tiled kernels) instead of div/mod index math on every load."""
-    return x.unsqueeze(0).sum(0)
+# F._stored: x in a buffer of its own. A batch_first input transposed to time-major is
+# copied once, so the input-projection matmul and its weight gradient read plain rows
+# (tiled kernels) instead of div/mod index math on every load.
+_stored = F._stored
 
 
 def _steps(seq: Tensor):
