@@ -87,6 +87,12 @@ def _snapshot(t):
     now compute from, so that t's own recorded history stays correct after t is rebound."""
     if not _TB.is_recording():
         return t        # nothing records: the ops read t's current node, as a snapshot would
+    return _old_object(t)
+
+
+def _old_object(t):
+    """A new tensor object on t's current node with t's recorded inputs, registered as t's
+    old version (what autograd's repair reads for ops recorded before t is rebound)."""
     _graph.retain(t._id)
     old = Tensor._wrap(t._id)
     old._ctx = t._ctx
@@ -959,13 +965,7 @@ def _restride(t, view):
     and t's views point at it), and t becomes a view of it, so writes through t, through
     views taken before, or through t's base still reach each other."""
     _check_writable(t)
-    old = Tensor._wrap(t._id)
-    _graph.retain(t._id)
-    old._ctx = t._ctx
-    old.requires_grad = t.requires_grad
-    if t._ctx is not None:     # what ops recorded before read: autograd's repair finds it
-        key = (id(t), t._id)
-        _snapshots[key] = weakref.ref(old, _forget(_snapshots, key))
+    old = _old_object(t)
     old._view, old._views = t._view, t._views
     if t._view is not None:
         base = t._view[0]
