@@ -1,7 +1,8 @@
 """Values that change between otherwise equal graphs (slice starts, constants' scalars)
 become kernel parameters read at launch (runtime._values_plan): the plan of the second
-such graph serves every later one, so a batching loop over random offsets or a loop over a
-changing Python scalar compiles nothing after its second iteration. Results are checked
+such graph serves every later one, so a loop over a changing Python scalar compiles
+nothing after its second iteration; windows into a realized tensor (a batch
+`data[i:i + T]`, a row `X[i]`) are parameters from the first graph on. Results are checked
 against numpy on every device (the conftest `device` fixture), compile counts with
 zyx.stats()."""
 import numpy as np
@@ -35,7 +36,21 @@ def test_random_batches_of_slices_compile_twice_then_never(device):
         assert np.array_equal(x.numpy(), np.stack([data_np[i:i + T] for i in ix]))
         assert np.array_equal(y.numpy(), np.stack([data_np[i + 1:i + T + 1] for i in ix]))
         counts.append((_compiled(), _plans()))
-    assert counts[2] == counts[-1], counts       # from the third batch on: nothing new
+    # windows into a realized tensor are parameters from the first batch on: nothing new
+    # after it
+    assert counts[0] == counts[-1], counts
+
+
+def test_rows_of_a_dataset_tensor_compile_once(device):
+    """`X[i]` in a Python loop (a window of one row of a realized tensor)."""
+    a = np.random.default_rng(5).standard_normal((200, 7)).astype(np.float32)
+    x = zyx.tensor(a).realize()
+    seen = []
+    for i in (0, 3, 199, 57, 100):
+        assert np.array_equal((x[i] * 2).numpy(), a[i] * 2)
+        assert np.array_equal(x[-i - 1].numpy(), a[-i - 1])
+        seen.append(_compiled())
+    assert seen[0] == seen[-1], seen
 
 
 def test_constants_that_change_become_parameters(device):
@@ -178,7 +193,7 @@ def test_training_on_random_batches_reuses_its_plan(device):
     sliced, counts = run(True)
     copied, _ = run(False)
     np.testing.assert_allclose(sliced, copied, rtol=1e-5)
-    assert counts[2] == counts[-1], counts
+    assert counts[1] == counts[-1], counts      # the second step reuses the first's plan
 
 
 def test_values_plans_are_bounded_by_the_plan_cache(device):

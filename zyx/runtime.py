@@ -454,7 +454,9 @@ class Runtime:
         masked. The first graph of a skeleton gets an ordinary plan and is remembered; a
         later one with other values turns the entries that differ into parameters: its plan
         reads them at launch from parameter leaves (`_param_leaves`), so every graph that
-        differs from the first only there reuses that one plan. What still specializes a
+        differs from the first only there reuses that one plan. Windows into realized
+        tensors (`_is_window`: `data[i:i + T]`, `X[i]`) are parameters from the first
+        graph on, so a loop over them compiles once. What still specializes a
         kernel: shapes, dtypes, ops, the fill and amounts of real pads, and every value
         that has not changed yet (it stays a literal, so x * 1.0 still folds)."""
         values = []
@@ -463,11 +465,16 @@ class Runtime:
         if not values:
             return None
         family = self._families.get(skel)
-        if family is None:
+        new_family = family is None
+        if new_family:
             if len(self._families) >= 4 * self.max_plans:
                 self._families.clear()
-            self._families[skel] = _Family(flat)
-            return None
+            family = self._families[skel] = _Family(flat)
+            # a window into a realized tensor (a batch `data[i:i + T]`, a row `X[i]`) is a
+            # value from the start: its start is what changes from one graph to the next
+            family.vary.update([ki for ki, cpos in values if self._is_window(order[cpos])])
+            if not family.vary:
+                return None
         first, vary = family.first, family.vary
         for ki, _ in values:
             if ki not in vary and flat[ki] != first[ki]:
@@ -483,9 +490,27 @@ class Runtime:
             plan = self._build_values_plan(order, ids, dev,
                                            [cpos for ki, cpos in values if ki in vary])
             self._keep_plan(vkey, plan)
+            if new_family:
+                # this graph's own key too: a window taken again at the same place (a
+                # fixed slice every step) then finds the plan without a second collect
+                self.plans[key] = plan
         else:
             self.stats["plan_cache_hits"] += 1
         return plan
+
+    def _is_window(self, nid):
+        """Node `nid` cuts a window of at most a quarter of some axis out of a realized
+        tensor (a PAD of a LEAF cutting that axis on both sides)."""
+        node = self.graph.get(nid)
+        if node.op != PAD:
+            return False
+        src = self.graph.get(node.srcs[0])
+        if src.op != LEAF:
+            return False
+        for d, (before, after) in enumerate(node.arg[0]):
+            if before <= 0 and after <= 0 and src.shape[d] >= 4 * node.shape[d]:
+                return True
+        return False
 
     def _build_values_plan(self, order, ids, dev, positions):
         """A plan whose kernels read the values of the nodes at `positions` from parameter
