@@ -3,9 +3,9 @@ change must not recompile): `stack([data[i:i + T] for i in ix])`, zyx next to Py
 
 Run:  python benches/batch_slices.py
 
-Prints the first three batches' times and kernels compiled (the first two compile: the
-first graph, then the one reading slice starts at launch), then the medians of 60
-batches alternating between zyx and PyTorch."""
+Prints the first three batches' times and kernels compiled (only the first compiles: its
+slice starts are read at launch from the first graph on), then the medians of 60 batches
+alternating between zyx and PyTorch."""
 import time, numpy as np, torch, zyx
 from zyx.examples.char_lstm import load_text
 text = load_text("os"); chars = sorted(set(text)); stoi = {c: i for i, c in enumerate(chars)}
