@@ -50,7 +50,7 @@ from ._core import kernel as K
 from ._core import tensorbase as _TB
 from . import autograd as _autograd
 from .runtime import RT
-from .tensor import Tensor, _const, _rebind, _broadcast_shape, _iota, _watch_range, where
+from .tensor import Tensor, _const, _expand_ellipsis, _rebind, _broadcast_shape, _iota, _watch_range, where
 
 _tensor_mod = sys.modules["zyx.tensor"]   # `zyx.tensor` is the function
 
@@ -384,14 +384,7 @@ def _parse(x, idx):
                         for i in conv if i is not None and i is not Ellipsis)
     if used > x.ndim:
         raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
-    full = []
-    for i in conv:
-        if i is Ellipsis:
-            full += [slice(None)] * (x.ndim - used)
-        else:
-            full.append(i)
-    if not any(i is Ellipsis for i in conv):
-        full += [slice(None)] * (x.ndim - used)
+    full = _expand_ellipsis(conv, x.ndim, used)
     steps, d = [], 0
     for i in full:
         if i is None:

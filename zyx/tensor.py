@@ -988,6 +988,20 @@ def _rebind(dst: "Tensor", src: "Tensor") -> None:
     _graph.release(old)
 
 
+def _expand_ellipsis(idx, ndim, used):
+    """The index items with Ellipsis (or, when there is none, the end) replaced by full
+    slices of the `ndim - used` dims the other items do not index."""
+    full = []
+    for i in idx:
+        if i is Ellipsis:
+            full += [slice(None)] * (ndim - used)
+        else:
+            full.append(i)
+    if not any(i is Ellipsis for i in idx):   # not `in`: Tensor.__eq__ is elementwise
+        full += [slice(None)] * (ndim - used)
+    return full
+
+
 def _const(value, d, shape=()):
     """A constant of any shape: one node, no memory; folded into kernels."""
     nid = _graph.add(G.CONST, _scalar_of(value, d), (), tuple(shape), d)
@@ -1939,14 +1953,7 @@ def _getitem(self, idx):
         raise IndexError("an index can only have a single ellipsis")
     if n_real > self.ndim:
         raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
-    full_idx = []
-    for i in idx:
-        if i is Ellipsis:
-            full_idx += [slice(None)] * (self.ndim - n_real)
-        else:
-            full_idx.append(i)
-    if not any(i is Ellipsis for i in idx):   # not `in`: Tensor.__eq__ is elementwise
-        full_idx += [slice(None)] * (self.ndim - n_real)
+    full_idx = _expand_ellipsis(idx, self.ndim, n_real)
     x = self
     bounds, flips, strides, out_shape_ops = [], [], [], []
     dim = 0
