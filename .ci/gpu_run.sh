@@ -14,6 +14,8 @@
 #   opencl-cache  test_fusion, test_backend_trust, test_opencl with OpenCL as the default
 #   profile benches/gpu_launch_profile.py: where a tiny realization's host time goes (CUDA)
 #   sweep   benches/gpu_elementwise_sweep.py: the elementwise lowering's variants (ZYX_GPU_EW)
+#   rows    benches/gpu_rows_sweep.py: the group lowering's variants on softmax, log_softmax
+#           and layer_norm (ZYX_GPU_GROUP), PyTorch beside them
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
 # Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
 # pytest-xdist spreads the suites over the machine's cores when its wheel was carried:
@@ -71,6 +73,10 @@ EOF
         $PY benches/report.py benches/bench_gpu.py ${BENCH_K:+-k "$BENCH_K"} \
             >"$OUT/bench.md" 2>"$OUT/bench.err"
         cat "$OUT/bench.md"
+        ;;
+    rows)
+        $PY benches/gpu_rows_sweep.py >"$OUT/rows.txt" 2>&1
+        cat "$OUT/rows.txt"
         ;;
     opencl-cache)
         # the tests of the disk caches and of the C backend, with OpenCL as the default

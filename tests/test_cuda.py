@@ -129,6 +129,39 @@ def test_elementwise_variants_compile_to_cubins(variant, compiler, monkeypatch):
         assert "*(const float4*)(g" in src and "*(float4*)(g0" in src
 
 
+def _group_graphs():
+    def f(*s, d=np.float32):
+        return zyx.Tensor(np.random.default_rng(3).standard_normal(s).astype(d))
+    return {
+        "softmax": lambda: f(64, 4096).softmax(-1),                 # row cache + store loop
+        "layer_norm": lambda: zyx.nn.functional.layer_norm(f(32, 1000), (1000,)),
+        "log_softmax": lambda: f(16, 2048).log_softmax(-1),
+        "argmax": lambda: f(64, 4096).argmax(axis=1),                  # int64 accumulator
+        "sum_f64": lambda: f(256, 4096, d=np.float64).sum(1),
+        "big_sum": lambda: f(2 ** 22).sum(),                         # group + partials
+        "any": lambda: (f(64, 4096) > 3).any(1),                      # bool: local memory
+    }
+
+
+@pytest.mark.parametrize("variant", ["", "warp=0", "cache=0", "local=1024", "local=64",
+                                     "local=32,warp=1"])
+def test_group_variants_compile_to_cubins(variant, compiler, monkeypatch):
+    from zyx.backends import gpu
+    monkeypatch.setenv(gpu.GROUP_ENV, variant)
+    var = gpu.group_variant(variant)
+    for name, build in _group_graphs().items():
+        for k in kernels_of(build()):
+            g = lower(k, CUDADialect(), _H100, "zyx_k")
+            if not g.strategy.startswith("group"):
+                continue
+            assert compiler.binary(g.source)[:4] == b"\x7fELF", name
+            shuffled = "__shfl_xor_sync(0xffffffffu" in g.source
+            assert shuffled == (var["warp"] == 1 and name != "any"), name
+            if name == "softmax":      # cached when a work-item's share fits its registers
+                fits = 4096 // g.variant["local"] <= gpu.ROW_CACHE_ITEMS
+                assert (g.source.count("g1[") == 1) == (var["cache"] == 1 and fits)
+
+
 _LAUNCH_SHIM = r"""
 typedef struct { void *f; unsigned d[7]; void *stream, **params, **extra;
                  unsigned long long p0; } rec_t;

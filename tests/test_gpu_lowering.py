@@ -134,12 +134,17 @@ def test_softmax_log_softmax_logsumexp(lowered):
     assert "group" in [g.strategy for g in lowered]
 
 
-def test_row_kernels_run_as_one_group_per_row(lowered):
+@pytest.mark.parametrize("width,group", [(1000, ""), (1024, ""), (1024, "cache=0"),
+                                         (4096, "local=512")])
+def test_row_kernels_run_as_one_group_per_row(width, group, lowered, monkeypatch):
     # softmax, log_softmax and layer_norm are one kernel each: per row, each reduce nest
     # split over the group's work-items and combined in local memory (every work-item
-    # reads the result back), then the store loop split over the work-items
+    # reads the result back), then the store loop split over the work-items. Where the
+    # row splits evenly into a few elements per work-item (1024 over 128, 4096 over 512)
+    # the first loop keeps them in registers and the later loops read them there.
     import zyx.nn.functional as F
-    a = (rng().standard_normal((37, 1000)) * 4).astype(np.float32)
+    monkeypatch.setenv(gpu.GROUP_ENV, group)
+    a = (rng().standard_normal((37, width)) * 4).astype(np.float32)
     a[0] = -np.inf
     a[1] = 3.0
     t = torch_like_softmax(a)
@@ -149,14 +154,20 @@ def test_row_kernels_run_as_one_group_per_row(lowered):
     e = np.exp(b - m)
     close(zyx.Tensor(b).log_softmax(-1), b - m - np.log(e.sum(-1, keepdims=True)),
           rtol=1e-5, atol=1e-5)
-    w = rng().standard_normal(1000).astype(np.float32)
+    w = rng().standard_normal(width).astype(np.float32)
     c = a[2:]    # (an all-equal row's deviations are rounding, scaled up by 1/sqrt(eps))
     mu = c.astype(np.float64).mean(-1, keepdims=True)
     var = ((c - mu) ** 2).mean(-1, keepdims=True)
-    close(F.layer_norm(zyx.Tensor(c), (1000,), zyx.Tensor(w)),
+    close(F.layer_norm(zyx.Tensor(c), (width,), zyx.Tensor(w)),
           (c - mu) / np.sqrt(var + 1e-5) * w, rtol=1e-4, atol=1e-4)
     assert [g.strategy for g in lowered] == ["group"] * 3
     assert all(g.launches[0].groups == n for g, n in zip(lowered, (37, 36, 35)))
+    cached = width % 1000 != 0 and "cache=0" not in group
+    # (layer_norm's sums run in blocks of GPU_SUM_BLOCK = 256: with 512 work-items
+    # a block does not give each one a whole iteration, so nothing is counted there)
+    blocks_fit = gpu.GPU_SUM_BLOCK % lowered[2].variant["local"] == 0
+    assert [g.variant["cached_loads"] > 0 for g in lowered] == [cached, cached,
+                                                                cached and blocks_fit]
 
 
 def torch_like_softmax(a):
@@ -173,12 +184,22 @@ def test_row_kernel_store_loop_is_split_and_unguarded():
     (k,) = kernels_of(rows.softmax(-1))
     nests = gpu.reduce_nests(k.ops)
     assert [n.stores for n in nests] == [False] * (len(nests) - 1) + [True]
-    g = gpu.lower(k, dl, H100)
+    g = gpu.lower(k, dl, H100, schedule={"group": {"cache": 0}})
     assert g.strategy == "group" and len(g.launches) == 1
     assert g.launches[0].groups == 16384 and g.launches[0].local_size == 256
     store_loop = g.source[g.source.rindex("for (int zyx_f"):]
     assert "+= 256)" in store_loop.splitlines()[0]       # strided over the group
     assert "g0[" in store_loop and "zyx_lid == 0" not in store_loop
+    assert g.source.count("g1[") == 3 and g.variant["cached_loads"] == 0
+    # with the row cache (the default), x is read from memory once: the max loop keeps
+    # its 16 elements per work-item in registers for the sum and store loops
+    g = gpu.lower(k, dl, H100)
+    assert g.variant["cached_loads"] == 2 and g.source.count("g1[") == 1
+    assert "float zyx_c0[16];" in g.source and g.source.count("#pragma unroll") == 3
+    store_loop = g.source[g.source.rindex("for (int zyx_k"):]
+    assert "zyx_k" in store_loop and "< 16;" in store_loop.splitlines()[0]
+    assert "zyx_f" in store_loop and "zyx_lid + zyx_k" in store_loop
+    assert "g0[" in store_loop and "zyx_c0[" in store_loop and "zyx_lid == 0" not in store_loop
     # a store nest whose index does not move with its loop is not split
     ops = list(k.ops)
     st = max(i for i, op in enumerate(ops) if op[0] == K.STORE)

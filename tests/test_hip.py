@@ -2,7 +2,9 @@
 
 What can be checked without ROCm, and is:
 - HIPDialect's sources are CUDADialect's except for the prelude, byte for byte: the frame
-  and body NVRTC compiles in test_cuda.py are the ones hiprtc would get;
+  and body NVRTC compiles in test_cuda.py are the ones hiprtc would get; where a group
+  combines through warp shuffles, HIP's maskless `__shfl_xor` over its 64-lane
+  wavefronts is the only other difference;
 - the HIP prelude (clang's _Float16 and __builtin_bit_cast) compiled by the host's C++
   compiler, which has both, through a header that maps the few device-only names
   (`__device__`, `__forceinline__`, `__uint_as_float`...) to host C++: its f16/bf16
@@ -41,6 +43,21 @@ def test_hip_source_is_the_cuda_source_but_the_prelude(name):
             assert hip_src.startswith(HIP_PRELUDE)
             assert hip_src[len(HIP_PRELUDE):] == cuda_src[len(CUDA_PRELUDE):]
             assert 'extern "C" __global__ void zyx_k(' in hip_src
+
+
+def test_hip_warp_combines_use_maskless_shuffles_over_64_lanes():
+    from zyx.backends import DeviceInfo
+    mi300 = DeviceInfo(name="MI300X", max_local_threads=1024, warp_size=64, num_cores=304,
+                       register_tiles=False)
+    x = zyx.Tensor(np.random.default_rng(0).standard_normal((64, 4096)).astype(np.float32))
+    (k,) = kernels_of(x.softmax(-1))
+    hip_src = lower(k, HIPDialect(), mi300).source
+    cuda_src = lower(k, CUDADialect(), mi300).source
+    assert "__shfl_xor(acc" in hip_src and "__shfl_xor_sync" not in hip_src
+    assert "for (int zyx_o = 32; zyx_o > 0" in hip_src        # a 64-lane butterfly
+    assert "zyx_lid & 63" in hip_src and "zyx_lid & 3" in hip_src   # 256 = 4 wavefronts
+    assert hip_src[len(HIP_PRELUDE):] == cuda_src[len(CUDA_PRELUDE):].replace(
+        "__shfl_xor_sync(0xffffffffu, ", "__shfl_xor(")
 
 
 def test_hip_prelude_has_no_ptx_and_no_headers():

@@ -73,6 +73,14 @@ class CDialect:
         """C expression: pointer `ptr` is a multiple of `nbytes` (a power of two)."""
         return f"((((unsigned long long){ptr}) & {nbytes - 1}u) == 0)"
 
+    def warp_shuffle_xor(self, x, lane_mask, ctype):
+        """`x` of the work-item whose lane in the warp is this one's XOR `lane_mask`,
+        exchanged through registers, or None where the dialect (or the C type `ctype`)
+        has no such shuffle: then groups combine in local memory only. OpenCL's
+        sub-group shuffles are an extension NVIDIA's OpenCL lacks, so only CUDA and HIP
+        say one."""
+        return None
+
 
 # OpenCL C reserves `long long`: its 64-bit integers are `long` / `ulong`
 _OPENCL_TYPES = {"long long": "long", "unsigned long long": "ulong"}
@@ -146,6 +154,7 @@ class OpenCLDialect(CDialect):
         return "barrier(CLK_LOCAL_MEM_FENCE)"
 
 
+
 # Helpers the CUDA kernels call, for NVRTC. f16 and bf16 are stored as 16-bit integers and
 # computed in float registers, as in the C and OpenCL backends: the same numerics as the
 # CPU (which the test suite's tolerances assume) and what torch does for elementwise half
@@ -216,12 +225,30 @@ class CUDADialect(CDialect):
     def barrier(self, scope=None):
         return "__syncthreads()"
 
+    # accumulator C types a warp shuffle moves in registers (the others combine in local
+    # memory)
+    _SHUFFLED = frozenset({"float", "double", "int", "unsigned int", "long long",
+                           "unsigned long long"})
+
+    def warp_shuffle_xor(self, x, lane_mask, ctype):
+        """`x` of the work-item whose lane is this one's XOR `lane_mask`, through
+        registers (every lane of the warp takes part), or None where ctype cannot go."""
+        if ctype not in self._SHUFFLED:
+            return None
+        return f"__shfl_xor_sync(0xffffffffu, {x}, {lane_mask})"
+
 
 class HIPDialect(CUDADialect):
     """HIP C++ for hiprtc: CUDA's spelling (HIP keeps blockIdx, __shared__, __syncthreads,
     extern "C" __global__); only the f16 conversions differ (see HIP_PRELUDE)."""
     name = "hip"
     prelude = HIP_PRELUDE
+
+    def warp_shuffle_xor(self, x, lane_mask, ctype):
+        # HIP's shuffles take no mask: a whole wavefront (64 lanes on AMD) exchanges
+        if ctype not in self._SHUFFLED:
+            return None
+        return f"__shfl_xor({x}, {lane_mask})"
 
 
 def literal(dl, d, v):

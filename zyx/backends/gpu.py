@@ -27,7 +27,11 @@ Strategies (`GPUKernel.strategy`, chosen by `lower` from the kernel and the Devi
   accumulators with a tree in local memory; one work-item runs the epilogue and stores.
   A row kernel (kernelizer `build_rows`: softmax) ends with a store loop (`store_nest`):
   its work-items split it as well, every one reading the row's combined results, and
-  each stores the elements it computed.
+  each stores the elements it computed. Where every work-item gets a fixed few elements
+  of the row, the first loop keeps what it loads in registers and the later loops read
+  them there (`row_cache`): softmax reads its input once, not three times. The knobs
+  (local size, row cache, warp-shuffle combines on CUDA/HIP) come from ZYX_GPU_GROUP
+  (`group_variant`) or `lower`'s `schedule`.
 - "columns": outputs whose loads are contiguous along the output (a column sum) but too
   few to fill the device: one work-item per output as in "serial" (neighbouring
   work-items read neighbouring memory), each nest's outer loop also split over groups;
@@ -49,6 +53,8 @@ and the launch geometry shows every value fits, 64-bit otherwise (`index_ranges`
 from __future__ import annotations
 
 import os
+
+import numpy as np
 
 from .. import dtype as dt
 from .._core import kernel as K
@@ -101,7 +107,7 @@ class GPUKernel:
         self.scratch = list(scratch)
         self.strategy = strategy
         self.index_bits = index_bits
-        self.variant = None     # the elementwise strategy's shape (lower_elementwise)
+        self.variant = None     # the elementwise or group strategy's knobs, as chosen
 
 
 # -- facts about the IR ---------------------------------------------------------------------
@@ -598,25 +604,35 @@ EW_LIMITS = {"items": 16, "vec": 16, "local": 1024}
 EW_MAX_OPS = 4096
 
 
-def elementwise_variant(spec=None):
-    """{items, vec, local, waves} of the elementwise strategy: EW_DEFAULT updated by `spec`
-    (default: the ZYX_GPU_EW environment variable, read at every lowering so that one
-    machine can compare variants, e.g. "items=2,vec=4,local=512,waves=4")."""
-    spec = os.environ.get(EW_ENV, "") if spec is None else spec
-    out = dict(EW_DEFAULT)
+def _read_variant(env, defaults, limits, spec):
+    """`defaults` updated by `spec`, a "key=value,..." string (None: the environment
+    variable `env`, read at every lowering so that one machine can compare variants);
+    the keys in `limits` must be powers of two up to their limit (0 allowed where the
+    default is 0: "automatic")."""
+    spec = os.environ.get(env, "") if spec is None else spec
+    out = dict(defaults)
+    example = ",".join(f"{k}={v}" for k, v in defaults.items())
     for part in spec.replace(" ", "").split(","):
         if not part:
             continue
         key, sep, val = part.partition("=")
         if key not in out or not sep or not val.isdigit():
-            raise ValueError(f"{EW_ENV}={spec!r}: cannot read {part!r} (keys {', '.join(out)}, "
-                             f"e.g. \"items=4,vec=4,local=256,waves=0\")")
+            raise ValueError(f"{env}={spec!r}: cannot read {part!r} (keys {', '.join(out)}, "
+                             f"e.g. \"{example}\")")
         out[key] = int(val)
-    for key, top in EW_LIMITS.items():
+    for key, top in limits.items():
         v = out[key]
+        if v == 0 and defaults[key] == 0:
+            continue
         if v < 1 or v & (v - 1) or v > top:
-            raise ValueError(f"{EW_ENV}={spec!r}: {key} must be a power of two from 1 to {top}")
+            raise ValueError(f"{env}={spec!r}: {key} must be a power of two from 1 to {top}")
     return out
+
+
+def elementwise_variant(spec=None):
+    """{items, vec, local, waves} of the elementwise strategy: EW_DEFAULT updated by `spec`
+    (default: the ZYX_GPU_EW environment variable, e.g. "items=2,vec=4,local=512,waves=4")."""
+    return _read_variant(EW_ENV, EW_DEFAULT, EW_LIMITS, spec)
 
 
 def _affine(ops, ssa, memo):
@@ -709,7 +725,7 @@ def _indented(lines, ind):
     return [ind + x for x in lines]
 
 
-def lower_elementwise(kernel, dl, info, name):
+def lower_elementwise(kernel, dl, info, name, variant=None):
     """The "elementwise" strategy: each group takes a tile of `local * items * vec`
     consecutive outputs; a work-item's step k covers the `vec` elements from
     `(k * local + lid) * vec` of the tile, so each step's accesses are coalesced over the
@@ -721,7 +737,7 @@ def lower_elementwise(kernel, dl, info, name):
     per work-item and iteration, guarded."""
     ops = kernel.ops
     n = output_size(ops)
-    var = elementwise_variant()
+    var = variant if variant is not None else elementwise_variant()
     local = local_size_for(info, var["local"])
     nops = max(len(ops), 1)
     lanes = var["vec"]
@@ -841,6 +857,8 @@ def lower_elementwise(kernel, dl, info, name):
 def tree_combine(dl, regs, accs, local, ind="  "):
     """Statements combining each work-item's `acc{a}` over the group through the local
     arrays `zyx_l{a}` (a tree of halving steps), leaving the result in every `acc{a}`."""
+    if not accs:
+        return []
     lines = [f"{ind}zyx_l{a}[zyx_lid] = acc{a};" for a in accs]
     lines.append(f"{ind}{dl.barrier()};")
     lines.append(f"{ind}for (int zyx_h = {local // 2}; zyx_h > 0; zyx_h >>= 1) {{")
@@ -853,6 +871,55 @@ def tree_combine(dl, regs, accs, local, ind="  "):
     lines.append(f"{ind}}}")
     lines += [f"{ind}acc{a} = zyx_l{a}[0];" for a in accs]
     return lines
+
+
+def shuffles(dl, reg, warp, local):
+    """True when the group combines accumulator `reg` through warp shuffles: the
+    dialect has one for its type and the group is whole warps, at most a warp of them
+    (so one warp's lanes hold every warp's total in the second step)."""
+    return (warp > 1 and local % warp == 0 and local // warp <= warp
+            and dl.warp_shuffle_xor("x", 1, dl.ctype(reg[0])) is not None)
+
+
+def _butterfly(dl, reg, a, width, ind):
+    """acc{a} combined over aligned runs of `width` lanes (XOR steps, registers only):
+    afterwards every lane of a run holds the run's total. The shuffled value is named
+    first: a reduce op's expression may read its operand twice, on one branch only, and
+    a shuffle must be reached by every lane."""
+    sh = dl.warp_shuffle_xor(f"acc{a}", "zyx_o", dl.ctype(reg[0]))
+    return [f"{ind}for (int zyx_o = {width // 2}; zyx_o > 0; zyx_o >>= 1) {{",
+            f"{ind}  const {dl.ctype(reg[0])} zyx_y = {sh};",
+            f"{ind}  acc{a} = {combine_expr(dl, reg, f'acc{a}', 'zyx_y')};",
+            f"{ind}}}"]
+
+
+def group_combine(dl, regs, accs, local, warp, ind="  "):
+    """Statements combining each work-item's `acc{a}` over the group, leaving the result
+    in every `acc{a}`: through warp shuffles where `shuffles` allows (within each warp,
+    then the warps' totals through a local array of one word per warp and one barrier),
+    else `tree_combine`."""
+    fast = [a for a in accs if shuffles(dl, regs[a], warp, local)]
+    lines = tree_combine(dl, regs, [a for a in accs if a not in fast], local, ind)
+    if not fast:
+        return lines
+    n_warps = local // warp
+    for a in fast:
+        lines += _butterfly(dl, regs[a], a, warp, ind)
+    if n_warps == 1:
+        return lines
+    lines.append(f"{ind}if ((zyx_lid & {warp - 1}) == 0) {{")
+    lines += [f"{ind}  zyx_l{a}[zyx_lid / {warp}] = acc{a};" for a in fast]
+    lines.append(f"{ind}}}")
+    lines.append(f"{ind}{dl.barrier()};")
+    for a in fast:
+        lines.append(f"{ind}acc{a} = zyx_l{a}[zyx_lid & {n_warps - 1}];")
+        lines += _butterfly(dl, regs[a], a, n_warps, ind)
+    return lines
+
+
+def combine_slots(dl, reg, local, warp):
+    """Words of the local array `group_combine` needs for accumulator `reg`."""
+    return local // warp if shuffles(dl, reg, warp, local) else local
 
 
 def combine_expr(dl, reg, x, y):
@@ -873,9 +940,10 @@ class GroupFrame(Frame):
     over `splits` groups per output), a tree combine after each nest; with splits > 1 the
     pass ends after the last nest by writing the group's partials to scratch."""
 
-    def __init__(self, dl, ops, nests, regs, local, splits, narrow):
+    def __init__(self, dl, ops, nests, regs, local, splits, narrow, warp=1, cache=None):
         self.dl, self.ops, self.nests, self.regs = dl, ops, nests, regs
-        self.local, self.splits, self.narrow = local, splits, narrow
+        self.local, self.splits, self.narrow, self.warp = local, splits, narrow, warp
+        self.cache = cache if cache is not None else RowCache()
         self.itype = INDEX32 if narrow else dl.int64
         self.by_root = {n.root: n for n in nests}
         self.by_end = {n.end: n for n in nests}
@@ -892,6 +960,10 @@ class GroupFrame(Frame):
 
     def open_loop(self, i, op, ind):
         t = self.itype
+        if i in self.cache.unrolled:       # a counted nest's leading loop (a block loop)
+            t = INDEX32 if i in self.narrow else self.dl.int64
+            return [f"{ind}#pragma unroll",
+                    f"{ind}for ({t} r{i} = 0; r{i} < {op[2]}; r{i}++) {{"]
         nest = self.by_root.get(i)
         if nest is not None and self.splits > 1 and nest.run[0] != i:
             return [f"{ind}for ({t} r{i} = zyx_part; r{i} < {op[2]}; r{i} += {self.splits}) {{"]
@@ -902,7 +974,15 @@ class GroupFrame(Frame):
                 start = f"zyx_part * {self.local} + zyx_lid"
                 step = str(self.local * self.splits)
             f = f"zyx_f{i}"
-            lines = [f"{ind}for ({t} {f} = {start}; {f} < {nest.flat}; {f} += {step}) {{"]
+            if i in self.cache.counted:
+                # a fixed count per work-item, unrolled, so the cached row lives in
+                # registers (zyx_k{i} indexes them with constants)
+                lines = [f"{ind}#pragma unroll",
+                         f"{ind}for (int zyx_k{i} = 0; zyx_k{i} < {nest.flat // self.local}; "
+                         f"zyx_k{i}++) {{",
+                         f"{ind}  const {t} {f} = zyx_lid + zyx_k{i} * {self.local};"]
+            else:
+                lines = [f"{ind}for ({t} {f} = {start}; {f} < {nest.flat}; {f} += {step}) {{"]
             inner = nest.flat
             for k, loop in enumerate(nest.run):
                 n = self.ops[loop][2]
@@ -922,11 +1002,22 @@ class GroupFrame(Frame):
             return []
         return None
 
+    def access(self, i, buf, index):
+        use = self.cache.uses.get(i)
+        if use is None:
+            return f"{buf}[{index}]"
+        slot, position = use
+        return f"zyx_c{slot}[{position}]"
+
     def after(self, i, ind):
+        source = self.cache.sources.get(i)
+        if source is not None:
+            slot, position = source
+            return [f"{ind}zyx_c{slot}[{position}] = v{i};"]
         nest = self.by_end.get(i)
         if nest is None or nest.stores:
             return ()
-        lines = tree_combine(self.dl, self.regs, nest.results, self.local, ind)
+        lines = group_combine(self.dl, self.regs, nest.results, self.local, self.warp, ind)
         if self.splits > 1 and i == self.last_end:
             lines.append(f"{ind}if (zyx_lid == 0) {{")
             for j, a in enumerate(all_results(self.nests)):
@@ -961,9 +1052,9 @@ class CombineFrame(_SecondPassFrame):
     """Pass 2 of "group+partials": the nests are left out; where each ended, its results
     are combined from the scratch partials of the output's groups."""
 
-    def __init__(self, dl, nests, regs, local, splits, narrow):
+    def __init__(self, dl, nests, regs, local, splits, narrow, warp=1):
         super().__init__(dl, nests, regs)
-        self.local, self.splits, self.narrow = local, splits, narrow
+        self.local, self.splits, self.narrow, self.warp = local, splits, narrow, warp
 
     def after(self, i, ind):
         nest = self.by_end.get(i)
@@ -976,7 +1067,8 @@ class CombineFrame(_SecondPassFrame):
             lines.append(f"{ind}for ({t} zyx_p = zyx_lid; zyx_p < {self.splits}; "
                          f"zyx_p += {self.local}) acc{a} = "
                          f"{combine_expr(self.dl, self.regs[a], f'acc{a}', x)};")
-        return lines + tree_combine(self.dl, self.regs, nest.results, self.local, ind)
+        return lines + group_combine(self.dl, self.regs, nest.results, self.local, self.warp,
+                                     ind)
 
     def store(self, i, line):
         return f"{line[:len(line) - len(line.lstrip())]}if (zyx_lid == 0) {line.lstrip()}"
@@ -987,54 +1079,242 @@ def all_results(nests):
     return [a for n in nests for a in n.results]
 
 
-def _group_head(dl, ops, regs, accs, local, itype, out_expr):
-    """Local arrays of the tree combine, work-item/group ids, the output index and the
-    INDEX variables decoded from it."""
-    head = [f"  {dl.local_qualifier}{_local_type(dl, regs[a][0])} zyx_l{a}[{local}];"
-            for a in accs]
+def _group_head(dl, ops, regs, accs, local, itype, out_expr, warp=1, cache=None):
+    """Local arrays of the group combine, the row cache's registers, work-item/group ids,
+    the output index and the INDEX variables decoded from it."""
+    head = [f"  {dl.local_qualifier}{_local_type(dl, regs[a][0])} "
+            f"zyx_l{a}[{combine_slots(dl, regs[a], local, warp)}];" for a in accs]
+    if cache is not None:
+        head += [f"  {dl.ctype(d)} zyx_c{slot}[{n}];" for slot, (d, n) in enumerate(cache.slots)]
     head += [f"  const {itype} zyx_lid = ({itype}){dl.local_id(0)};",
              f"  const {itype} zyx_grp = ({itype}){dl.group_id(0)};",
              f"  const {itype} zyx_out = {out_expr};"]
     return head + _decode_indices(ops, itype, "zyx_out")
 
 
-def lower_group(kernel, dl, info, name, nests):
-    """The "group" / "group+partials" strategies (module docstring)."""
+GROUP_ENV = "ZYX_GPU_GROUP"
+# local: work-items per group (0: chosen from the reduce length, at most REDUCE_GROUP);
+# cache: keep a row's elements in registers for the row's later loops (RowCache);
+# warp: combine partials through warp shuffles where the dialect has them.
+GROUP_DEFAULT = {"local": 0, "cache": 1, "warp": 1}
+GROUP_LIMITS = {"local": 1024}
+ROW_CACHE_ITEMS = 32    # most elements one work-item keeps in registers for a later loop
+
+
+def group_variant(spec=None):
+    """{local, cache, warp} of the group strategy: GROUP_DEFAULT updated by `spec`
+    (default: the ZYX_GPU_GROUP environment variable, e.g. "local=512,cache=0")."""
+    out = _read_variant(GROUP_ENV, GROUP_DEFAULT, GROUP_LIMITS, spec)
+    for key in ("cache", "warp"):
+        if out[key] not in (0, 1):
+            raise ValueError(f"{GROUP_ENV}={spec!r}: {key} is 0 or 1")
+    return out
+
+
+class RowCache:
+    """Global loads a row kernel repeats in a later loop over the same row (softmax reads
+    x for its max, its sum and its output): the first loop keeps what it loads in
+    registers, the later ones read them there instead of memory.
+
+    A nest whose loops give every work-item the same fixed number of iterations (its
+    leading loops, e.g. a blocked sum's block loop, times its run's share) is "counted":
+    its run becomes `zyx_k{run}` = 0.. of the share, everything unrolled, and iteration p
+    of a work-item is `position`, a constant once unrolled. Loads are matched by what
+    they read: the same buffer element at every (work-item, p) of both nests.
+
+    `sources`: LOAD op -> (slot, position) for the loads whose values are kept; `uses`:
+    LOAD op -> (slot, position) for the loads answered from the cache; `counted`: the
+    counted nests' run loops; `unrolled`: their leading loops; `slots`: (dtype,
+    elements per work-item) of each register array `zyx_c{slot}`."""
+
+    def __init__(self):
+        self.sources, self.uses, self.counted, self.unrolled, self.slots = {}, {}, set(), set(), []
+
+
+def _eval_index(ops, ssa, env):
+    """Index math `ssa` evaluated over numpy arrays (`env`: the loop and INDEX variables'
+    values), C semantics; None where it is not index math over those variables."""
+    if ssa in env:
+        return env[ssa]
+    op = ops[ssa]
+    if op[0] == K.CONST and not op[1].is_float:
+        return op[2]
+    if op[0] != K.BINARY or op[2] not in _RANGE_OPS:
+        return None
+    a, b = _eval_index(ops, op[3], env), _eval_index(ops, op[4], env)
+    if a is None or b is None:
+        return None
+    bop = op[2]
+    if bop == K.B_ADD:
+        out = a + b
+    elif bop == K.B_SUB:
+        out = a - b
+    elif bop == K.B_MUL:
+        out = a * b
+    elif bop == K.B_MAX:
+        out = np.maximum(a, b)
+    elif bop == K.B_MIN:
+        out = np.minimum(a, b)
+    else:
+        if np.any(np.asarray(b) == 0):
+            return None
+        q = np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))     # C truncates
+        out = q if bop == K.B_DIV else a - b * q
+    env[ssa] = out
+    return out
+
+
+def _leading_loops(ops, nest, ends):
+    """The loops from the nest's root down to its run (exclusive), each the only loop
+    directly inside the one before; None when the run is not reached that way."""
+    chain, loop = [], nest.root
+    while loop != nest.run[0]:
+        kids = child_loops(ops, loop, ends)
+        if len(kids) != 1:
+            return None
+        chain.append(loop)
+        loop = kids[0]
+    return chain
+
+
+def _counted_positions(ops, nest, lead, local):
+    """(work-items' loop values, iterations per work-item, position expression) of a
+    nest whose run splits evenly over `local` work-items: arrays shaped (local, P) of
+    every leading and run loop's value at (work-item, iteration p)."""
+    share = nest.flat // local
+    per = share
+    for loop in lead:
+        per *= ops[loop][2]
+    lid = np.arange(local, dtype=np.int64)[:, None]
+    p = np.arange(per, dtype=np.int64)[None, :]
+    env, q = {}, p // share
+    for loop in reversed(lead):
+        n = ops[loop][2]
+        env[loop] = np.broadcast_to(q % n, (local, per))
+        q = q // n
+    flat = lid + (p % share) * local
+    for loop in reversed(nest.run):
+        n = ops[loop][2]
+        env[loop] = np.broadcast_to(flat % n, (local, per))
+        flat = flat // n
+    expr = f"zyx_k{nest.run[0]}"
+    radix = share
+    for loop in reversed(lead):
+        expr = f"r{loop} * {radix} + {expr}" if radix > 1 else f"r{loop} + {expr}"
+        radix *= ops[loop][2]
+    return env, per, expr
+
+
+def _in_run_body(ops, nest, j):
+    """True when op j runs once per iteration of the nest's run (not under an inner
+    loop or an IF)."""
+    depth = 0
+    for op in ops[nest.run[-1] + 1:j]:
+        if op[0] in (K.LOOP, K.IF_OP):
+            depth += 1
+        elif op[0] in (K.ENDLOOP, K.END_IF):
+            depth -= 1
+    return depth == 0
+
+
+def row_cache(dl, ops, nests, local):
+    """The `RowCache` of a one-group-per-output kernel: loads of a read-only buffer that
+    a later nest repeats at the same element at every (work-item, iteration), where
+    both nests give every work-item the same fixed count of at most ROW_CACHE_ITEMS
+    iterations. Elements are compared by evaluating the addresses for every work-item
+    and iteration at a few values of the output indices."""
+    cache = RowCache()
+    ends = loop_ends(ops)
+    read_only = {i for i, op in enumerate(ops)
+                 if op[0] == K.DEFINE and op[2] == K.SCOPE_GLOBAL and op[4]}
+    samples = []
+    index_vars = [i for i, op in enumerate(ops) if op[0] == K.INDEX]
+    for pick in (lambda n: 0, lambda n: n - 1, lambda n: n // 2):
+        samples.append({i: pick(ops[i][3]) for i in index_vars})
+    seen = {}          # (buffer, addresses) -> (LOAD op, nest, position) of the first load
+    shape = {}
+    for n in nests:
+        lead = _leading_loops(ops, n, ends)
+        if lead is None or n.flat % local:
+            continue
+        loops, per, position = _counted_positions(ops, n, lead, local)
+        if per > ROW_CACHE_ITEMS:
+            continue
+        for j in range(n.run[-1] + 1, n.end):
+            op = ops[j]
+            if op[0] != K.LOAD or op[2] not in read_only \
+                    or dl.load_convert(op[1], "x") != "x":
+                continue
+            addresses = []
+            for sample in samples:
+                a = _eval_index(ops, op[3], {**loops, **sample})
+                if a is None:
+                    break
+                addresses.append(np.broadcast_to(a, (local, per)).tobytes())
+            else:
+                key = (op[2], op[1], per, tuple(addresses))
+                first = seen.get(key)
+                if first is None:
+                    if op[4] < 0 and _in_run_body(ops, n, j):
+                        seen[key] = (j, n, position, lead)
+                elif first[1] is not n:
+                    source, first_nest, first_position, first_lead = first
+                    if source not in cache.sources:
+                        cache.sources[source] = (len(cache.slots), first_position)
+                        cache.slots.append((ops[source][1], per))
+                        cache.counted.add(first_nest.run[0])
+                        cache.unrolled.update(first_lead)
+                    cache.uses[j] = (cache.sources[source][0], position)
+                    cache.counted.add(n.run[0])
+                    cache.unrolled.update(lead)
+    return cache
+
+
+def lower_group(kernel, dl, info, name, nests, variant=None):
+    """The "group" / "group+partials" strategies (module docstring); `variant` as
+    `group_variant` returns (default: read from the environment)."""
+    var = variant if variant is not None else group_variant()
     ops = kernel.ops
     regs = register_defines(ops)
     n_out = output_size(ops)
-    local = local_size_for(info, min(REDUCE_GROUP, max(n.flat for n in nests)
-                                     // ITEMS_PER_THREAD))
+    want = var["local"] or min(REDUCE_GROUP, max(n.flat for n in nests) // ITEMS_PER_THREAD)
+    local = local_size_for(info, want)
+    warp = info.warp_size if var["warp"] else 1
     splits = choose_splits(ops, nests, info, local)
     groups = n_out * splits
     results = all_results(nests)
     narrow = narrow_index(ops, [groups * local, groups, max(n.flat for n in nests) + local * splits])
     itype = INDEX32 if narrow else dl.int64
     args = [("arg", i) for i in range(len(kernel.args))]
-    frame = GroupFrame(dl, ops, nests, regs, local, splits, narrow)
+    cache = row_cache(dl, ops, nests, local) if var["cache"] and splits == 1 else None
+    frame = GroupFrame(dl, ops, nests, regs, local, splits, narrow, warp, cache)
     r, _ = render_body(kernel, dl, frame=frame)
     params = _params(kernel, dl, r)
     if splits == 1:
-        head = _group_head(dl, ops, regs, results, local, itype, "zyx_grp")
+        head = _group_head(dl, ops, regs, results, local, itype, "zyx_grp", warp, cache)
         src = _entry(dl, name, params, head, r.lines)
-        return GPUKernel(dl.prelude + src, [Launch(name, groups, local, args)], (),
-                         "group", 32 if narrow else 64)
+        g = GPUKernel(dl.prelude + src, [Launch(name, groups, local, args)], (),
+                      "group", 32 if narrow else 64)
+        g.variant = dict(var, local=local, cached_loads=len(cache.uses) if cache else 0)
+        return g
     scratch_params = [f"{dl.global_qualifier}{_local_type(dl, regs[a][0])}* {dl.restrict} "
                       f"zyx_s{j}" for j, a in enumerate(results)]
-    head = _group_head(dl, ops, regs, results, local, itype, f"zyx_grp / {splits}")
+    head = _group_head(dl, ops, regs, results, local, itype, f"zyx_grp / {splits}", warp)
     head.append(f"  const {itype} zyx_part = zyx_grp % {splits};")
     p1 = _entry(dl, name, params + scratch_params, head, r.lines)
     local2 = local_size_for(info, min(splits, REDUCE_GROUP))
-    frame2 = CombineFrame(dl, nests, regs, local2, splits, narrow)
+    frame2 = CombineFrame(dl, nests, regs, local2, splits, narrow, warp)
     r2, _ = render_body(kernel, dl, frame=frame2)
-    head2 = _group_head(dl, ops, regs, results, local2, itype, "zyx_grp")
+    head2 = _group_head(dl, ops, regs, results, local2, itype, "zyx_grp", warp)
     p2 = _entry(dl, name + "_combine", params + scratch_params, head2, r2.lines)
     scratch = [groups * regs[a][0].itemsize for a in results]
     sargs = args + [("scratch", j) for j in range(len(results))]
     launches = [Launch(name, groups, local, sargs),
                 Launch(name + "_combine", n_out, local2, sargs)]
-    return GPUKernel(dl.prelude + p1 + p2, launches, scratch, "group+partials",
-                     32 if narrow else 64)
+    g = GPUKernel(dl.prelude + p1 + p2, launches, scratch, "group+partials",
+                  32 if narrow else 64)
+    g.variant = dict(var, local=local, cached_loads=0)
+    return g
 
 
 def column_splits(ops, nests, info, local):
@@ -1137,13 +1417,18 @@ def lower_columns(kernel, dl, info, name, nests):
                      32 if narrow else 64)
 
 
-def lower(kernel, dl, info=None, name="zyx_k"):
+def lower(kernel, dl, info=None, name="zyx_k", schedule=None):
     """`GPUKernel` of `kernel` in dialect `dl` for a device described by `info`
-    (DeviceInfo; None for defaults). The strategy is chosen as the module docstring says."""
+    (DeviceInfo; None for defaults). The strategy is chosen as the module docstring says;
+    `schedule` may fix its knobs: {"elementwise": {...}, "group": {...}} with the keys of
+    `elementwise_variant` / `group_variant` (missing: the environment's or the defaults)."""
     info = info if info is not None else DeviceInfo()
+    schedule = schedule or {}
     ops = kernel.ops
     if not any(op[0] == K.LOOP for op in ops):
-        return lower_elementwise(kernel, dl, info, name)
+        ew = schedule.get("elementwise")
+        return lower_elementwise(kernel, dl, info, name,
+                                 None if ew is None else dict(elementwise_variant(), **ew))
     nests = reduce_nests(ops)
     strategy = choose_strategy(ops, nests, info)
     if strategy == "columns":
@@ -1153,4 +1438,6 @@ def lower(kernel, dl, info=None, name="zyx_k"):
         strategy = "serial"
     if strategy == "serial":
         return lower_one_per_output(kernel, dl, info, name, "serial")
-    return lower_group(kernel, dl, info, name, nests)
+    grp = schedule.get("group")
+    return lower_group(kernel, dl, info, name, nests,
+                       None if grp is None else dict(group_variant(), **grp))
