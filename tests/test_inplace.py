@@ -647,3 +647,40 @@ def test_writing_into_an_arange_leaves_later_aranges_alone():
     z[0, 0] = 5.0
     assert np.array_equal(zyx.arange(6.0).numpy(), np.arange(6.0, dtype=np.float32))
     assert y.numpy()[1] == 7.0 and z.numpy()[0, 0] == 5.0
+
+
+def test_resize_keeps_row_major_values_like_torch():
+    a = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    zx, tx = both(a)
+    assert zx.resize_(4, 3) is zx
+    tx.resize_(4, 3)
+    check(zx, tx)                            # same count: a reshape
+    zx.resize_((2, 5))
+    tx.resize_((2, 5))
+    check(zx, tx)                            # fewer: the first 10, row-major
+    zy, ty = both(a)
+    zy.resize_(2, 7)
+    ty.resize_(2, 7)
+    assert zy.shape == tuple(ty.shape) == (2, 7)
+    # more: the old values first; torch leaves the rest uninitialized, zyx zeros
+    np.testing.assert_array_equal(zy.numpy().reshape(-1)[:12], ty.numpy().reshape(-1)[:12])
+    np.testing.assert_array_equal(zy.numpy().reshape(-1)[12:], 0)
+    zz = zyx.zeros(5)
+    zz.resize_as_(zyx.ones(2, 2))
+    assert zz.shape == (2, 2)
+
+
+def test_resize_refuses_what_torch_refuses():
+    w = zyx.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="require grad"):
+        w.resize_(4)
+    with zyx.no_grad():
+        w.resize_(2)                         # allowed outside grad mode, as in torch
+    assert w.shape == (2,)
+    base = zyx.arange(6)
+    view = base[1:]
+    for t in (base, view):
+        with pytest.raises(RuntimeError, match="view"):
+            t.resize_(2)
+    with pytest.raises(RuntimeError, match="non-negative"):
+        zyx.zeros(2).resize_(-1)

@@ -27,6 +27,7 @@ def test_dummy_backend_counts_kernels_and_bytes():
     stats = {"kernels_launched": 0}
     scheduler.execute(plan, g, order, pools[0], None, stats)
     assert dev.launched == 1 and stats["kernels_launched"] == 1
+    assert dev.compiled == 1 and len(dev.kernels) == 1     # a count, as zyx.stats() sums
     assert pools[0].used_bytes == 16 + 4   # input + realized output
     g.release(c)
     g.release(b)

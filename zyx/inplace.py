@@ -1006,6 +1006,44 @@ def _t_(self):
     return self if self.ndim < 2 else _transpose_(self, 0, 1)
 
 
+def _resize_(self, *sizes, memory_format=None):
+    """torch.Tensor.resize_: t takes the shape `sizes`, keeping its values in row-major
+    order: truncated when the new shape holds fewer, followed by zeros when it holds
+    more (torch leaves those uninitialized; zyx gives zeros). As in torch, a tensor that
+    requires grad cannot be resized while grad mode is on; neither can a view or a
+    tensor with live views (their elements would no longer line up)."""
+    shape = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) \
+        else tuple(sizes)
+    if not all(isinstance(d, (builtins.int, np.integer)) and not isinstance(d, builtins.bool)
+               and d >= 0 for d in shape):
+        raise RuntimeError(f"resize_: sizes must be non-negative integers, got {sizes!r}")
+    shape = tuple(builtins.int(d) for d in shape)
+    if self.requires_grad and _TB.is_recording():
+        raise RuntimeError("cannot resize variables that require grad")
+    if self._view is not None or any(r() is not None for r in self._views or ()):
+        raise RuntimeError("resize_: cannot resize a view or a tensor with views; resize "
+                           "a clone() instead")
+    if shape == self.shape:
+        return self
+    n = 1
+    for d in shape:
+        n *= d
+    flat = _orig["reshape"](self, (self.numel(),))
+    have = flat.shape[0]
+    if n < have:
+        flat = _orig["__getitem__"](flat, slice(0, n))
+    elif n > have:
+        from .tensor import cat, zeros
+        flat = cat([flat, zeros(n - have, dtype=self.dtype, device=self.device)])
+    _set_node(self, _orig["reshape"](flat, shape))
+    return self
+
+
+def _resize_as_(self, other, memory_format=None):
+    """torch.Tensor.resize_as_: resize_ to other's shape."""
+    return _resize_(self, tuple(other.shape))
+
+
 # ---------------------------------------------------------------------------------------
 # attach
 
@@ -1025,6 +1063,7 @@ def _attach():
                      ("unsqueeze_", _unsqueeze_), ("squeeze_", _squeeze_),
                      ("transpose_", _transpose_), ("swapdims_", _transpose_),
                      ("swapaxes_", _transpose_), ("t_", _t_),
+                     ("resize_", _resize_), ("resize_as_", _resize_as_),
                      ("masked_fill_", _masked_fill_), ("index_put_", _index_put_),
                      ("uniform_", _uniform_), ("normal_", _normal_),
                      ("fill_diagonal_", _fill_diagonal_), ("lerp_", _lerp_),

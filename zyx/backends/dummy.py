@@ -47,7 +47,8 @@ class DummyDevice:
     def __init__(self, pool, debug=0):
         self.pool = pool
         self.debug = debug
-        self.compiled = []
+        self.kernels = []        # every kernel "compiled", in order
+        self.compiled = 0        # how many (zyx.stats' compiler_runs, as other devices)
         self.launched = 0
         self._programs = {}
 
@@ -58,7 +59,8 @@ class DummyDevice:
         prog = self._programs.get(kernel)
         if prog is None:
             prog = self._programs[kernel] = DummyProgram(kernel)
-            self.compiled.append(kernel)
+            self.kernels.append(kernel)
+            self.compiled += 1
         return prog
 
     def launch(self, program, pool, args, wait_events=()):
