@@ -178,3 +178,44 @@ def test_graph_cache_tells_signed_zero_constants_apart():
     a = (x + (-0.0)).numpy()
     b = (x + 0.0).numpy()
     assert np.signbit(a[0]) and not np.signbit(b[0])
+
+
+def _plan_kernels(*ts):
+    """The kernels a realization of `ts` would run (kernelize, no compile)."""
+    from zyx._core.kernelizer import kernelize
+    g = zyx._RT.graph
+    ids = [t._id for t in ts]
+    order, _ = g.collect(ids)
+    steps, _ = kernelize(g, order, ids, 64)
+    return [s.kernel for s in steps if s.kernel is not None]
+
+
+def _divides_an_index(kernel):
+    from zyx._core import kernel as K
+    return any(op[0] == K.BINARY and op[1] is K.IDX and op[2] in (K.B_DIV, K.B_MOD)
+               for op in kernel.ops)
+
+
+def test_axes_merged_from_parts_apart_in_memory_index_with_strides():
+    """Attention heads merged back into features, (N, H, L, d) -> (N, L, H*d), then a
+    linear layer: its reduce (forward) and its weight gradient's output axis run over
+    the merged axis. The kernelizer cuts that axis into its parts (H, d), so no index is
+    a division or a remainder and the matmuls get register tiles; values as numpy's."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((2, 4, 8, 16)).astype(np.float32)
+    wn = rng.standard_normal((24, 64)).astype(np.float32)
+    w = zyx.tensor(wn, requires_grad=True)
+    x = zyx.tensor(a).permute(0, 2, 1, 3).reshape(2, 8, 64)
+    y = zyx.nn.functional.linear(x, w)
+    xn = a.transpose(0, 2, 1, 3).reshape(2, 8, 64)
+    (k,) = _plan_kernels(y)
+    assert not _divides_an_index(k)
+    assert_close(y, xn @ wn.T, rtol=1e-4, atol=1e-4)
+    (y * y).sum().backward()
+    gw = w.grad
+    kernels = _plan_kernels(gw)
+    assert len(kernels) == 2 and not any(_divides_an_index(k) for k in kernels)
+    # (one kernel for 2 * y, one for the weight gradient: a single reduce over both
+    # leading axes, no (batch, out, in) intermediate)
+    ref = 2 * np.einsum("blo,bli->oi", xn @ wn.T, xn)
+    assert_close(gw, ref, rtol=1e-4, atol=1e-3)

@@ -508,6 +508,8 @@ class _Builder:
         self.param_ssa = {}
         self.hoisted = set()
         self.rows = None      # (reduced axes, row expands) of a row kernel (_RowKernels)
+        self.reduce_splits = None   # (reduce position, axis) -> loop sizes (plan_reduce_loops)
+        self.out_splits = None      # output axis -> index sizes (build)
 
     def emit(self, op):
         self.ops.append(op)
@@ -696,36 +698,56 @@ class _Builder:
             return self.emit((K_WHERE, node.dtype, cond, v, self.const(node.dtype, fill)))
         raise AssertionError(f"kernelizer cannot render op {op}")
 
-    def plan_reduce_loops(self, tuple dims, tuple axes, tuple sshape, long long limit):
-        """Loop variables of a reduce, cut into blocks of at most `limit` iterations (see
+    def plan_reduce_loops(self, tuple dims, tuple axes, tuple sshape, long long limit,
+                          Py_ssize_t p=-1):
+        """Loop variables of reduce `p`, cut into blocks of at most `limit` iterations (see
         SUM_BLOCK; `limit` 0: one block). Returns the reduce input's index with the reduced
         axes replaced by loop variables, the outer (block) and inner variables to open, the
         range check of a split loop whose last block is partial (else ()), and per reduced
-        axis its innermost variable (None for size 1) for choose_upcast."""
+        axis its innermost variable (None for size 1) for choose_upcast.
+
+        A reduced axis listed in `reduce_splits[(p, axis)]` (sizes, outermost first) gets
+        one loop per size: an axis merged from axes that are not neighbours in memory (the
+        heads of an attention output read as one feature axis) then indexes memory with
+        plain strides instead of a division and a remainder (`_merged_reduce_splits`)."""
         new = list(dims)
         reduced = [ax for ax in axes if sshape[ax] != 1]
         for ax in axes:
             if sshape[ax] == 1:
                 new[ax] = sym.constant(0)
-        split = block_split([sshape[ax] for ax in reduced], limit)
+        virtual = []        # (axis, stride within the axis, loop length)
+        for ax in reduced:
+            sizes = self.reduce_splits.get((p, ax)) if self.reduce_splits else None
+            if sizes:
+                stride = sshape[ax]
+                for size in sizes:
+                    stride //= size
+                    virtual.append((ax, stride, size))
+            else:
+                virtual.append((ax, 1, sshape[ax]))
+        split = block_split([size for _, _, size in virtual], limit)
         outer, inner, extra, innermost = [], [], (), {}
-        for k, ax in enumerate(reduced):
-            n = sshape[ax]
+        parts = {}
+        for k, (ax, stride, n) in enumerate(virtual):
             if split is not None and k == split[0] and split[1] > 1:
                 b = split[1]
                 vo = self.new_var(-(-n // b))
                 vi = self.new_var(b)
                 outer.append(vo)
                 inner.append(vi)
-                new[ax] = sym.add(sym.mul(sym.var(vo), b), sym.var(vi))
+                term = sym.add(sym.mul(sym.var(vo), b), sym.var(vi))
                 if not split[2]:
-                    extra = ((new[ax], 0, n - 1),)
+                    extra = ((term, 0, n - 1),)
                 innermost[ax] = vi
-                continue
-            v = self.new_var(n)
-            (outer if split is not None and k <= split[0] else inner).append(v)
-            new[ax] = sym.var(v)
-            innermost[ax] = v
+            else:
+                v = self.new_var(n)
+                (outer if split is not None and k <= split[0] else inner).append(v)
+                term = sym.var(v)
+                innermost[ax] = v
+            part = sym.mul(term, stride)
+            parts[ax] = part if ax not in parts else sym.add(parts[ax], part)
+        for ax, e in parts.items():
+            new[ax] = e
         return new, outer, inner, extra, [innermost.get(ax) for ax in axes]
 
     def open_loops(self, list variables):
@@ -779,7 +801,7 @@ class _Builder:
         sshape = self.nodes[src].shape
         acc_dt = accumulator_dtype(node.dtype)
         new, outer, inner, extra, logged = self.plan_reduce_loops(
-            dims, axes, sshape, block_limit(rop, acc_dt, self.sum_block))
+            dims, axes, sshape, block_limit(rop, acc_dt, self.sum_block), p)
         self.reduce_log.append((p, logged))
         total = self.define_acc(_dt.float64, R_SUM, 1) if outer else None
         outer_loops = self.open_loops(outer)
@@ -814,18 +836,29 @@ class _Builder:
         for axis, n in enumerate(node.shape):
             if n == 1:
                 dims.append(sym.constant(0))
-            elif axis in sizes:
-                J = sizes[axis]
-                vb = self.new_var(n // J)
-                self.var_ssa[vb.id] = self.emit((INDEX, IDX, axis, n // J))
-                lane = self.new_var(J)
-                lanes.append((lane, J))
-                dims.append(sym.add(sym.mul(sym.var(vb), J), sym.var(lane)))
-            else:
-                v = self.new_var(n)
-                self.var_ssa[v.id] = self.emit((INDEX, IDX, axis, n))
-                self.out_vars[axis] = v
-                dims.append(sym.var(v))
+                continue
+            # an axis merged from parts not neighbouring in memory is indexed part by part
+            # (one INDEX each, outermost first: backends read INDEX ops row-major), lanes
+            # of a register tile along its innermost part
+            parts = (self.out_splits.get(axis) if self.out_splits else None) or [n]
+            J = sizes.get(axis, 0)
+            e = sym.constant(0)
+            stride = n
+            for k, size in enumerate(parts):
+                stride //= size
+                if k == len(parts) - 1 and J:
+                    vb = self.new_var(size // J)
+                    self.var_ssa[vb.id] = self.emit((INDEX, IDX, axis, size // J))
+                    lane = self.new_var(J)
+                    lanes.append((lane, J))
+                    term = sym.add(sym.mul(sym.var(vb), J), sym.var(lane))
+                else:
+                    v = self.new_var(size)
+                    self.var_ssa[v.id] = self.emit((INDEX, IDX, axis, size))
+                    self.out_vars[axis] = v
+                    term = sym.var(v)
+                e = sym.add(e, sym.mul(term, stride))
+            dims.append(e)
         dims = tuple(dims)
         if upcast is not None and upcast[2] == "unroll":
             return self.build_unrolled(node, out_def, dims, lanes, upcast[0],
@@ -901,7 +934,7 @@ class _Builder:
             return tuple([_substitute(e, subst) for e in ds])
         rdims = reshape_index(dims, node.shape, rnode.shape)
         new, outer, inner, extra, _ = self.plan_reduce_loops(
-            rdims, axes, sshape, block_limit(rop, acc_dt, self.sum_block))
+            rdims, axes, sshape, block_limit(rop, acc_dt, self.sum_block), r)
         J = reduce_lanes
         if J and (not inner or (inner[-1].hi + 1) % J or extra):
             J = 0
@@ -971,7 +1004,7 @@ class _Builder:
         for _, J in lanes:
             total *= J
         new, outer, inner, extra, _ = self.plan_reduce_loops(
-            dims, axes, sshape, block_limit(rop, acc_dt, LANE_BLOCK))
+            dims, axes, sshape, block_limit(rop, acc_dt, LANE_BLOCK), p)
         totals = self.define_acc(_dt.float64, R_SUM, total) if outer else None
         outer_loops = self.open_loops(outer)
         acc = self.define_acc(acc_dt, rop, total)
@@ -993,6 +1026,55 @@ class _Builder:
                 r = self.emit((K_CAST, node.dtype, r))
             return r
         return value
+
+
+def _divisions(s, list out):
+    """Every Div/Mod atom in index expression `s` (nested ones too), as (num, d)."""
+    for atom, _ in s.terms:
+        if type(atom) is not sym.Var:
+            out.append((atom.num, atom.d))
+            _divisions(atom.num, out)
+
+
+def _merged_splits(b):
+    """Where the built kernel's loads divide one of its loop or output variables (an
+    axis merged by a reshape from axes that are not neighbours in memory: the heads of
+    an attention output read as one feature axis give `e / 32`, `e % 32`): ({(reduce
+    position, axis): loop sizes}, {output axis: index sizes}), sizes outermost first.
+    Cutting the axis there makes every such index plain strides. Both empty when no
+    load divides a variable."""
+    owner = {}
+    for p, logged in b.reduce_log:
+        axes = b.nodes[p].arg[1]
+        sshape = b.nodes[b.src(b.nodes[p], 0)].shape
+        for ax, v in zip(axes, logged):
+            # (an axis cut into float-sum blocks is left alone: its variable is a part)
+            if v is not None and v.hi + 1 == sshape[ax]:
+                owner[v.id] = ((p, ax), v.hi + 1)
+    for ax, v in b.out_vars.items():
+        owner[v.id] = (ax, v.hi + 1)
+    cuts = {}
+    for s in b.load_log:
+        found = []
+        _divisions(s, found)
+        for num, d in found:
+            for atom, c in num.terms:
+                if type(atom) is not sym.Var or atom.id not in owner or c <= 0 or d % c:
+                    continue
+                key, n = owner[atom.id]
+                size = d // c
+                if 1 < size < n and n % size == 0:
+                    cuts.setdefault(key, (n, set()))[1].add(size)
+    reduce_splits, out_splits = {}, {}
+    for key, (n, sizes) in cuts.items():
+        chain = []            # inner sizes that nest: each divides the next
+        for size in sorted(sizes):
+            if not chain or size % chain[-1] == 0:
+                chain.append(size)
+        loops = [n // chain[-1]] + [chain[k] // chain[k - 1]
+                                    for k in range(len(chain) - 1, 0, -1)] + [chain[0]]
+        (reduce_splits if type(key) is tuple else out_splits)[key] = loops
+    return reduce_splits, out_splits
 
 
 def _vars_in(s, set out):
@@ -1322,16 +1404,28 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
         b = _Builder(nodes, stored, p, sum_block, params)
         b.rows = rows.get(p)
         ops, args = b.build(pos)
+        splits, out_splits = _merged_splits(b)
+        if b.rows is not None:
+            out_splits = {}
+        if splits or out_splits:   # again, with those axes cut where loads divide them
+            b = _Builder(nodes, stored, p, sum_block, params)
+            b.rows = rows.get(p)
+            b.reduce_splits, b.out_splits = splits, out_splits
+            ops, args = b.build(pos)
         if len(args) == 2 and args[0][0] is args[1][0] and args[0][1] == args[1][1] \
                 and _is_identity_copy(ops):
             q = [k for k, a in b.argpos.items() if a == 1][0]
             steps.append(Step(None, [p, q], True))   # e.g. a transpose of a transpose
             continue
         # (a row kernel computes several reduces per row: no register tile layout)
-        up = choose_upcast(b, nodes[p].shape, vector_bytes) \
+        # (a split output axis is tiled along its innermost part)
+        tiled = tuple([out_splits[a][-1] if a in out_splits else n
+                       for a, n in enumerate(nodes[p].shape)])
+        up = choose_upcast(b, tiled, vector_bytes) \
             if register_tiles and b.rows is None else None
         if up is not None:
             b = _Builder(nodes, stored, p, sum_block, params)
+            b.reduce_splits, b.out_splits = splits, out_splits
             ops, args = b.build(pos, up)
         k = Kernel(ops, args, "k")
         positions = [None] * len(args)

@@ -490,7 +490,8 @@ def choose_strategy(ops, nests, info):
         return "serial"
     n_out = output_size(ops)
     out_vars = [i for i, op in enumerate(ops) if op[0] == K.INDEX]
-    last_out = max(out_vars, key=lambda i: ops[i][2]) if out_vars else None
+    # (an output axis merged from parts has one INDEX per part: the last one is innermost)
+    last_out = max(out_vars, key=lambda i: (ops[i][2], i)) if out_vars else None
     nests = [n for n in nests if not n.stores]   # (where the data is read decides)
     rows = all(contiguous_along(ops, n.run[-1], ends_of(ops, n.run[-1]), n.run[-1])
                for n in nests)

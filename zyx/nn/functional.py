@@ -797,7 +797,17 @@ def linear(input, weight, bias=None):
     if w.ndim not in (1, 2) or x.ndim == 0 or x.shape[-1] != w.shape[-1]:
         raise ShapeError(f"linear: input {x.shape} and weight {w.shape} do not fit "
                          f"(need input.shape[-1] == weight.shape[-1])")
-    y = x @ (w.T if w.ndim == 2 else w)
+    if w.ndim == 2 and x.ndim > 2 and x.dtype is w.dtype:
+        # (..., 1, in) * (1.., out, in) summed over in: W broadcast over every leading axis
+        # in one expand, so its gradient is one reduce over all of them (x @ W.T would
+        # broadcast W over the batch axes only and sum their partial gradients afterwards:
+        # a (batch, out, in) intermediate, 1M floats for a (64, 32, 128) input)
+        lead, n = xs[:-1], ws[0]
+        xe = x.reshape(lead + (1, xs[-1])).expand(lead + (n, xs[-1]))
+        we = w.reshape((1,) * len(lead) + ws).expand(lead + ws)
+        y = (xe * we).sum(-1)
+    else:
+        y = x @ (w.T if w.ndim == 2 else w)
     if bias is not None:
         y = y + bias
     return y
