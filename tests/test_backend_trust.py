@@ -457,3 +457,40 @@ def test_plan_cache_drops_the_least_recently_used_plan(monkeypatch):
     assert built() == before + 1
     run(102)                                 # was dropped: built again
     assert built() == before + 2
+
+
+# a plan of many kernels (an MLP training step): big enough to be split in units when the
+# threshold is lowered
+SPLIT_PLAN = """
+import numpy as np, zyx, zyx.backends.c as c
+c.PART_MIN_CHARS = 2000
+units = []
+orig = c.CDevice._compile_units
+def spy(self, c_paths, so_path):
+    units.append(len(c_paths))
+    return orig(self, c_paths, so_path)
+c.CDevice._compile_units = spy
+rng = np.random.default_rng(0)
+x, w = rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal((8, 32)).astype(np.float32)
+W = zyx.tensor(w, requires_grad=True)
+y = zyx.nn.functional.linear(zyx.tensor(x), W).relu()
+loss = (y * y).mean()
+loss.backward()
+g = W.grad.numpy()
+h = np.maximum(x @ w.T, 0)
+ref = (2 * h * (h > 0) / h.size).T @ x
+assert np.allclose(g, ref, rtol=1e-4, atol=1e-5), (g, ref)
+assert units and min(units) >= 2, units
+print("RESULT OK", units)
+"""
+
+
+def test_big_plan_compiles_as_several_units_side_by_side(tmp_path):
+    # (the threshold lowered so a small step splits; a second process loads the library
+    # from the cache and compiles nothing)
+    cache = tmp_path / "cache"
+    r = ok(run_zyx(tmp_path, SPLIT_PLAN, cache=cache))
+    assert "RESULT OK" in r.stdout
+    again = run_zyx(tmp_path, SPLIT_PLAN.replace("assert units and min(units) >= 2, units",
+                                                 "assert not units, units"), cache=cache)
+    ok(again)

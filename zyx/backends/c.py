@@ -673,7 +673,7 @@ class CDevice:
                 name = f"zyx_b{len(bodies)}"
                 src, kind = self._render(k, name, True, True)
                 bodies[k] = (name, kind)
-                funcs.append(src.replace("void ", "static __attribute__((noinline)) void ", 1))
+                funcs.append(src)
         # Past DIRECT_CALLS calls, the calls are data, not code: one row of `zyx_calls` per
         # kernel call (function, first argument), argument locations in `zyx_locs`, and the
         # program below runs ranges of rows. A statement per call with its own argument
@@ -747,9 +747,24 @@ class CDevice:
             "    }\n"
             "    zyx_calls[c].fn(a);\n"
             "  }\n}\n")
-        src = (self.prelude() + "static int zyx_par = 1;\n" + "".join(funcs) + table +
-               "\nvoid zyx_plan(void** restrict s, int par) {\n  char* arena = (char*)s[0];\n"
-               "  (void)arena;\n  zyx_par = par;\n" + "\n".join(lines) + "\n}\n")
+        plan = (table + "\nvoid zyx_plan(void** restrict s, int par) {\n"
+                "  char* arena = (char*)s[0];\n  (void)arena;\n  zyx_par = par;\n" +
+                "\n".join(lines) + "\n}\n")
+        parts = _plan_parts(funcs, self.threads or os.cpu_count() or 1)
+        if len(parts) == 1:
+            src = (self.prelude() + "static int zyx_par = 1;\n" +
+                   "".join(f.replace("void ", _PLAN_FN, 1) for f in funcs) + plan)
+        else:
+            # a big plan in several translation units, compiled side by side (gcc runs on
+            # one core): the first holds the plan function, the kernels are shared
+            # between them (hidden: nothing outside the library sees them)
+            decls = "".join(f"void zyx_b{i}(void** restrict args);\n"
+                            for i in range(len(funcs)))
+            src = [self.prelude() + ("int zyx_par = 1;\n" if n == 0 else
+                                     "extern int zyx_par;\n") + decls +
+                   "".join(f.replace("void ", _PART_FN, 1) for f in part) +
+                   (plan if n == 0 else "")
+                   for n, part in enumerate(parts)]
         lib = self._build(src, ["zyx_plan"])
         parallel = self.openmp and any(kind != "serial" for kind in calls)
         return CPlanProgram(lib, nslots, src, parallel)
@@ -766,10 +781,11 @@ class CDevice:
     def _build(self, src, symbols):
         """The loaded library of `src` (exporting `symbols`): already loaded, from the disk
         cache after checking its digest, or compiled now."""
-        key = hashlib.sha256((src + "|" + self.cc + "|" + " ".join(self.flags + self.libs) +
+        whole = src if isinstance(src, str) else "\f".join(src)
+        key = hashlib.sha256((whole + "|" + self.cc + "|" + " ".join(self.flags + self.libs) +
                               "|" + self.fingerprint).encode()).hexdigest()[:32]
         if self.debug & 8:
-            print(f"zyx: C source {key}\n{src}", file=sys.stderr)
+            print(f"zyx: C source {key}\n{whole}", file=sys.stderr)
         lib = self._loaded.get(key)
         if lib is not None:
             return lib
@@ -887,16 +903,22 @@ class CDevice:
                     from None
             raise _CacheUnusable(e.strerror) from None
         try:
-            c_path, so_path = os.path.join(work, "k.c"), os.path.join(work, "k.so")
+            units = [src] if isinstance(src, str) else src
+            c_paths = [os.path.join(work, f"k{n}.c") for n in range(len(units))]
+            so_path = os.path.join(work, "k.so")
             try:
-                with open(c_path, "w") as f:
-                    f.write(src)
+                for c_path, text in zip(c_paths, units):
+                    with open(c_path, "w") as f:
+                        f.write(text)
             except OSError as e:
                 if parent is None:
-                    raise BackendError(f"C backend: cannot write {c_path}: {e}") from None
+                    raise BackendError(f"C backend: cannot write {c_paths[0]}: {e}") from None
                 raise _CacheUnusable(e.strerror) from None
-            rc, out = self._run_compiler([self.cc, *self.flags, c_path, "-o", so_path,
-                                          *self.libs])
+            if len(units) == 1:
+                rc, out = self._run_compiler([self.cc, *self.flags, c_paths[0], "-o", so_path,
+                                              *self.libs])
+            else:
+                rc, out = self._compile_units(c_paths, so_path)
             if rc != 0:
                 if parent is not None:
                     # maybe the cache's disk is full: tell by trying where it is not
@@ -904,7 +926,8 @@ class CDevice:
                     raise _CacheUnusable(f"the compiler could not write there: "
                                          f"{out.strip()[-300:]}",
                                          self._compile_in(None, src, key, symbols))
-                raise BackendError(f"C compiler failed ({self.cc}):\n{out}\n--- source ---\n{src}")
+                raise BackendError(f"C compiler failed ({self.cc}):\n{out}\n--- source ---\n"
+                                   f"{src if isinstance(src, str) else chr(10).join(src)}")
             lib = self._load_fresh(so_path, symbols, out)
             if parent is not None:
                 try:
@@ -915,6 +938,28 @@ class CDevice:
             return lib
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+    def _compile_units(self, c_paths, so_path):
+        """(exit status, output) of compiling several translation units at once (one
+        compiler each, side by side) and linking them into `so_path`."""
+        objects = [c[:-2] + ".o" for c in c_paths]
+        procs = [self._start_compiler([self.cc, *self.flags, "-c", c, "-o", o])
+                 for c, o in zip(c_paths, objects)]
+        rc, outs = 0, []
+        try:
+            for proc in procs:
+                code, out = self._wait_compiler(proc)
+                outs.append(out)
+                rc = rc or code
+        except BaseException:
+            for proc in procs:
+                _kill_group(proc)
+            raise
+        if rc != 0:
+            return rc, "".join(outs)
+        code, out = self._run_compiler([self.cc, *self.flags, *objects, "-o", so_path,
+                                        *self.libs])
+        return code, "".join(outs) + out
 
     def _load_fresh(self, so_path, symbols, out):
         """Load what the compiler just wrote; junk from a compiler that exited 0 is an
@@ -1038,6 +1083,30 @@ _NAN_REDUCTIONS = "".join(
     f"omp_in != omp_in) ? omp_in : omp_out) initializer(omp_priv = {init})\n"
     for t in ("float", "double")
     for op, cmp, init in (("max", ">", "-INFINITY"), ("min", "<", "INFINITY")))
+
+
+# A plan's kernel functions: static in a one-unit plan, hidden (library-internal) when
+# the plan is compiled as several units; never inlined into the plan function.
+_PLAN_FN = "static __attribute__((noinline)) void "
+_PART_FN = '__attribute__((noinline, visibility("hidden"))) void '
+PART_MIN_CHARS = 150_000   # a plan source below this compiles as one unit
+PART_MAX = 4               # most units (and compilers run at once) per plan
+
+
+def _plan_parts(funcs, cores):
+    """The plan's kernel functions in groups of about equal source size, one group per
+    translation unit: one group for a small plan or one core; else as many as the cores
+    (at most PART_MAX), each at least PART_MIN_CHARS / 2 of source."""
+    total = sum(len(f) for f in funcs)
+    n = min(cores, PART_MAX, len(funcs), max(total * 2 // PART_MIN_CHARS, 1))
+    if total < PART_MIN_CHARS or n < 2:
+        return [funcs]
+    parts, sizes = [[] for _ in range(n)], [0] * n
+    for f in funcs:             # in order, each part a run of consecutive kernels
+        k = min(sum(sizes) * n // total, n - 1)
+        parts[k].append(f)
+        sizes[k] += len(f)
+    return [p for p in parts if p]
 
 
 def _sums_products_only(ops):
