@@ -196,12 +196,16 @@ def test_training_on_random_batches_reuses_its_plan(device):
     assert counts[1] == counts[-1], counts      # the second step reuses the first's plan
 
 
-def test_values_plans_are_bounded_by_the_plan_cache(device):
-    """Values plans live in the plan cache (LRU), so many families do not pile up."""
+def test_values_plans_are_bounded_by_the_plan_cache(device, monkeypatch):
+    """Values plans live in the plan cache (LRU), so many families do not pile up: the
+    cache never holds more than max_plans entries, the second key of a window's first
+    graph included (a small bound here, so the test does not depend on what earlier
+    tests left in the cache)."""
+    rt = zyx._RT
+    monkeypatch.setattr(rt, "max_plans", 8)
+    monkeypatch.setattr(rt, "plans", dict(list(rt.plans.items())[:8]))
     x = zyx.tensor(np.arange(32, dtype=np.float32)).realize()
     for n in range(1, 20):
         for c in (1.5, 2.5, 3.5):
             assert_close(x[:n] * c, np.arange(n, dtype=np.float32) * np.float32(c))
-    rt = zyx.runtime.RT if hasattr(zyx, "runtime") else None
-    if rt is not None:
-        assert len(rt.plans) <= rt.max_plans
+            assert len(rt.plans) <= rt.max_plans

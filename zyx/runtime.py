@@ -492,7 +492,12 @@ class Runtime:
             self._keep_plan(vkey, plan)
             if new_family:
                 # this graph's own key too: a window taken again at the same place (a
-                # fixed slice every step) then finds the plan without a second collect
+                # fixed slice every step) then finds the plan without a second collect;
+                # an entry like any other, so the cache stays within max_plans (and the
+                # plan just built is not the least recently used one)
+                plan.last_used = self.stats["realizations"]
+                if len(self.plans) >= self.max_plans:
+                    self._drop_least_recent_plan()
                 self.plans[key] = plan
         else:
             self.stats["plan_cache_hits"] += 1
