@@ -1100,6 +1100,7 @@ GROUP_ENV = "ZYX_GPU_GROUP"
 GROUP_DEFAULT = {"local": 0, "cache": 1, "warp": 1}
 GROUP_LIMITS = {"local": 1024}
 ROW_CACHE_ITEMS = 32    # most elements one work-item keeps in registers for a later loop
+ROW_CACHE_SAMPLES = 12  # output indices at which row_cache compares two loads' addresses
 
 
 def group_variant(spec=None):
@@ -1228,12 +1229,13 @@ def row_cache(dl, ops, nests, local):
     ends = loop_ends(ops)
     read_only = {i for i, op in enumerate(ops)
                  if op[0] == K.DEFINE and op[2] == K.SCOPE_GLOBAL and op[4]}
-    samples = []
+    # output indices to compare addresses at: the first and last, and scattered ones
+    # (an address may depend on an output index through a division or a remainder)
     index_vars = [i for i, op in enumerate(ops) if op[0] == K.INDEX]
-    for pick in (lambda n: 0, lambda n: n - 1, lambda n: n // 2):
-        samples.append({i: pick(ops[i][3]) for i in index_vars})
+    samples = [{i: (0 if k == 0 else ops[i][3] - 1 if k == 1 else
+                    (k * 7919 + 104729 * (n + 1)) % ops[i][3])
+                for n, i in enumerate(index_vars)} for k in range(ROW_CACHE_SAMPLES)]
     seen = {}          # (buffer, addresses) -> (LOAD op, nest, position) of the first load
-    shape = {}
     for n in nests:
         lead = _leading_loops(ops, n, ends)
         if lead is None or n.flat % local:
