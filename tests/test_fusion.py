@@ -219,3 +219,21 @@ def test_axes_merged_from_parts_apart_in_memory_index_with_strides():
     # leading axes, no (batch, out, in) intermediate)
     ref = 2 * np.einsum("blo,bli->oi", xn @ wn.T, xn)
     assert_close(gw, ref, rtol=1e-4, atol=1e-3)
+
+
+def test_an_activation_feeding_a_matmul_is_computed_once():
+    """GELU between the two linears of a feed-forward block is stored by the first
+    linear's kernel, not recomputed inside the second for every output column (erf per
+    multiply-add: the forward of a 2-layer transformer took 44 ms instead of 27)."""
+    from zyx._core import kernel as K
+    layer = zyx.nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+    blocks = zyx.nn.TransformerEncoder(layer, 2)
+    x = zyx.tensor(np.random.default_rng(0).standard_normal((4, 64, 128)).astype(np.float32))
+    with zyx.no_grad():
+        y = blocks(x)
+    with_erf = [k for k in _plan_kernels(y)
+                if any(op[0] == K.UNARY and op[2] == K.U_ERF for op in k.ops)]
+    assert len(with_erf) == 2
+    for k in with_erf:      # the first linear's kernels (4 * 64 * 512 outputs), no others
+        assert k.args[0][1] == 4 * 64 * 512

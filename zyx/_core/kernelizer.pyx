@@ -302,7 +302,16 @@ class _RowKernels:
                 self.axes[p] = axes
 
     def is_row_expand(self, Py_ssize_t p):
-        return self.rexp[p] is not None
+        """p expands values computed once per row of its kernel: over the kernel's reduced
+        axes A (or, while no reduce has fixed A, over axes a row kernel could reduce). An
+        expand over another axis (x @ W's x broadcast over W's output columns, which makes
+        T's source look full) repeats its source along that axis: not a row expand."""
+        r = self.rexp[p]
+        if r is None:
+            return False
+        T, B = r
+        A = self.axes.get(T)
+        return B == A if A is not None else _row_axes_ok(self.shape[T], B)
 
     def classify(self, Py_ssize_t p):
         node = self.nodes[p]
