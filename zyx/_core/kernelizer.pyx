@@ -718,7 +718,7 @@ class _Builder:
         A reduced axis listed in `reduce_splits[(p, axis)]` (sizes, outermost first) gets
         one loop per size: an axis merged from axes that are not neighbours in memory (the
         heads of an attention output read as one feature axis) then indexes memory with
-        plain strides instead of a division and a remainder (`_merged_reduce_splits`)."""
+        plain strides instead of a division and a remainder (`_merged_splits`)."""
         new = list(dims)
         reduced = [ax for ax in axes if sshape[ax] != 1]
         for ax in axes:
