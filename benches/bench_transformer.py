@@ -22,47 +22,31 @@ import numpy as np
 import pytest
 
 import zyx
-import zyx.nn as nn
 import zyx.nn.functional as F
 from conftest import need_torch
 
 VOCAB, D, HEADS, FF, LAYERS, B, T = 65, 128, 4, 512, 2, 32, 64
 
 
-class CharTransformer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok = nn.Embedding(VOCAB, D)
-        self.pos = nn.Embedding(T, D)
-        layer = nn.TransformerEncoderLayer(D, HEADS, FF, dropout=0.0, activation="gelu",
-                                           batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, LAYERS)
-        self.norm = nn.LayerNorm(D)
-        self.head = nn.Linear(D, VOCAB)
+def char_transformer(lib):
+    """The model in library `lib` (zyx or torch: the same nn names and arguments)."""
+    lnn = lib.nn
 
-    def forward(self, idx, mask):
-        x = self.tok(idx) + self.pos(zyx.arange(T))
-        return self.head(self.norm(self.blocks(x, mask=mask, is_causal=True)))
-
-
-def _torch_model(torch):
-    tnn = torch.nn
-
-    class TorchCharTransformer(tnn.Module):
+    class CharTransformer(lnn.Module):
         def __init__(self):
             super().__init__()
-            self.tok = tnn.Embedding(VOCAB, D)
-            self.pos = tnn.Embedding(T, D)
-            layer = tnn.TransformerEncoderLayer(D, HEADS, FF, dropout=0.0, activation="gelu",
+            self.tok = lnn.Embedding(VOCAB, D)
+            self.pos = lnn.Embedding(T, D)
+            layer = lnn.TransformerEncoderLayer(D, HEADS, FF, dropout=0.0, activation="gelu",
                                                 batch_first=True, norm_first=True)
-            self.blocks = tnn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
-            self.norm = tnn.LayerNorm(D)
-            self.head = tnn.Linear(D, VOCAB)
+            self.blocks = lnn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
+            self.norm = lnn.LayerNorm(D)
+            self.head = lnn.Linear(D, VOCAB)
 
         def forward(self, idx, mask):
-            x = self.tok(idx) + self.pos(torch.arange(T))
+            x = self.tok(idx) + self.pos(lib.arange(T))
             return self.head(self.norm(self.blocks(x, mask=mask, is_causal=True)))
-    return TorchCharTransformer()
+    return CharTransformer()
 
 
 def _batches(n=8):
@@ -94,13 +78,13 @@ def _causal_mask_numpy():
 def test_transformer_step_zyx(benchmark):
     benchmark.group = "char transformer LM step (B32 T64 d128, 2 layers, AdamW)"
     zyx.manual_seed(0)
-    model = CharTransformer()
+    model = char_transformer(zyx)
     opt = zyx.optim.AdamW(model.parameters(), lr=1e-3)
     mask = zyx.tensor(_causal_mask_numpy())
     data = [(zyx.tensor(x), zyx.tensor(y)) for x, y in _batches()]
     torch = need_torch()
     # same weights, same batch: the first step's loss matches torch's
-    tm = _torch_model(torch)
+    tm = char_transformer(torch)
     tm.load_state_dict({k: torch.from_numpy(v.numpy().copy())
                         for k, v in model.state_dict().items()})
     tx, ty = (torch.from_numpy(a) for a in _batches()[0])
@@ -123,7 +107,7 @@ def test_transformer_step_torch(benchmark):
     benchmark.group = "char transformer LM step (B32 T64 d128, 2 layers, AdamW)"
     torch = need_torch()
     torch.manual_seed(0)
-    model = _torch_model(torch)
+    model = char_transformer(torch)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     mask = torch.from_numpy(_causal_mask_numpy())
     data = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in _batches()]
@@ -146,7 +130,7 @@ import sys, time
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 import bench_transformer as bt, zyx
 zyx.manual_seed(0)
-m = bt.CharTransformer()
+m = bt.char_transformer(zyx)
 opt = zyx.optim.AdamW(m.parameters(), lr=1e-3)
 mask = zyx.tensor(bt._causal_mask_numpy())
 (x, y), = bt._batches(1)
