@@ -16,10 +16,8 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
-import pytest
 
 import zyx
 import zyx.nn.functional as F
