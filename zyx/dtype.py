@@ -12,7 +12,7 @@ __all__ = ["DType", "bool_", "uint8", "uint16", "uint32", "uint64", "int8", "int
 
 class DType:
     """A tensor element type. Instances are unique; compare with `is` or `==`."""
-    __slots__ = ("name", "itemsize", "kind", "cname", "np", "code", "__weakref__")
+    __slots__ = ("name", "itemsize", "kind", "cname", "np", "code", "category", "__weakref__")
 
     def __init__(self, name, itemsize, kind, cname, np_dtype, code):
         self.name = name            # torch-style name: 'float32'
@@ -21,6 +21,9 @@ class DType:
         self.cname = cname          # C storage type used by C-family backends
         self.np = np_dtype          # numpy dtype used for host transfers (bf16 travels as uint16)
         self.code = code            # small stable integer, used in cache keys and files
+        # promotion order of kinds: bool < integers < floats (a plain attribute: promotion
+        # runs on every op with a Python scalar)
+        self.category = {"b": 0, "u": 1, "i": 1, "f": 2}[kind]
 
     @property
     def is_float(self):
@@ -37,10 +40,6 @@ class DType:
     @property
     def is_bool(self):
         return self.kind == "b"
-
-    @property
-    def category(self):
-        return {"b": 0, "u": 1, "i": 1, "f": 2}[self.kind]
 
     def __repr__(self):
         return f"zyx.{self.name}"

@@ -116,7 +116,7 @@ def _fits_into(small, big):
 
 def _fast_binary(self, o, bop, reverse):
     """Hot path of + - * / for the common cases (float tensors of one dtype where one shape
-    broadcasts into the other, or a float scalar on a float tensor): no promotion and no
+    broadcasts into the other, or a float or int scalar on a float tensor): no promotion and no
     general broadcasting work. None means "take the general path"."""
     n = _graph.get(self._id)
     if type(o) is Tensor:
@@ -133,8 +133,9 @@ def _fast_binary(self, o, bop, reverse):
             else:
                 return None
         a, b = (o, self) if reverse else (self, o)
-    elif type(o) is builtins.float and n.dtype.kind == "f":
-        c = _wrap(_graph.add(G.CONST, o, (), n.shape, n.dtype))
+    elif n.dtype.kind == "f" and (type(o) is builtins.float or type(o) is builtins.int):
+        # a Python int on a float tensor promotes to the tensor's dtype too (`x + 1`)
+        c = _wrap(_graph.add(G.CONST, builtins.float(o), (), n.shape, n.dtype))
         a, b = (c, self) if reverse else (self, c)
     else:
         return None
