@@ -109,6 +109,29 @@ def stats():
     return s
 
 
+def autotune(enabled: "bool" = True, *, budget: "float" = None, launches: "int" = None,
+             save: "bool" = None, progress: "bool" = None) -> None:
+    """Turn the kernel autotuner on (or off with `autotune(False)`).
+
+    While on, every kernel a new plan needs has its schedules timed on its device and the
+    fastest kept (zyx/tuning.py says what is searched); results are stored on disk per
+    device, so later plans and later processes reuse them without searching. `budget`:
+    seconds one kernel's search may start new candidates for (default 10); `launches`:
+    timed batches per candidate (default 3); `save`: keep results on disk (default True);
+    `progress`: print the search on stderr (default True). Unset arguments keep their
+    current values (config file section "autotune", ZYX_AUTOTUNE=1). Plans cached before
+    are dropped when tuning is switched on or off."""
+    from .tuning import Settings
+    _RT._ensure()
+    cur = _RT.autotune
+    _RT.set_autotune(Settings(
+        enabled=enabled,
+        budget_s=cur.budget_s if budget is None else budget,
+        launches=cur.launches if launches is None else launches,
+        save_to_disk=cur.save_to_disk if save is None else save,
+        progress=cur.progress if progress is None else progress))
+
+
 def set_debug(mask: "int") -> None:
     """Set the ZYX_DEBUG bitmask at run time (see zyx.runtime for the bits)."""
     _RT.debug = mask

@@ -16,6 +16,7 @@ import weakref
 import numpy as np
 
 from . import dtype as dt
+from . import tuning
 from ._core.graph import Graph, CONST, LEAF, PAD, RESHAPE
 from ._core import scheduler
 from ._core import valuecheck
@@ -112,13 +113,17 @@ class Runtime:
         self.rng = np.random.Generator(np.random.PCG64(0))
         self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
                       "plan_cache_hits": 0, "realizations": 0,
-                      "backward_replays": 0}
+                      "backward_replays": 0, "kernels_tuned": 0, "schedules_reused": 0}
+        self.autotune = tuning.Settings()   # from the config at init (zyx.autotune)
+        self._tuners = {}        # id(device) -> tuning.Tuner, while tuning is on
 
     # -- devices --------------------------------------------------------------------------
     def init(self, only=None):
         """Initialize backends (done lazily on first use; call to pick backends explicitly)."""
         self.config = load_config(debug=self.debug)
         self.max_plans = _max_plans(self.config)
+        self.autotune = tuning.Settings.from_config(self.config)
+        self._tuners = {}
         reasons = []
         self.pools, self.devices = initialize_backends(self.config, self.debug, only, reasons)
         self.unavailable = reasons
@@ -417,7 +422,8 @@ class Runtime:
         if plan is None:
             plan = self._values_plan(order, key, ids, dev)
             if plan is None:
-                plan = scheduler.build_plan(self.graph, order, ids, dev, self.debug)
+                plan = scheduler.build_plan(self.graph, order, ids, dev, self.debug,
+                                            None, self.tuner(dev))
                 self._keep_plan(key, plan)
         else:
             self.stats["plan_cache_hits"] += 1
@@ -442,6 +448,28 @@ class Runtime:
         self.plans[key] = plan
         self.stats["plans_built"] += 1
         self.stats["kernels_compiled"] += plan.nkernels
+
+    # -- autotuning ------------------------------------------------------------------------
+    def tuner(self, dev):
+        """The tuning.Tuner of `dev` while tuning is on (zyx.autotune), else None;
+        devices without an `identity` (the dummy device) are never tuned."""
+        if not self.autotune.enabled or not hasattr(dev, "identity"):
+            return None
+        t = self._tuners.get(id(dev))
+        if t is None or t.device is not dev:
+            t = self._tuners[id(dev)] = tuning.Tuner(dev, self.autotune, self.stats)
+        return t
+
+    def set_autotune(self, settings):
+        """Use `settings` (an tuning.Settings) from now on; cached plans are dropped when
+        tuning is switched on or off, so the next realization plans with (or without) it."""
+        with self.lock:
+            self._ensure()
+            if settings.enabled != self.autotune.enabled:
+                self.plans.clear()
+                self._families.clear()
+            self.autotune = settings
+            self._tuners = {}
 
     # -- values read at launch ----------------------------------------------------------------
     def _values_plan(self, order, key, ids, dev):
@@ -546,7 +574,8 @@ class Runtime:
             params[(p, axis)] = (leaf_pos[is_float], count[is_float])
             count[is_float] += 1
         try:
-            plan = scheduler.build_plan(self.graph, ext, ids, dev, self.debug, params)
+            plan = scheduler.build_plan(self.graph, ext, ids, dev, self.debug, params,
+                                        self.tuner(dev))
         finally:
             for nid in ext[len(order):]:
                 self.graph.release(nid)

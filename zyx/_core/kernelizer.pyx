@@ -1289,6 +1289,73 @@ def _choose_unroll(b, tuple shape, list axes, k, Py_ssize_t r):
     return None
 
 
+def upcast_candidates(b, tuple shape, int vector_bytes=64):
+    """Every output layout worth timing for a reduce kernel (the autotuner's search
+    space, zyx/tuning.py): choose_upcast's pick first, then no tile, then the same
+    families with other sizes: "lanes" with 8 or 16 lanes and 0, 4, 8 or 16 rows (where
+    every load is contiguous or constant along the lanes), window lanes with 2, 4 or 8
+    rows and 4, 8 or 16 lanes, and the 4x4 "unroll" tile with 0, 4 or 8 reduce lanes.
+    Each is legal for any kernel (a tile only groups outputs computed together) and
+    divides the axes it splits; equal kernels are dropped by the caller."""
+    first = choose_upcast(b, shape, vector_bytes)
+    out = [first, None]
+    if len(b.reduce_log) != 1:
+        return out
+    r, rvars = b.reduce_log[0]
+    loop_vars = [v for v in rvars if v is not None]
+    axes = [a for a, n in enumerate(shape) if n != 1]
+    if not axes or not loop_vars:
+        return out
+    k = loop_vars[-1]
+    axis = axes[-1]
+    n = shape[axis]
+    out_var = b.out_vars.get(axis)
+    if out_var is None:
+        return out
+    lanes_ok = True
+    for s in b.load_log:
+        ck, cj = _coef(s, k), _coef(s, out_var)
+        if ck is None or cj is None:
+            return out
+        if cj not in (0, 1):
+            lanes_ok = False
+    if lanes_ok:
+        for J in (16, 8):
+            if n % J:
+                continue
+            out.append((r, [(axis, J)], "lanes"))
+            if len(axes) >= 2:
+                for rows in (4, 8, 16):
+                    if shape[axes[-2]] % rows == 0:
+                        out.append((r, [(axes[-2], rows), (axis, J)], "lanes"))
+        if k.hi < 15:
+            win = _choose_window_lanes(b, shape, axes, axis, 16 if n % 16 == 0 else n,
+                                       vector_bytes, r)
+            if win is not None:
+                row_axis = win[1][0][0]
+                for rows in (2, 4, 8):
+                    for J in (4, 8, 16):
+                        if shape[row_axis] % rows == 0 and n % J == 0:
+                            out.append((r, [(row_axis, rows), (axis, J)], "lanes"))
+    unroll = _choose_unroll(b, shape, axes, k, r)
+    if unroll is not None:
+        for lanes in (0, 4, 8):
+            out.append(unroll[:3] + (lanes,))
+    seen = []
+    for up in out:
+        if up not in seen:
+            seen.append(up)
+    return seen
+
+
+def upcast_label(up):
+    """A short stable name of an output layout (the schedule cache stores it)."""
+    if up is None:
+        return "plain"
+    tile = "x".join([f"{a}:{n}" for a, n in up[1]])
+    return f"{up[2]}[{tile}]" + (f"+r{up[3]}" if len(up) > 3 and up[3] else "")
+
+
 def _hoist_index(list ops, hoisted=()):
     """Move INDEX ops (and the DEFINEs before them) to the front, then the `hoisted` ops
     (parameter loads, in their order), renumbering references."""
@@ -1365,7 +1432,7 @@ def reshape_index(tuple dims, tuple shape, tuple src_shape):
 
 
 def kernelize(graph, list order, list target_ids, int vector_bytes=64,
-              bint register_tiles=True, int sum_block=0, dict params=None):
+              bint register_tiles=True, int sum_block=0, dict params=None, tuner=None):
     """Cut the subgraph `order` (topologically sorted node ids) into kernels
     (`vector_bytes`: the device's vector register width, for register tiling;
     `register_tiles` False: no "lanes"/"unroll" output layouts, which exist for CPU SIMD
@@ -1375,7 +1442,9 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
     smaller blocks to keep the CPU's accuracy; `params`: values the kernels read at
     launch instead of having them in their source, {(position, axis): (leaf position,
     element)} with axis -1 for a CONST's scalar and d for the start of a PAD's cut axis d;
-    the leaves are 1-D parameter arrays at the end of `order`).
+    the leaves are 1-D parameter arrays at the end of `order`; `tuner`: an
+    tuning.Tuner choosing each reduce kernel's output layout among
+    `upcast_candidates` by timing them, instead of `choose_upcast`'s pick).
 
     Returns (steps, stored): steps in execution order, each reading and writing node
     positions in `order`; `stored[p]` tells which positions get a buffer."""
@@ -1430,15 +1499,44 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
         # (a split output axis is tiled along its innermost part)
         tiled = tuple([out_splits[a][-1] if a in out_splits else n
                        for a, n in enumerate(nodes[p].shape)])
-        up = choose_upcast(b, tiled, vector_bytes) \
-            if register_tiles and b.rows is None else None
-        if up is not None:
-            b = _Builder(nodes, stored, p, sum_block, params)
-            b.reduce_splits, b.out_splits = splits, out_splits
-            ops, args = b.build(pos, up)
-        k = Kernel(ops, args, "k")
+        if tuner is not None and register_tiles and b.rows is None:
+            k, b = _tuned_layout(tuner, b, Kernel(ops, args, "k"), tiled, vector_bytes,
+                                 nodes, stored, p, sum_block, params, splits, out_splits, pos)
+        else:
+            up = choose_upcast(b, tiled, vector_bytes) \
+                if register_tiles and b.rows is None else None
+            if up is not None:
+                b = _Builder(nodes, stored, p, sum_block, params)
+                b.reduce_splits, b.out_splits = splits, out_splits
+                ops, args = b.build(pos, up)
+            k = Kernel(ops, args, "k")
         positions = [None] * len(args)
         for q, a in b.argpos.items():
             positions[a] = q
         steps.append(Step(k, positions))
     return steps, stored
+
+
+def _tuned_layout(tuner, b, base, tuple tiled, int vector_bytes, list nodes, list stored,
+                  Py_ssize_t p, int sum_block, params, splits, out_splits, dict pos):
+    """(kernel, builder) of the output layout `tuner` picks for the kernel `base` (built
+    untiled by `b`) among `upcast_candidates`; the heuristic's pick where there is
+    nothing to choose from."""
+    kernels, builders, labels = [], [], []
+    for up in upcast_candidates(b, tiled, vector_bytes):
+        if up is None:
+            k, nb = base, b
+        else:
+            nb = _Builder(nodes, stored, p, sum_block, params)
+            nb.reduce_splits, nb.out_splits = splits, out_splits
+            ops, args = nb.build(pos, up)
+            k = Kernel(ops, args, "k")
+        if k in kernels:
+            continue
+        kernels.append(k)
+        builders.append(nb)
+        labels.append(upcast_label(up))
+    if len(kernels) == 1:
+        return kernels[0], builders[0]
+    i = tuner.choose_layout(base, labels, kernels)
+    return kernels[i], builders[i]

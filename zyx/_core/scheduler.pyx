@@ -296,14 +296,17 @@ def _check_addressable(graph, list order):
                 f"{n} bytes, beyond what 64-bit indices address (2**63 bytes)")
 
 
-def build_plan(graph, list order, list target_ids, device, int debug=0, dict params=None):
+def build_plan(graph, list order, list target_ids, device, int debug=0, dict params=None,
+               tuner=None):
     """`params`: kernelize's (values read at launch from parameter leaves at the end of
-    `order`)."""
+    `order`); `tuner`: a tuning.Tuner for `device` (None: heuristic schedules), which
+    picks CPU kernels' output layouts in kernelize and GPU kernels' launch schedules
+    before they are compiled."""
     t0 = time.perf_counter()
     _check_addressable(graph, order)
     info = device.info()
     steps, stored = kernelize(graph, order, target_ids, info.preferred_vector_size,
-                              info.register_tiles, info.sum_block, params)
+                              info.register_tiles, info.sum_block, params, tuner)
     pos = {nid: p for p, nid in enumerate(order)}
     targets = [pos[t] for t in target_ids]
     nbytes = {}
@@ -340,6 +343,10 @@ def build_plan(graph, list order, list target_ids, device, int debug=0, dict par
              if nbytes.get(st.args[0])], plan.nslots)
         plan.threads = ThreadChoice(getattr(plan.runner, "parallel", False))
     else:
+        if tuner is not None:
+            for st in live:
+                if nbytes.get(st.args[0]):
+                    tuner.choose_lowering(st.kernel)
         if hasattr(device, "compile_many"):
             programs = device.compile_many([st.kernel for st in live])
         else:

@@ -486,6 +486,12 @@ class CDevice:
     def info(self):
         return self._info
 
+    @property
+    def identity(self):
+        """What a tuned schedule depends on besides the kernel (autotune's cache key): the
+        compiler, its flags and the CPU."""
+        return f"c|{self.cc}|{self.fingerprint}|{' '.join(self.flags)}|{_cpu_identity()}"
+
     # -- codegen -------------------------------------------------------------------------
     def render(self, kernel, name):
         """C source of `kernel` as a function `void name(void** args)` callable on its own."""

@@ -1420,6 +1420,38 @@ def lower_columns(kernel, dl, info, name, nests):
                      32 if narrow else 64)
 
 
+# The autotuner's search space (zyx/tuning.py): knob settings tried besides the
+# defaults, per strategy. Kept short: each is one compile and a few launches.
+EW_CANDIDATES = ({"items": 1, "vec": 4}, {"items": 2, "vec": 4}, {"items": 8, "vec": 4},
+                 {"items": 4, "vec": 1}, {"items": 4, "vec": 2}, {"local": 128},
+                 {"local": 512}, {"waves": 4})
+GROUP_CANDIDATES = ({"local": 64}, {"local": 128}, {"local": 256}, {"local": 512},
+                    {"local": 1024}, {"cache": 0}, {"warp": 0})
+
+
+def schedule_candidates(kernel, info=None):
+    """[(label, schedule)] worth timing for `kernel` (`lower`'s `schedule`), the default
+    (None) first; just the default for the strategies without knobs (serial, columns)."""
+    info = info if info is not None else DeviceInfo()
+    ops = kernel.ops
+    out = [("default", None)]
+    if not any(op[0] == K.LOOP for op in ops):
+        base = elementwise_variant()
+        out += [("ew:" + ",".join(f"{k}={v}" for k, v in sorted(c.items())),
+                 {"elementwise": c}) for c in EW_CANDIDATES
+                if any(base[k] != v for k, v in c.items())]
+        return out
+    nests = reduce_nests(ops)
+    if choose_strategy(ops, nests, info) != "group":
+        return out
+    base = group_variant()
+    limit = info.max_local_threads or 1024
+    out += [("group:" + ",".join(f"{k}={v}" for k, v in sorted(c.items())), {"group": c})
+            for c in GROUP_CANDIDATES
+            if c.get("local", 1) <= limit and any(base[k] != v for k, v in c.items())]
+    return out
+
+
 def lower(kernel, dl, info=None, name="zyx_k", schedule=None):
     """`GPUKernel` of `kernel` in dialect `dl` for a device described by `info`
     (DeviceInfo; None for defaults). The strategy is chosen as the module docstring says;

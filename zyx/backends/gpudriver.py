@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import AllocationError, BackendError
 from . import Buffer, MemoryPool
-from .gpu import lower
+from .gpu import lower, schedule_candidates
 
 # Host<->device copies go through two pinned staging slots (a page-locked copy runs at
 # the bus's speed, a pageable one is staged by the driver anyway, synchronously). Copies
@@ -442,6 +442,7 @@ class DriverDevice:
         self.debug = debug
         self._programs = {}        # zyx kernel -> DriverProgram
         self._modules = {}         # source -> [module, programs using it]
+        self.schedules = {}        # zyx kernel -> lowering schedule the autotuner chose
         self._info = self._make_info()
 
     def info(self):
@@ -452,15 +453,34 @@ class DriverDevice:
         """Compiler runs in this process (zyx.stats()["compiler_runs"] sums them)."""
         return self.compiler.compiled
 
-    def render(self, kernel, name="zyx_k"):
-        """The lowered kernel (gpu.GPUKernel): source and launches."""
-        return lower(kernel, self.dialect, self._info, name)
+    @property
+    def identity(self):
+        """What a tuned schedule depends on besides the kernel (autotune's cache key)."""
+        c = self.compiler
+        return f"{self.backend}|{self._info.name}|{c.version}|{c.target}"
+
+    def schedule_candidates(self, kernel):
+        """Lowering schedules the autotuner may time for `kernel` (gpu.schedule_candidates)."""
+        return schedule_candidates(kernel, self._info)
+
+    def render(self, kernel, name="zyx_k", schedule=None):
+        """The lowered kernel (gpu.GPUKernel): source and launches, with `schedule` or the
+        one the autotuner chose for it."""
+        if schedule is None:
+            schedule = self.schedules.get(kernel)
+        return lower(kernel, self.dialect, self._info, name, schedule)
 
     def compile(self, kernel):
         prog = self._programs.get(kernel)
         if prog is not None:
             return prog
-        gpu = self.render(kernel)
+        prog = self._programs[kernel] = self.compile_variant(kernel, None)
+        return prog
+
+    def compile_variant(self, kernel, schedule):
+        """A program of `kernel` lowered with `schedule` (None: the chosen or default one),
+        not kept for later plans: the autotuner times these and releases them."""
+        gpu = self.render(kernel, schedule=schedule)
         src = gpu.source
         ensure_current(self.driver)
         entry = self._modules.get(src)
@@ -477,8 +497,7 @@ class DriverDevice:
             if fn is None:
                 fn = fns[launch.entry] = self.driver.function(entry[0], launch.entry)
             launches.append(_PreparedLaunch(fn, launch, self.driver))
-        prog = self._programs[kernel] = DriverProgram(kernel, gpu, entry[0], launches)
-        return prog
+        return DriverProgram(kernel, gpu, entry[0], launches)
 
     def launch(self, program, pool, args, wait_events=()):
         ensure_current(self.driver)
@@ -507,7 +526,8 @@ class DriverDevice:
         return self.driver.stream_handle
 
     def release(self, program):
-        self._programs.pop(program.kernel, None)
+        if self._programs.get(program.kernel) is program:
+            del self._programs[program.kernel]
         ensure_current(self.driver)
         if program.scratch:
             self.driver.stream_sync()          # the last launch may still use them

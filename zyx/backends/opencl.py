@@ -21,7 +21,7 @@ from ..errors import AllocationError, BackendError, DTypeError
 from . import Buffer, DeviceInfo, MemoryPool
 from .binary_cache import BinaryCache, cache_key
 from .cfamily import OpenCLDialect
-from .gpu import GPU_SUM_BLOCK, WORK_GROUP, lower
+from .gpu import GPU_SUM_BLOCK, WORK_GROUP, lower, schedule_candidates
 
 # Below the C backend's estimate (2e10 FLOP/s per core) for any core count: the C backend
 # computes on the same CPU faster than PoCL's generic code, so it must stay the default.
@@ -171,6 +171,7 @@ class OpenCLDevice:
             cl_device.version, cl_device.driver_version))
         self._disk = BinaryCache("opencl", "bin")
         self._programs = {}      # zyx kernel -> OpenCLProgram
+        self.schedules = {}      # zyx kernel -> lowering schedule the autotuner chose
         self._info = self._make_info()
 
     def _make_info(self):
@@ -200,12 +201,24 @@ class OpenCLDevice:
     def info(self):
         return self._info
 
-    def render(self, kernel, name="zyx_k"):
-        """The lowered kernel (gpu.GPUKernel): OpenCL C source and launches."""
+    @property
+    def identity(self):
+        """What a tuned schedule depends on besides the kernel (autotune's cache key)."""
+        return f"opencl|{self._fingerprint}"
+
+    def schedule_candidates(self, kernel):
+        """Lowering schedules the autotuner may time for `kernel` (gpu.schedule_candidates)."""
+        return schedule_candidates(kernel, self._info)
+
+    def render(self, kernel, name="zyx_k", schedule=None):
+        """The lowered kernel (gpu.GPUKernel): OpenCL C source and launches, with
+        `schedule` or the one the autotuner chose for it."""
         if _uses_float64(kernel) and not self.fp64:
             raise DTypeError(f"float64 is not supported by OpenCL device {self.dev.name.strip()} "
                              f"(no cl_khr_fp64)")
-        gpu = lower(kernel, self.dialect, self._info, name)
+        if schedule is None:
+            schedule = self.schedules.get(kernel)
+        gpu = lower(kernel, self.dialect, self._info, name, schedule)
         if self.fp64:
             gpu.source = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" + gpu.source
         return gpu
@@ -214,15 +227,20 @@ class OpenCLDevice:
         prog = self._programs.get(kernel)
         if prog is not None:
             return prog
-        gpu = self.render(kernel)
+        prog = self._programs[kernel] = self.compile_variant(kernel, None)
+        return prog
+
+    def compile_variant(self, kernel, schedule):
+        """A program of `kernel` lowered with `schedule` (None: the chosen or default one),
+        not kept for later plans: the autotuner times these and releases them."""
+        gpu = self.render(kernel, schedule=schedule)
         src = gpu.source
         built = self._by_source.get(src)
         if built is None:
             if self.debug & 8:
                 print(f"zyx: OpenCL source\n{src}", file=sys.stderr)
             built = self._by_source[src] = self._build(src)
-        prog = self._programs[kernel] = OpenCLProgram(self.cl, kernel, gpu, built)
-        return prog
+        return OpenCLProgram(self.cl, kernel, gpu, built)
 
     def _build(self, src):
         """The built cl.Program of `src`: from the disk cache (the device's own binary,
@@ -274,7 +292,8 @@ class OpenCLDevice:
         self.pool._uploads.clear()
 
     def release(self, program):
-        self._programs.pop(program.kernel, None)
+        if self._programs.get(program.kernel) is program:
+            del self._programs[program.kernel]
         for b in program.scratch or ():
             b.release()
         program.scratch = None
