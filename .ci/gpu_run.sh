@@ -16,6 +16,8 @@
 #   sweep   benches/gpu_elementwise_sweep.py: the elementwise lowering's variants (ZYX_GPU_EW)
 #   rows    benches/gpu_rows_sweep.py: the group lowering's variants on softmax, log_softmax
 #           and layer_norm (ZYX_GPU_GROUP), PyTorch beside them
+#   tune    benches/bench_tuning.py on CUDA: the MNIST convnet step with heuristic and with
+#           autotuned schedules, and the time the search took; then tests/test_tuning.py
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
 # Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
 # pytest-xdist spreads the suites over the machine's cores when its wheel was carried:
@@ -77,6 +79,16 @@ EOF
     rows)
         $PY benches/gpu_rows_sweep.py >"$OUT/rows.txt" 2>&1
         cat "$OUT/rows.txt"
+        ;;
+    tune)
+        ZYX_DEVICE=cuda $PY -m pytest benches/bench_tuning.py --benchmark-only -s -q \
+            -p no:cacheprovider --benchmark-columns=min,median,max,rounds \
+            >"$OUT/tune.log" 2>&1
+        grep -E "zyx autotune|convnet_step|passed|failed|Error" "$OUT/tune.log" | tail -30
+        ZYX_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider tests/test_tuning.py \
+            >"$OUT/tune-tests.log" 2>&1
+        summary "tuning tests on cuda" "$OUT/tune-tests.log"
+        grep -E "^(FAILED|ERROR)" "$OUT/tune-tests.log" | head -10
         ;;
     opencl-cache)
         # the tests of the disk caches and of the C backend, with OpenCL as the default
