@@ -434,7 +434,7 @@ class HandLoweredDevice(gpudriver.DriverDevice):
     def _make_info(self):
         return DeviceInfo(name="host-memory test device")
 
-    def render(self, kernel, name="zyx_k"):
+    def render(self, kernel, name="zyx_k", schedule=None):
         return self.gpu_kernel
 
 

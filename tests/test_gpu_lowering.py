@@ -39,8 +39,8 @@ def lowered(opencl_device, monkeypatch):
     from zyx.backends import opencl
     found = []
 
-    def spy(kernel, dl, info=None, name="zyx_k"):
-        g = gpu.lower(kernel, dl, info, name)
+    def spy(kernel, dl, info=None, name="zyx_k", schedule=None):
+        g = gpu.lower(kernel, dl, info, name, schedule)
         found.append(g)
         return g
     monkeypatch.setattr(opencl, "lower", spy)
