@@ -233,7 +233,8 @@ class OpenCLDevice:
     def compile_variant(self, kernel, schedule):
         """A program of `kernel` lowered with `schedule` (None: the chosen or default one),
         not kept for later plans: the autotuner times these and releases them."""
-        gpu = self.render(kernel, schedule=schedule)
+        # (render overridden with the older (kernel, name) signature still works)
+        gpu = self.render(kernel) if schedule is None else self.render(kernel, schedule=schedule)
         src = gpu.source
         built = self._by_source.get(src)
         if built is None:
