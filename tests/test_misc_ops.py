@@ -43,6 +43,7 @@ def test_new_factories_and_sizes():
     assert x.new_zeros(2, dtype=zyx.int32).dtype is zyx.int32
     assert x.new_ones(2, requires_grad=True).requires_grad
     assert (x.numel(), x.element_size(), x.nbytes, x.itemsize) == (6, 8, 48, 8)
+    assert zyx.numel(x) == 6 and zyx.numel(zyx.ones(0, 5)) == 0 and zyx.numel(zyx.tensor(3.0)) == 1
     assert x.is_contiguous() and x.t().shape == (3, 2) and zyx.ones(4).t().shape == (4,)
     with pytest.raises(zyx.ShapeError):
         zyx.ones(2, 2, 2).t()

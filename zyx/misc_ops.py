@@ -147,6 +147,12 @@ def clone(input, *, memory_format=None):
     return input.clone()
 
 
+def numel(input):
+    """torch.numel: the number of elements of `input` (its shape's product; no
+    realization)."""
+    return input.numel()
+
+
 def _t(self):
     """torch.Tensor.t: the transpose of a matrix; 0-D and 1-D tensors are returned as is."""
     if self.ndim > 2:
@@ -322,7 +328,8 @@ def _c_devices():
 __all__ = ["Size", "isclose", "allclose", "equal", "logical_and", "logical_or", "logical_xor",
            "logical_not", "multinomial", "bernoulli", "randperm", "rand_like", "randn_like",
            "randint_like", "randint", "arange", "linspace", "eye", "zeros_like", "ones_like",
-           "full_like", "empty", "empty_like", "set_num_threads", "get_num_threads", "clone"]
+           "full_like", "empty", "empty_like", "set_num_threads", "get_num_threads", "clone",
+           "numel"]
 
 for _name, _fn in (("type_as", type_as), ("new_zeros", new_zeros), ("new_ones", new_ones),
                    ("new_empty", new_empty), ("new_full", new_full), ("new_tensor", new_tensor),
