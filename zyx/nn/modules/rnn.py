@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from ... import autograd
+from ..._core import tensorbase as _TB
 from ...errors import ShapeError
 from ...tensor import Tensor, cat, stack, zeros
 from .. import functional as F
@@ -172,6 +174,85 @@ def _lstm_cell(gx, state, w_hh, b_hh):
     return o.sigmoid() * c2.tanh(), c2
 
 
+_SEQUENCE_COMPOSITE = True   # LSTM layers record one "lstm" composite (False: per-step ops)
+
+
+def _lstm_sequence(gx, state, w_hh):
+    """(outputs (T, N, H), (h_T, c_T)) of an LSTM layer over its projected inputs gx
+    (T, N, 4H, biases included), recorded for autograd as one composite op ("lstm") with
+    a hand-written backward (`_lstm_backward`): the recurrent weight's gradient is then one
+    matmul over every timestep, (T*N, 4H)^T @ (T*N, H), instead of one small matmul per
+    step (a reduce over the batch alone) and a sum of T of them.
+
+    Each step's [h, c, i, f, g, o] (gates activated) is stored in a buffer of its own and
+    passed to the composite as an extra input that needs no gradient, so the backward
+    reads the activations the forward computed; the composite's value is the stack of
+    the steps' [h, c] (T, N, 2H)."""
+    h, c = state
+    t_len = gx.shape[0]
+    hid = w_hh.shape[1]
+    prev = _TB.set_recording(False)
+    try:
+        rows = []
+        for g_t in _steps(gx):
+            i, f, g, o = (g_t + F.linear(h, w_hh)).chunk(4, 1)
+            i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+            c = _stored(f * c + i * g)
+            h = o * c.tanh()
+            rows.append(_stored(cat([h, c, i, f, g, o], 1)))
+        packed = stack([r[:, :2 * hid] for r in rows], 0)          # (T, N, 2H)
+    finally:
+        _TB.set_recording(prev)
+    packed = autograd.record_composite(packed, ("lstm",),
+                                       (gx, w_hh, state[0], state[1]) + tuple(rows))
+    out = packed[:, :, :hid]
+    return out, (out[t_len - 1], packed[t_len - 1, :, hid:])
+
+
+def _lstm_backward(packed, grad, arg, srcs, need):
+    """Backpropagation through time of `_lstm_sequence`: per step (last first) the gate
+    gradients from the stored activations, d(h_prev) = dgates @ W_hh; then W_hh's gradient
+    as one matmul of the stacked gate gradients and the stacked previous hidden states."""
+    gx, w_hh, h0, c0 = srcs[:4]
+    rows = srcs[4:]
+    hid = w_hh.shape[1]
+    grads = _steps(grad)                   # each step's output gradient in its own buffer
+    dh_next = dc_next = None
+    dgates = [None] * len(rows)
+    for t in range(len(rows) - 1, -1, -1):
+        row, gr = rows[t], grads[t]
+        c = row[:, hid:2 * hid]
+        i, f = row[:, 2 * hid:3 * hid], row[:, 3 * hid:4 * hid]
+        g, o = row[:, 4 * hid:5 * hid], row[:, 5 * hid:]
+        c_prev = rows[t - 1][:, hid:2 * hid] if t else c0
+        dh = gr[:, :hid] if dh_next is None else gr[:, :hid] + dh_next
+        dc = gr[:, hid:] if dc_next is None else gr[:, hid:] + dc_next
+        tc = c.tanh()
+        dct = _stored(dc + dh * o * (1 - tc * tc))
+        dgate = _stored(cat([dct * g * i * (1 - i), dct * c_prev * f * (1 - f),
+                             dct * i * (1 - g * g), dh * tc * o * (1 - o)], 1))
+        dgates[t] = dgate
+        dh_next = _stored(dgate @ w_hh)
+        dc_next = dct * f
+    d_all = stack(dgates, 0)                                  # (T, N, 4H)
+    out = [None] * len(srcs)
+    if need[0]:
+        out[0] = d_all
+    if need[1]:
+        t_len, n = d_all.shape[0], d_all.shape[1]
+        h_prev = cat([h0.unsqueeze(0), packed[:t_len - 1, :, :hid]], 0) if t_len > 1 \
+            else h0.unsqueeze(0)
+        out[1] = d_all.reshape(t_len * n, 4 * hid).T @ _stored(h_prev).reshape(t_len * n, hid)
+    if need[2]:
+        out[2] = dh_next
+    if need[3]:
+        out[3] = dc_next
+    return tuple(out)
+
+
+autograd.register_composite("lstm", _lstm_backward)
+
+
 def _gru_cell(gx, h, w_hh, b_hh):
     ir, iz, in_ = gx.chunk(3, 1)
     hr, hz, hn = _hidden_proj(h, w_hh, b_hh).chunk(3, 1)
@@ -260,6 +341,11 @@ class RNNBase(Module):
         gx = gx.reshape(t, n, gx.shape[1])
         if d:
             gx = gx.flip(0)
+        if self._gates == 4 and b_hh is None and _SEQUENCE_COMPOSITE and _TB.is_recording() and \
+                (gx.requires_grad or w_hh.requires_grad or state[0].requires_grad
+                 or state[1].requires_grad):
+            out, state = _lstm_sequence(gx, state, w_hh)     # one composite, one dW matmul
+            return (out.flip(0) if d else out), state
         outs = []
         for g_t in _steps(gx):
             state = self._cell(g_t, state, w_hh, b_hh)
