@@ -1445,7 +1445,7 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
     smaller blocks to keep the CPU's accuracy; `params`: values the kernels read at
     launch instead of having them in their source, {(position, axis): (leaf position,
     element)} with axis -1 for a CONST's scalar and d for the start of a PAD's cut axis d;
-    the leaves are 1-D parameter arrays at the end of `order`; `tuner`: an
+    the leaves are 1-D parameter arrays at the end of `order`; `tuner`: a
     tuning.Tuner choosing each reduce kernel's output layout among
     `upcast_candidates` by timing them, instead of `choose_upcast`'s pick).
 
