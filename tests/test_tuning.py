@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -263,3 +264,69 @@ def test_settings_from_config_and_environment():
     assert bad.launches == tuning.DEFAULT_LAUNCHES
     with pytest.raises(ValueError, match="budget_s"):
         zyx.autotune(budget=-1)
+
+
+class _StubPool:
+    def __init__(self):
+        self.live = 0
+
+    def allocate(self, nbytes):
+        self.live += 1
+        return bytearray(nbytes), None
+
+    def host_to_pool(self, src, dst, wait_events=()):
+        dst[:] = src.tobytes()[:len(dst)]
+
+    def deallocate(self, buf, wait_events=()):
+        self.live -= 1
+
+
+class _StubDevice:
+    """A device whose 'slow' schedule takes longer and whose 'broken' one fails to
+    compile, as a driver may refuse a launch configuration."""
+    identity = "stub"
+    debug = 0
+
+    def __init__(self):
+        self.pool = _StubPool()
+        self.schedules = {}
+        self.released = []
+
+    def schedule_candidates(self, kernel):
+        return [("default", None), ("broken", {"x": 1}), ("fast", {"x": 2}), ("slow", {"x": 3})]
+
+    def compile_variant(self, kernel, schedule):
+        if schedule == {"x": 1}:
+            raise zyx.BackendError("launch configuration refused")
+        return {None: 2e-4, 2: 5e-5, 3: 4e-4}[schedule and schedule["x"]]
+
+    def launch(self, program, pool, args, wait_events=()):
+        end = time.perf_counter() + program
+        while time.perf_counter() < end:
+            pass
+
+    def release(self, program):
+        self.released.append(program)
+
+
+@pytest.mark.parametrize("device", ["stub"], indirect=False)
+def test_tuner_skips_a_failing_schedule_and_keeps_the_fastest(tmp_path, device):
+    from zyx._core.kernel import Kernel
+    dev = _StubDevice()
+    stats = {"kernels_tuned": 0, "schedules_reused": 0}
+    store = tuning.ScheduleStore("stub", str(tmp_path))
+    tuner = tuning.Tuner(dev, tuning.Settings(enabled=True, launches=2, progress=False),
+                         stats, store)
+    k = Kernel([], [(zyx.float32, 16, False)], "k")
+    tuner.choose_lowering(k)
+    assert dev.schedules[k] == {"x": 2}
+    assert stats["kernels_tuned"] == 1 and stats["schedules_failed"] == 1
+    assert len(dev.released) == 3 and dev.pool.live == 0      # timed programs released
+    entry = json.load(open(store.path))["entries"]
+    assert [e["label"] for e in entry.values()] == ["fast"]
+    # the same kernel again: from the store, nothing compiled or timed
+    dev2 = _StubDevice()
+    tuning.Tuner(dev2, tuning.Settings(enabled=True, progress=False), stats,
+                 tuning.ScheduleStore("stub", str(tmp_path))).choose_lowering(k)
+    assert dev2.schedules[k] == {"x": 2} and not dev2.released
+    assert stats["schedules_reused"] == 1

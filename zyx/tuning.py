@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from .backends import cache_dir, warn
+from .errors import BackendError
 
 SCHEMA = 1
 DEFAULT_BUDGET_S = 10.0      # per kernel
@@ -171,7 +172,13 @@ class Tuner:
         dev = self.device
         runnable = [optimize(k) for k in kernels]
         if hasattr(dev, "compile_many"):
-            programs = dev.compile_many(runnable)      # one compiler run for them all
+            try:
+                programs = dev.compile_many(runnable)      # one compiler run for them all
+            except BackendError as e:
+                # a layout the compiler refuses must not fail the realization: keep the
+                # heuristic's (compiled on its own by the plan, as without tuning)
+                self._skipped(labels, e)
+                return 0
             compile_one = programs.__getitem__
         else:
             compile_one = lambda i: dev.compile(runnable[i])    # noqa: E731
@@ -222,8 +229,15 @@ class Tuner:
             for i in range(len(labels)):
                 if i and time.perf_counter() - t_start > budget:
                     break
-                programs[i] = compile_one(i)
-                times[i] = self._time(programs[i], self._args(kernels[i], buffers, pool))
+                try:
+                    programs[i] = compile_one(i)
+                    times[i] = self._time(programs[i], self._args(kernels[i], buffers, pool))
+                except BackendError as e:
+                    if i == 0:
+                        raise        # the heuristic's schedule fails without tuning too
+                    self._skipped(labels[i:i + 1], e)   # never worse than not tuning
+                    programs.pop(i, None)
+                    continue
                 self._progress(labels, times, i + 1, t_start)
             finalists = sorted(times, key=times.get)[:FINALISTS]
             if len(finalists) > 1 and time.perf_counter() - t_start <= budget:
@@ -242,6 +256,12 @@ class Tuner:
             best = 0
         self._progress(labels, times, len(labels), t_start, done=best)
         return best, times
+
+    def _skipped(self, labels, error):
+        """A candidate that failed to compile or launch is left out (ZYX_DEBUG=32 says)."""
+        self.stats["schedules_failed"] = self.stats.get("schedules_failed", 0) + len(labels)
+        if getattr(self.device, "debug", 0) & 32:
+            print(f"zyx autotune: skipping {', '.join(labels)}: {error}", file=sys.stderr)
 
     def _args(self, kernel, buffers, pool):
         """Buffers for the kernel's arguments: one per argument, equal ones shared between
