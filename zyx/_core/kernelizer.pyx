@@ -1143,6 +1143,24 @@ def _mentions(atom, var):
     return any(_mentions(a, var) for a, _ in atom.num.terms)
 
 
+def _tile_frame(b, tuple shape):
+    """What output layouts are built around, for a kernel with one reduce: (reduce
+    position, innermost reduce loop variable, the output axes longer than 1, the last of
+    them, its length, its output variable); None when there is no such frame."""
+    if len(b.reduce_log) != 1:
+        return None
+    r, rvars = b.reduce_log[0]
+    loop_vars = [v for v in rvars if v is not None]
+    axes = [a for a, n in enumerate(shape) if n != 1]
+    if not axes or not loop_vars:
+        return None
+    axis = axes[-1]
+    out_var = b.out_vars.get(axis)
+    if out_var is None:
+        return None
+    return r, loop_vars[-1], axes, axis, shape[axis], out_var
+
+
 def choose_upcast(b, tuple shape, int vector_bytes=64):
     """How to lay out a reduce kernel's outputs (None: one output per iteration).
 
@@ -1153,17 +1171,10 @@ def choose_upcast(b, tuple shape, int vector_bytes=64):
     matmul's weight gradient), 8 with 32-byte vectors, 4 otherwise. "unroll": every load
     is contiguous along the reduce loop -> 4x4 tile of scalar accumulators with the reduce
     loop innermost (_choose_unroll)."""
-    if len(b.reduce_log) != 1:
+    frame = _tile_frame(b, shape)
+    if frame is None:
         return None
-    r, rvars = b.reduce_log[0]
-    loop_vars = [v for v in rvars if v is not None]
-    axes = [a for a, n in enumerate(shape) if n != 1]
-    if not axes or not loop_vars:
-        return None
-    k = loop_vars[-1]
-    axis = axes[-1]
-    n = shape[axis]
-    out_var = b.out_vars[axis]
+    r, k, axes, axis, n, out_var = frame
     J = 16 if n % 16 == 0 else (8 if n % 8 == 0 else (n if n <= 32 else 0))
     strided = False
     lanes_ok = J >= 2
@@ -1302,19 +1313,10 @@ def upcast_candidates(b, tuple shape, int vector_bytes=64):
     divides the axes it splits; equal kernels are dropped by the caller."""
     first = choose_upcast(b, shape, vector_bytes)
     out = [first, None]
-    if len(b.reduce_log) != 1:
+    frame = _tile_frame(b, shape)
+    if frame is None:
         return out
-    r, rvars = b.reduce_log[0]
-    loop_vars = [v for v in rvars if v is not None]
-    axes = [a for a, n in enumerate(shape) if n != 1]
-    if not axes or not loop_vars:
-        return out
-    k = loop_vars[-1]
-    axis = axes[-1]
-    n = shape[axis]
-    out_var = b.out_vars.get(axis)
-    if out_var is None:
-        return out
+    r, k, axes, axis, n, out_var = frame
     lanes_ok = True
     for s in b.load_log:
         ck, cj = _coef(s, k), _coef(s, out_var)
