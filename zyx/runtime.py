@@ -461,7 +461,7 @@ class Runtime:
         return t
 
     def set_autotune(self, settings):
-        """Use `settings` (an tuning.Settings) from now on; cached plans are dropped when
+        """Use `settings` (a tuning.Settings) from now on; cached plans are dropped when
         tuning is switched on or off, so the next realization plans with (or without) it."""
         with self.lock:
             self._ensure()
