@@ -123,8 +123,12 @@ def assert_close(got, expected, dtype=None, rtol=None, atol=None, scale=1.0, msg
 
 @pytest.fixture(autouse=True)
 def _seed_numpy():
-    """Every test starts from the same numpy random state, so failures reproduce."""
+    """Every test starts from the same numpy random state, so failures reproduce, and
+    with no graph families from earlier tests (values read at launch, growing sizes), so
+    its plan counts do not depend on what ran before it."""
     np.random.seed(1234)
+    zyx._RT._families.clear()
+    zyx._RT._bound_families.clear()
     yield
 
 

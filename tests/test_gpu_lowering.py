@@ -35,7 +35,8 @@ def opencl_device():
 @pytest.fixture
 def lowered(opencl_device, monkeypatch):
     """The GPUKernels lowered while a test runs (programs are not reused from earlier
-    tests: the device's caches start empty)."""
+    tests: the device's caches start empty; every size gets its own kernels, not a plan at
+    a bound on a size that grows)."""
     from zyx.backends import opencl
     found = []
 
@@ -47,6 +48,7 @@ def lowered(opencl_device, monkeypatch):
     monkeypatch.setattr(opencl_device, "_programs", {})
     monkeypatch.setattr(opencl_device, "_by_source", {})
     monkeypatch.setattr(zyx._RT, "plans", {})
+    monkeypatch.setattr(zyx._RT, "growing_sizes", False)
     return found
 
 

@@ -101,7 +101,8 @@ def get_default_device():
 
 def stats():
     """Counters: kernels compiled and launched, plans built/reused, backward passes replayed
-    from a template, bytes in use per pool."""
+    from a template, realizations run through a plan at a bound on a growing size
+    (`bound_runs`), bytes in use per pool."""
     s = dict(_RT.stats)
     if _RT.pools is not None:
         s["bytes_allocated"] = _RT.pool_bytes()

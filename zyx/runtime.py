@@ -15,6 +15,7 @@ import weakref
 
 import numpy as np
 
+from . import bounds
 from . import dtype as dt
 from . import tuning
 from ._core.graph import Graph, CONST, LEAF, PAD, RESHAPE
@@ -49,6 +50,14 @@ def _max_plans(config):
     return n
 
 
+def _growing_sizes(config):
+    v = config.get("growing_sizes", True)
+    if not isinstance(v, bool):
+        warn(f"zyx: ignoring growing_sizes={v!r}: not true or false; using true")
+        return True
+    return v
+
+
 def _preferred_backend(config):
     """ZYX_DEVICE, else the config's "default_device": (backend name, index or None).
     Either a backend name ("c", "opencl", "cuda") or a device name ("cpu", "cuda:1")."""
@@ -81,6 +90,21 @@ class _Family:
         self.vary = set()
 
 
+_RAN = object()     # _values_plan's answer when _bound_realize ran the graph
+
+
+class _BoundFamily:
+    """Graphs of one shape skeleton (bounds.py): the first one's shapes and args, the
+    fitted bounds.Template once a second one differed in sizes (False: not a family), and
+    the sizes n that got ordinary plans. Plan keys hold the object (hashed by identity)."""
+    __slots__ = ("first", "template", "exact")
+
+    def __init__(self, first):
+        self.first = first
+        self.template = None
+        self.exact = set()
+
+
 class Runtime:
     def __init__(self):
         self.graph = Graph()
@@ -102,6 +126,8 @@ class Runtime:
         self.plans = {}
         # skeleton key -> _Family (first graph's key, the entries that varied): _values_plan
         self._families = {}
+        # (device, shape skeleton) -> _BoundFamily: _bound_realize
+        self._bound_families = {}
         # Threads realize one at a time: realization mutates the plan cache, the pools and
         # the graph (targets become leaves), and two threads realizing the same tensor at
         # once each computed it and one result leaked. Re-entrant: freeing a buffer takes
@@ -109,11 +135,13 @@ class Runtime:
         self.lock = threading.RLock()
         self._local = threading.local()     # per thread: .pending (see `pending`)
         self.max_plans = MAX_PLANS
+        self.growing_sizes = True   # config "growing_sizes": bounds.py's plans at a bound
         self.checks = Checks()  # value checks (indices, divisors) run with the realization
         self.rng = np.random.Generator(np.random.PCG64(0))
         self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
                       "plan_cache_hits": 0, "realizations": 0,
-                      "backward_replays": 0, "kernels_tuned": 0, "schedules_reused": 0}
+                      "backward_replays": 0, "kernels_tuned": 0, "schedules_reused": 0,
+                      "bound_runs": 0}
         self.autotune = tuning.Settings()   # from the config at init (zyx.autotune)
         self._tuners = {}        # id(device) -> tuning.Tuner, while tuning is on
 
@@ -122,6 +150,7 @@ class Runtime:
         """Initialize backends (done lazily on first use; call to pick backends explicitly)."""
         self.config = load_config(debug=self.debug)
         self.max_plans = _max_plans(self.config)
+        self.growing_sizes = _growing_sizes(self.config)
         self.autotune = tuning.Settings.from_config(self.config)
         self._tuners = {}
         reasons = []
@@ -135,6 +164,7 @@ class Runtime:
         self._multi = False
         self.plans.clear()     # their programs are unloaded with them
         self._families.clear()
+        self._bound_families.clear()
 
     def _ensure(self):
         if self.devices is None:
@@ -420,7 +450,9 @@ class Runtime:
         key = (id(dev), key)
         plan = self.plans.get(key)
         if plan is None:
-            plan = self._values_plan(order, key, ids, dev)
+            plan = self._values_plan(order, key, ids, dev, checks, t0)
+            if plan is _RAN:    # run through a plan at a bound on a growing size
+                return
             if plan is None:
                 plan = scheduler.build_plan(self.graph, order, ids, dev, self.debug,
                                             None, self.tuner(dev))
@@ -437,6 +469,9 @@ class Runtime:
             finally:
                 for nid in leaves:
                     self.graph.release(nid)
+        self._realized(ids, plan, t0)
+
+    def _realized(self, ids, plan, t0):
         self.stats["realizations"] += 1
         if self.debug & DEBUG_PERF:
             print(f"zyx: realized {len(ids)} tensor(s), {len(plan.steps)} kernel(s) in "
@@ -468,11 +503,12 @@ class Runtime:
             if settings.enabled != self.autotune.enabled:
                 self.plans.clear()
                 self._families.clear()
+                self._bound_families.clear()
             self.autotune = settings
             self._tuners = {}
 
     # -- values read at launch ----------------------------------------------------------------
-    def _values_plan(self, order, key, ids, dev):
+    def _values_plan(self, order, key, ids, dev, checks, t0):
         """On a plan-cache miss, the plan of a graph that differs from one seen before only
         in values: constants' scalars and slice starts (`x[i:i + n]`, a PAD cutting an axis
         on both sides). None when there is none: then an ordinary plan, with every value in
@@ -486,15 +522,20 @@ class Runtime:
         tensors (`_is_window`: `data[i:i + T]`, `X[i]`) are parameters from the first
         graph on, so a loop over them compiles once. What still specializes a
         kernel: shapes, dtypes, ops, the fill and amounts of real pads, and every value
-        that has not changed yet (it stays a literal, so x * 1.0 still folds)."""
+        that has not changed yet (it stays a literal, so x * 1.0 still folds).
+
+        A graph of a new skeleton may be one whose sizes grew: `_bound_realize` runs it
+        then (returns _RAN), before a values family is made for it."""
         values = []
         flat = key[1]
         skel = (key[0], self.graph.collect(ids, values)[1])
         if not values:
-            return None
+            return _RAN if self._bound_realize(order, ids, dev, checks, t0) else None
         family = self._families.get(skel)
         new_family = family is None
         if new_family:
+            if self._bound_realize(order, ids, dev, checks, t0):
+                return _RAN
             if len(self._families) >= 4 * self.max_plans:
                 self._families.clear()
             family = self._families[skel] = _Family(flat)
@@ -530,6 +571,150 @@ class Runtime:
         else:
             self.stats["plan_cache_hits"] += 1
         return plan
+
+    # -- sizes that grow (bounds.py) -----------------------------------------------------------
+    def _bound_realize(self, order, ids, dev, checks, t0):
+        """On a plan-cache miss, run a graph that differs from an earlier graph of its shape
+        skeleton only in a size that grows (autoregressive sampling's context) through the
+        family's plan at a bound on that size (see bounds.py). False when there is none:
+        the first graph of a skeleton and graphs that do not follow the fit get an ordinary
+        plan, and so do the first two sizes of a family: a size that takes a third value is
+        one that grows (a training loop's last, smaller batch is planned exactly, as
+        before). Staging is a copy through the host, so graphs whose growing inputs and
+        results exceed bounds.STAGE_LIMIT bytes keep a plan per size too. Value checks computed in the plan are reductions of their operand to a flag:
+        at the bound they skip the positions past the real size like any other."""
+        if not self.growing_sizes:
+            return False
+        graph = self.graph
+        skel, sizes = bounds.skeleton(graph, ids)
+        skel = (id(dev), skel)
+        fam = self._bound_families.get(skel)
+        if fam is None:
+            if len(self._bound_families) >= 4 * self.max_plans:
+                self._bound_families.clear()
+            self._bound_families[skel] = _BoundFamily(bounds.observe(graph, order, sizes))
+            return False
+        t = fam.template
+        if t is None:
+            t = bounds.fit(graph, order, fam.first, bounds.observe(graph, order, sizes))
+            if t is None:
+                return False     # the same sizes again (its plan dropped, or other values)
+            if type(t) is str:
+                if self.debug & DEBUG_SCHEDULE:
+                    print(f"zyx: sizes changed, a plan per size: {t}", file=sys.stderr)
+                t = False
+            else:
+                fam.exact.add(t.first[t.ref[0]][0][t.ref[1]])   # the first graph's n
+            fam.template = t
+        if t is False:
+            return False
+        bind = t.bind(graph, order, sizes)
+        if bind is None:
+            return False
+        n, starts, consts = bind
+        if len(fam.exact) < 2 or n in fam.exact:
+            fam.exact.add(n)
+            return False
+        B = bounds.bound_for(n)
+        pkey = ("bound", fam, B)
+        plan = self.plans.get(pkey)
+        if plan is None:
+            if bounds.staged_bytes(t, graph, order, ids, B) > bounds.STAGE_LIMIT:
+                return False
+            plan = self._build_bound_plan(order, ids, dev, t, B)
+            self._keep_plan(pkey, plan)
+        else:
+            self.stats["plan_cache_hits"] += 1
+        plan.last_used = self.stats["realizations"]
+        self._run_bound(plan, order, ids, dev, checks, n, starts, consts)
+        self.stats["bound_runs"] += 1
+        self._realized(ids, plan, t0)
+        return True
+
+    def _build_bound_plan(self, order, ids, dev, t, B):
+        graph = self.graph
+        fdt = dt.float64 if getattr(dev, "fp64", True) else dt.float32
+        trace = graph.trace     # the bound graph's nodes belong to no backward template
+        graph.trace = None
+        try:
+            bg = bounds.build_bound_graph(graph, order, ids, t, B, fdt)
+            try:
+                plan = scheduler.build_plan(graph, bg.order, bg.targets, dev, self.debug,
+                                            bg.params, self.tuner(dev))
+            finally:
+                for nid in reversed(bg.added):
+                    graph.release(nid)
+        finally:
+            if trace is not None:
+                graph.trace = trace
+        plan.bound = bg
+        if self.debug & DEBUG_SCHEDULE:
+            print(f"zyx: plan for a growing size up to {B}, {len(bg.int_spec)} size(s) and "
+                  f"start(s) read at launch", file=sys.stderr)
+        return plan
+
+    def _run_bound(self, plan, order, ids, dev, checks, n, starts, consts):
+        """Run a bound plan on the graph `order` at size n: stage its growing inputs, pass
+        the sizes and values at launch, copy results with a growing size out."""
+        bg = plan.bound
+        graph = self.graph
+        ints, floats = bg.values(n, starts, consts)
+        ex = [0] * len(bg.order)     # only leaf and target positions are read
+        made, outs = [], []
+        try:
+            for bpos, role, x in bg.leaves:
+                if role == "leaf":
+                    ex[bpos] = order[x]
+                    continue
+                if role == "stage":
+                    nid = self._staged(order[x], bg.shapes[bpos], dev)
+                elif role == "iota":
+                    nid = self._param_leaf(np.arange(x, dtype=np.int32), dt.int32, dev)
+                elif role == "ints":
+                    nid = self._param_leaf(np.array(ints, np.int64), dt.int64, dev)
+                else:
+                    nid = self._param_leaf(np.array(floats, bg.fdt.np), bg.fdt, dev)
+                made.append(nid)
+                ex[bpos] = nid
+            for bpos, p, varying in bg.outputs:
+                if varying:
+                    ph = graph.leaf(None, bg.shapes[bpos], graph.get(order[p]).dtype)
+                    made.append(ph)
+                    outs.append((ph, order[p]))
+                    ex[bpos] = ph
+                else:
+                    ex[bpos] = order[p]
+            self._execute_checked(plan, ex, dev, ids, checks)
+            for ph, nid in outs:
+                self._copy_out(ph, nid, dev)
+        finally:
+            for nid in made:
+                graph.release(nid)
+
+    def _staged(self, nid, shape, dev):
+        """A leaf of `shape` holding leaf `nid` in its leading corner, zeros elsewhere."""
+        node = self.graph.get(nid)
+        real = np.empty(node.shape, node.dtype.np)
+        buf = node.buffer
+        if real.nbytes:
+            buf.pool.pool_to_host(buf, real, [buf.event] if buf.event is not None else [])
+        out = np.zeros(shape, node.dtype.np)
+        out[tuple([slice(0, s) for s in node.shape])] = real
+        return self._param_leaf(out, node.dtype, dev)
+
+    def _copy_out(self, ph, nid, dev):
+        """Realize node `nid` as the leading corner of the bound result in leaf `ph`."""
+        src = self.graph.get(ph)
+        node = self.graph.get(nid)
+        full = np.empty(src.shape, node.dtype.np)
+        b = src.buffer
+        if full.nbytes:
+            b.pool.pool_to_host(b, full, [b.event] if b.event is not None else [])
+        part = np.ascontiguousarray(full[tuple([slice(0, s) for s in node.shape])])
+        pool = dev.pool
+        buf, _ = pool.allocate(part.nbytes)
+        buf.event = pool.host_to_pool(part, buf, [])
+        self.graph.set_buffer(nid, buf)
 
     def _is_window(self, nid):
         """Node `nid` cuts a window of at most a quarter of some axis out of a realized

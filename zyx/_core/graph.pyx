@@ -48,6 +48,11 @@ def shrinks(arg):
     return False
 
 
+cdef inline object _hashable(object v):
+    # float.hex tells 0.0 from -0.0 and makes NaN equal to itself
+    return v.hex() if type(v) is float else v
+
+
 cdef class Node:
     # made only by _node (no __init__ argument parsing: a training step makes hundreds)
 
@@ -172,7 +177,7 @@ cdef class Graph:
     def __len__(self):
         return self.nodes.count
 
-    def collect(self, list targets, list values=None):
+    def collect(self, list targets, list values=None, list sizes=None):
         """Topologically ordered ids of the unrealized subgraph feeding `targets`, with the
         realized leaves and constants it reads, plus its structural key.
 
@@ -188,7 +193,12 @@ cdef class Graph:
         positions... per node; an op's arity is fixed), cheaper to build and hash than a
         tuple per node: this runs on every realization. Visited nodes are marked on the
         nodes themselves (an epoch stamp and their position), and the depth-first stack
-        is a C array, so the walk allocates nothing per node."""
+        is a C array, so the walk allocates nothing per node.
+
+        `sizes` (a list, for bounds.py on a plan-cache miss; not with `values`): filled
+        with every node's shape, and the key returned is the shape skeleton: each shape
+        replaced by its rank, and what follows from sizes masked (constants' scalars,
+        RESHAPE/EXPAND shapes, PAD amounts: a PAD keeps its rank and fill)."""
         global _collect_epoch
         _collect_epoch += 1
         cdef Py_ssize_t ep = _collect_epoch
@@ -217,12 +227,22 @@ cdef class Graph:
                     n.cpos = len(order)
                     order.append(i)
                     key.append(n.op)
-                    if values is not None and n.op == PAD and shrinks(n.arg):
-                        values.append((len(key), n.cpos))
-                        key.append(mask_cuts(n.arg))
+                    if sizes is not None:
+                        if n.op == PAD:
+                            key.append((len(n.shape), _hashable(n.arg[1])))
+                        elif n.op == RESHAPE or n.op == EXPAND:
+                            key.append(None)
+                        else:
+                            key.append(n.arg)
+                        key.append(len(n.shape))
+                        sizes.append(n.shape)
                     else:
-                        key.append(n.arg)
-                    key.append(n.shape)
+                        if values is not None and n.op == PAD and shrinks(n.arg):
+                            values.append((len(key), n.cpos))
+                            key.append(mask_cuts(n.arg))
+                        else:
+                            key.append(n.arg)
+                        key.append(n.shape)
                     key.append(n.dtype.code)
                     for s in n.srcs:
                         key.append((<Node>items[s]).cpos)
@@ -240,10 +260,15 @@ cdef class Graph:
                         if values is not None:
                             values.append((len(key), n.cpos))
                             key.append(None)
+                        elif sizes is not None:
+                            key.append(None)
                         else:
-                            # float.hex tells 0.0 from -0.0 and makes NaN equal to itself
-                            key.append(n.arg.hex() if type(n.arg) is float else n.arg)
-                    key.append(n.shape)
+                            key.append(_hashable(n.arg))
+                    if sizes is not None:
+                        key.append(len(n.shape))
+                        sizes.append(n.shape)
+                    else:
+                        key.append(n.shape)
                     key.append(n.dtype.code)
                     continue
                 _stack_reserve(sp + 1 + len(srcs))

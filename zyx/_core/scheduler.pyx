@@ -201,7 +201,7 @@ cdef class ThreadChoice:
 class Plan:
     __slots__ = ("steps", "nbytes", "free_after", "targets", "leaves", "device", "stored",
                  "nkernels", "runner", "slot", "owned", "root", "arena_bytes", "nslots",
-                 "threads", "last_used", "params")
+                 "threads", "last_used", "params", "bound")
 
     def __init__(self, steps, nbytes, free_after, targets, leaves, device, stored):
         self.steps = steps
@@ -215,6 +215,7 @@ class Plan:
         self.runner = None     # a device-side program running every kernel (compile_plan)
         self.last_used = 0     # the runtime's realization count when it last ran (plan LRU)
         self.params = None     # values read at launch (runtime._values_plan), if any
+        self.bound = None      # a plan at a bound on a growing size: its bounds.BoundGraph
 
 
 ARENA_ALIGN = 64

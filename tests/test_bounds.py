@@ -1,0 +1,235 @@
+"""A size that grows between otherwise equal graphs (autoregressive sampling's context)
+becomes a symbolic size within a bound (zyx/bounds.py): one plan per power of two serves
+every length. Results are checked against numpy at every length on every device (the
+conftest `device` fixture); plan counts with zyx.stats()."""
+import numpy as np
+import pytest
+
+import zyx
+import zyx.nn.functional as F
+from zyx import nn
+
+from conftest import assert_close
+
+
+def _stats():
+    s = zyx.stats()
+    return s["plans_built"], s["bound_runs"]
+
+
+def _realize(*ts):
+    zyx._RT.realize([t._id for t in ts])
+    return [t.numpy() for t in ts]
+
+
+def _softmax(a, axis=-1):
+    e = np.exp(a - a.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _attention_np(x, wq, wk, wv):
+    q, k, v = x @ wq, x @ wk, x @ wv
+    s = q @ k.T / np.sqrt(q.shape[-1])
+    n = x.shape[0]
+    s = np.where(np.triu(np.ones((n, n), bool), 1), -np.inf, s)
+    return _softmax(s) @ v
+
+
+def test_growing_attention_shares_plans(device):
+    """Causal self-attention on a context one longer each step: the whole output (a
+    result with the growing size), its last row (a slice from the end) and its mean over
+    positions (a reduction over the growing axis, 1/n read at launch)."""
+    rng = np.random.default_rng(0)
+    D = 8
+    w = [rng.standard_normal((D, D)).astype(np.float32) for _ in range(3)]
+    wq, wk, wv = [zyx.tensor(a) for a in w]
+    seq = rng.standard_normal((40, D)).astype(np.float32)
+    before = _stats()
+    for n in range(1, 41):
+        x = zyx.tensor(seq[:n])
+        mask = zyx.tensor(np.triu(np.ones((n, n), bool), 1))
+        q, k, v = x @ wq, x @ wk, x @ wv
+        att = ((q @ k.T) / np.sqrt(D)).masked_fill(mask, float("-inf")).softmax(-1) @ v
+        full, last, mean = _realize(att, att[-1], att.mean(0))
+        ref = _attention_np(seq[:n], *w)
+        assert full.shape == (n, D)
+        assert_close(full, ref, atol=1e-4)
+        assert_close(last, ref[-1], atol=1e-4)
+        assert_close(mean, ref.mean(0), atol=1e-4)
+    plans, runs = (a - b for a, b in zip(_stats(), before))
+    # the first length (its own skeleton: no causal mask to apply at n = 1), then the first
+    # graph of the family, then one plan per bound (16, 32, 64): not one per length
+    assert runs >= 36, runs
+    assert plans <= 6, plans
+
+
+def test_reductions_over_the_growing_axis(device):
+    rng = np.random.default_rng(1)
+    data = rng.standard_normal((70, 3)).astype(np.float32)
+    ints = rng.integers(-50, 50, (70, 3)).astype(np.int32)
+    before = _stats()
+    for n in (5, 6, 9, 17, 3, 33, 64, 65, 2):
+        x, xi = zyx.tensor(data[:n]), zyx.tensor(ints[:n])
+        got = _realize(x.sum(0), x.max(0).values, x.min(0).values, x.prod(0), x.mean(0),
+                       x.var(0), xi.sum(0), xi.max(0).values, xi.min(0).values,
+                       x.argmax(0), (x > 0).any(0), (x > -3).all(0), x.logsumexp(0))
+        a, ai = data[:n], ints[:n]
+        ref = (a.sum(0), a.max(0), a.min(0), a.prod(0), a.mean(0), a.var(0, ddof=1),
+               ai.sum(0), ai.max(0), ai.min(0), a.argmax(0), (a > 0).any(0),
+               (a > -3).all(0), np.log(np.exp(a).sum(0)))
+        for g, r in zip(got, ref):
+            if r.dtype.kind in "iub":
+                assert np.array_equal(g, r), (n, g, r)
+            else:
+                assert_close(g, r, atol=1e-4, rtol=1e-4)
+    plans, runs = (a - b for a, b in zip(_stats(), before))
+    assert runs >= 6 and plans <= 6, (plans, runs)
+
+
+def test_slices_pads_and_reshapes_of_the_growing_axis(device):
+    rng = np.random.default_rng(2)
+    data = rng.standard_normal((40, 4)).astype(np.float32)
+    before = _stats()
+    for n in (4, 7, 12, 30, 5, 19):
+        x = zyx.tensor(data[:n])
+        a = data[:n]
+        y = x * 2 + 1
+        got = _realize(y[1:], y[:-2], y[-3:], y[-1], y[2:-1].sum(0),
+                       F.pad(y, (0, 0, 1, 2), value=7.0), F.pad(y, (0, 0, 0, 3)).sum(0),
+                       y.reshape(-1).sum(), y.reshape(n, 2, 2).sum((0, 2)),
+                       y.T @ y, y.unsqueeze(0).expand(3, n, 4).sum(1))
+        b = a * 2 + 1
+        ref = (b[1:], b[:-2], b[-3:], b[-1], b[2:-1].sum(0),
+               np.pad(b, ((1, 2), (0, 0)), constant_values=7.0), b.sum(0), b.sum(),
+               b.reshape(n, 2, 2).sum((0, 2)), b.T @ b, np.broadcast_to(b.sum(0), (3, 4)))
+        for g, r in zip(got, ref):
+            assert g.shape == r.shape, (n, g.shape, r.shape)
+            assert_close(g, r, atol=1e-4, rtol=1e-4)
+    plans, runs = (a - b for a, b in zip(_stats(), before))
+    assert runs >= 3 and plans <= 5, (plans, runs)
+
+
+def test_graphs_outside_the_rules_still_compute_right(device):
+    """A flip of the growing axis, a reshape that merges it with an outer axis and a cat
+    along it fall back to a plan per length: the values stay exact."""
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((2, 30)).astype(np.float32)
+    tail = rng.standard_normal((2, 3)).astype(np.float32)
+    for n in (3, 4, 9, 5):
+        x, a = zyx.tensor(data[:, :n]), data[:, :n]
+        got = _realize(x.flip(1) * 3, x.reshape(-1).cumsum(0),
+                       zyx.cat([x, zyx.tensor(tail)], 1).sum(0))
+        ref = (a[:, ::-1] * 3, a.reshape(-1).cumsum(0), np.concatenate([a, tail], 1).sum(0))
+        for g, r in zip(got, ref):
+            assert_close(g, r, atol=1e-4, rtol=1e-4)
+
+
+def test_integer_inputs_and_embeddings_grow(device):
+    """Token ids as the growing input (staged into a zero-filled bound buffer), an
+    embedding lookup, positions from arange(n), a linear head; the last position's
+    softmax, as a sampling loop reads it."""
+    zyx.manual_seed(0)
+    emb, pos, head = nn.Embedding(11, 6), nn.Embedding(64, 6), nn.Linear(6, 11)
+    E, P = emb.weight.numpy(), pos.weight.numpy()
+    W, b = head.weight.numpy(), head.bias.numpy()
+    rng = np.random.default_rng(4)
+    codes = rng.integers(0, 11, 50)
+    before = _stats()
+    with zyx.no_grad():
+        for n in range(1, 50, 3):
+            idx = zyx.tensor(codes[None, :n])
+            h = emb(idx) + pos(zyx.arange(n))
+            probs = F.softmax(head(h)[:, -1, :], dim=-1)
+            ref = _softmax((E[codes[:n]] + P[:n]) @ W.T + b)[-1]
+            assert_close(probs.numpy()[0], ref, atol=1e-5)
+    plans, runs = (a - b for a, b in zip(_stats(), before))
+    assert runs >= 12 and plans <= 6, (plans, runs)
+
+
+def test_varying_batch_training_step_gradients(device):
+    """A last batch of another size (a DataLoader without drop_last): the step's loss and
+    gradients at each batch size against numpy."""
+    rng = np.random.default_rng(5)
+    w_np = rng.standard_normal((5, 3)).astype(np.float32)
+    X = rng.standard_normal((40, 5)).astype(np.float32)
+    Y = rng.standard_normal((40, 3)).astype(np.float32)
+    w = zyx.tensor(w_np, requires_grad=True)
+    before = _stats()
+    for n in (16, 16, 7, 16, 3, 12, 7):
+        x, y = zyx.tensor(X[:n]), zyx.tensor(Y[:n])
+        loss = ((x @ w - y) ** 2).mean()
+        w.grad = None
+        loss.backward()
+        got_loss, got_grad = _realize(loss, w.grad)
+        r = X[:n] @ w_np - Y[:n]
+        assert_close(got_loss, (r ** 2).mean(), atol=1e-5, rtol=1e-5)
+        assert_close(got_grad, 2 * X[:n].T @ r / r.size, atol=1e-5, rtol=1e-5)
+    # 16 and 7 are planned exactly; 3 and 12 run at bounds 16
+    assert _stats()[1] - before[1] == 2
+
+
+def test_sampling_a_transformer_builds_a_handful_of_plans(device):
+    """The issue's figure: sampling with a growing context (no crop) builds a plan per
+    power of two, not one per token; the probabilities match the same model computed
+    with every plan built afresh."""
+    zyx.manual_seed(0)
+    V, D = 13, 16
+    layer = nn.TransformerEncoderLayer(D, 2, 32, dropout=0.0, batch_first=True)
+    emb, head = nn.Embedding(V, D), nn.Linear(D, V)
+    rng = np.random.default_rng(6)
+    codes = list(rng.integers(0, V, 3))
+
+    def probs_of(codes):
+        idx = zyx.tensor(np.array([codes]))
+        n = len(codes)
+        mask = nn.Transformer.generate_square_subsequent_mask(n)
+        out = head(layer(emb(idx), src_mask=mask, is_causal=True))
+        return F.softmax(out[0, -1], dim=-1).numpy()
+
+    before = _stats()
+    seen = []
+    with zyx.no_grad():
+        for _ in range(30):
+            p = probs_of(codes)
+            seen.append(p)
+            codes.append(int(np.argmax(p)))
+        plans, runs = (a - b for a, b in zip(_stats(), before))
+        assert runs >= 27 and plans <= 5, (plans, runs)
+        # the same lengths again with bound plans switched off: identical probabilities
+        for n in (3, 7, 18, 32):
+            zyx._RT._bound_families.clear()
+            zyx._RT.plans.clear()
+            assert_close(probs_of(codes[:n]), seen[n - 3], atol=1e-5)
+
+
+def test_two_sizes_are_planned_exactly_and_the_switch_turns_bounds_off(device, monkeypatch):
+    """A size seen with two values (a training loop's last, smaller batch) keeps exact
+    plans; a third value runs at a bound; config "growing_sizes": false plans every size."""
+    data = np.arange(100, dtype=np.float32)
+    before = _stats()
+    for n in (40, 30, 40, 30):
+        assert_close((zyx.tensor(data[:n]) * 2).sum().numpy(), data[:n].sum() * 2)
+    assert _stats()[1] == before[1]
+    assert_close((zyx.tensor(data[:20]) * 2).sum().numpy(), data[:20].sum() * 2)
+    assert _stats()[1] == before[1] + 1
+    monkeypatch.setattr(zyx._RT, "growing_sizes", False)
+    assert_close((zyx.tensor(data[:21]) * 2).sum().numpy(), data[:21].sum() * 2)
+    assert _stats()[1] == before[1] + 1
+
+
+def test_growing_sizes_config_is_checked():
+    from zyx.runtime import _growing_sizes
+    assert _growing_sizes({}) is True
+    assert _growing_sizes({"growing_sizes": False}) is False
+    with pytest.warns(RuntimeWarning, match="growing_sizes"):
+        assert _growing_sizes({"growing_sizes": "no"}) is True
+
+
+def test_inputs_too_large_to_stage_keep_a_plan_per_size(device, monkeypatch):
+    import zyx.bounds
+    monkeypatch.setattr(zyx.bounds, "STAGE_LIMIT", 1000)
+    data = np.arange(1000, dtype=np.float32)
+    before = _stats()
+    for n in (300, 200, 250, 260):     # 250 floats staged at bound 256: 1024 bytes
+        assert_close((zyx.tensor(data[:n]) + 1).max().numpy(), n)
+    assert _stats()[1] == before[1]
