@@ -89,6 +89,42 @@ def test_initial_states_and_unbatched_input(kind):
 
 
 @needs_torch
+def test_lstm_forward_template_replays_exactly():
+    """An LSTM layer's steps are traced on the first call of a structure and added from
+    the template afterwards (rnn._lstm_nodes): later calls, with new inputs, with h0 and
+    c0 one tensor or two, give torch's values and gradients."""
+    from zyx.nn.modules import rnn
+    ours, ref = _pair("LSTM", input_size=3, hidden_size=4)
+    rnn._FORWARD_TEMPLATES.clear()
+    for k, same in enumerate((True, True, False, False, True)):
+        x = np.random.randn(7, 2, 3)
+        h0 = np.random.randn(1, 2, 4)
+        c0 = h0 if same else np.random.randn(1, 2, 4)
+        zx = zyx.tensor(x, requires_grad=True)
+        zh0 = zyx.tensor(h0, requires_grad=True)
+        zc0 = zh0 if same else zyx.tensor(c0, requires_grad=True)
+        tx = torch.tensor(x, requires_grad=True)
+        th0 = torch.tensor(h0, requires_grad=True)
+        tc0 = th0 if same else torch.tensor(c0, requires_grad=True)
+        zo, (zh, zc) = ours(zx, (zh0, zc0))
+        to, (th, tc) = ref(tx, (th0, tc0))
+        ours.zero_grad()
+        ref.zero_grad()
+        (zo.sum() + (zc ** 2).sum()).backward()
+        (to.sum() + (tc ** 2).sum()).backward()
+        for a, b in ((zo, to), (zh, th), (zc, tc), (zx.grad, tx.grad), (zh0.grad, th0.grad)):
+            _close(a, b)
+        if not same:
+            _close(zc0.grad, tc0.grad)
+        tgrads = dict(ref.named_parameters())
+        for name, p in ours.named_parameters():
+            _close(p.grad, tgrads[name].grad)
+    # (each layer reads its own slice of h0 and c0: one structure, traced once, replayed)
+    assert len(rnn._FORWARD_TEMPLATES) == 1
+    assert all(rnn._FORWARD_TEMPLATES.values())
+
+
+@needs_torch
 def test_relu_rnn_and_dropout_between_layers():
     ours, ref = _pair("RNN", input_size=3, hidden_size=4, nonlinearity="relu")
     x = np.random.randn(4, 2, 3)

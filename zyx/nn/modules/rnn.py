@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 
 from ... import autograd
+from ..._core import replay as _replay
 from ..._core import tensorbase as _TB
+from ...runtime import RT
 from ...errors import ShapeError
 from ...tensor import Tensor, cat, stack, zeros
 from .. import functional as F
@@ -188,25 +190,79 @@ def _lstm_sequence(gx, state, w_hh):
     passed to the composite as an extra input that needs no gradient, so the backward
     reads the activations the forward computed; the composite's value is the stack of
     the steps' [h, c] (T, N, 2H)."""
-    h, c = state
     t_len = gx.shape[0]
     hid = w_hh.shape[1]
-    prev = _TB.set_recording(False)
-    try:
-        rows = []
-        for g_t in _steps(gx):
-            i, f, g, o = (g_t + F.linear(h, w_hh)).chunk(4, 1)
-            i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
-            c = _stored(f * c + i * g)
-            h = o * c.tanh()
-            rows.append(_stored(cat([h, c, i, f, g, o], 1)))
-        packed = stack([r[:, :2 * hid] for r in rows], 0)          # (T, N, 2H)
-    finally:
-        _TB.set_recording(prev)
-    packed = autograd.record_composite(packed, ("lstm",),
-                                       (gx, w_hh, state[0], state[1]) + tuple(rows))
+    ins = (gx, w_hh, state[0], state[1])
+    packed, rows = _lstm_nodes(ins, hid)
+    packed = autograd.record_composite(packed, ("lstm",), ins + tuple(rows))
     out = packed[:, :, :hid]
     return out, (out[t_len - 1], packed[t_len - 1, :, hid:])
+
+
+_FORWARD_TEMPLATES = {}    # _lstm_nodes' key -> replay.Template (False: not replayable)
+MAX_FORWARD_TEMPLATES = 64
+
+
+def _lstm_nodes(ins, hid):
+    """(packed, rows) of `_lstm_sequence` without recording: the T steps' nodes. They
+    depend only on the inputs' shapes and dtypes, so the first call of a structure traces
+    the nodes it adds (Graph.trace, as backward templates do) and later calls add the same
+    nodes from the template in one loop, without building tensors op by op (30 steps: ~2
+    ms of a training step's host time)."""
+    graph = RT.graph
+    nodes = [t._id for t in ins]
+    key = tuple([(t.shape, t.dtype) for t in ins]) + (
+        tuple([nodes.index(n) for n in nodes]),)      # which inputs are one node
+    tpl = _FORWARD_TEMPLATES.get(key)
+    if tpl:
+        outs = [object() for _ in range(ins[0].shape[0] + 1)]
+        made = tpl.run(graph, nodes, outs, Tensor._wrap)
+        return made[id(outs[0])], [made[id(o)] for o in outs[1:]]
+    trace = None
+    if tpl is None and graph.trace is None:
+        graph.trace = trace = []
+    prev = _TB.set_recording(False)
+    try:
+        packed, rows = _lstm_steps(ins, hid)
+    finally:
+        _TB.set_recording(prev)
+        if trace is not None:
+            graph.trace = None
+    if trace is not None:
+        outs = [object() for _ in range(len(rows) + 1)]
+        result = {id(o): t for o, t in zip(outs, [packed] + rows)}
+        if len(_FORWARD_TEMPLATES) >= MAX_FORWARD_TEMPLATES:
+            del _FORWARD_TEMPLATES[next(iter(_FORWARD_TEMPLATES))]
+        _FORWARD_TEMPLATES[key] = _replay.build_template(trace, nodes, result, outs) or False
+    return packed, rows
+
+
+def _lstm_steps(ins, hid):
+    gx, w_hh, h, c = ins
+    rows = []
+    for g_t in _steps(gx):
+        i, f, g, o = (g_t + F.linear(h, w_hh)).chunk(4, 1)
+        i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+        c = _stored(f * c + i * g)
+        h = o * c.tanh()
+        rows.append(_stored(cat([h, c, i, f, g, o], 1)))
+    packed = _stack_stored([r[:, :2 * hid] for r in rows])     # (T, N, 2H)
+    return packed, rows
+
+
+STACK_GROUP = 6
+
+
+def _stack_stored(parts):
+    """stack(parts, 0) of many stored tensors (or slices of them) in two levels (groups of STACK_GROUP, then
+    the groups): a stack is a sum of disjoint pads, and its kernel tests every part at
+    every element, so one level of T parts costs T selects per element; two cost about
+    2 * sqrt(T)."""
+    if len(parts) <= 2 * STACK_GROUP:
+        return stack(parts, 0)
+    groups = [_stored(stack(parts[i:i + STACK_GROUP], 0))
+              for i in range(0, len(parts), STACK_GROUP)]
+    return cat(groups, 0)
 
 
 def _lstm_backward(packed, grad, arg, srcs, need):
@@ -234,7 +290,7 @@ def _lstm_backward(packed, grad, arg, srcs, need):
         dgates[t] = dgate
         dh_next = _stored(dgate @ w_hh)
         dc_next = dct * f
-    d_all = stack(dgates, 0)                                  # (T, N, 4H)
+    d_all = _stack_stored(dgates)                             # (T, N, 4H)
     out = [None] * len(srcs)
     if need[0]:
         out[0] = d_all
