@@ -281,16 +281,28 @@ class _StubPool:
         self.live -= 1
 
 
+class _StubClock:
+    """The tuner's clock in the stub test: it moves only when the stub device 'runs' a
+    program, so the timings are exact even on a machine busy with other tests (the
+    tuner's choice must not depend on preemption)."""
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
 class _StubDevice:
     """A device whose 'slow' schedule takes longer and whose 'broken' one fails to
     compile, as a driver may refuse a launch configuration."""
     identity = "stub"
     debug = 0
 
-    def __init__(self):
+    def __init__(self, clock=None):
         self.pool = _StubPool()
         self.schedules = {}
         self.released = []
+        self.clock = clock
 
     def schedule_candidates(self, kernel):
         return [("default", None), ("broken", {"x": 1}), ("fast", {"x": 2}), ("slow", {"x": 3})]
@@ -301,6 +313,9 @@ class _StubDevice:
         return {None: 2e-4, 2: 5e-5, 3: 4e-4}[schedule and schedule["x"]]
 
     def launch(self, program, pool, args, wait_events=()):
+        if self.clock is not None:
+            self.clock.now += program
+            return
         end = time.perf_counter() + program
         while time.perf_counter() < end:
             pass
@@ -310,9 +325,11 @@ class _StubDevice:
 
 
 @pytest.mark.parametrize("device", ["stub"], indirect=False)
-def test_tuner_skips_a_failing_schedule_and_keeps_the_fastest(tmp_path, device):
+def test_tuner_skips_a_failing_schedule_and_keeps_the_fastest(tmp_path, device, monkeypatch):
     from zyx._core.kernel import Kernel
-    dev = _StubDevice()
+    clock = _StubClock()
+    monkeypatch.setattr(tuning, "time", clock)
+    dev = _StubDevice(clock)
     stats = {"kernels_tuned": 0, "schedules_reused": 0}
     store = tuning.ScheduleStore("stub", str(tmp_path))
     tuner = tuning.Tuner(dev, tuning.Settings(enabled=True, launches=2, progress=False),
