@@ -516,8 +516,33 @@ def test_h100_strategies_rendered():
     assert g.strategy == "columns" and g.launches[0].groups == 64 * 17
 
 
-def test_cpu_layouts_are_off_for_gpu_devices(opencl_device):
-    assert opencl_device.info().register_tiles is False
+def test_gpu_devices_tile_only_kernels_with_many_outputs(opencl_device):
+    """GPU devices give the CPU's matmul tiles to kernels with at least tile_min_outputs
+    outputs (one tile per work-item still fills the device) and never window tiles;
+    ZYX_GPU_TILES=0 turns tiles off."""
+    info = opencl_device.info()
+    assert info.register_tiles is gpu.register_tiles() and info.window_tiles is False
+    assert info.tile_min_outputs == gpu.tile_min_outputs(info.num_cores) > 0
+    from zyx._core.kernelizer import kernelize
+    a = zyx.Tensor(np.ones((64, 64), np.float32))
+
+    def tiled(t, **kw):
+        g = zyx._RT.graph
+        order, _ = g.collect([t._id])
+        steps, _ = kernelize(g, order, [t._id], 64, True, **kw)
+        (k,) = [st.kernel for st in steps if st.kernel is not None]
+        return any(op[0] == K.DEFINE and op[2] == K.SCOPE_REGISTER and op[5] > 1
+                   for op in k.ops)
+    assert tiled(a @ a, tile_min_outputs=64 * 64)
+    assert not tiled(a @ a, tile_min_outputs=64 * 64 + 1)
+    x = zyx.Tensor(np.ones((2, 3, 16, 16), np.float32))
+    w = zyx.Tensor(np.ones((8, 3, 3, 3), np.float32))
+    import zyx.nn.functional as F
+    assert tiled(F.conv2d(x, w))                       # window lanes on the CPU
+    assert not tiled(F.conv2d(x, w), window_tiles=False)
+
+
+def test_kernels_with_cpu_tiles_lower_for_gpus(opencl_device):
     a = zyx.Tensor(np.ones((64, 64), np.float32))
     (tiled,) = kernels_of(a @ a, register_tiles=True)
     (plain,) = kernels_of(a @ a, register_tiles=False)

@@ -118,7 +118,7 @@ def test_every_layout_matches_the_heuristic(force):
             break
         k += 1
     dev = zyx._RT.device()
-    if dev.info().register_tiles:
+    if dev.info().register_tiles and not dev.info().tile_min_outputs:
         # the C backend offers several layouts per reduce kernel: lanes, unroll, plain
         assert k >= 3 and any(s.startswith("lanes") for s in seen) \
             and any(s.startswith("unroll") for s in seen) and "plain" in seen, seen

@@ -1161,7 +1161,7 @@ def _tile_frame(b, tuple shape):
     return r, loop_vars[-1], axes, axis, shape[axis], out_var
 
 
-def choose_upcast(b, tuple shape, int vector_bytes=64):
+def choose_upcast(b, tuple shape, int vector_bytes=64, bint windows=True):
     """How to lay out a reduce kernel's outputs (None: one output per iteration).
 
     "lanes": some load strides through memory along the innermost reduce loop while every
@@ -1170,7 +1170,9 @@ def choose_upcast(b, tuple shape, int vector_bytes=64):
     register holds 16 floats (16 of AVX-512's 32 registers; 1.7x faster than 4 rows on a
     matmul's weight gradient), 8 with 32-byte vectors, 4 otherwise. "unroll": every load
     is contiguous along the reduce loop -> 4x4 tile of scalar accumulators with the reduce
-    loop innermost (_choose_unroll)."""
+    loop innermost (_choose_unroll). `windows` False (GPU devices, where the MNIST
+    convnet ran slower with them): no tile for a reduce whose loads are all contiguous
+    along a short innermost loop (a convolution's window row), and never window lanes."""
     frame = _tile_frame(b, shape)
     if frame is None:
         return None
@@ -1188,17 +1190,19 @@ def choose_upcast(b, tuple shape, int vector_bytes=64):
         if ck not in (0, 1):
             strided = True
     if not strided:
+        if not windows and k.hi < 15:
+            return None      # a short window (a convolution's): no tile at all on GPUs
         # a short innermost loop (a convolution's window row) gains little from scalar
         # accumulators running along it: vector lanes over the output width first, when
         # they fill a vector: fewer than 4 lanes (a 3x3 convolution's weight gradient,
         # whose last axis is the kernel width) ran 3.4x slower than the 4x4 unroll tile
         # with reduce lanes (9.8 vs 2.9 ms, found by the autotuner)
-        if lanes_ok and k.hi < 15 and J >= 4:
+        if windows and lanes_ok and k.hi < 15 and J >= 4:
             up = _choose_window_lanes(b, shape, axes, axis, J, vector_bytes, r)
             if up is not None:
                 return up
         up = _choose_unroll(b, shape, axes, k, r)
-        if up is not None or not lanes_ok:
+        if up is not None or not lanes_ok or not windows:
             return up
         return _choose_window_lanes(b, shape, axes, axis, J, vector_bytes, r)
     if not lanes_ok:
@@ -1210,7 +1214,7 @@ def choose_upcast(b, tuple shape, int vector_bytes=64):
             rows //= 2
         if shape[axes[-2]] % rows == 0:
             plan.insert(0, (axes[-2], rows))   # rows x 16 lanes: independent FMA chains
-    if len(plan) == 1:
+    if len(plan) == 1 and windows:
         # no rows on the axis before: rows where loads are reused (a convolution's input
         # gradient reads each window of the output gradient for every input channel)
         up = _choose_window_lanes(b, shape, axes, axis, J, vector_bytes, r)
@@ -1437,7 +1441,8 @@ def reshape_index(tuple dims, tuple shape, tuple src_shape):
 
 
 def kernelize(graph, list order, list target_ids, int vector_bytes=64,
-              bint register_tiles=True, int sum_block=0, dict params=None, tuner=None):
+              bint register_tiles=True, int sum_block=0, dict params=None, tuner=None,
+              long long tile_min_outputs=0, bint window_tiles=True):
     """Cut the subgraph `order` (topologically sorted node ids) into kernels
     (`vector_bytes`: the device's vector register width, for register tiling;
     `register_tiles` False: no "lanes"/"unroll" output layouts, which exist for CPU SIMD
@@ -1449,7 +1454,12 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
     element)} with axis -1 for a CONST's scalar and d for the start of a PAD's cut axis d;
     the leaves are 1-D parameter arrays at the end of `order`; `tuner`: a
     tuning.Tuner choosing each reduce kernel's output layout among
-    `upcast_candidates` by timing them, instead of `choose_upcast`'s pick).
+    `upcast_candidates` by timing them, instead of `choose_upcast`'s pick;
+    `tile_min_outputs`: with register tiles, only kernels with at least this many outputs
+    get them (a GPU: a tile per work-item leaves a kernel with few outputs too few
+    work-items, where the group strategies would split its reductions instead);
+    `window_tiles` False: no window lanes (choose_upcast's `windows`). The autotuner's
+    layout search runs on devices that tile every kernel (the CPU) only.
 
     Returns (steps, stored): steps in execution order, each reading and writing node
     positions in `order`; `stored[p]` tells which positions get a buffer."""
@@ -1504,12 +1514,12 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
         # (a split output axis is tiled along its innermost part)
         tiled = tuple([out_splits[a][-1] if a in out_splits else n
                        for a, n in enumerate(nodes[p].shape)])
-        if tuner is not None and register_tiles and b.rows is None:
+        tiles = register_tiles and b.rows is None and numel >= tile_min_outputs
+        if tuner is not None and tiles and tile_min_outputs == 0:
             k, b = _tuned_layout(tuner, b, Kernel(ops, args, "k"), tiled, vector_bytes,
                                  nodes, stored, p, sum_block, params, splits, out_splits, pos)
         else:
-            up = choose_upcast(b, tiled, vector_bytes) \
-                if register_tiles and b.rows is None else None
+            up = choose_upcast(b, tiled, vector_bytes, window_tiles) if tiles else None
             if up is not None:
                 b = _Builder(nodes, stored, p, sum_block, params)
                 b.reduce_splits, b.out_splits = splits, out_splits

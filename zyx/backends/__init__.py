@@ -55,6 +55,8 @@ class DeviceInfo:
     # CPU register tiles of reduce kernels (kernelizer.choose_upcast's "lanes"/"unroll");
     # GPU devices set False: gpu.lower spreads outputs over work-items instead
     register_tiles: bool = True
+    tile_min_outputs: int = 0             # fewest outputs of a kernel given register tiles
+    window_tiles: bool = True             # tiles of short windows too (convolutions)
     sum_block: int = 0                    # float sum block (kernelizer; 0: its SUM_BLOCK)
     extra: dict = field(default_factory=dict)
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import BackendError
 from . import DeviceInfo
-from .gpu import GPU_SUM_BLOCK
+from .gpu import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from .cfamily import CUDADialect
 from .gpudriver import (DeviceOutOfMemory, DriverDevice, DriverMemoryPool,
                         ResultTupleDriver, device_ids, ensure_current)
@@ -259,7 +259,9 @@ class CUDADevice(DriverDevice):
         # kHz; CUDA 13 dropped clockRate from cudaDeviceProp, so the attribute may go too
         clock_khz = d.attribute("CLOCK_RATE", 0) or 1_500_000
         return DeviceInfo(
-            register_tiles=False,          # CPU SIMD layouts; GPUs split work in gpu.lower
+            # kernels with many outputs get the CPU's matmul tiles (not window tiles)
+            register_tiles=register_tiles(), window_tiles=False,
+            tile_min_outputs=tile_min_outputs(sms),
             sum_block=GPU_SUM_BLOCK,
             name=f"CUDA {d.name()}",
             compute=float(sms * clock_khz * 1e3 * cores_per_sm(self.cc) * 2),

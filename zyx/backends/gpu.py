@@ -463,6 +463,27 @@ def contiguous_along(ops, lo, hi, var):
 
 # -- launch geometry --------------------------------------------------------------------
 
+TILES_ENV = "ZYX_GPU_TILES"
+
+
+TILE_OUTPUTS_PER_CORE = 1024   # a tile of ~16 outputs per work-item: 64 per compute unit
+
+
+def register_tiles():
+    """DeviceInfo.register_tiles of GPU devices: whether kernelize gives reduce kernels
+    with many outputs (tile_min_outputs) the CPU's matmul register tiles ("lanes"/"unroll":
+    each work-item computes a tile of outputs, reusing each load across it) before
+    gpu.lower spreads work-items. On unless ZYX_GPU_TILES=0 (H100, 4096^2 matmul: float32
+    38.1 -> 34.7 ms, bfloat16 46.1 -> 19.9 ms)."""
+    return os.environ.get(TILES_ENV, "1") != "0"
+
+
+def tile_min_outputs(num_cores):
+    """DeviceInfo.tile_min_outputs of a GPU with `num_cores` compute units: kernels with
+    fewer outputs keep one output per work-item (or a group per output)."""
+    return max(num_cores, 1) * TILE_OUTPUTS_PER_CORE
+
+
 def _pow2_floor(n):
     return 1 << (max(int(n), 1).bit_length() - 1)
 

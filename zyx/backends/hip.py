@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import BackendError
 from . import DeviceInfo
-from .gpu import GPU_SUM_BLOCK
+from .gpu import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from .cfamily import HIPDialect
 from .gpudriver import (DeviceOutOfMemory, DriverDevice, DriverMemoryPool,
                         ResultTupleDriver, device_ids, ensure_current)
@@ -176,7 +176,9 @@ class HIPDevice(DriverDevice):
         clock_khz = d.attribute("ClockRate", 0) or 1_500_000
         base = self.arch.split(":", 1)[0]
         return DeviceInfo(
-            register_tiles=False,          # CPU SIMD layouts; GPUs split work in gpu.lower
+            # kernels with many outputs get the CPU's matmul tiles (not window tiles)
+            register_tiles=register_tiles(), window_tiles=False,
+            tile_min_outputs=tile_min_outputs(cus),
             sum_block=GPU_SUM_BLOCK,
             name=f"HIP {d.name()} ({base})",
             compute=float(cus * clock_khz * 1e3 * lanes_per_cu(base) * 2),

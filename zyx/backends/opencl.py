@@ -21,7 +21,8 @@ from ..errors import AllocationError, BackendError, DTypeError
 from . import Buffer, DeviceInfo, MemoryPool
 from .binary_cache import BinaryCache, cache_key
 from .cfamily import OpenCLDialect
-from .gpu import GPU_SUM_BLOCK, WORK_GROUP, lower, schedule_candidates
+from .gpu import (GPU_SUM_BLOCK, WORK_GROUP, lower, register_tiles, schedule_candidates,
+                  tile_min_outputs)
 
 # Below the C backend's estimate (2e10 FLOP/s per core) for any core count: the C backend
 # computes on the same CPU faster than PoCL's generic code, so it must stay the default.
@@ -192,7 +193,8 @@ class OpenCLDevice:
                           preferred_vector_size=width * 4,
                           num_cores=d.max_compute_units,
                           warp_size=_warp_size(cl, d, is_cpu),
-                          register_tiles=False,
+                          register_tiles=register_tiles(), window_tiles=False,
+                          tile_min_outputs=tile_min_outputs(d.max_compute_units),
                           sum_block=GPU_SUM_BLOCK,
                           dtypes=dtypes,
                           extra={"fp16": "cl_khr_fp16" in self.extensions, "fp64": self.fp64,
