@@ -158,6 +158,43 @@ def test_cat_special_values_and_promotion():
     assert_close(got, np.concatenate([i.astype(np.float32), q]), dtype=zyx.float32)
 
 
+@pytest.mark.parametrize("d", [zyx.float32, zyx.int32, zyx.bool, zyx.float16],
+                         ids=ids((zyx.float32, zyx.int32, zyx.bool, zyx.float16)))
+def test_cat_of_many_parts_through_stored_groups(d, kernel_counter):
+    """More than 2 * CAT_GROUP parts into a large result: groups of CAT_GROUP are stored
+    first (one kernel each, then the cat of the groups); values exact, NaN kept, mixed
+    part sizes and dtypes promoted, gradients flow to every part."""
+    from zyx.tensor import CAT_GROUP, CAT_GROUP_NUMEL
+    rng = np.random.RandomState(0)
+    n = 2 * CAT_GROUP + 5
+    rows = -(-CAT_GROUP_NUMEL // (n * 64))
+    parts = [sample((rows, 64 + (i % 3)), d, -9, 9, rng) for i in range(n)]
+    if d is zyx.float32:
+        parts[3][0, :2] = [-0.0, np.nan]
+    ts = [zyx.Tensor(p, dtype=d) for p in parts]
+    out = zyx.cat(ts, 1)
+    launched, _ = kernel_counter(lambda: out.numpy())
+    assert launched == -(-n // CAT_GROUP) + 1
+    want = np.concatenate(parts, 1)
+    assert_close(out, want, dtype=d)
+    if d is zyx.float32:
+        got = out.numpy()
+        at = sum(p.shape[1] for p in parts[:3])
+        # (the sign of -0.0 is lost by any cat: its parts' pads add +0.0)
+        assert got[0, at] == 0 and np.isnan(got[0, at + 1])
+        st = zyx.stack([t[:, :64] for t in ts], 0)
+        assert_close(st, np.stack([p[:, :64] for p in parts]), dtype=d)
+        ws = [zyx.Tensor(p, requires_grad=True) for p in parts]
+        g = rng.standard_normal(want.shape).astype(np.float32)
+        (zyx.cat(ws, 1) * zyx.Tensor(g)).sum().backward()
+        off = 0
+        for w, p in zip(ws, parts):
+            assert_close(w.grad, g[:, off:off + p.shape[1]], dtype=d)
+            off += p.shape[1]
+    mixed = zyx.cat(ts[:CAT_GROUP * 2] + [zyx.Tensor(np.ones((rows, 64), np.float64))], 1)
+    assert mixed.dtype == zyx.float64
+
+
 def test_cat_noncontiguous_and_mixed_sizes(a):
     x = zyx.Tensor(a)
     b = np.random.randn(2, 5, 4).astype(np.float32)

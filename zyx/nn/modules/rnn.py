@@ -246,23 +246,8 @@ def _lstm_steps(ins, hid):
         c = _stored(f * c + i * g)
         h = o * c.tanh()
         rows.append(_stored(cat([h, c, i, f, g, o], 1)))
-    packed = _stack_stored([r[:, :2 * hid] for r in rows])     # (T, N, 2H)
+    packed = stack([r[:, :2 * hid] for r in rows], 0)          # (T, N, 2H)
     return packed, rows
-
-
-STACK_GROUP = 6
-
-
-def _stack_stored(parts):
-    """stack(parts, 0) of many stored tensors (or slices of them) in two levels (groups of STACK_GROUP, then
-    the groups): a stack is a sum of disjoint pads, and its kernel tests every part at
-    every element, so one level of T parts costs T selects per element; two cost about
-    2 * sqrt(T)."""
-    if len(parts) <= 2 * STACK_GROUP:
-        return stack(parts, 0)
-    groups = [_stored(stack(parts[i:i + STACK_GROUP], 0))
-              for i in range(0, len(parts), STACK_GROUP)]
-    return cat(groups, 0)
 
 
 def _lstm_backward(packed, grad, arg, srcs, need):
@@ -290,7 +275,7 @@ def _lstm_backward(packed, grad, arg, srcs, need):
         dgates[t] = dgate
         dh_next = _stored(dgate @ w_hh)
         dc_next = dct * f
-    d_all = _stack_stored(dgates)                             # (T, N, 4H)
+    d_all = stack(dgates, 0)                                  # (T, N, 4H)
     out = [None] * len(srcs)
     if need[0]:
         out[0] = d_all
