@@ -218,6 +218,30 @@ def test_softmax_torch(benchmark, sm_data):
     benchmark(lambda: t.softmax(x, 1))
 
 
+# stack of 64 (64, 256) float32 tensors, times 2 (a many-part cat: tensor.CAT_GROUP)
+@pytest.fixture(scope="module")
+def stack_parts(rng):
+    return [rng.standard_normal((64, 256), dtype=np.float32) for _ in range(64)]
+
+
+@pytest.mark.benchmark(group="stack-64x(64x256)")
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "flat"])
+def test_stack_zyx(benchmark, stack_parts, grouped, monkeypatch):
+    mod = sys.modules["zyx.tensor"]
+    if not grouped:
+        monkeypatch.setattr(mod, "CAT_GROUP_NUMEL", 1 << 62)
+    parts = [zyx.Tensor(p).realize() for p in stack_parts]
+    np.testing.assert_array_equal((zyx.stack(parts) * 2).numpy(), np.stack(stack_parts) * 2)
+    benchmark(lambda: (zyx.stack(parts) * 2).realize())
+
+
+@pytest.mark.benchmark(group="stack-64x(64x256)")
+def test_stack_torch(benchmark, stack_parts):
+    t = need_torch()
+    parts = [t.from_numpy(p) for p in stack_parts]
+    benchmark(lambda: t.stack(parts) * 2)
+
+
 @pytest.mark.parametrize("n", [512, 1024])
 def test_matmul_zyx(benchmark, rng, n):
     benchmark.group = f"matmul-{n}"

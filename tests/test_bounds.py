@@ -233,3 +233,14 @@ def test_inputs_too_large_to_stage_keep_a_plan_per_size(device, monkeypatch):
     for n in (300, 200, 250, 260):     # 250 floats staged at bound 256: 1024 bytes
         assert_close((zyx.tensor(data[:n]) + 1).max().numpy(), n)
     assert _stats()[1] == before[1]
+
+
+def test_remembered_skeletons_are_bounded(device, monkeypatch):
+    import zyx.bounds
+    monkeypatch.setattr(zyx.bounds, "MAX_FAMILIES", 3)
+    x = zyx.tensor(np.arange(10, dtype=np.float32))
+    y = x
+    for k in range(8):                 # eight skeletons: one more op each
+        y = y * 2
+        assert_close(y.numpy(), np.arange(10) * 2.0 ** (k + 1))
+        assert len(zyx._RT._bound_families) <= 3

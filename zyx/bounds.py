@@ -47,6 +47,9 @@ MIN_BOUND = 16      # smallest bound: short contexts share one plan
 # Growing inputs are copied into their bound shape and growing results out of it through
 # the host; past this many bytes per run a plan per size is cheaper than the copies.
 STAGE_LIMIT = 8 << 20
+# Skeletons remembered at once (each keeps its first graph's shapes and pad/constant
+# args, ~70 bytes a node); past it the runtime forgets them all and starts again.
+MAX_FAMILIES = 256
 
 
 def skeleton(graph, ids):

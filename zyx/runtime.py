@@ -590,7 +590,7 @@ class Runtime:
         skel = (id(dev), skel)
         fam = self._bound_families.get(skel)
         if fam is None:
-            if len(self._bound_families) >= 4 * self.max_plans:
+            if len(self._bound_families) >= bounds.MAX_FAMILIES:
                 self._bound_families.clear()
             self._bound_families[skel] = _BoundFamily(bounds.observe(graph, order, sizes))
             return False
