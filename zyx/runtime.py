@@ -581,8 +581,9 @@ class Runtime:
         plan, and so do the first two sizes of a family: a size that takes a third value is
         one that grows (a training loop's last, smaller batch is planned exactly, as
         before). Staging is a copy through the host, so graphs whose growing inputs and
-        results exceed bounds.STAGE_LIMIT bytes keep a plan per size too. Value checks computed in the plan are reductions of their operand to a flag:
-        at the bound they skip the positions past the real size like any other."""
+        results exceed bounds.STAGE_LIMIT bytes keep a plan per size too. Value checks
+        computed in the plan are reductions of their operand to a flag: at the bound they
+        skip the positions past the real size like any other."""
         if not self.growing_sizes:
             return False
         graph = self.graph
