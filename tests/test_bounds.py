@@ -244,3 +244,43 @@ def test_remembered_skeletons_are_bounded(device, monkeypatch):
         y = y * 2
         assert_close(y.numpy(), np.arange(10) * 2.0 ** (k + 1))
         assert len(zyx._RT._bound_families) <= 3
+
+
+def test_sampling_with_cat_shares_plans(on_cpu):
+    """nanoGPT's generate: `idx = cat([idx, nxt], 1)` every step. Small realized parts on
+    the CPU are concatenated at once (Runtime.host_cat), so idx stays a realized tensor
+    whose length grows, and the model's graphs share bound plans."""
+    zyx.manual_seed(0)
+    V, D = 11, 8
+    emb, head = nn.Embedding(V, D), nn.Linear(D, V)
+    E, W, b = emb.weight.numpy(), head.weight.numpy(), head.bias.numpy()
+    idx = zyx.tensor(np.array([[3]]))
+    before = _stats()
+    with zyx.no_grad():
+        for _ in range(40):
+            h = emb(idx).mean(1)                     # (1, D): a reduce over the context
+            probs = F.softmax(head(h), dim=-1)
+            nxt = zyx.tensor(np.array([[int(np.argmax(probs.numpy()))]]))
+            idx = zyx.cat([idx, nxt], 1)
+            assert zyx._RT.graph.get(idx._id).op == 0      # a realized leaf
+    codes = idx.numpy()[0]
+    for n in (1, 7, 20, 40):                        # every step's choice, from numpy
+        p = (E[codes[:n]].mean(0) @ W.T + b).argmax()
+        assert p == codes[n]
+    plans, runs = (a - b for a, b in zip(_stats(), before))
+    assert runs >= 35 and plans <= 6, (plans, runs)
+
+
+def test_host_cat_keeps_dtypes_and_gradients(on_cpu):
+    for d in (zyx.float32, zyx.int64, zyx.bool, zyx.bfloat16, zyx.float16):
+        a = zyx.tensor(np.arange(6).reshape(2, 3) % 2, dtype=d)
+        b = zyx.tensor(np.ones((2, 1)), dtype=d)
+        out = zyx.cat([a, b, a], 1)
+        assert zyx._RT.graph.get(out._id).op == 0 and out.dtype == d
+        want = np.concatenate([a.numpy(), b.numpy(), a.numpy()], 1)
+        assert np.array_equal(out.numpy(), want)
+    # a part that needs a gradient keeps cat lazy and differentiable
+    w = zyx.tensor(np.ones((2, 2), np.float32), requires_grad=True)
+    y = zyx.cat([w, zyx.tensor(np.zeros((2, 1), np.float32))], 1)
+    (y * 3).sum().backward()
+    assert np.array_equal(w.grad.numpy(), np.full((2, 2), 3.0, np.float32))

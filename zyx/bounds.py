@@ -28,9 +28,10 @@ size as a symbolic size within a bound:
   merges a varying axis with an outer axis or with another varying axis (a batch whose
   size varies, flattened with the positions: (b, t, c) -> (b*t, c)), value checks that the
   plan computes, and graphs whose sizes stop following the fit (a context cropped to a
-  block size starts a new family). A lazy `idx = cat([idx, nxt], 1)` chain changes the
-  graph's structure every step, not only its sizes: realize it (or build idx with
-  `zyx.tensor`) to share plans.
+  block size starts a new family). `idx = cat([idx, nxt], 1)` of small realized tensors
+  on the CPU is concatenated at once (Runtime.host_cat), so idx stays realized; on a GPU
+  that cat stays lazy and its chain changes the graph's structure every step, not only
+  its sizes: realize it (or build idx with `zyx.tensor`) to share plans.
 """
 from __future__ import annotations
 

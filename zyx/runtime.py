@@ -22,6 +22,7 @@ from ._core.graph import Graph, CONST, LEAF, PAD, RESHAPE
 from ._core import scheduler
 from ._core import valuecheck
 from .backends import initialize_backends, load_config, warn
+from .backends.host import HostMemoryPool
 from .device import BACKEND_TYPES, Device
 from .errors import BackendError, IndexOutOfRangeError, ZyxError
 
@@ -691,6 +692,35 @@ class Runtime:
         finally:
             for nid in made:
                 graph.release(nid)
+
+    def host_cat(self, nids, axis):
+        """A new realized leaf concatenating the realized leaves `nids` (one dtype, in
+        host memory: the C backend's pool) along `axis`, copied on the host, or None when
+        they are not that. tensor.cat takes this for small parts that need no gradient: a
+        sampling loop's `idx = cat([idx, nxt], 1)` then stays a leaf, not a graph that
+        grows by one cat per step (and plans anew every step)."""
+        graph = self.graph
+        nodes = [graph.get(i) for i in nids]
+        first = nodes[0]
+        buf = first.buffer
+        pool = getattr(buf, "pool", None)
+        if not isinstance(pool, HostMemoryPool):
+            return None
+        for n in nodes:
+            if n.op != LEAF or n.dtype is not first.dtype or n.buffer.pool is not pool:
+                return None
+        d = first.dtype
+        parts = []
+        for n in nodes:
+            count = 1
+            for s in n.shape:
+                count *= s
+            parts.append(n.buffer.handle[:count * d.itemsize].view(d.np).reshape(n.shape))
+        arr = np.concatenate(parts, axis)
+        with self.lock:
+            out, _ = pool.allocate(arr.nbytes)
+        out.event = pool.host_to_pool(arr, out, [])
+        return graph.leaf(out, tuple(arr.shape), d)
 
     def _staged(self, nid, shape, dev):
         """A leaf of `shape` holding leaf `nid` in its leading corner, zeros elsewhere."""

@@ -1668,12 +1668,17 @@ def _pad_torch(self, pad, mode="constant", value=0.0):
 # kernel before, about 0.2 ms of group kernels and their cat after).
 CAT_GROUP = 8
 CAT_GROUP_NUMEL = 1 << 16
+# Realized parts that need no gradient, in host memory, into at most this many elements
+# are concatenated right away on the host (Runtime.host_cat).
+HOST_CAT_NUMEL = 1 << 16
 
 
 def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
     """Concatenate along an existing axis (each input padded into place, then summed: one
     fused kernel, no copies; many parts into a large result go through stored groups,
-    see CAT_GROUP)."""
+    see CAT_GROUP). Small realized parts in host memory that need no gradient are
+    concatenated at once on the host instead (HOST_CAT_NUMEL), so a loop that appends to
+    a tensor keeps a realized tensor, not a graph one cat deeper every iteration."""
     axis = _dim0(axis, dim)
     tensors = list(tensors)
     if not tensors:
@@ -1688,8 +1693,13 @@ def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
         if t.ndim != ref.ndim or any(x != y for i, (x, y) in enumerate(zip(t.shape, ref.shape)) if i != a):
             raise ShapeError(f"cat: shapes {ref.shape} and {t.shape} differ outside axis {a}")
     total = builtins.sum(t.shape[a] for t in tensors)
-    if len(tensors) > 2 * CAT_GROUP and \
-            _prod(ref.shape) // builtins.max(ref.shape[a], 1) * total >= CAT_GROUP_NUMEL:
+    numel = _prod([s for i, s in enumerate(ref.shape) if i != a]) * total
+    if numel <= HOST_CAT_NUMEL and not _records(tensors) \
+            and builtins.all(_graph.get(t._id).op == G.LEAF for t in tensors):
+        nid = RT.host_cat([t._id for t in tensors], a)
+        if nid is not None:
+            return _wrap(nid)
+    if len(tensors) > 2 * CAT_GROUP and numel >= CAT_GROUP_NUMEL:
         return cat([_stored_copy(cat(tensors[i:i + CAT_GROUP], a))
                     for i in range(0, len(tensors), CAT_GROUP)], a)
     out = None
@@ -1710,6 +1720,13 @@ def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
 
 
 concatenate = cat
+
+
+def _records(tensors):
+    """Whether an op on `tensors` is recorded for autograd (grad mode on, and an input
+    requires grad or a Tape is open)."""
+    return _TB.is_recording() and (_TB.tape_entered(0) > 0
+                                   or builtins.any(t.requires_grad for t in tensors))
 
 
 def _stored_copy(t):
