@@ -153,6 +153,9 @@ def test_cat_special_values_and_promotion():
     q = np.array([-np.inf, 1.0], dtype=np.float32)
     got = zyx.cat([zyx.Tensor(p), zyx.Tensor(q)])
     assert_close(got, np.concatenate([p, q]), dtype=zyx.float32)
+    assert np.signbit(got.numpy()[1])                 # -0.0 keeps its sign
+    lazy = zyx.cat([zyx.Tensor(p) * 1, zyx.Tensor(q) + 0, zyx.Tensor(-p)])   # in a kernel
+    assert np.array_equal(np.signbit(lazy.numpy()), np.signbit(np.concatenate([p, q, -p])))
     i = np.array([1, 2], dtype=np.int32)
     got = zyx.concatenate([zyx.Tensor(i), zyx.Tensor(q)])
     assert_close(got, np.concatenate([i.astype(np.float32), q]), dtype=zyx.float32)
@@ -180,7 +183,7 @@ def test_cat_of_many_parts_through_stored_groups(d, kernel_counter):
     if d is zyx.float32:
         got = out.numpy()
         at = sum(p.shape[1] for p in parts[:3])
-        # (the sign of -0.0 is lost by any cat: its parts' pads add +0.0)
+        # (the stored groups add their one value to 0.0: the sign of -0.0 is lost there)
         assert got[0, at] == 0 and np.isnan(got[0, at + 1])
         st = zyx.stack([t[:, :64] for t in ts], 0)
         assert_close(st, np.stack([p[:, :64] for p in parts]), dtype=d)

@@ -1709,7 +1709,9 @@ def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
         pads = [(0, 0)] * ref.ndim
         pads[a] = (off, total - off - n)
         off += n
-        p = t.cast(d)._pad(pads)
+        # float parts pad with -0.0, the identity of +: x + -0.0 is x for every x (with
+        # 0.0, a -0.0 element would come out as 0.0)
+        p = t.cast(d)._pad(pads, -0.0 if d.is_float else 0)
         if out is None:
             out = p
         elif d.is_bool:
