@@ -91,6 +91,16 @@ class _Family:
         self.vary = set()
 
 
+def _host_values(node):
+    """A realized node's values as a new numpy array of its shape, in its dtype's host
+    representation (bfloat16 as its uint16 bits)."""
+    out = np.empty(node.shape, dtype=node.dtype.np)
+    buf = node.buffer
+    if out.nbytes:
+        buf.pool.pool_to_host(buf, out, [buf.event] if buf.event is not None else [])
+    return out
+
+
 _RAN = object()     # _values_plan's answer when _bound_realize ran the graph
 
 
@@ -725,22 +735,14 @@ class Runtime:
     def _staged(self, nid, shape, dev):
         """A leaf of `shape` holding leaf `nid` in its leading corner, zeros elsewhere."""
         node = self.graph.get(nid)
-        real = np.empty(node.shape, node.dtype.np)
-        buf = node.buffer
-        if real.nbytes:
-            buf.pool.pool_to_host(buf, real, [buf.event] if buf.event is not None else [])
         out = np.zeros(shape, node.dtype.np)
-        out[tuple([slice(0, s) for s in node.shape])] = real
+        out[tuple([slice(0, s) for s in node.shape])] = _host_values(node)
         return self._param_leaf(out, node.dtype, dev)
 
     def _copy_out(self, ph, nid, dev):
         """Realize node `nid` as the leading corner of the bound result in leaf `ph`."""
-        src = self.graph.get(ph)
         node = self.graph.get(nid)
-        full = np.empty(src.shape, node.dtype.np)
-        b = src.buffer
-        if full.nbytes:
-            b.pool.pool_to_host(b, full, [b.event] if b.event is not None else [])
+        full = _host_values(self.graph.get(ph))
         part = np.ascontiguousarray(full[tuple([slice(0, s) for s in node.shape])])
         pool = dev.pool
         buf, _ = pool.allocate(part.nbytes)
@@ -907,10 +909,7 @@ class Runtime:
         self.realize([nid])
         node = self.graph.get(nid)
         d = node.dtype
-        out = np.empty(node.shape, dtype=d.np)
-        buf = node.buffer
-        if out.nbytes:
-            buf.pool.pool_to_host(buf, out, [buf.event] if buf.event is not None else [])
+        out = _host_values(node)
         if d is dt.bfloat16:
             out = (out.astype(np.uint32) << 16).view(np.float32)
         return out
