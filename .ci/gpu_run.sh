@@ -57,7 +57,7 @@ EOF
     smoke)
         files=()
         for f in tests/test_cuda.py tests/test_opencl.py tests/test_gpu_lowering.py \
-                 tests/test_devices.py tests/test_dlpack.py; do
+                 tests/test_gemm.py tests/test_devices.py tests/test_dlpack.py; do
             [ -f "$f" ] && files+=("$f")
         done
         $PY -m pytest -q -p no:cacheprovider -rs "${files[@]}" >"$OUT/smoke.log" 2>&1

@@ -192,6 +192,36 @@ def test_matmul_torch(benchmark, dtype):
     _run(benchmark, lambda: a @ b, _tsync, {"flops": 2 * MM ** 3}, rounds=5)
 
 
+# -- convolution (issue 13: ResNet-style 3x3, batch 64, 64 -> 64 channels, 56 x 56) ---------
+
+CONV = (64, 64, 56, 3)     # batch, channels in = out, height = width, kernel
+
+
+@needs_gpu
+def test_conv2d_zyx(benchmark, gpu):
+    n, c, h, k = CONV
+    benchmark.group = f"conv2d {n}x{c}x{h}x{h} k{k} float32"
+    x = zyx.randn(n, c, h, h).realize()
+    w = (zyx.randn(c, c, k, k) * 0.05).realize()
+    y = F.conv2d(x, w, padding=1).numpy()
+    if torch is not None:
+        ref = torch.nn.functional.conv2d(torch.from_numpy(x.numpy()), torch.from_numpy(w.numpy()),
+                                         padding=1).numpy()
+        np.testing.assert_allclose(y, ref, rtol=1e-3, atol=1e-3)
+    _run(benchmark, lambda: F.conv2d(x, w, padding=1).realize(), _zsync(gpu),
+         {"flops": 2 * n * c * c * h * h * k * k}, rounds=5)
+
+
+@needs_torch_cuda
+def test_conv2d_torch(benchmark):
+    n, c, h, k = CONV
+    benchmark.group = f"conv2d {n}x{c}x{h}x{h} k{k} float32"
+    x = torch.randn(n, c, h, h, device="cuda")
+    w = torch.randn(c, c, k, k, device="cuda") * 0.05
+    _run(benchmark, lambda: torch.nn.functional.conv2d(x, w, padding=1), _tsync,
+         {"flops": 2 * n * c * c * h * h * k * k}, rounds=5)
+
+
 # -- training steps -----------------------------------------------------------------------
 
 B, D, H, C = 64, 784, 128, 10

@@ -19,7 +19,7 @@ __all__ = ["test_elementwise_chain", "test_broadcasting", "test_sum_max_mean",
            "test_cast_float_to_int_and_back", "test_float16_storage", "test_bfloat16_round_trip",
            "test_int_ops", "test_float64", "test_mlp_forward_backward", "test_where_pow_bool",
            "test_float16_reduction_and_matmul", "test_large_elementwise",
-           "test_memory_returns_to_start"]
+           "test_memory_returns_to_start", "test_gemm_products"]
 
 
 # -- kernels of real zyx graphs, for codegen tests (not run here: rendered and compiled)
@@ -67,6 +67,14 @@ GRAPHS = {
     "pow": lambda: (_f(5, 5).abs() ** 1.5, _i(5, 5, dtype=np.int64) ** 3),
     "cast_float_int": lambda: (_f(20) * 50).cast(zyx.int32).cast(zyx.float32),
     "uint8_int16": lambda: _i(8, dtype=np.uint8) + _i(8, dtype=np.int16).cast(zyx.uint8),
+    # shared-memory gemm tiles (backends/gemm.py): blocked and masked K, an epilogue,
+    # transposed operands, a batch, bf16 inputs, a convolution as implicit GEMM
+    "gemm_blocked_k": lambda: _f(100, 521) @ _f(521, 80),
+    "gemm_bias_relu": lambda: (_f(64, 48) @ _f(96, 48).T + _f(96)).relu(),
+    "gemm_batched": lambda: _f(3, 40, 24) @ _f(3, 24, 72),
+    "gemm_bf16": lambda: _f(64, 64).cast(zyx.bfloat16) @ _f(64, 32).cast(zyx.bfloat16),
+    "gemm_conv2d": lambda: __import__("zyx.nn.functional", fromlist=["conv2d"]).conv2d(
+        _f(4, 8, 12, 12), _f(16, 8, 3, 3), padding=1),
 }
 
 
@@ -255,3 +263,65 @@ def test_mlp_forward_backward():
     close(W2.grad, gw2, rtol=1e-4, atol=1e-5)
     close(W1.grad, gh.T @ xs, rtol=1e-4, atol=1e-5)
     close(B1.grad, gh.sum(0), rtol=1e-4, atol=1e-5)
+
+
+# products the GPU lowerings give shared-memory tiles (backends/gemm.py): sizes that do
+# and do not fill a tile, float sums blocked with a masked last block, transposed
+# operands (copied K-fastest or rows-fastest), a batch axis, an epilogue, 16-bit inputs,
+# convolutions as implicit GEMM and their gradients
+def test_gemm_products():
+    import zyx.nn.functional as F
+    f64 = np.float64
+    for m, k, n in ((16, 8, 16), (33, 65, 17), (100, 521, 80), (130, 300, 129)):
+        a, b = rand(m, k), rand(k, n)
+        ref = a.astype(f64) @ b.astype(f64)
+        close(zyx.Tensor(a) @ zyx.Tensor(b), ref, rtol=1e-4, atol=1e-4)
+        close(zyx.Tensor(a.T.copy()).T @ zyx.Tensor(b.T.copy()).T, ref, rtol=1e-4, atol=1e-4)
+    a, b, c = rand(3, 40, 24), rand(3, 24, 72), rand(72)
+    close((zyx.Tensor(a) @ zyx.Tensor(b) + zyx.Tensor(c)).relu(),
+          np.maximum(a.astype(f64) @ b + c, 0), rtol=1e-4, atol=1e-4)
+    close(zyx.Tensor(a) @ zyx.Tensor(b[0]), a.astype(f64) @ b[0], rtol=1e-4, atol=1e-4)
+    h = (rand(64, 96) * 0.5).astype(np.float16)
+    w = (rand(96, 48) * 0.5).astype(np.float16)
+    out = (zyx.Tensor(h) @ zyx.Tensor(w)).numpy()
+    assert out.dtype == np.float16
+    np.testing.assert_allclose(out.astype(np.float32), h.astype(np.float32) @ w.astype(np.float32),
+                               rtol=2e-3, atol=2e-3)
+    x, wt = rand(4, 8, 12, 12), rand(16, 8, 3, 3) * 0.3
+    X = zyx.Tensor(x, requires_grad=True)
+    W = zyx.Tensor(wt, requires_grad=True)
+    y = F.conv2d(X, W, padding=1)
+    ref = _conv2d_ref(x, wt, 1)
+    close(y, ref, rtol=1e-4, atol=1e-4)
+    g = rand(*ref.shape)
+    (y * zyx.Tensor(g)).sum().backward()
+    gx, gw = _conv2d_grads_ref(x, wt, g, 1)
+    close(X.grad, gx, rtol=1e-4, atol=1e-4)
+    close(W.grad, gw, rtol=1e-4, atol=1e-3)
+
+
+def _windows(x, k, pad):
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    n, c, hp, wp = xp.shape
+    ho, wo = hp - k + 1, wp - k + 1
+    win = np.empty((n, c, k, k, ho, wo))
+    for i in range(k):
+        for j in range(k):
+            win[:, :, i, j] = xp[:, :, i:i + ho, j:j + wo]
+    return win
+
+
+def _conv2d_ref(x, w, pad):
+    return np.einsum("ncijhw,ocij->nohw", _windows(x, w.shape[-1], pad), w.astype(np.float64))
+
+
+def _conv2d_grads_ref(x, w, g, pad):
+    k = w.shape[-1]
+    gw = np.einsum("ncijhw,nohw->ocij", _windows(x, k, pad), g.astype(np.float64))
+    n, c, h, wd = x.shape
+    gxp = np.zeros((n, c, h + 2 * pad, wd + 2 * pad))
+    ho, wo = g.shape[2:]
+    for i in range(k):
+        for j in range(k):
+            gxp[:, :, i:i + ho, j:j + wo] += np.einsum("nohw,oc->nchw", g, w[:, :, i, j])
+    return gxp[:, :, pad:pad + h, pad:pad + wd], gw

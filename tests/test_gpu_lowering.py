@@ -504,11 +504,23 @@ def test_h100_strategies_rendered():
     g = gpu.lower(k, dl, H100)
     assert g.strategy == "elementwise" and g.launches[0].local_size == 256
     assert g.launches[0].groups == 2 ** 26 // g.variant["tile"]
-    # a big matmul: enough outputs, strided right operand -> one work-item per output
+    # a big matmul: shared-memory tiles, 128 x 128 outputs (8 x 8 per work-item) where
+    # that still gives every SM a group, else 64 x 64
+    a = zyx.Tensor(np.ones((4096, 512), np.float32))
+    b = zyx.Tensor(np.ones((512, 4096), np.float32))
+    (k,) = kernels_of(a @ b)
+    g = gpu.lower(k, dl, H100)
+    assert g.strategy == "gemm" and g.variant == {"rows": 128, "cols": 128, "k": 8}
+    assert g.launches[0].groups == 1024 and g.launches[0].local_size == 256
     a = zyx.Tensor(np.ones((1024, 512), np.float32))
     b = zyx.Tensor(np.ones((512, 1024), np.float32))
     (k,) = kernels_of(a @ b)
-    assert gpu.lower(k, dl, H100).strategy == "serial"
+    g = gpu.lower(k, dl, H100)
+    assert g.strategy == "gemm" and g.variant == {"rows": 64, "cols": 64, "k": 16}
+    assert g.launches[0].groups == 256
+    # ... unless turned off: then one work-item per output (enough of them, strided
+    # right operand)
+    assert gpu.lower(k, dl, H100, schedule={"gemm": None}).strategy == "serial"
     # column sums of 4096 x 16384: too few columns to fill 132 SMs one per work-item
     cols = zyx.Tensor(np.ones(16384, np.float32)).reshape(1, 16384).expand(4096, 16384)
     (k,) = kernels_of(cols.sum(axis=0))

@@ -1442,7 +1442,7 @@ def reshape_index(tuple dims, tuple shape, tuple src_shape):
 
 def kernelize(graph, list order, list target_ids, int vector_bytes=64,
               bint register_tiles=True, int sum_block=0, dict params=None, tuner=None,
-              long long tile_min_outputs=0, bint window_tiles=True):
+              long long tile_min_outputs=0, bint window_tiles=True, own_tiles=None):
     """Cut the subgraph `order` (topologically sorted node ids) into kernels
     (`vector_bytes`: the device's vector register width, for register tiling;
     `register_tiles` False: no "lanes"/"unroll" output layouts, which exist for CPU SIMD
@@ -1458,8 +1458,10 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
     `tile_min_outputs`: with register tiles, only kernels with at least this many outputs
     get them (a GPU: a tile per work-item leaves a kernel with few outputs too few
     work-items, where the group strategies would split its reductions instead);
-    `window_tiles` False: no window lanes (choose_upcast's `windows`). The autotuner's
-    layout search runs on devices that tile every kernel (the CPU) only.
+    `window_tiles` False: no window lanes (choose_upcast's `windows`); `own_tiles`: a
+    function of a kernel's ops, True where the device tiles that kernel itself (a GPU's
+    shared-memory gemm tiles, backends/gemm.py): it gets no register tiles. The
+    autotuner's layout search runs on devices that tile every kernel (the CPU) only.
 
     Returns (steps, stored): steps in execution order, each reading and writing node
     positions in `order`; `stored[p]` tells which positions get a buffer."""
@@ -1515,6 +1517,8 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
         tiled = tuple([out_splits[a][-1] if a in out_splits else n
                        for a, n in enumerate(nodes[p].shape)])
         tiles = register_tiles and b.rows is None and numel >= tile_min_outputs
+        if tiles and own_tiles is not None and own_tiles(ops):
+            tiles = False
         if tuner is not None and tiles and tile_min_outputs == 0:
             k, b = _tuned_layout(tuner, b, Kernel(ops, args, "k"), tiled, vector_bytes,
                                  nodes, stored, p, sum_block, params, splits, out_splits, pos)

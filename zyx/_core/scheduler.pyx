@@ -308,7 +308,7 @@ def build_plan(graph, list order, list target_ids, device, int debug=0, dict par
     info = device.info()
     steps, stored = kernelize(graph, order, target_ids, info.preferred_vector_size,
                               info.register_tiles, info.sum_block, params, tuner,
-                              info.tile_min_outputs, info.window_tiles)
+                              info.tile_min_outputs, info.window_tiles, info.own_tiles)
     pos = {nid: p for p, nid in enumerate(order)}
     targets = [pos[t] for t in target_ids]
     nbytes = {}

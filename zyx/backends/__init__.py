@@ -58,6 +58,9 @@ class DeviceInfo:
     tile_min_outputs: int = 0             # fewest outputs of a kernel given register tiles
     window_tiles: bool = True             # tiles of short windows too (convolutions)
     sum_block: int = 0                    # float sum block (kernelizer; 0: its SUM_BLOCK)
+    # (kernel ops) -> True where the backend tiles the kernel itself (GPU gemm tiles):
+    # kernelize leaves it without register tiles
+    own_tiles: object = None
     extra: dict = field(default_factory=dict)
 
 

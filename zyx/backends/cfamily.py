@@ -334,13 +334,7 @@ def render_body(kernel, dl, loop_pragma=None, frame=None):
         return names[i]
 
     def v32(i):
-        # constants feeding 32-bit index math are written as 32-bit literals, else C
-        # would widen the whole expression back to 64 bits
-        op = ops[i]
-        if op[0] == K.CONST and not op[1].is_float and not op[1].is_bool \
-                and -2**31 <= op[2] < 2**31:
-            return literal(dl, dt.int32, op[2])
-        return names[i]
+        return _narrow_name(dl, ops, names, i)
 
     for i, op in enumerate(ops):
         c = op[0]
@@ -396,18 +390,7 @@ def render_body(kernel, dl, loop_pragma=None, frame=None):
             lines.append(f"{ind}if ({v(op[2])}) {{")
             depth += 1
         elif c == K.LOAD:
-            src = ops[op[2]]
-            vi = v32 if narrow else v    # a constant address of 32-bit index math
-            if src[2] == K.SCOPE_REGISTER:
-                names[i] = f"v{i}"
-                sub = f"[{v(op[3])}]" if op[3] >= 0 else ""
-                lines.append(f"{ind}const {dl.ctype(d)} v{i} = {v(op[2])}{sub};")
-            else:
-                e = dl.load_convert(d, fr.access(i, v(op[2]), vi(op[3])))
-                if op[4] >= 0:
-                    e = f"({v(op[4])} ? {e} : {literal(dl, d, 0)})"
-                names[i] = f"v{i}"
-                lines.append(f"{ind}const {dl.ctype(d)} v{i} = {e};")
+            lines.append(ind + value_line(dl, ops, i, names, narrow, fr.access))
         elif c == K.STORE:
             dst = ops[op[2]]
             if dst[2] == K.SCOPE_REGISTER:
@@ -419,19 +402,56 @@ def render_body(kernel, dl, loop_pragma=None, frame=None):
                                          f"{dl.store_convert(dst[1], v(op[4]))};"))
         elif c == K.BARRIER:
             lines.append(f"{ind}{dl.barrier(op[2])};")
-        elif i in narrow:
-            names[i] = f"v{i}"
-            lines.append(f"{ind}const {INDEX32} v{i} = "
-                         f"{alu(dl, ops, (c, dt.int32) + op[2:], v32)};")
-        elif c == K.BINARY and narrow and (op[3] in narrow or op[4] in narrow):
-            # a comparison (guard) of 32-bit index math: its constant is 32-bit too
-            names[i] = f"v{i}"
-            lines.append(f"{ind}const {dl.ctype(d)} v{i} = {alu(dl, ops, op, v32)};")
         else:
-            names[i] = f"v{i}"
-            lines.append(f"{ind}const {dl.ctype(d)} v{i} = {alu(dl, ops, op, v)};")
+            lines.append(ind + value_line(dl, ops, i, names, narrow, fr.access))
         lines.extend(fr.after(i, "  " * depth))
     return r, names
+
+
+def _narrow_name(dl, ops, names, j):
+    """The name of operand j in 32-bit index math: constants are written as 32-bit
+    literals, else C would widen the whole expression back to 64 bits."""
+    o = ops[j]
+    if o[0] == K.CONST and not o[1].is_float and not o[1].is_bool and -2**31 <= o[2] < 2**31:
+        return literal(dl, dt.int32, o[2])
+    return names[j]
+
+
+def _plain_access(i, buf, index):
+    return f"{buf}[{index}]"
+
+
+def value_line(dl, ops, i, names, narrow=frozenset(), access=_plain_access):
+    """The statement `const T v{i} = ...;` of value op i (a LOAD or an ALU op), its
+    operands named by `names` (SSA -> C expression; v{i} is added). Index math in
+    `narrow` is 32-bit, and so are the constants it reads. `access(i, buf, index)` writes
+    a global load's element (a GPU lowering's `Frame.access`). Shared by `render_body`
+    and the GPU lowerings that write one op's value at several places (gemm tiles)."""
+    op = ops[i]
+    c, d = op[0], op[1]
+
+    def v(j):
+        return names[j]
+
+    def v32(j):
+        return _narrow_name(dl, ops, names, j)
+
+    names[i] = f"v{i}"
+    if c == K.LOAD:
+        if ops[op[2]][2] == K.SCOPE_REGISTER:
+            sub = f"[{v(op[3])}]" if op[3] >= 0 else ""
+            return f"const {dl.ctype(d)} v{i} = {v(op[2])}{sub};"
+        vi = v32 if narrow else v    # a constant address of 32-bit index math
+        e = dl.load_convert(d, access(i, v(op[2]), vi(op[3])))
+        if op[4] >= 0:
+            e = f"({v(op[4])} ? {e} : {literal(dl, d, 0)})"
+        return f"const {dl.ctype(d)} v{i} = {e};"
+    if i in narrow:
+        return f"const {INDEX32} v{i} = {alu(dl, ops, (c, dt.int32) + op[2:], v32)};"
+    if c == K.BINARY and narrow and (op[3] in narrow or op[4] in narrow):
+        # a comparison (guard) of 32-bit index math: its constant is 32-bit too
+        return f"const {dl.ctype(d)} v{i} = {alu(dl, ops, op, v32)};"
+    return f"const {dl.ctype(d)} v{i} = {alu(dl, ops, op, v)};"
 
 
 def alu(dl, ops, op, v):

@@ -59,6 +59,7 @@ import numpy as np
 from .. import dtype as dt
 from .._core import kernel as K
 from . import DeviceInfo
+from . import gemm
 from .cfamily import INDEX32, Frame, alu, render_body
 
 # Iterations per float32 block of a float sum on GPU devices (DeviceInfo.sum_block; the
@@ -476,6 +477,12 @@ def register_tiles():
     gpu.lower spreads work-items. On unless ZYX_GPU_TILES=0 (H100, 4096^2 matmul: float32
     38.1 -> 34.7 ms, bfloat16 46.1 -> 19.9 ms)."""
     return os.environ.get(TILES_ENV, "1") != "0"
+
+
+def own_tiles(info):
+    """DeviceInfo.own_tiles of a GPU device described by `info`: the kernels `lower`
+    gives shared-memory gemm tiles (gemm.wanted), which kernelize leaves untiled."""
+    return lambda ops: gemm.wanted(ops, info)
 
 
 def tile_min_outputs(num_cores):
@@ -1462,6 +1469,11 @@ def schedule_candidates(kernel, info=None):
                  {"elementwise": c}) for c in EW_CANDIDATES
                 if any(base[k] != v for k, v in c.items())]
         return out
+    p = gemm.plan(ops) if gemm.enabled() else None
+    tile = gemm.choose_tile(p, info) if p is not None else None
+    if tile is not None:
+        return out + [(f"gemm:{br}x{bc}", {"gemm": (br, bc)}) for br, bc, _ in gemm.TILES
+                      if (br, bc) != tile[:2] and gemm.choose_tile(p, info, (br, bc))]
     nests = reduce_nests(ops)
     if choose_strategy(ops, nests, info) != "group":
         return out
@@ -1477,7 +1489,8 @@ def lower(kernel, dl, info=None, name="zyx_k", schedule=None):
     """`GPUKernel` of `kernel` in dialect `dl` for a device described by `info`
     (DeviceInfo; None for defaults). The strategy is chosen as the module docstring says;
     `schedule` may fix its knobs: {"elementwise": {...}, "group": {...}} with the keys of
-    `elementwise_variant` / `group_variant` (missing: the environment's or the defaults)."""
+    `elementwise_variant` / `group_variant` (missing: the environment's or the defaults),
+    {"gemm": (rows, cols)} a gemm tile of gemm.TILES, {"gemm": None} no gemm tiles."""
     info = info if info is not None else DeviceInfo()
     schedule = schedule or {}
     ops = kernel.ops
@@ -1485,6 +1498,13 @@ def lower(kernel, dl, info=None, name="zyx_k", schedule=None):
         ew = schedule.get("elementwise")
         return lower_elementwise(kernel, dl, info, name,
                                  None if ew is None else dict(elementwise_variant(), **ew))
+    if gemm.enabled() and schedule.get("gemm", True) is not None:
+        p = gemm.plan(ops)
+        want = schedule.get("gemm")
+        tile = gemm.choose_tile(p, info, want if isinstance(want, (tuple, list)) else None) \
+            if p is not None else None
+        if tile is not None:
+            return gemm.lower_gemm(kernel, dl, info, name, p, tile)
     nests = reduce_nests(ops)
     strategy = choose_strategy(ops, nests, info)
     if strategy == "columns":

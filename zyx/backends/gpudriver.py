@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import AllocationError, BackendError
 from . import Buffer, MemoryPool
-from .gpu import lower, schedule_candidates
+from .gpu import lower, own_tiles, schedule_candidates
 
 # Host<->device copies go through two pinned staging slots (a page-locked copy runs at
 # the bus's speed, a pageable one is staged by the driver anyway, synchronously). Copies
@@ -444,6 +444,7 @@ class DriverDevice:
         self._modules = {}         # source -> [module, programs using it]
         self.schedules = {}        # zyx kernel -> lowering schedule the autotuner chose
         self._info = self._make_info()
+        self._info.own_tiles = own_tiles(self._info)
 
     def info(self):
         return self._info

@@ -21,8 +21,8 @@ from ..errors import AllocationError, BackendError, DTypeError
 from . import Buffer, DeviceInfo, MemoryPool
 from .binary_cache import BinaryCache, cache_key
 from .cfamily import OpenCLDialect
-from .gpu import (GPU_SUM_BLOCK, WORK_GROUP, lower, register_tiles, schedule_candidates,
-                  tile_min_outputs)
+from .gpu import (GPU_SUM_BLOCK, WORK_GROUP, lower, own_tiles, register_tiles,
+                  schedule_candidates, tile_min_outputs)
 
 # Below the C backend's estimate (2e10 FLOP/s per core) for any core count: the C backend
 # computes on the same CPU faster than PoCL's generic code, so it must stay the default.
@@ -174,6 +174,7 @@ class OpenCLDevice:
         self._programs = {}      # zyx kernel -> OpenCLProgram
         self.schedules = {}      # zyx kernel -> lowering schedule the autotuner chose
         self._info = self._make_info()
+        self._info.own_tiles = own_tiles(self._info)
 
     def _make_info(self):
         d, cl = self.dev, self.cl

@@ -1,0 +1,214 @@
+"""Shared-memory gemm tiles (backends/gemm.py): which kernels are products and how their
+axes split, every tile shape against numpy on the OpenCL device (PoCL here and in CI),
+the kernelizer leaving gemm kernels without register tiles, and ZYX_GPU_GEMM=0.
+
+Skipped, with the reason, when pyopencl or an OpenCL device is missing (the plan tests
+need no device)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import zyx
+import zyx.nn.functional as F
+from zyx._core import kernel as K
+from zyx._core.kernelizer import kernelize
+from zyx._core.passes import optimize
+from zyx.backends import DeviceInfo, gemm, gpu
+from zyx.backends.cfamily import CUDADialect, OpenCLDialect
+
+from conftest import only_backend
+
+H100 = DeviceInfo(name="H100", max_local_threads=1024, warp_size=32, num_cores=132,
+                  local_mem_size=228 * 1024, register_tiles=False)
+
+
+def kernels_of(t):
+    g = zyx._RT.graph
+    order, _ = g.collect([t._id])
+    steps, _ = kernelize(g, order, [t._id], 64, False, gpu.GPU_SUM_BLOCK)
+    return [optimize(s.kernel) for s in steps if s.kernel is not None]
+
+
+def the_kernel(t):
+    (k,) = kernels_of(t)
+    return k
+
+
+def f(*shape, dtype=np.float32):
+    return zyx.Tensor(np.random.default_rng(3).standard_normal(shape).astype(dtype))
+
+
+def names(k, ids):
+    """(axis, length) of INDEX ops `ids`."""
+    return [(k.ops[i][2], k.ops[i][3]) for i in ids]
+
+
+# -- which kernels are products --------------------------------------------------------------
+
+def test_matmul_axes_and_operands():
+    k = the_kernel(f(40, 24) @ f(24, 72))
+    p = gemm.plan(k.ops)
+    assert names(k, p.rows) == [(0, 40)] and names(k, p.cols) == [(1, 72)] and not p.batch
+    assert (p.nr, p.nc, p.nk) == (40, 72, 24) and p.block == 0 and p.total is None
+    assert p.a_kfast and not p.b_kfast       # a row-major left and right operand
+
+
+def test_batched_matmul_and_convolution_sets():
+    k = the_kernel(f(3, 40, 24) @ f(3, 24, 72))
+    p = gemm.plan(k.ops)
+    assert names(k, p.batch) == [(0, 3)] and (p.nr, p.nc, p.nb) == (40, 72, 3)
+    # a convolution: cols are batch x height x width (the input's, with the output's
+    # innermost axis), rows the output channels (the weight's), K the input channels x
+    # window
+    k = the_kernel(F.conv2d(f(4, 8, 12, 12), f(16, 8, 3, 3), padding=1))
+    p = gemm.plan(k.ops)
+    assert names(k, p.cols) == [(0, 4), (2, 12), (3, 12)] and names(k, p.rows) == [(1, 16)]
+    assert p.nk == 8 * 9
+    # the innermost output axis is on the cols side, whatever the operand order: stores
+    # of neighbouring work-items are neighbours
+    assert max(p.rows + p.cols, key=lambda i: k.ops[i][2]) in p.cols
+
+
+def test_blocked_float_sum_with_a_masked_last_block():
+    k = the_kernel(f(64, 521) @ f(521, 64))
+    p = gemm.plan(k.ops)
+    assert p.total is not None and p.block == 256 and p.nk == 3 * 256 and len(p.masks) == 1
+
+
+def test_not_products():
+    x = f(64, 64)
+    assert gemm.plan(the_kernel((x * x).sum(1)).ops) is None        # no cols axis
+    assert gemm.plan(the_kernel(x.amax(1)).ops) is None              # not a sum
+    assert gemm.plan(the_kernel(x.exp()).ops) is None                # no loop
+    assert gemm.plan(the_kernel(f(8, 64) @ f(64, 64)).ops) is None   # rows < MIN_SIDE
+    ints = zyx.Tensor(np.ones((32, 32), np.int32))
+    assert gemm.plan(the_kernel(ints @ ints).ops) is None            # not a float sum
+    # too few tiles for 132 SMs: the other strategies split the reduction instead
+    p = gemm.plan(the_kernel(f(64, 4096) @ f(4096, 64)).ops)
+    assert p is not None and gemm.choose_tile(p, H100) is None
+
+
+def test_tile_choice_fills_the_device():
+    k = the_kernel(f(4096, 64) @ f(64, 4096))
+    p = gemm.plan(k.ops)
+    assert gemm.choose_tile(p, H100) == (128, 128, 8)
+    p = gemm.plan(the_kernel(f(1024, 64) @ f(64, 1024)).ops)
+    assert gemm.choose_tile(p, H100) == (64, 64, 16)
+    g = gpu.lower(k, CUDADialect(), H100)
+    assert g.strategy == "gemm" and g.launches[0].groups == 32 * 32
+    assert g.launches[0].local_size == gemm.SIDE ** 2 and g.index_bits == 32
+    assert "__shared__ float zyx_la[" in g.source and "__syncthreads()" in g.source
+    # the autotuner's candidates: the other tiles
+    labels = [label for label, _ in gpu.schedule_candidates(k, H100)]
+    assert labels[0] == "default" and "gemm:64x64" in labels and "gemm:128x128" not in labels
+
+
+def test_kernelize_leaves_gemm_kernels_untiled():
+    a = f(64, 64)
+
+    def layouts(own):
+        g = zyx._RT.graph
+        t = a @ a
+        order, _ = g.collect([t._id])
+        steps, _ = kernelize(g, order, [t._id], 64, True, own_tiles=own)
+        (k,) = [s.kernel for s in steps if s.kernel is not None]
+        return max(op[5] for op in k.ops if op[0] == K.DEFINE and op[2] == K.SCOPE_REGISTER)
+    assert layouts(None) > 1
+    small = DeviceInfo(max_local_threads=256, num_cores=2, local_mem_size=32 * 1024)
+    assert layouts(lambda ops: gemm.wanted(ops, small)) == 1
+    assert layouts(lambda ops: gemm.wanted(ops, H100)) > 1   # 4 tiles for 132 SMs
+    assert layouts(lambda ops: False) > 1
+
+
+def test_gemm_off_by_environment(monkeypatch):
+    k = the_kernel(f(4096, 64) @ f(64, 4096))
+    monkeypatch.setenv(gemm.GEMM_ENV, "0")
+    assert not gemm.wanted(k.ops, H100)
+    assert gpu.lower(k, OpenCLDialect(), H100).strategy != "gemm"
+
+
+# -- on the OpenCL device ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def opencl_device():
+    pytest.importorskip("pyopencl", reason="pyopencl is not installed")
+    yield from only_backend("opencl", "no OpenCL device")
+
+
+@pytest.fixture
+def lowered(opencl_device, monkeypatch):
+    """lowered(schedule): every kernel the OpenCL device lowers from now on gets
+    `schedule` (None: the default); returns the list of GPUKernels lowered."""
+    from zyx.backends import opencl
+    found = []
+
+    def use(schedule):
+        def spy(kernel, dl, info=None, name="zyx_k", sched=None):
+            g = gpu.lower(kernel, dl, info, name, schedule)
+            found.append(g)
+            return g
+        monkeypatch.setattr(opencl, "lower", spy)
+        return found
+    monkeypatch.setattr(opencl_device, "_programs", {})
+    monkeypatch.setattr(opencl_device, "_by_source", {})
+    monkeypatch.setattr(zyx._RT, "plans", {})
+    return use
+
+
+def close(t, ref, rtol=1e-4, atol=1e-4):
+    np.testing.assert_allclose(t.numpy().astype(np.float64), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("want", [t[:2] for t in gemm.TILES])
+def test_every_tile_against_numpy(want, lowered):
+    found = lowered({"gemm": want})
+    r = np.random.default_rng(11)
+    for m, k, n in ((16, 8, 16), (70, 300, 50), (129, 33, 130)):
+        a = r.standard_normal((m, k)).astype(np.float32)
+        b = r.standard_normal((k, n)).astype(np.float32)
+        c = r.standard_normal(n).astype(np.float32)
+        ref = a.astype(np.float64) @ b
+        close(zyx.Tensor(a) @ zyx.Tensor(b), ref)
+        close(zyx.Tensor(a.T.copy()).T @ zyx.Tensor(b.T.copy()).T, ref)
+        close((zyx.Tensor(a) @ zyx.Tensor(b) + zyx.Tensor(c)).tanh(), np.tanh(ref + c))
+    x = r.standard_normal((2, 6, 9, 9)).astype(np.float32)
+    w = r.standard_normal((20, 6, 3, 3)).astype(np.float32)
+    y = F.conv2d(zyx.Tensor(x), zyx.Tensor(w), stride=2, padding=1)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((2, 20, 5, 5))
+    for i in range(3):
+        for j in range(3):
+            ref += np.einsum("nchw,oc->nohw", xp[:, :, i:i + 9:2, j:j + 9:2], w[:, :, i, j])
+    close(y, ref)
+    used = {(g.variant["rows"], g.variant["cols"]) for g in found if g.strategy == "gemm"}
+    assert used == {want}
+
+
+def test_default_tiles_on_a_transformer_block(lowered):
+    """Attention scores, values, projections and their gradients with the tiles the
+    device picks, against the same block computed without gemm tiles."""
+    r = np.random.default_rng(5)
+    xs = r.standard_normal((4, 32, 64)).astype(np.float32)
+    ws = [r.standard_normal((64, 64)).astype(np.float32) * 0.1 for _ in range(3)]
+
+    def block(use_gemm):
+        import os
+        os.environ[gemm.GEMM_ENV] = "1" if use_gemm else "0"
+        try:
+            zyx._RT.plans.clear()
+            x = zyx.Tensor(xs, requires_grad=True)
+            wq, wk, wv = (zyx.Tensor(w, requires_grad=True) for w in ws)
+            q, k, v = x @ wq, x @ wk, x @ wv
+            att = (q @ k.transpose(1, 2) * 0.125).softmax(-1)
+            out = att @ v
+            (out * out).mean().backward()
+            return [t.numpy() for t in (out, x.grad, wq.grad, wk.grad, wv.grad)]
+        finally:
+            os.environ.pop(gemm.GEMM_ENV, None)
+    found = lowered(None)
+    with_tiles = block(True)
+    assert any(g.strategy == "gemm" for g in found)
+    without = block(False)
+    for a, b in zip(with_tiles, without):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
