@@ -98,7 +98,7 @@ def test_tile_choice_fills_the_device():
     g = gpu.lower(k, CUDADialect(), H100)
     assert g.strategy == "gemm" and g.launches[0].groups == 32 * 32
     assert g.launches[0].local_size == gemm.SIDE ** 2 and g.index_bits == 32
-    assert "__shared__ float zyx_la[" in g.source and "__syncthreads()" in g.source
+    assert "__shared__ __align__(16) float zyx_la[" in g.source and "__syncthreads()" in g.source
     # the autotuner's candidates: the other tiles
     labels = [label for label, _ in gpu.schedule_candidates(k, H100)]
     assert labels[0] == "default" and "gemm:64x64" in labels and "gemm:128x128" not in labels
@@ -185,9 +185,11 @@ def test_every_tile_against_numpy(want, lowered):
     assert used == {want}
 
 
-def test_default_tiles_on_a_transformer_block(lowered):
+def test_default_tiles_on_a_transformer_block(lowered, opencl_device, monkeypatch):
     """Attention scores, values, projections and their gradients with the tiles the
-    device picks, against the same block computed without gemm tiles."""
+    device picks (as if it had 2 compute units: a GPU's would leave these small products
+    to the other strategies), against the same block computed without gemm tiles."""
+    monkeypatch.setattr(opencl_device.info(), "num_cores", 2)
     r = np.random.default_rng(5)
     xs = r.standard_normal((4, 32, 64)).astype(np.float32)
     ws = [r.standard_normal((64, 64)).astype(np.float32) * 0.1 for _ in range(3)]
@@ -212,3 +214,19 @@ def test_default_tiles_on_a_transformer_block(lowered):
     without = block(False)
     for a, b in zip(with_tiles, without):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["fold=0", "prefetch=0", "fold=0,prefetch=0"])
+def test_variants_against_numpy(spec, lowered, monkeypatch):
+    """ZYX_GPU_GEMM's knobs: without block totals, without the next step's prefetch."""
+    monkeypatch.setenv(gemm.GEMM_ENV, spec)
+    found = lowered({"gemm": (32, 32)})
+    r = np.random.default_rng(2)
+    a = r.standard_normal((40, 9000)).astype(np.float32)   # long enough for totals
+    b = r.standard_normal((9000, 40)).astype(np.float32)
+    # (9000 float32 terms of size ~1 in one accumulator: errors ~1e-4 without totals)
+    close(zyx.Tensor(a) @ zyx.Tensor(b), a.astype(np.float64) @ b, atol=2e-3)
+    (g,) = [g for g in found if g.strategy == "gemm"]
+    assert ("zyx_t0_0" in g.source) == ("fold=0" not in spec)
+    with pytest.raises(ValueError, match="ZYX_GPU_GEMM"):
+        gemm.variant("tiles=3")

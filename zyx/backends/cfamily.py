@@ -25,6 +25,7 @@ class CDialect:
     half_native = False          # f16 registers are floats, converted on load/store
     int64 = "long long"
     byte_type = "unsigned char"  # element type of a buffer argument no op reads
+    align16 = ""                 # attribute aligning a local array to 16 bytes (GPU dialects)
 
     def ctype(self, d):
         if d is dt.float16 or d is dt.bfloat16:
@@ -118,6 +119,7 @@ class OpenCLDialect(CDialect):
     kernel_prefix = "__kernel void"
     global_qualifier = "__global "
     local_qualifier = "__local "
+    align16 = "__attribute__((aligned(16))) "
     restrict = "restrict"
 
     def ctype(self, d):
@@ -211,6 +213,7 @@ class CUDADialect(CDialect):
     kernel_prefix = 'extern "C" __global__ void'
     global_qualifier = ""
     local_qualifier = "__shared__ "
+    align16 = "__align__(16) "
     restrict = "__restrict__"
 
     def group_id(self, axis=0):

@@ -19,11 +19,14 @@ neighbouring outputs). The side holding the output's innermost axis is "cols", s
 stores are coalesced. After the K loop every output of the sub-tile runs the kernel's
 epilogue (bias, activation, cast) and its store.
 
-Float sums keep the kernelizer's accuracy contract in blocks: where the kernel sums in
-blocks (DeviceInfo.sum_block iterations into a fresh accumulator), the sub-tile's
-accumulators are added into totals about every block of K and restarted (totals in the
-accumulator's dtype, not float64: 64 float64 totals per work-item would not fit in
-registers; a float32 sum of K / 256 block sums is what OpenBLAS's K blocking does).
+Float sums: a product over at most PLAIN_K terms adds every term into one accumulator
+per output, as cuBLAS does (the kernelizer's float64 block totals would cost 64 more
+registers per work-item: on an H100, 4096^2 float32 took 4.7 ms with them, 3.8 ms
+without). Longer products (a convolution's weight gradient over batch x height x width)
+keep the kernelizer's blocks: the sub-tile's accumulators are added into totals about
+every block of K (DeviceInfo.sum_block) and restarted (totals in the accumulator's
+dtype, not float64, for the registers; a float32 sum of block sums is what OpenBLAS's K
+blocking does).
 
 `plan(ops)` finds the sets and operands (`GemmPlan`, or None), `choose_tile` the tile
 shape for a device, `lower_gemm` writes the kernel. `gpu.lower` takes this strategy for
@@ -41,16 +44,33 @@ from .cfamily import INDEX32, literal, value_line
 
 GEMM_ENV = "ZYX_GPU_GEMM"
 SIDE = 16              # work-items along each side of a group: 16 x 16 = 256
-PAD = 1                # extra words per local row (keeps column reads off one bank)
+PAD = 4                # extra words per local row: copies K-fastest spread over banks,
+                       # and rows stay 16-byte aligned for vector reads
 MIN_SIDE = 16          # fewest rows and cols a gemm kernel has
 MIN_K = 8              # shortest flat reduce worth a local-memory tile
+PLAIN_K = 8192         # longest flat reduce added into one float accumulator (no totals)
 # (rows per group, cols per group, K step) tried largest first
 TILES = ((128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 16), (64, 32, 16),
          (32, 64, 16), (32, 32, 16))
 
 
+GEMM_DEFAULT = {"fold": 1, "prefetch": 1}
+
+
 def enabled():
-    return os.environ.get(GEMM_ENV, "1") != "0"
+    return os.environ.get(GEMM_ENV, "").strip() != "0"
+
+
+def variant(spec=None):
+    """The lowering's knobs from ZYX_GPU_GEMM ("0": no gemm tiles; "fold=0": no block
+    totals, every product added into one accumulator as cuBLAS does; "prefetch=0": no
+    reading of the next K step during this one's products), read at each lowering.
+    Totals are kept only for products over more than PLAIN_K terms either way."""
+    from .gpu import _read_variant
+    spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
+    if spec.strip() in ("0", "1"):
+        spec = ""
+    return _read_variant(GEMM_ENV, GEMM_DEFAULT, {}, spec)
 
 
 class GemmPlan:
@@ -63,6 +83,9 @@ class GemmPlan:
     along the innermost reduce loop (`a_kfast`, `b_kfast`: the copy walks K fastest)."""
     __slots__ = ("rows", "cols", "batch", "loops", "a", "b", "masks", "acc", "total",
                  "block", "store", "end", "a_kfast", "b_kfast", "nr", "nc", "nb", "nk", "dtype")
+
+
+_NARROW = (dt.float16, dt.bfloat16)
 
 
 def _deps(ops):
@@ -218,8 +241,11 @@ def plan(ops):
     while ops[x][0] == K.WHERE and ops[ops[x][4]][0] == K.CONST and ops[ops[x][4]][2] == 0:
         masks.append(ops[x][2])
         x = ops[x][3]
+    if ops[x][0] == K.CAST and ops[x][1] is ops[acc][1] and ops[ops[x][2]][1] in _NARROW:
+        x = ops[x][2]    # a 16-bit product is computed in float: the cast is exact
     mul = ops[x]
-    if mul[0] != K.BINARY or mul[2] != K.B_MUL or mul[1] is not ops[acc][1]:
+    if mul[0] != K.BINARY or mul[2] != K.B_MUL or (
+            mul[1] is not ops[acc][1] and mul[1] not in _NARROW):
         return None
     a, b = mul[3], mul[4]
     if deps.get(a) is None or deps.get(b) is None or any(deps.get(m) is None for m in masks):
@@ -329,17 +355,65 @@ def _values(dl, ops, roots, names, narrow, ind, skip=()):
     return lines
 
 
-def lower_gemm(kernel, dl, info, name, p, tile):
-    """The `GPUKernel` of plan `p` with tile (rows, cols, K step) (module docstring)."""
+def _positions(t, tid):
+    """Offsets in a tile side of a work-item's `t` rows (or cols): chunks of up to 4
+    consecutive ones (local reads the compiler can merge into one vector read), the
+    chunks of the 16 work-items side by side, then the next chunks."""
+    chunk = min(t, 4)
+    return [f"{(q // chunk) * SIDE * chunk} + {tid} * {chunk} + {q % chunk}" for q in range(t)]
+
+
+def _copy_slots(dl, ops, p, side, names, narrow, it, ct, zero, tile_len, bk, kfast, k0):
+    """Statements computing this work-item's share of one operand tile at K origin `k0`
+    into registers zyx_p{side}{s} (0 past the ends), and the statements storing them to
+    local memory."""
+    threads = SIDE * SIDE
+    per = tile_len * bk
+    ids, val = (p.rows, p.a) if side == "a" else (p.cols, p.b)
+    extent = p.nr if side == "a" else p.nc
+    origin = "zyx_r0" if side == "a" else "zyx_c0"
+    stride = tile_len + PAD
+    masks = p.masks if side == "a" else []
+    compute, store = [], []
+    for s in range(-(-per // threads)):
+        e = f"(zyx_tid + {s * threads})"
+        if kfast:
+            kk, mm = f"({e} % {bk})", f"({e} / {bk})"
+        else:
+            kk, mm = f"({e} / {tile_len})", f"({e} % {tile_len})"
+        reg = f"zyx_p{side}{s}"
+        ragged = per % threads != 0
+        guard = f"{origin} + {mm} < {extent} && {k0} + {kk} < {p.nk}"
+        if ragged:
+            guard = f"{mm} < {tile_len} && " + guard
+        compute += ["    {", f"      {reg} = {zero};", f"      if ({guard}) {{"]
+        local_names = dict(names)
+        ind = "        "
+        compute += _decode(local_names, ops, ids, f"({origin} + {mm})", it, ind)
+        compute += _decode(local_names, ops, p.loops, f"({k0} + {kk})", it, ind)
+        compute += _values(dl, ops, [val] + masks, local_names, narrow, ind)
+        v = local_names[val]
+        for m in masks:
+            v = f"({local_names[m]} ? {v} : {zero})"
+        compute += [f"{ind}{reg} = {v};", "      }", "    }"]
+        line = f"zyx_l{side}[{kk} * {stride} + {mm}] = {reg};"
+        store.append(f"    if ({mm} < {tile_len}) {line}" if ragged else f"    {line}")
+    return compute, store, -(-per // threads)
+
+
+def lower_gemm(kernel, dl, info, name, p, tile, var=None):
+    """The `GPUKernel` of plan `p` with tile (rows, cols, K step) (module docstring);
+    `var`: `variant()`'s knobs (None: the environment's)."""
     from .gpu import GPUKernel, Launch, _params, narrow_index
     from .cfamily import Rendered
+    var = var if var is not None else variant()
     ops = kernel.ops
     br, bc, bk = tile
     tr, tc = br // SIDE, bc // SIDE
     threads = SIDE * SIDE
     groups_r, groups_c = -(-p.nr // br), -(-p.nc // bc)
     groups = p.nb * groups_r * groups_c
-    narrow = narrow_index(ops, [groups * threads, p.nr + br, p.nc + bc, p.nk + bk])
+    narrow = narrow_index(ops, [groups * threads, p.nr + br, p.nc + bc, p.nk + 2 * bk])
     it = INDEX32 if narrow else dl.int64
     names = {}
     r = Rendered()
@@ -357,8 +431,9 @@ def lower_gemm(kernel, dl, info, name, p, tile):
     ct = dl.ctype(p.dtype)
     zero = literal(dl, p.dtype, 0)
     sa, sb = br + PAD, bc + PAD           # local row strides (one row per K step)
-    body = [f"  {dl.local_qualifier}{ct} zyx_la[{bk * sa}];",
-            f"  {dl.local_qualifier}{ct} zyx_lb[{bk * sb}];",
+    fold = bool(p.block) and var["fold"] and p.nk > PLAIN_K
+    body = [f"  {dl.local_qualifier}{dl.align16}{ct} zyx_la[{bk * sa}];",
+            f"  {dl.local_qualifier}{dl.align16}{ct} zyx_lb[{bk * sb}];",
             f"  const {it} zyx_tid = ({it}){dl.local_id(0)};",
             f"  const {it} zyx_tx = zyx_tid % {SIDE};",
             f"  const {it} zyx_ty = zyx_tid / {SIDE};",
@@ -370,65 +445,49 @@ def lower_gemm(kernel, dl, info, name, p, tile):
     for i in range(tr):
         for j in range(tc):
             body.append(f"  {ct} zyx_s{i}_{j} = {zero};")
-            if p.block:
+            if fold:
                 body.append(f"  {ct} zyx_t{i}_{j} = {zero};")
-    fold_every = max(p.block // bk, 1) if p.block else 0
+
+    def copies(k0):
+        ca, sa_, na = _copy_slots(dl, ops, p, "a", names, narrow, it, ct, zero, br, bk,
+                                  p.a_kfast, k0)
+        cb, sb_, nb = _copy_slots(dl, ops, p, "b", names, narrow, it, ct, zero, bc, bk,
+                                  p.b_kfast, k0)
+        return ca + cb, sa_ + sb_, na, nb
+    first, stores, na, nb = copies("0")
+    body += [f"  {ct} zyx_pa{s};" for s in range(na)] + [f"  {ct} zyx_pb{s};" for s in range(nb)]
+    if var["prefetch"]:
+        # the next K step's values are read from global memory while this one's products
+        # run from local memory
+        body += first
+        nxt, _, _, _ = copies("(zyx_k0 + %d)" % bk)
     body.append(f"  for ({it} zyx_k0 = 0, zyx_kt = 1; zyx_k0 < {p.nk}; "
                 f"zyx_k0 += {bk}, zyx_kt++) {{")
-    for side, ids, val, tile_len, stride, kfast, buf in (
-            ("a", p.rows, p.a, br, sa, p.a_kfast, "zyx_la"),
-            ("b", p.cols, p.b, bc, sb, p.b_kfast, "zyx_lb")):
-        per = tile_len * bk
-        extent = p.nr if side == "a" else p.nc
-        origin = "zyx_r0" if side == "a" else "zyx_c0"
-        masks = p.masks if side == "a" else []
-        for s in range(-(-per // threads)):
-            e = f"(zyx_tid + {s * threads})"
-            if kfast:
-                kk, mm = f"({e} % {bk})", f"({e} / {bk})"
-            else:
-                kk, mm = f"({e} / {tile_len})", f"({e} % {tile_len})"
-            ind = "      "
-            blk = ["    {",
-                   f"{ind[:-2]}const {it} zyx_m = {mm};",
-                   f"{ind[:-2]}const {it} zyx_kk = {kk};",
-                   f"{ind[:-2]}const {it} zyx_x = {origin} + zyx_m;",
-                   f"{ind[:-2]}const {it} zyx_k = zyx_k0 + zyx_kk;",
-                   f"{ind[:-2]}{ct} zyx_v = {zero};"]
-            guard = f"zyx_x < {extent} && zyx_k < {p.nk}"
-            if per % threads:
-                guard = f"zyx_m < {tile_len} && " + guard
-            blk.append(f"{ind[:-2]}if ({guard}) {{")
-            local_names = dict(names)
-            blk += _decode(local_names, ops, ids, "zyx_x", it, ind)
-            blk += _decode(local_names, ops, p.loops, "zyx_k", it, ind)
-            blk += _values(dl, ops, [val] + masks, local_names, narrow, ind)
-            v = local_names[val]
-            for m in masks:
-                v = f"({local_names[m]} ? {v} : {zero})"
-            blk.append(f"{ind}zyx_v = {v};")
-            blk.append(f"{ind[:-2]}}}")
-            if per % threads:
-                blk.append(f"{ind[:-2]}if (zyx_m < {tile_len}) "
-                           f"{buf}[zyx_kk * {stride} + zyx_m] = zyx_v;")
-            else:
-                blk.append(f"{ind[:-2]}{buf}[zyx_kk * {stride} + zyx_m] = zyx_v;")
-            blk.append("    }")
-            body += blk
+    if not var["prefetch"]:
+        cur, _, _, _ = copies("zyx_k0")
+        body += cur
+    body += stores
     body.append(f"    {dl.barrier()};")
+    if var["prefetch"]:
+        body.append(f"    if (zyx_k0 + {bk} < {p.nk}) {{")
+        body += ["  " + line for line in nxt]
+        body.append("    }")
+    rows_at = _positions(tr, "zyx_ty")
+    cols_at = _positions(tc, "zyx_tx")
     body.append("    #pragma unroll")
     body.append(f"    for (int zyx_q = 0; zyx_q < {bk}; zyx_q++) {{")
     for i in range(tr):
-        body.append(f"      const {ct} zyx_a{i} = zyx_la[zyx_q * {sa} + zyx_ty + {i * SIDE}];")
+        body.append(f"      const {ct} zyx_a{i} = zyx_la[zyx_q * {sa} + {rows_at[i]}];")
     for j in range(tc):
-        body.append(f"      const {ct} zyx_b{j} = zyx_lb[zyx_q * {sb} + zyx_tx + {j * SIDE}];")
+        body.append(f"      const {ct} zyx_b{j} = zyx_lb[zyx_q * {sb} + {cols_at[j]}];")
     for i in range(tr):
         for j in range(tc):
             body.append(f"      zyx_s{i}_{j} += zyx_a{i} * zyx_b{j};")
     body.append("    }")
     body.append(f"    {dl.barrier()};")
-    if fold_every:
-        body.append(f"    if (zyx_kt % {fold_every} == 0) {{")
+    if fold:
+        every = max(p.block // bk, 1)
+        body.append(f"    if (zyx_kt % {every} == 0) {{")
         for i in range(tr):
             for j in range(tc):
                 body.append(f"      zyx_t{i}_{j} += zyx_s{i}_{j}; zyx_s{i}_{j} = {zero};")
@@ -438,31 +497,29 @@ def lower_gemm(kernel, dl, info, name, p, tile):
     result = p.total if p.total is not None else p.acc
     res_loads = {j for j, op in enumerate(ops)
                  if j > p.end and op[0] == K.LOAD and op[2] == result}
+    st = ops[p.store]
     for i in range(tr):
         for j in range(tc):
-            ind = "    "
+            ind = "      "
             blk = ["  {",
-                   f"{ind}const {it} zyx_x = zyx_r0 + zyx_ty + {i * SIDE};",
-                   f"{ind}const {it} zyx_y = zyx_c0 + zyx_tx + {j * SIDE};",
-                   f"{ind}if (zyx_x < {p.nr} && zyx_y < {p.nc}) {{"]
+                   f"    const {it} zyx_x = zyx_r0 + {rows_at[i]};",
+                   f"    const {it} zyx_y = zyx_c0 + {cols_at[j]};",
+                   f"    if (zyx_x < {p.nr} && zyx_y < {p.nc}) {{"]
             local_names = dict(names)
-            ind2 = ind + "  "
-            blk += _decode(local_names, ops, p.rows, "zyx_x", it, ind2)
-            blk += _decode(local_names, ops, p.cols, "zyx_y", it, ind2)
-            acc_expr = f"zyx_s{i}_{j}" if p.total is None else f"(zyx_t{i}_{j} + zyx_s{i}_{j})"
+            blk += _decode(local_names, ops, p.rows, "zyx_x", it, ind)
+            blk += _decode(local_names, ops, p.cols, "zyx_y", it, ind)
+            acc = f"(zyx_t{i}_{j} + zyx_s{i}_{j})" if fold else f"zyx_s{i}_{j}"
             for q in sorted(res_loads):
                 d = ops[q][1]
                 local_names[q] = f"v{q}"
-                blk.append(f"{ind2}const {dl.ctype(d)} v{q} = ({dl.ctype(d)}){acc_expr};")
-            st = ops[p.store]
-            blk += _values(dl, ops, [st[3], st[4]], local_names, narrow, ind2, skip=res_loads)
+                blk.append(f"{ind}const {dl.ctype(d)} v{q} = ({dl.ctype(d)}){acc};")
+            blk += _values(dl, ops, [st[3], st[4]], local_names, narrow, ind, skip=res_loads)
             vi = local_names[st[3]]
             if narrow and ops[st[3]][0] == K.CONST:
                 vi = literal(dl, dt.int32, ops[st[3]][2])
-            blk.append(f"{ind2}g{ops[st[2]][3]}[{vi}] = "
+            blk.append(f"{ind}g{ops[st[2]][3]}[{vi}] = "
                        f"{dl.store_convert(ops[st[2]][1], local_names[st[4]])};")
-            blk.append(f"{ind}}}")
-            blk.append("  }")
+            blk += ["    }", "  }"]
             body += blk
     src = (f"{dl.kernel_prefix} {name}({', '.join(_params(kernel, dl, r))}) {{\n"
            + "\n".join(body) + "\n}\n")
