@@ -373,7 +373,9 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, ct, zero, tile_len, bk, kfa
     extent = p.nr if side == "a" else p.nc
     origin = "zyx_r0" if side == "a" else "zyx_c0"
     stride = tile_len + PAD
-    masks = p.masks if side == "a" else []
+    # both operands are masked: an operand computed from a guarded load (0 past the real
+    # K) may be inf there (1 / x), and 0 * inf is not 0
+    masks = p.masks
     compute, store = [], []
     for s in range(-(-per // threads)):
         e = f"(zyx_tid + {s * threads})"
