@@ -237,3 +237,26 @@ def test_an_activation_feeding_a_matmul_is_computed_once():
     assert len(with_erf) == 2
     for k in with_erf:      # the first linear's kernels (4 * 64 * 512 outputs), no others
         assert k.args[0][1] == 4 * 64 * 512
+
+
+def test_lanes_rows_avoid_strides_that_share_cache_sets():
+    """A "lanes" tile's rows are the output axis before the lanes unless the operand
+    broadcast over the lanes steps by a multiple of 1024 elements along it (its rows
+    would share L1 sets): out[j, i, :] = x[i, j, :] @ w with x's i stride 8192 takes
+    its 16 rows along j (stride 128) instead; values as numpy's."""
+    from zyx._core import kernel as K
+    rng = np.random.default_rng(1)
+    xn = rng.standard_normal((16, 64, 128)).astype(np.float32)
+    wn = rng.standard_normal((128, 64)).astype(np.float32)
+    y = zyx.tensor(xn).permute(1, 0, 2) @ zyx.tensor(wn)
+    (k,) = _plan_kernels(y)
+    index = {op[2]: op[3] for op in k.ops if op[0] == K.INDEX}
+    assert any(op[0] == K.DEFINE and op[2] == K.SCOPE_REGISTER and op[5] == 256
+               for op in k.ops)                      # a 16 x 16 tile
+    assert index.get(0) == 64 // 16 and index.get(1, 1) == 16     # rows along axis 0
+    assert_close(y, xn.transpose(1, 0, 2) @ wn, rtol=1e-4, atol=1e-4)
+    # the same product from a contiguous x (axis 1's stride 128): rows before the lanes
+    y2 = zyx.tensor(xn.transpose(1, 0, 2).copy()) @ zyx.tensor(wn)
+    (k2,) = _plan_kernels(y2)
+    index2 = {op[2]: op[3] for op in k2.ops if op[0] == K.INDEX}
+    assert index2.get(1) == 16 // 16 or 1 not in index2

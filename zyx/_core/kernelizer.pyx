@@ -1210,10 +1210,11 @@ def choose_upcast(b, tuple shape, int vector_bytes=64, bint windows=True):
     plan = [(axis, J)]
     if J == 16 and len(axes) >= 2:
         rows = 16 if vector_bytes >= 64 else (8 if vector_bytes >= 32 else 4)
-        while rows > 4 and shape[axes[-2]] % rows:
+        row_axis = _lane_rows_axis(b, shape, axes, out_var, rows)
+        while rows > 4 and shape[row_axis] % rows:
             rows //= 2
-        if shape[axes[-2]] % rows == 0:
-            plan.insert(0, (axes[-2], rows))   # rows x 16 lanes: independent FMA chains
+        if shape[row_axis] % rows == 0:
+            plan.insert(0, (row_axis, rows))   # rows x 16 lanes: independent FMA chains
     if len(plan) == 1 and windows:
         # no rows on the axis before: rows where loads are reused (a convolution's input
         # gradient reads each window of the output gradient for every input channel)
@@ -1221,6 +1222,40 @@ def choose_upcast(b, tuple shape, int vector_bytes=64, bint windows=True):
         if up is not None:
             return up
     return (r, plan, "lanes")
+
+
+SET_STRIDE = 1024     # elements (4 KB of float32): rows this far apart share L1 sets
+
+
+def _lane_rows_axis(b, tuple shape, list axes, out_var, int rows):
+    """The output axis of a "lanes" tile's rows: the one before the lanes, unless the
+    loads broadcast along the lanes step through memory along it by a multiple of
+    SET_STRIDE: then its rows all fall into the same L1 sets (16 rows 32 KB apart in an
+    attention backward's per-head layout: 12 ways, 16 lines, each pass evicting the
+    last), and another axis that `rows` divides, whose broadcast loads step less, is
+    taken."""
+    def step(a):
+        v = b.out_vars.get(a)
+        if v is None:
+            return None
+        worst = 0
+        for s in b.load_log:
+            cj, cr = _coef(s, out_var), _coef(s, v)
+            if cr is None:
+                return None
+            if cj == 0 and cr:
+                worst = max(worst, abs(cr))
+        return worst
+    first = axes[-2]
+    st = step(first)
+    if st is None or st == 0 or st % SET_STRIDE:
+        return first
+    best, best_step = first, st
+    for a in axes[:-1]:
+        sa = step(a)
+        if a != first and shape[a] % rows == 0 and sa and sa % SET_STRIDE and sa < best_step:
+            best, best_step = a, sa
+    return best
 
 
 def _choose_window_lanes(b, tuple shape, list axes, Py_ssize_t axis, J, int vector_bytes,
