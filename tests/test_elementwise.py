@@ -755,3 +755,45 @@ def test_reduction_dtypes_against_torch():
         for z, tt in pairs:
             assert z.dtype == from_torch_dtype(tt.dtype), (d, z.dtype, tt.dtype)
             assert z.shape == tuple(tt.shape)
+
+
+def test_exp_of_masked_values_is_exact():
+    """An exp whose argument comes from a very negative constant (a causal mask's -inf)
+    runs through the C backend's zyx_expf (libmvec's slow path avoided); its values are
+    numpy's, denormals, exact zeros, NaN and inf included, on every device."""
+    xs = np.array([-150.0, -120.0, -103.9, -100.0, -90.0, -87.5, -80.0001, -80.0, -60.0,
+                   -1.0, 0.0, 1.0, 88.0, 89.0, np.inf, np.nan, -np.inf, 5.5], np.float32)
+    mask = np.arange(xs.size) % 3 == 0
+    x = zyx.tensor(xs)
+    for fill in (-np.inf, -1000.0, -95.0):
+        got = zyx.where(zyx.tensor(mask), fill, x).exp().numpy()
+        with np.errstate(over="ignore"):
+            ref = np.exp(np.where(mask, np.float32(fill), xs))
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+        ok = ~np.isnan(ref)
+        np.testing.assert_allclose(got[ok], ref[ok], rtol=2e-7, atol=0)
+    m = np.triu(np.ones((8, 8), bool), 1)
+    a = np.random.default_rng(0).standard_normal((3, 8, 8)).astype(np.float32)
+    sm = zyx.tensor(a).masked_fill(zyx.tensor(m), float("-inf")).softmax(-1).numpy()
+    e = np.exp(np.where(m, -np.inf, a) - np.where(m, -np.inf, a).max(-1, keepdims=True))
+    np.testing.assert_allclose(sm, e / e.sum(-1, keepdims=True), rtol=1e-6, atol=1e-7)
+    assert (sm[:, m] == 0).all()
+
+
+def test_c_backend_uses_zyx_expf_only_where_a_low_constant_reaches_the_exp():
+    from zyx.backends import c as cb
+    from zyx._core.kernelizer import kernelize
+    x = zyx.tensor(np.zeros(64, np.float32))
+    m = zyx.tensor(np.arange(64) % 2 == 0)
+
+    def source(t):
+        g = zyx._RT.graph
+        order, _ = g.collect([t._id])
+        steps, _ = kernelize(g, order, [t._id], 64)
+        (k,) = [s.kernel for s in steps if s.kernel is not None]
+        from zyx.backends.cfamily import render_body
+        r, _ = render_body(k, cb._CBackendDialect())
+        return "\n".join(r.lines)
+    assert "zyx_expf(" in source(zyx.where(m, float("-inf"), x).exp())
+    plain = source((x * 2).exp())
+    assert "expf(" in plain and "zyx_expf(" not in plain

@@ -77,11 +77,63 @@ static inline unsigned short zyx_f2bf(float x) {
   unsigned int u; memcpy(&u, &x, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 64u);
   u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }
+/* expf without glibc libmvec's slow path: a vector with a lane below about -87 (a
+   masked softmax's -inf) goes through scalar calls, 5-7x slower. Arguments below -80
+   are shifted into range and scaled back (exp(x) = exp(x + 64) e^-64), below -150 the
+   result is 0 anyway; NaN stays NaN. The shift and scale are chosen with integer bit
+   masks: written as float selects, gcc computed both exps or did not vectorize. */
+static inline float zyx_expf(float x) {
+  const unsigned int low = (unsigned int)-(int)(x < -80.0f);
+  const unsigned int sb = low & 0x42800000u;                       /* 64.0f or 0 */
+  const unsigned int cb = (low & 0x114b4ea4u) | (~low & 0x3f800000u);   /* e^-64 or 1 */
+  float shift, scale;
+  memcpy(&shift, &sb, 4); memcpy(&scale, &cb, 4);
+  return expf((x < -150.0f ? -150.0f : x) + shift) * scale; }
 static inline long long zyx_ipow(long long b, long long e) {
   if (e < 0) return b == 1 ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);
   unsigned long long r = 1, ub = (unsigned long long)b;
   while (e) { if (e & 1) r *= ub; ub *= ub; e >>= 1; } return (long long)r; }
 """
+
+
+EXP_LOW = -80.0     # a constant at or below this reaching an exp: zyx_expf (_PRELUDE)
+
+
+class _CBackendDialect(CDialect):
+    """C99 for this backend's prelude: a float32 exp whose argument is computed from a
+    constant at or below EXP_LOW (a masked softmax's -inf) calls `zyx_expf`, which keeps
+    such lanes off libmvec's scalar slow path (3-4x faster exp, 1.5 -> 1.0 ms for a causal
+    softmax of 32x4x64x64); other exps stay `expf` (zyx_expf costs 30% on them)."""
+
+    def unary_fn(self, ops, op, name, d):
+        if name == "exp" and d is not dt.float64 and _reaches_low_constant(ops, op[3]):
+            return "zyx_expf"
+        return self.math_fn(name, d)
+
+
+def _reaches_low_constant(ops, root):
+    """True when the value `root` of `ops` is computed (through ALU ops) from a float
+    constant at or below EXP_LOW."""
+    seen, stack = set(), [root]
+    while stack:
+        j = stack.pop()
+        if j in seen or j < 0:
+            continue
+        seen.add(j)
+        o = ops[j]
+        c = o[0]
+        if c == K.CONST:
+            if o[1].is_float and o[2] <= EXP_LOW:
+                return True
+        elif c == K.CAST:
+            stack.append(o[2])
+        elif c == K.UNARY:
+            stack.append(o[3])
+        elif c == K.BINARY:
+            stack += [o[3], o[4]]
+        elif c in (K.WHERE, K.MAD):
+            stack += [o[2], o[3], o[4]]
+    return False
 
 
 def _simd_decls():
@@ -327,7 +379,7 @@ class CDevice:
             self.base_flags.append(WIDE_VECTORS)
         self.flags = list(self.base_flags) + (["-fopenmp"] if self.openmp else [])
         self.libs = (["-lmvec"] if self.mvec else []) + ["-lm"]
-        self.dialect = CDialect()
+        self.dialect = _CBackendDialect()
         self._programs = weakref.WeakValueDictionary()   # kernel -> CProgram some plan holds
         self._loaded = weakref.WeakValueDictionary()     # cache key -> _Library in use
         self._omp = None           # the OpenMP runtime, opened once more, never closed

@@ -41,6 +41,11 @@ class CDialect:
     def math_fn(self, name, d):
         return name + ("f" if d is not dt.float64 else "")
 
+    def unary_fn(self, ops, op, name, d):
+        """The function computing float UNARY `op` of `ops` (a dialect may pick a variant
+        from what its operand is computed from)."""
+        return self.math_fn(name, d)
+
     def load_convert(self, d, expr):
         if d is dt.float16:
             return f"zyx_h2f({expr})"
@@ -491,7 +496,7 @@ def alu(dl, ops, op, v):
             if u in (K.U_FLOOR, K.U_TRUNC):
                 return x
             return f"(({dl.ctype(d)}){dl.math_fn(_UNARY_F[u], dt.float64)}((double){x}))"
-        return f"{dl.math_fn(_UNARY_F[u], d)}({x})"
+        return f"{dl.unary_fn(ops, op, _UNARY_F[u], d)}({x})"
     # BINARY
     b, x, y = op[2], v(op[3]), v(op[4])
     if d.is_bool and b in (K.B_ADD, K.B_MUL):
