@@ -145,15 +145,10 @@ def closure(ops, roots):
 
 def _chain(ops, root, ends):
     """The loops of the nest at `root` following single child loops down."""
+    from .gpu import child_loops
     chain = [root]
     while True:
-        kids, j = [], chain[-1] + 1
-        while j < ends[chain[-1]]:
-            if ops[j][0] == K.LOOP:
-                kids.append(j)
-                j = ends[j] + 1
-            else:
-                j += 1
+        kids = child_loops(ops, chain[-1], ends)
         if len(kids) != 1:
             return chain
         chain.append(kids[0])
