@@ -216,9 +216,10 @@ def test_default_tiles_on_a_transformer_block(lowered, opencl_device, monkeypatc
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["fold=0", "prefetch=0", "fold=0,prefetch=0"])
+@pytest.mark.parametrize("spec", ["fold=0", "prefetch=0", "hoist=0", "fold=0,prefetch=0,hoist=0"])
 def test_variants_against_numpy(spec, lowered, monkeypatch):
-    """ZYX_GPU_GEMM's knobs: without block totals, without the next step's prefetch."""
+    """ZYX_GPU_GEMM's knobs: without block totals, without the next step's prefetch, with
+    each slot's rows decoded at every K step."""
     monkeypatch.setenv(gemm.GEMM_ENV, spec)
     found = lowered({"gemm": (32, 32)})
     r = np.random.default_rng(2)

@@ -54,7 +54,7 @@ TILES = ((128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 16), (64, 32, 16),
          (32, 64, 16), (32, 32, 16))
 
 
-GEMM_DEFAULT = {"fold": 1, "prefetch": 1}
+GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1}
 
 
 def enabled():
@@ -64,7 +64,9 @@ def enabled():
 def variant(spec=None):
     """The lowering's knobs from ZYX_GPU_GEMM ("0": no gemm tiles; "fold=0": no block
     totals, every product added into one accumulator as cuBLAS does; "prefetch=0": no
-    reading of the next K step during this one's products), read at each lowering.
+    reading of the next K step during this one's products; "hoist=0": each copy slot's
+    row/col variables decoded at every K step instead of once before the loop), read at
+    each lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
@@ -358,10 +360,13 @@ def _positions(t, tid):
     return [f"{(q // chunk) * SIDE * chunk} + {tid} * {chunk} + {q % chunk}" for q in range(t)]
 
 
-def _copy_slots(dl, ops, p, side, names, narrow, it, ct, zero, tile_len, bk, kfast, k0):
+def _copy_slots(dl, ops, p, side, names, narrow, it, ct, zero, tile_len, bk, kfast, k0,
+                hoist=False):
     """Statements computing this work-item's share of one operand tile at K origin `k0`
-    into registers zyx_p{side}{s} (0 past the ends), and the statements storing them to
-    local memory."""
+    into registers zyx_p{side}{s} (0 past the ends), the statements storing them to
+    local memory, the slot count, and with `hoist` the statements to put before the K
+    loop: each slot's row (or col) position does not change along K, so its variables
+    and range test are computed there once (zyx_h{side}{s}_...)."""
     threads = SIDE * SIDE
     per = tile_len * bk
     ids, val = (p.rows, p.a) if side == "a" else (p.cols, p.b)
@@ -371,7 +376,7 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, ct, zero, tile_len, bk, kfa
     # both operands are masked: an operand computed from a guarded load (0 past the real
     # K) may be inf there (1 / x), and 0 * inf is not 0
     masks = p.masks
-    compute, store = [], []
+    compute, store, before = [], [], []
     for s in range(-(-per // threads)):
         e = f"(zyx_tid + {s * threads})"
         if kfast:
@@ -380,13 +385,22 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, ct, zero, tile_len, bk, kfa
             kk, mm = f"({e} / {tile_len})", f"({e} % {tile_len})"
         reg = f"zyx_p{side}{s}"
         ragged = per % threads != 0
-        guard = f"{origin} + {mm} < {extent} && {k0} + {kk} < {p.nk}"
+        inside = f"{origin} + {mm} < {extent}"
         if ragged:
-            guard = f"{mm} < {tile_len} && " + guard
-        compute += ["    {", f"      {reg} = {zero};", f"      if ({guard}) {{"]
+            inside = f"{mm} < {tile_len} && " + inside
         local_names = dict(names)
         ind = "        "
-        compute += _decode(local_names, ops, ids, f"({origin} + {mm})", it, ind)
+        if hoist:
+            hn = {i: f"zyx_h{side}{s}_{names[i]}" for i in ids}
+            before.append(f"  const int zyx_h{side}{s} = {inside};")
+            before += _decode(hn, ops, ids, f"({origin} + {mm})", it, "  ")
+            inside = f"zyx_h{side}{s}"
+        guard = f"{inside} && {k0} + {kk} < {p.nk}"
+        compute += ["    {", f"      {reg} = {zero};", f"      if ({guard}) {{"]
+        if hoist:
+            compute += [f"{ind}const {it} {names[i]} = zyx_h{side}{s}_{names[i]};" for i in ids]
+        else:
+            compute += _decode(local_names, ops, ids, f"({origin} + {mm})", it, ind)
         compute += _decode(local_names, ops, p.loops, f"({k0} + {kk})", it, ind)
         compute += _values(dl, ops, [val] + masks, local_names, narrow, ind)
         v = local_names[val]
@@ -395,7 +409,7 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, ct, zero, tile_len, bk, kfa
         compute += [f"{ind}{reg} = {v};", "      }", "    }"]
         line = f"zyx_l{side}[{kk} * {stride} + {mm}] = {reg};"
         store.append(f"    if ({mm} < {tile_len}) {line}" if ragged else f"    {line}")
-    return compute, store, -(-per // threads)
+    return compute, store, -(-per // threads), before
 
 
 def lower_gemm(kernel, dl, info, name, p, tile, var=None):
@@ -445,13 +459,18 @@ def lower_gemm(kernel, dl, info, name, p, tile, var=None):
             if fold:
                 body.append(f"  {ct} zyx_t{i}_{j} = {zero};")
 
+    hoist = bool(var["hoist"])
+    before = []
+
     def copies(k0):
-        ca, sa_, na = _copy_slots(dl, ops, p, "a", names, narrow, it, ct, zero, br, bk,
-                                  p.a_kfast, k0)
-        cb, sb_, nb = _copy_slots(dl, ops, p, "b", names, narrow, it, ct, zero, bc, bk,
-                                  p.b_kfast, k0)
+        ca, sa_, na, ha = _copy_slots(dl, ops, p, "a", names, narrow, it, ct, zero, br, bk,
+                                      p.a_kfast, k0, hoist)
+        cb, sb_, nb, hb = _copy_slots(dl, ops, p, "b", names, narrow, it, ct, zero, bc, bk,
+                                      p.b_kfast, k0, hoist)
+        before[:] = ha + hb
         return ca + cb, sa_ + sb_, na, nb
     first, stores, na, nb = copies("0")
+    body += before
     body += [f"  {ct} zyx_pa{s};" for s in range(na)] + [f"  {ct} zyx_pb{s};" for s in range(nb)]
     if var["prefetch"]:
         # the next K step's values are read from global memory while this one's products
