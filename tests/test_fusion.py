@@ -260,3 +260,26 @@ def test_lanes_rows_avoid_strides_that_share_cache_sets():
     (k2,) = _plan_kernels(y2)
     index2 = {op[2]: op[3] for op in k2.ops if op[0] == K.INDEX}
     assert index2.get(1) == 16 // 16 or 1 not in index2
+
+
+def test_reduced_axes_neighbours_in_memory_are_one_loop():
+    """A weight gradient over (B, T) of (B, T, D) activations reduces two axes that are
+    neighbours in memory: the CPU kernel walks them with one loop (gcc keeps its register
+    tile in registers across it), values as numpy's. Axes that are not neighbours in
+    memory (a transposed operand's) keep a loop each."""
+    from zyx._core import kernel as K
+    rng = np.random.default_rng(2)
+    xn = rng.standard_normal((8, 16, 32)).astype(np.float32)
+    hn = rng.standard_normal((8, 16, 48)).astype(np.float32)
+    x, h = zyx.tensor(xn), zyx.tensor(hn)
+    gw = (x.unsqueeze(-1) * h.unsqueeze(-2)).sum((0, 1))
+    (k,) = _plan_kernels(gw)
+    loops = [op[2] for op in k.ops if op[0] == K.LOOP]
+    assert loops[0] == 8 * 16, loops      # (the loops after it are the register tile's)
+    assert_close(gw, np.einsum("btd,bte->de", xn, hn), rtol=1e-4, atol=1e-4)
+    # the batch axis of a (T, B, D) view is not next to the time axis in memory
+    xt = zyx.tensor(xn.transpose(1, 0, 2).copy()).permute(1, 0, 2)
+    gw2 = (xt.unsqueeze(-1) * h.unsqueeze(-2)).sum((0, 1))
+    (k2,) = _plan_kernels(gw2)
+    assert [op[2] for op in k2.ops if op[0] == K.LOOP][:2] == [8, 16]
+    assert_close(gw2, np.einsum("btd,bte->de", xn, hn), rtol=1e-4, atol=1e-4)

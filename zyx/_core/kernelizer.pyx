@@ -725,7 +725,20 @@ class _Builder:
             if sshape[ax] == 1:
                 new[ax] = sym.constant(0)
         virtual = []        # (axis, stride within the axis, loop length)
+        groups = self.reduce_splits.get((p, "merge")) if self.reduce_splits else None
+        grouped = {}
+        for g in groups or ():
+            for ax in g:
+                grouped[ax] = g
         for ax in reduced:
+            g = grouped.get(ax)
+            if g is not None:
+                if ax == g[0]:     # neighbours in memory: one loop (_contiguous_reduces)
+                    n = 1
+                    for a in g:
+                        n *= sshape[a]
+                    virtual.append((g, 1, n))
+                continue
             sizes = self.reduce_splits.get((p, ax)) if self.reduce_splits else None
             if sizes:
                 stride = sshape[ax]
@@ -753,6 +766,17 @@ class _Builder:
                 (outer if split is not None and k <= split[0] else inner).append(v)
                 term = sym.var(v)
                 innermost[ax] = v
+            if type(ax) is tuple:
+                # each axis of the group from the one loop's variable (the loads'
+                # index math folds the divisions back into it: _contiguous_reduces)
+                inner_n = n
+                for i, a in enumerate(ax):
+                    inner_n //= sshape[a]
+                    e = sym.div(term, inner_n) if inner_n > 1 else term
+                    parts[a] = sym.mod(e, sshape[a]) if i else e
+                    innermost[a] = innermost[ax]
+                del innermost[ax]
+                continue
             part = sym.mul(term, stride)
             parts[ax] = part if ax not in parts else sym.add(parts[ax], part)
         for ax, e in parts.items():
@@ -1086,6 +1110,46 @@ def _merged_splits(b):
     return reduce_splits, out_splits
 
 
+def _contiguous_reduces(b, list ops):
+    """{(reduce position, "merge"): groups of reduced axes} for a kernel with one reduce
+    whose neighbouring reduced axes are neighbours in memory in every load (the outer
+    one's stride is the inner one's times the inner length: the batch and time axes of
+    (B, T, ...) activations), so that one loop can walk them (plan_reduce_loops): gcc
+    keeps a register tile in registers across one long loop, not across two nested ones
+    (a transformer's weight gradient over (B, T): 3.9 vs 1.3 ms). Empty when there is
+    nothing to merge, or where loads are guarded (a range check would divide the loop
+    variable)."""
+    if len(b.reduce_log) != 1 or b.rows is not None:
+        return {}
+    if any(op[0] == LOAD and op[4] >= 0 for op in ops):
+        return {}
+    p, logged = b.reduce_log[0]
+    axes = b.nodes[p].arg[1]
+    sshape = b.nodes[b.src(b.nodes[p], 0)].shape
+    seq = [(ax, v) for ax, v in zip(axes, logged) if v is not None]
+    if len(seq) < 2 or any(v.hi + 1 != sshape[ax] or sshape[ax] < 2 for ax, v in seq):
+        return {}          # (a blocked axis's variable is a part; an empty axis, nothing)
+    groups, cur = [], [seq[0]]
+    for ax, v in seq[1:]:
+        pa, pv = cur[-1]
+        n = v.hi + 1
+        ok = True
+        for s in b.load_log:
+            ca, cb = _coef(s, pv), _coef(s, v)
+            if ca is None or cb is None or ca != n * cb:
+                ok = False
+                break
+        if ok:
+            cur.append((ax, v))
+        else:
+            if len(cur) > 1:
+                groups.append(tuple([a for a, _ in cur]))
+            cur = [(ax, v)]
+    if len(cur) > 1:
+        groups.append(tuple([a for a, _ in cur]))
+    return {(p, "merge"): tuple(groups)} if groups else {}
+
+
 def _vars_in(s, set out):
     for atom, _ in s.terms:
         if type(atom) is sym.Var:
@@ -1225,6 +1289,7 @@ def choose_upcast(b, tuple shape, int vector_bytes=64, bint windows=True):
 
 
 SET_STRIDE = 1024     # elements (4 KB of float32): rows this far apart share L1 sets
+MERGE_REDUCES = True  # one loop over reduced axes that are neighbours in memory
 
 
 def _lane_rows_axis(b, tuple shape, list axes, out_var, int rows):
@@ -1541,7 +1606,12 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
         splits, out_splits = _merged_splits(b)
         if b.rows is not None:
             out_splits = {}
+        if not splits and not out_splits and MERGE_REDUCES and tile_min_outputs == 0:
+            # (CPU devices, whose register tiles gcc keeps across one loop; the GPU
+            # lowerings collapse nested reduce loops themselves)
+            splits = _contiguous_reduces(b, ops)
         if splits or out_splits:   # again, with those axes cut where loads divide them
+                                   # (or neighbouring reduce axes walked by one loop)
             b = _Builder(nodes, stored, p, sum_block, params)
             b.rows = rows.get(p)
             b.reduce_splits, b.out_splits = splits, out_splits
