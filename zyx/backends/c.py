@@ -31,7 +31,7 @@ from .. import dtype as dt
 from .._core import kernel as K
 from ..errors import BackendError
 from . import DeviceInfo, cache_dir, warn
-from .cfamily import CDialect, render_body
+from .cfamily import CDialect, alu_operands, render_body
 from .host import HostMemoryPool
 
 PARALLEL_MIN_WORK = 1 << 15   # below this many iterations threads cost more than they give
@@ -121,18 +121,11 @@ def _reaches_low_constant(ops, root):
             continue
         seen.add(j)
         o = ops[j]
-        c = o[0]
-        if c == K.CONST:
+        if o[0] == K.CONST:
             if o[1].is_float and o[2] <= EXP_LOW:
                 return True
-        elif c == K.CAST:
-            stack.append(o[2])
-        elif c == K.UNARY:
-            stack.append(o[3])
-        elif c == K.BINARY:
-            stack += [o[3], o[4]]
-        elif c in (K.WHERE, K.MAD):
-            stack += [o[2], o[3], o[4]]
+        else:
+            stack.extend(alu_operands(o))
     return False
 
 

@@ -322,6 +322,20 @@ class Frame:
         return f"{buf}[{index}]"
 
 
+def alu_operands(op):
+    """SSA operands of an ALU op (CAST, UNARY, BINARY, WHERE, MAD); () for other ops."""
+    c = op[0]
+    if c == K.CAST:
+        return (op[2],)
+    if c == K.UNARY:
+        return (op[3],)
+    if c == K.BINARY:
+        return (op[3], op[4])
+    if c in (K.WHERE, K.MAD):
+        return (op[2], op[3], op[4])
+    return ()
+
+
 _PLAIN = Frame()
 INDEX32 = "int"          # the C type of 32-bit index math
 

@@ -40,7 +40,7 @@ import os
 
 from .. import dtype as dt
 from .._core import kernel as K
-from .cfamily import INDEX32, literal, value_line
+from .cfamily import INDEX32, alu_operands, literal, value_line
 
 GEMM_ENV = "ZYX_GPU_GEMM"
 SIDE = 16              # work-items along each side of a group: 16 x 16 = 256
@@ -113,20 +113,13 @@ def _deps(ops):
 
 
 def _operands(op):
+    """SSA operands of an ALU op, a LOAD (index, guard) or a STORE (index, value)."""
     c = op[0]
-    if c == K.CAST:
-        return (op[2],)
-    if c == K.UNARY:
-        return (op[3],)
-    if c == K.BINARY:
-        return (op[3], op[4])
-    if c in (K.WHERE, K.MAD):
-        return (op[2], op[3], op[4])
     if c == K.LOAD:
         return (op[3],) + ((op[4],) if op[4] >= 0 else ())
     if c == K.STORE:
         return (op[3], op[4]) if op[3] >= 0 else (op[4],)
-    return ()
+    return alu_operands(op)
 
 
 def closure(ops, roots):

@@ -61,6 +61,7 @@ from .._core import kernel as K
 from . import DeviceInfo
 from . import gemm
 from .cfamily import INDEX32, Frame, alu, render_body
+from .cfamily import alu_operands as _operands
 
 # Iterations per float32 block of a float sum on GPU devices (DeviceInfo.sum_block; the
 # CPU's SUM_BLOCK is 4096 because SIMD lanes split a block 16 ways): a work-item of the
@@ -257,20 +258,6 @@ def partial_results(ops, regs, root, end, run, ends):
         elif j not in combines and any(a in tainted for a in _operands(op)):
             return None              # a partial used as if it were the whole
     return sorted(a for a in partial if a < root)
-
-
-def _operands(op):
-    """SSA operands of an ALU op (CAST, UNARY, BINARY, WHERE, MAD)."""
-    c = op[0]
-    if c == K.CAST:
-        return (op[2],)
-    if c == K.UNARY:
-        return (op[3],)
-    if c == K.BINARY:
-        return (op[3], op[4])
-    if c in (K.WHERE, K.MAD):
-        return (op[2], op[3], op[4])
-    return ()
 
 
 def reduce_nests(ops, split_root=False):
