@@ -1131,7 +1131,7 @@ def _contiguous_reduces(b, list ops):
         return {}          # (a blocked axis's variable is a part; an empty axis, nothing)
     groups, cur = [], [seq[0]]
     for ax, v in seq[1:]:
-        pa, pv = cur[-1]
+        pv = cur[-1][1]
         n = v.hi + 1
         ok = True
         for s in b.load_log:

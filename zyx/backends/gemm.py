@@ -149,18 +149,6 @@ def _chain(ops, root, ends):
         chain.append(kids[0])
 
 
-def _kfast(ops, nodes, loop):
-    """True when the global loads among `nodes` step by 0 or 1 along `loop` (and one by
-    1): copying K fastest reads consecutive memory."""
-    from .gpu import _coefficient
-    memo, steps = {}, []
-    for j in nodes:
-        op = ops[j]
-        if op[0] == K.LOAD and ops[op[2]][2] == K.SCOPE_GLOBAL:
-            steps.append(_coefficient(ops, op[3], loop, memo))
-    return bool(steps) and all(s in (0, 1) for s in steps) and 1 in steps
-
-
 def plan(ops):
     """The kernel's `GemmPlan`, or None when it is not a product it can tile."""
     if any(op[0] in (K.IF_OP, K.BARRIER) for op in ops):
@@ -266,8 +254,11 @@ def plan(ops):
     p.rows, p.cols, p.batch, p.loops = rows, cols, batch, loops
     p.a, p.b, p.masks, p.acc, p.total, p.block, p.store = a, b, masks, acc, total, block, store
     p.end = end
-    p.a_kfast = _kfast(ops, closure(ops, [a]), inner)
-    p.b_kfast = _kfast(ops, closure(ops, [b]), inner)
+    # (copying K fastest reads consecutive memory where the operand's loads are
+    # contiguous along the innermost reduce loop)
+    from .gpu import contiguous_loads
+    p.a_kfast = contiguous_loads(ops, closure(ops, [a]), inner)
+    p.b_kfast = contiguous_loads(ops, closure(ops, [b]), inner)
     p.nr = _product(ops, rows)
     p.nc = _product(ops, cols)
     p.nb = _product(ops, batch)

@@ -442,8 +442,14 @@ def _coefficient(ops, ssa, var, memo):
 def contiguous_along(ops, lo, hi, var):
     """True when every global load in [lo, hi) steps by 0 or 1 element along `var` and at
     least one steps by 1 (neighbouring values of var read neighbouring memory)."""
+    return contiguous_loads(ops, range(lo, hi), var)
+
+
+def contiguous_loads(ops, positions, var):
+    """`contiguous_along` for the ops at `positions` (any order)."""
     memo, steps = {}, []
-    for op in ops[lo:hi]:
+    for j in positions:
+        op = ops[j]
         if op[0] == K.LOAD and ops[op[2]][2] == K.SCOPE_GLOBAL:
             steps.append(_coefficient(ops, op[3], var, memo))
     return bool(steps) and all(s in (0, 1) for s in steps) and 1 in steps
