@@ -16,6 +16,8 @@
 #   sweep   benches/gpu_elementwise_sweep.py: the elementwise lowering's variants (ZYX_GPU_EW)
 #   rows    benches/gpu_rows_sweep.py: the group lowering's variants on softmax, log_softmax
 #           and layer_norm (ZYX_GPU_GROUP), PyTorch beside them
+#   gemm    benches/gpu_gemm_sweep.py: the gemm lowering's variants and tiles (ZYX_GPU_GEMM,
+#           GEMM_VARIANTS: space-separated, default the script's) on matmul and conv2d
 #   tune    benches/bench_tuning.py on CUDA: the MNIST convnet step with heuristic and with
 #           autotuned schedules, and the time the search took; then tests/test_tuning.py
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
@@ -75,6 +77,10 @@ EOF
         $PY benches/report.py benches/bench_gpu.py ${BENCH_K:+-k "$BENCH_K"} \
             >"$OUT/bench.md" 2>"$OUT/bench.err"
         cat "$OUT/bench.md"
+        ;;
+    gemm)
+        $PY benches/gpu_gemm_sweep.py ${GEMM_VARIANTS:-} >"$OUT/gemm.txt" 2>&1
+        cat "$OUT/gemm.txt"
         ;;
     rows)
         $PY benches/gpu_rows_sweep.py >"$OUT/rows.txt" 2>&1

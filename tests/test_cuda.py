@@ -13,13 +13,15 @@ with the reason ("no NVIDIA driver: ...") where `initialize` fails.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
+import re
 
 import numpy as np
 import pytest
 
 import zyx
-from zyx.backends import DeviceInfo, gpudriver
+from zyx.backends import DeviceInfo, gemm, gpudriver
 from zyx.backends.binary_cache import BinaryCache
 from zyx.backends.cfamily import CUDADialect
 from zyx.backends.gpu import GPUKernel, Launch, lower
@@ -221,6 +223,72 @@ def test_nan_and_infinity_literals_compile(compiler):
     for k in kernels_of(t * float("inf")):
         src = lower(k, CUDADialect(), None).source
         assert compiler.binary(src)[:4] == b"\x7fELF"
+
+
+# an H100 as the CUDA backend describes it, with its compute capability: 16-bit products
+# go to tensor cores (backends/mma.py)
+_H100_CC = DeviceInfo(name="H100", max_local_threads=1024, warp_size=32, num_cores=2,
+                      local_mem_size=48 * 1024, register_tiles=False, extra={"cc": (9, 0)})
+
+
+def _untiled_kernel(t):
+    """The one kernel of `t` as a GPU device makes it: no register tiles."""
+    from zyx._core.kernelizer import kernelize
+    from zyx._core.passes import optimize
+    from zyx.backends.gpu import GPU_SUM_BLOCK
+    g = zyx._RT.graph
+    order, _ = g.collect([t._id])
+    steps, _ = kernelize(g, order, [t._id], 64, False, GPU_SUM_BLOCK)
+    (k,) = [optimize(s.kernel) for s in steps if s.kernel is not None]
+    return k
+
+
+def _mma_products(dtype):
+    """16-bit products with each operand stored K-fastest or not, a computed operand, an
+    epilogue, a batch, a ragged size and a long K (block totals)."""
+    def t(*s):
+        return zyx.Tensor(np.ones(s, np.float32)).cast(dtype).realize()
+    return {
+        "nn": lambda: t(200, 72) @ t(72, 136),
+        "tn": lambda: t(72, 200).T @ t(72, 136),
+        "nt": lambda: t(200, 72) @ t(136, 72).T,
+        "tt": lambda: t(72, 200).T @ t(136, 72).T,
+        "computed": lambda: (t(200, 72) * 2 + 1) @ t(72, 136).exp(),
+        "epilogue": lambda: (t(3, 64, 40) @ t(3, 40, 96) + t(96)).relu(),
+        "long_k": lambda: t(64, 9000) @ t(9000, 64),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("want", [t[:2] for t in gemm.TILES])
+def test_tensor_core_kernels_compile_to_cubins(dtype, want, compiler, monkeypatch):
+    from zyx.backends.cfamily import HIPDialect, OpenCLDialect
+    turing = dataclasses.replace(_H100_CC, extra={"cc": (7, 5)})
+    specs = ("", "mk=64,double=1", "mk=16,vector=0")
+    for n, (name, build) in enumerate(_mma_products(dtype).items()):
+        k = _untiled_kernel(build())
+        # each tile with each K step of the knobs ("mk=64,double=1" is too big for two
+        # buffers in 48 KiB with the larger tiles: one buffer then)
+        monkeypatch.setenv(gemm.GEMM_ENV, specs[n % 3])
+        g = lower(k, CUDADialect(), _H100_CC, "zyx_k", {"gemm": want})
+        assert g.strategy == "mma", name
+        assert g.variant["k"] == (gemm.variant()["mk"] or g.variant["k"])
+        assert g.variant["k"] == 32 or name != "nn"        # 16-byte copies of both
+        assert g.variant["mma"] == ("bf16" if dtype == "bfloat16" else "f16")
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{g.variant['mma']}" in g.source
+        if name in ("nn", "tn", "nt", "tt"):   # rows-fastest tiles are read transposed
+            transposed = re.search(r"zyx_ldm[24]t\(zyx_f", g.source) is not None
+            assert transposed == (name != "nt"), name
+        assert compiler.binary(g.source)[:4] == b"\x7fELF", name
+        if name == "long_k":
+            assert "zyx_t[i][j][q] += zyx_c[i][j][q]" in g.source
+        # no tensor cores: HIP, OpenCL, a Turing GPU, float32, or mma=0
+        for dl, info in ((HIPDialect(), _H100_CC), (OpenCLDialect(), _H100_CC),
+                         (CUDADialect(), turing)):
+            assert lower(k, dl, info, "zyx_k", {"gemm": want}).strategy == "gemm", name
+    k = _untiled_kernel(zyx.Tensor(np.ones((200, 72), np.float32)) @
+                        zyx.Tensor(np.ones((72, 136), np.float32)))
+    assert lower(k, CUDADialect(), _H100_CC, "zyx_k", {"gemm": want}).strategy == "gemm"
 
 
 def test_hand_written_multi_launch_kernel_compiles(compiler):
@@ -697,3 +765,62 @@ def test_freed_cuda_tensors_return_memory_to_the_pool(cuda_runtime):
     assert pool.used_bytes >= before + 8 * (1 << 20)
     del x, y
     assert pool.used_bytes == before and pool.cached_bytes >= 8 * (1 << 20)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("want,spec", [((128, 128), ""), ((64, 32), "double=0"),
+                                       ((32, 32), "vector=0,prefetch=0")])
+def test_tensor_core_products_against_numpy(dtype, want, spec, cuda_runtime, monkeypatch):
+    """16-bit products on tensor cores (backends/mma.py) with tile `want` and the gemm
+    knobs `spec` (ZYX_GPU_GEMM): both local
+    layouts of each operand, 16-byte copies aligned or not, a computed operand, an epilogue with a batch, a ragged size,
+    block totals over a long K and a padded convolution, against float64 products of the
+    same 16-bit values. (As if the GPU had 2 SMs: it would leave these small products to
+    the other strategies.) Skipped without compute capability 8.0."""
+    from gpu_cases import _conv2d_ref
+    import zyx.nn.functional as F
+    if tuple(cuda_runtime.info().extra["cc"]) < (8, 0):
+        pytest.skip("tensor-core kernels need compute capability 8.0")
+    found = []
+
+    def spy(kernel, dl, info=None, name="zyx_k", schedule=None):
+        g = lower(kernel, dl, info, name, {"gemm": want})
+        found.append(g)
+        return g
+    monkeypatch.setattr(gpudriver, "lower", spy)
+    monkeypatch.setenv(gemm.GEMM_ENV, spec)
+    monkeypatch.setattr(cuda_runtime, "_programs", {})
+    monkeypatch.setattr(cuda_runtime, "schedules", {})
+    monkeypatch.setattr(cuda_runtime.info(), "num_cores", 2)
+    monkeypatch.setattr(zyx._RT, "plans", {})
+    rng = np.random.default_rng(8)
+    np16 = np.float16 if dtype == "float16" else np.float32
+    tol = 2e-3 if dtype == "float16" else 1.6e-2      # the output's rounding
+
+    def t(*s):
+        """A 16-bit tensor and its values in float64."""
+        x = zyx.Tensor((rng.standard_normal(s) * 0.5).astype(np16)).cast(dtype).realize()
+        return x, x.cast("float64").numpy()
+
+    def check(got, ref, k):
+        out = got.cast("float64").numpy()
+        scale = np.sqrt(k) * 0.25 + 1
+        np.testing.assert_allclose(out, ref, rtol=tol, atol=tol * scale)
+    (a, ra), (b, rb), (at, rat), (bt, rbt) = t(200, 72), t(72, 136), t(72, 200), t(136, 72)
+    check(a @ b, ra @ rb, 72)
+    check(at.T @ b, rat.T @ rb, 72)
+    check(a @ bt.T, ra @ rbt.T, 72)
+    check(at.T @ bt.T, rat.T @ rbt.T, 72)
+    (odd, rodd) = t(200, 73)           # rows starting at odd offsets: misaligned vectors
+    check(odd[:, 1:] @ b, rodd[:, 1:] @ rb, 72)
+    # a computed operand is rounded to the product's dtype before the product
+    c2 = (a * 2 + 1).cast("float64").numpy()
+    check((a * 2 + 1) @ b, c2 @ rb, 72)
+    (x, rx), (y, ry), (z, rz) = t(3, 64, 40), t(3, 40, 96), t(96)
+    check((x @ y + z).relu(), np.maximum(rx @ ry + rz, 0), 40)
+    (u, ru), (v, rv) = t(33, 9000), t(9000, 65)
+    check(u @ v, ru @ rv, 9000)
+    (img, rimg), (w, rw) = t(2, 8, 12, 12), t(16, 8, 3, 3)
+    check(F.conv2d(img, w, padding=1), _conv2d_ref(rimg, rw, 1), 72)
+    assert sum(g.strategy == "mma" for g in found) >= 8, [g.strategy for g in found]
+    assert all(g.variant["rows"] == want[0] for g in found if g.strategy == "mma")

@@ -216,7 +216,8 @@ def test_default_tiles_on_a_transformer_block(lowered, opencl_device, monkeypatc
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["fold=0", "prefetch=0", "hoist=0", "fold=0,prefetch=0,hoist=0"])
+@pytest.mark.parametrize("spec", ["fold=0", "prefetch=0", "hoist=0", "vector=0", "double=0",
+                                  "fold=0,prefetch=0,hoist=0,vector=0"])
 def test_variants_against_numpy(spec, lowered, monkeypatch):
     """ZYX_GPU_GEMM's knobs: without block totals, without the next step's prefetch, with
     each slot's rows decoded at every K step."""
@@ -246,3 +247,27 @@ def test_masked_last_block_with_an_operand_infinite_past_the_end(lowered, opencl
     got = zyx.Tensor(a) @ (1 / zyx.Tensor(y))
     close(got, a.astype(np.float64) @ (1 / y.astype(np.float64)))
     assert any(g.strategy == "gemm" for g in found)
+
+
+@pytest.mark.parametrize("want", [(128, 128), (64, 32)])
+def test_vector_copies_against_numpy(want, lowered):
+    """Operands that are plain loads are copied 16 bytes at a time (float4), along K or
+    along the rows; a view whose rows start at odd offsets reads those vectors value by
+    value (the alignment test where the kernel runs); lengths that are not a multiple of
+    4 keep the value-by-value copies."""
+    found = lowered({"gemm": want})
+    r = np.random.default_rng(6)
+    a = r.standard_normal((72, 97)).astype(np.float32)
+    b = r.standard_normal((96, 40)).astype(np.float32)
+    ref = a[:, 1:].astype(np.float64) @ b
+    close(zyx.Tensor(a[:, 1:].copy()) @ zyx.Tensor(b), ref)          # aligned rows
+    close(zyx.Tensor(a)[:, 1:] @ zyx.Tensor(b), ref)                 # odd row starts
+    close(zyx.Tensor(a[:, 1:].T.copy()).T @ zyx.Tensor(b.T.copy()).T, ref)
+    vec = [g for g in found if g.strategy == "gemm"]
+    assert len(vec) == 3 and all("float4" in g.source for g in vec)
+    found.clear()
+    c = r.standard_normal((70, 33)).astype(np.float32)
+    d = r.standard_normal((33, 50)).astype(np.float32)
+    close(zyx.Tensor(c) @ zyx.Tensor(d), c.astype(np.float64) @ d)
+    (g,) = [g for g in found if g.strategy == "gemm"]
+    assert "float4" not in g.source

@@ -124,6 +124,7 @@ class OpenCLDialect(CDialect):
     kernel_prefix = "__kernel void"
     global_qualifier = "__global "
     local_qualifier = "__local "
+    local_pointer = "__local "   # address space of a pointer into local memory
     align16 = "__attribute__((aligned(16))) "
     restrict = "restrict"
 
@@ -218,8 +219,10 @@ class CUDADialect(CDialect):
     kernel_prefix = 'extern "C" __global__ void'
     global_qualifier = ""
     local_qualifier = "__shared__ "
+    local_pointer = ""           # generic pointers reach shared memory
     align16 = "__align__(16) "
     restrict = "__restrict__"
+    mma_ptx = True               # inline PTX matrix instructions (mma.lower_mma)
 
     def group_id(self, axis=0):
         return f"blockIdx.{'xyz'[axis]}"
@@ -251,6 +254,7 @@ class HIPDialect(CUDADialect):
     extern "C" __global__); only the f16 conversions differ (see HIP_PRELUDE)."""
     name = "hip"
     prelude = HIP_PRELUDE
+    mma_ptx = False              # hiprtc compiles no PTX
 
     def warp_shuffle_xor(self, x, lane_mask, ctype):
         # HIP's shuffles take no mask: a whole wavefront (64 lanes on AMD) exchanges

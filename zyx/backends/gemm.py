@@ -54,7 +54,8 @@ TILES = ((128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 16), (64, 32, 16),
          (32, 64, 16), (32, 32, 16))
 
 
-GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1}
+GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1, "mma": 1, "vector": 1, "double": 2,
+                "mk": 0}
 
 
 def enabled():
@@ -65,14 +66,25 @@ def variant(spec=None):
     """The lowering's knobs from ZYX_GPU_GEMM ("0": no gemm tiles; "fold=0": no block
     totals, every product added into one accumulator as cuBLAS does; "prefetch=0": no
     reading of the next K step during this one's products; "hoist=0": each copy slot's
-    row/col variables decoded at every K step instead of once before the loop), read at
-    each lowering.
+    row/col variables decoded at every K step instead of once before the loop; "mma=0":
+    16-bit products on the float tiles instead of matrix instructions; "vector=0": plain
+    loads copied value by value instead of 16 bytes at a time; "double=1": two local
+    buffers per operand, one barrier per K step, "double=0": one buffer, two barriers
+    (default 2: two buffers on tensor cores only, where they measured 6% faster and
+    float tiles 12% slower); "mk=16|32|64": the tensor-core K step (default 0: 32 where
+    both operands are copied 16 bytes at a time, else 16, which leaves registers for
+    more groups per SM while computed copies wait), read at each lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
     if spec.strip() in ("0", "1"):
         spec = ""
-    return _read_variant(GEMM_ENV, GEMM_DEFAULT, {}, spec)
+    out = _read_variant(GEMM_ENV, GEMM_DEFAULT, {}, spec)
+    if out["mk"] not in (0, 16, 32, 64):
+        raise ValueError(f"{GEMM_ENV}={spec!r}: mk must be 16, 32 or 64 (0: automatic)")
+    if out["double"] not in (0, 1, 2):
+        raise ValueError(f"{GEMM_ENV}={spec!r}: double must be 0, 1 or 2 (automatic)")
+    return out
 
 
 class GemmPlan:
@@ -82,9 +94,12 @@ class GemmPlan:
     (bools of the reduce position multiplying the product), the inner accumulator `acc`,
     the block `total` register (or None), `block` (flat K iterations per block, 0 when
     not blocked), the global `store` op, and whether each operand's loads are contiguous
-    along the innermost reduce loop (`a_kfast`, `b_kfast`: the copy walks K fastest)."""
+    along the innermost reduce loop (`a_kfast`, `b_kfast`: the copy walks K fastest),
+    and `narrow`, the 16-bit dtype both operands are multiplied in (float16, bfloat16)
+    or None."""
     __slots__ = ("rows", "cols", "batch", "loops", "a", "b", "masks", "acc", "total",
-                 "block", "store", "end", "a_kfast", "b_kfast", "nr", "nc", "nb", "nk", "dtype")
+                 "block", "store", "end", "a_kfast", "b_kfast", "nr", "nc", "nb", "nk", "dtype",
+                 "narrow")
 
 
 _NARROW = (dt.float16, dt.bfloat16)
@@ -266,6 +281,7 @@ def plan(ops):
     for loop in loops:
         p.nk *= ops[loop][2]
     p.dtype = ops[acc][1]
+    p.narrow = mul[1] if mul[1] in _NARROW else None
     if p.nr < MIN_SIDE or p.nc < MIN_SIDE or p.nk < MIN_K:
         return None
     return p
@@ -344,19 +360,29 @@ def _positions(t, tid):
     return [f"{(q // chunk) * SIDE * chunk} + {tid} * {chunk} + {q % chunk}" for q in range(t)]
 
 
-def _copy_slots(dl, ops, p, side, names, narrow, it, ct, zero, tile_len, bk, kfast, k0,
-                hoist=False):
+class Slots:
+    """How `_copy_slots` writes one operand's tile to local memory: `at(kk, mm)` the local
+    index of K offset kk and row (or col) offset mm, `stored(reg)` the value stored from
+    register `reg`, `reg_type` the registers' C type, `raw` a dialect whose 16-bit loads
+    stay bits (or None: every value is computed as the kernel computes it)."""
+    __slots__ = ("at", "stored", "reg_type", "raw")
+
+    def __init__(self, at, stored=None, reg_type=None, raw=None):
+        self.at, self.stored, self.reg_type, self.raw = at, stored, reg_type, raw
+
+
+def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, k0,
+                hoist, slots):
     """Statements computing this work-item's share of one operand tile at K origin `k0`
     into registers zyx_p{side}{s} (0 past the ends), the statements storing them to
-    local memory, the slot count, and with `hoist` the statements to put before the K
-    loop: each slot's row (or col) position does not change along K, so its variables
-    and range test are computed there once (zyx_h{side}{s}_...)."""
+    local memory (as `slots` says), the slot count, and with `hoist` the statements to
+    put before the K loop: each slot's row (or col) position does not change along K, so
+    its variables and range test are computed there once (zyx_h{side}{s}_...)."""
     threads = SIDE * SIDE
     per = tile_len * bk
     ids, val = (p.rows, p.a) if side == "a" else (p.cols, p.b)
     extent = p.nr if side == "a" else p.nc
     origin = "zyx_r0" if side == "a" else "zyx_c0"
-    stride = tile_len + PAD
     # both operands are masked: an operand computed from a guarded load (0 past the real
     # K) may be inf there (1 / x), and 0 * inf is not 0
     masks = p.masks
@@ -386,129 +412,243 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, ct, zero, tile_len, bk, kfa
         else:
             compute += _decode(local_names, ops, ids, f"({origin} + {mm})", it, ind)
         compute += _decode(local_names, ops, p.loops, f"({k0} + {kk})", it, ind)
-        compute += _values(dl, ops, [val] + masks, local_names, narrow, ind)
+        if slots.raw is not None:
+            compute += _values(dl, ops, [val] + masks, local_names, narrow, ind, skip=(val,))
+            compute.append(ind + value_line(slots.raw, ops, val, local_names, narrow))
+        else:
+            compute += _values(dl, ops, [val] + masks, local_names, narrow, ind)
         v = local_names[val]
         for m in masks:
             v = f"({local_names[m]} ? {v} : {zero})"
         compute += [f"{ind}{reg} = {v};", "      }", "    }"]
-        line = f"zyx_l{side}[{kk} * {stride} + {mm}] = {reg};"
+        value = slots.stored(reg) if slots.stored else reg
+        line = f"zyx_l{side}[{slots.at(kk, mm)}] = {value};"
         store.append(f"    if ({mm} < {tile_len}) {line}" if ragged else f"    {line}")
     return compute, store, -(-per // threads), before
 
 
-def lower_gemm(kernel, dl, info, name, p, tile, var=None):
-    """The `GPUKernel` of plan `p` with tile (rows, cols, K step) (module docstring);
-    `var`: `variant()`'s knobs (None: the environment's)."""
-    from .gpu import GPUKernel, Launch, _params, narrow_index
-    from .cfamily import Rendered
-    var = var if var is not None else variant()
-    ops = kernel.ops
-    br, bc, bk = tile
-    tr, tc = br // SIDE, bc // SIDE
+VEC_BYTES = 16           # the widest load a GPU issues
+
+
+def vector_lanes(ops, p, side, kfast, local_dtype):
+    """Values per 16-byte copy of one operand tile (1: copied value by value). Vectors
+    need the operand to be an unguarded, unmasked global load of the local tile's dtype
+    whose index steps by 1 along the copy's fast direction (the innermost reduce loop
+    when `kfast`, else the side's innermost output axis), that direction's length a
+    multiple of the lanes (a vector never straddles a row or the end). Alignment is
+    checked where the kernel runs (a misaligned vector is read value by value)."""
+    from .gpu import _coefficient
+    val = p.a if side == "a" else p.b
+    op = ops[val]
+    if op[0] != K.LOAD or op[4] >= 0 or p.masks or op[1] is not local_dtype or \
+            ops[op[2]][2] != K.SCOPE_GLOBAL:
+        return 1
+    lanes = VEC_BYTES // op[1].itemsize
+    var = p.loops[-1] if kfast else (p.rows if side == "a" else p.cols)[-1]
+    length = ops[var][2] if kfast else ops[var][3]
+    if length % lanes or _coefficient(ops, op[3], var, {}) != 1:
+        return 1
+    return lanes
+
+
+def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, hoist,
+                  at, lanes, local_vector):
+    """`_copy_slots` for operands `vector_lanes` accepts: each work-item copies whole
+    16-bit vectors of `lanes` values (registers zyx_p{side}{s} of 4 32-bit words or 4
+    floats). `local_vector`: the lanes are neighbours in the local layout too (one vector
+    store), else they are stored one by one."""
     threads = SIDE * SIDE
-    groups_r, groups_c = -(-p.nr // br), -(-p.nc // bc)
-    groups = p.nb * groups_r * groups_c
-    narrow = narrow_index(ops, [groups * threads, p.nr + br, p.nc + bc, p.nk + 2 * bk])
-    it = INDEX32 if narrow else dl.int64
-    names = {}
-    r = Rendered()
-    for i, op in enumerate(ops):
-        c = op[0]
-        if c == K.CONST:
-            names[i] = literal(dl, op[1], op[2])
-        elif c == K.DEFINE and op[2] == K.SCOPE_GLOBAL:
-            names[i] = f"g{op[3]}"
-            r.params.append((op[3], op[1], op[4]))
-        elif c == K.INDEX:
-            names[i] = f"i{i}"
-        elif c == K.LOOP:
-            names[i] = f"r{i}"
-    ct = dl.ctype(p.dtype)
-    zero = literal(dl, p.dtype, 0)
-    sa, sb = br + PAD, bc + PAD           # local row strides (one row per K step)
-    fold = bool(p.block) and var["fold"] and p.nk > PLAIN_K
-    body = [f"  {dl.local_qualifier}{dl.align16}{ct} zyx_la[{bk * sa}];",
-            f"  {dl.local_qualifier}{dl.align16}{ct} zyx_lb[{bk * sb}];",
-            f"  const {it} zyx_tid = ({it}){dl.local_id(0)};",
-            f"  const {it} zyx_tx = zyx_tid % {SIDE};",
-            f"  const {it} zyx_ty = zyx_tid / {SIDE};",
-            f"  const {it} zyx_grp = ({it}){dl.group_id(0)};",
-            f"  const {it} zyx_r0 = ((zyx_grp / {groups_c}) % {groups_r}) * {br};",
-            f"  const {it} zyx_c0 = (zyx_grp % {groups_c}) * {bc};"]
-    if p.batch:
-        body += _decode(names, ops, p.batch, f"(zyx_grp / {groups_c * groups_r})", it, "  ")
-    for i in range(tr):
-        for j in range(tc):
-            body.append(f"  {ct} zyx_s{i}_{j} = {zero};")
-            if fold:
-                body.append(f"  {ct} zyx_t{i}_{j} = {zero};")
+    val = p.a if side == "a" else p.b
+    op = ops[val]
+    d = op[1]
+    ids = p.rows if side == "a" else p.cols
+    extent = p.nr if side == "a" else p.nc
+    origin = "zyx_r0" if side == "a" else "zyx_c0"
+    word = d if d.itemsize == 4 else dt.uint32       # 16-bit lanes travel in pairs
+    per_word = 4 // d.itemsize
+    vt = dl.vector_type(word, 4)
+    wt = dl.ctype(word)
+    nvec = tile_len * bk // lanes
+    per_row = bk // lanes if kfast else tile_len // lanes
+    gq, lq = dl.global_qualifier, dl.local_pointer
+    st = dl.storage_type(d)
+    compute, store, before = [], [], []
+    for s in range(-(-nvec // threads)):
+        e = f"(zyx_tid + {s * threads})"
+        if kfast:
+            kk, mm = f"(({e} % {per_row}) * {lanes})", f"({e} / {per_row})"
+        else:
+            kk, mm = f"({e} / {per_row})", f"(({e} % {per_row}) * {lanes})"
+        reg = f"zyx_p{side}{s}"
+        ragged = nvec % threads != 0
+        inside = f"{origin} + {mm} < {extent}"
+        if ragged:
+            inside = f"{e} < {nvec} && " + inside
+        local_names = dict(names)
+        ind = "        "
+        if hoist:
+            hn = {i: f"zyx_h{side}{s}_{names[i]}" for i in ids}
+            before.append(f"  const int zyx_h{side}{s} = {inside};")
+            before += _decode(hn, ops, ids, f"({origin} + {mm})", it, "  ")
+            inside = f"zyx_h{side}{s}"
+        compute += ["    {"] + [f"      {reg}.{c} = 0;" for c in "xyzw"]
+        compute.append(f"      if ({inside} && {k0} + {kk} < {p.nk}) {{")
+        if hoist:
+            compute += [f"{ind}const {it} {names[i]} = zyx_h{side}{s}_{names[i]};" for i in ids]
+        else:
+            compute += _decode(local_names, ops, ids, f"({origin} + {mm})", it, ind)
+        compute += _decode(local_names, ops, p.loops, f"({k0} + {kk})", it, ind)
+        compute += _values(dl, ops, [op[3]], local_names, narrow, ind)
+        ptr = f"({local_names[op[2]]} + {local_names[op[3]]})"
+        compute.append(f"{ind}const {gq}{st}* zyx_v = {ptr};")
+        compute.append(f"{ind}if ({dl.aligned('zyx_v', VEC_BYTES)}) {{")
+        compute.append(f"{ind}  {reg} = *({gq}const {vt}*)zyx_v;")
+        compute.append(f"{ind}}} else {{")
+        for w, c in enumerate("xyzw"):
+            parts = [f"(({wt})zyx_v[{w * per_word + h}] << {16 * h})" if h else
+                     f"({wt})zyx_v[{w * per_word}]" for h in range(per_word)]
+            compute.append(f"{ind}  {reg}.{c} = {' | '.join(parts)};")
+        compute += [f"{ind}}}", "      }", "    }"]
+        if local_vector:
+            lines = [f"*({lq}{vt}*)(zyx_l{side} + {at(kk, mm)}) = {reg};"]
+        else:
+            lines = []
+            for q in range(lanes):
+                comp = "xyzw"[q // per_word]
+                x = f"{reg}.{comp}" if per_word == 1 else \
+                    f"(({st})({reg}.{comp} >> {16 * (q % per_word)}))"
+                pos = at(f"({kk} + {q})", mm) if kfast else at(kk, f"({mm} + {q})")
+                lines.append(f"zyx_l{side}[{pos}] = {x};")
+        for line in lines:
+            store.append(f"    if ({e} < {nvec}) {line}" if ragged else f"    {line}")
+    return compute, store, -(-nvec // threads), before, vt
 
+
+def side_copies(dl, ops, p, side, fr, tile_len, bk, kfast, k0, hoist, slots, zero, lanes,
+                local_vector):
+    """One operand's copy statements (`_vector_slots` when `lanes` > 1, else
+    `_copy_slots`): (compute, store, slot count, statements before the loop, register
+    type)."""
+    if lanes > 1:
+        return _vector_slots(dl, ops, p, side, fr.names, fr.narrow, fr.it, tile_len, bk,
+                             kfast, k0, hoist, slots.at, lanes, local_vector)
+    return _copy_slots(dl, ops, p, side, fr.names, fr.narrow, fr.it, zero, tile_len, bk,
+                       kfast, k0, hoist, slots) + (slots.reg_type,)
+
+
+def buffers(var, tensor_cores=False):
+    """Local copies of each operand tile: 2 when the next step is stored while this
+    one's products run (double buffering: knob "double", automatic on tensor cores),
+    else 1."""
+    on = var["double"] == 1 or (var["double"] == 2 and tensor_cores)
+    return 2 if var["prefetch"] and on else 1
+
+
+def k_loop(dl, p, fr, bk, var, sides, products, after, tensor_cores=False):
+    """The K loop: each step's copies of the operands of `sides` ((side, tile length,
+    kfast, Slots, zero, lanes, local_vector, one buffer's length) each, see
+    `side_copies`), the `products(cur)` statements reading the local tiles at offsets
+    `cur` (side -> C expression), and `after` (register-only statements: block totals).
+    With var["prefetch"] the next step's values are read from global memory into
+    registers before this step's products run from local memory; with double buffers
+    (`buffers`) they are stored to the other buffer after the products, so one barrier
+    per step suffices (else a barrier before and after the products)."""
     hoist = bool(var["hoist"])
-    before = []
+    double = buffers(var, tensor_cores) == 2
 
-    def copies(k0):
-        ca, sa_, na, ha = _copy_slots(dl, ops, p, "a", names, narrow, it, ct, zero, br, bk,
-                                      p.a_kfast, k0, hoist)
-        cb, sb_, nb, hb = _copy_slots(dl, ops, p, "b", names, narrow, it, ct, zero, bc, bk,
-                                      p.b_kfast, k0, hoist)
-        before[:] = ha + hb
-        return ca + cb, sa_ + sb_, na, nb
-    first, stores, na, nb = copies("0")
-    body += before
-    body += [f"  {ct} zyx_pa{s};" for s in range(na)] + [f"  {ct} zyx_pb{s};" for s in range(nb)]
-    if var["prefetch"]:
-        # the next K step's values are read from global memory while this one's products
-        # run from local memory
-        body += first
-        nxt, _, _, _ = copies("(zyx_k0 + %d)" % bk)
-    body.append(f"  for ({it} zyx_k0 = 0, zyx_kt = 1; zyx_k0 < {p.nk}; "
-                f"zyx_k0 += {bk}, zyx_kt++) {{")
-    if not var["prefetch"]:
-        cur, _, _, _ = copies("zyx_k0")
-        body += cur
-    body += stores
-    body.append(f"    {dl.barrier()};")
-    if var["prefetch"]:
-        body.append(f"    if (zyx_k0 + {bk} < {p.nk}) {{")
-        body += ["  " + line for line in nxt]
-        body.append("    }")
-    rows_at = _positions(tr, "zyx_ty")
-    cols_at = _positions(tc, "zyx_tx")
-    body.append("    #pragma unroll")
-    body.append(f"    for (int zyx_q = 0; zyx_q < {bk}; zyx_q++) {{")
-    for i in range(tr):
-        body.append(f"      const {ct} zyx_a{i} = zyx_la[zyx_q * {sa} + {rows_at[i]}];")
-    for j in range(tc):
-        body.append(f"      const {ct} zyx_b{j} = zyx_lb[zyx_q * {sb} + {cols_at[j]}];")
-    for i in range(tr):
-        for j in range(tc):
-            body.append(f"      zyx_s{i}_{j} += zyx_a{i} * zyx_b{j};")
-    body.append("    }")
-    body.append(f"    {dl.barrier()};")
-    if fold:
-        every = max(p.block // bk, 1)
-        body.append(f"    if (zyx_kt % {every} == 0) {{")
-        for i in range(tr):
-            for j in range(tc):
-                body.append(f"      zyx_t{i}_{j} += zyx_s{i}_{j}; zyx_s{i}_{j} = {zero};")
-        body.append("    }")
-    body.append("  }")
-    # epilogue: every output of the sub-tile
-    result = p.total if p.total is not None else p.acc
-    res_loads = {j for j, op in enumerate(ops)
-                 if j > p.end and op[0] == K.LOAD and op[2] == result}
-    st = ops[p.store]
-    for i in range(tr):
-        for j in range(tc):
+    def copies(k0, buf="0"):
+        compute, store, regs, before = [], [], [], []
+        for side, tile_len, kfast, slots, zero, lanes, local_vector, size in sides:
+            at = slots.at if buf == "0" else \
+                (lambda kk, mm, at=slots.at, size=size: f"{buf} * {size} + {at(kk, mm)}")
+            slots_at = Slots(at, slots.stored, slots.reg_type, slots.raw)
+            c, st, n, b, t = side_copies(dl, fr.ops, p, side, fr, tile_len, bk, kfast, k0,
+                                         hoist, slots_at, zero, lanes, local_vector)
+            compute, store, before = compute + c, store + st, before + b
+            regs += [(f"zyx_p{side}{s}", t) for s in range(n)]
+        return compute, store, regs, before
+    first, stores, regs, before = copies("0")
+    out = before + [f"  {t} {r};" for r, t in regs]
+    loop = (f"  for ({fr.it} zyx_k0 = 0, zyx_kt = 1; zyx_k0 < {p.nk}; "
+            f"zyx_k0 += {bk}, zyx_kt++) {{")
+    more = f"    if (zyx_k0 + {bk} < {p.nk}) {{"
+    barrier = f"    {dl.barrier()};"
+    if double:
+        out += first + ["  " + line.strip() for line in stores + [barrier]]
+        out += [loop, "    const int zyx_cur = (int)((zyx_kt - 1) & 1);", more]
+        out += ["  " + line for line in copies(f"(zyx_k0 + {bk})")[0]] + ["    }"]
+        out += products({side[0]: f"zyx_cur * {side[7]}" for side in sides})
+        out += [more] + ["  " + line for line in copies("", "(1 - zyx_cur)")[1]] + ["    }"]
+        out += [barrier]
+    else:
+        if var["prefetch"]:
+            out += first
+        out.append(loop)
+        if not var["prefetch"]:
+            out += copies("zyx_k0")[0]
+        out += stores + [barrier]
+        if var["prefetch"]:
+            out += [more] + ["  " + line for line in copies(f"(zyx_k0 + {bk})")[0]] + ["    }"]
+        out += products({side[0]: "0" for side in sides}) + [barrier]
+    return out + after + ["  }"]
+
+
+class Frame:
+    """What every tiled product kernel starts with: names of the kernel's constants,
+    buffers and variables (`names`), its parameters (`rendered`), the index type `it`
+    (32-bit where `narrow`), and the `head` statements: the group's origin zyx_r0,
+    zyx_c0 in rows and cols, its batch variables, zyx_tid."""
+
+    def __init__(self, kernel, dl, p, br, bc, bk, threads):
+        from .gpu import narrow_index
+        from .cfamily import Rendered
+        ops = self.ops = kernel.ops
+        self.groups_r, self.groups_c = -(-p.nr // br), -(-p.nc // bc)
+        self.groups = p.nb * self.groups_r * self.groups_c
+        self.threads = threads
+        self.narrow = narrow_index(ops, [self.groups * threads, p.nr + br, p.nc + bc,
+                                         p.nk + 2 * bk])
+        it = self.it = INDEX32 if self.narrow else dl.int64
+        names = self.names = {}
+        r = self.rendered = Rendered()
+        for i, op in enumerate(ops):
+            c = op[0]
+            if c == K.CONST:
+                names[i] = literal(dl, op[1], op[2])
+            elif c == K.DEFINE and op[2] == K.SCOPE_GLOBAL:
+                names[i] = f"g{op[3]}"
+                r.params.append((op[3], op[1], op[4]))
+            elif c == K.INDEX:
+                names[i] = f"i{i}"
+            elif c == K.LOOP:
+                names[i] = f"r{i}"
+        gc = self.groups_c
+        self.head = [f"  const {it} zyx_tid = ({it}){dl.local_id(0)};",
+                     f"  const {it} zyx_grp = ({it}){dl.group_id(0)};",
+                     f"  const {it} zyx_r0 = ((zyx_grp / {gc}) % {self.groups_r}) * {br};",
+                     f"  const {it} zyx_c0 = (zyx_grp % {gc}) * {bc};"]
+        if p.batch:
+            self.head += _decode(names, ops, p.batch, f"(zyx_grp / {gc * self.groups_r})",
+                                 it, "  ")
+
+    def epilogue(self, dl, ops, p, outputs):
+        """Statements running the kernel's epilogue and store for each output of
+        `outputs`: (row position, col position, accumulated value) C expressions."""
+        names, narrow, it = self.names, self.narrow, self.it
+        result = p.total if p.total is not None else p.acc
+        res_loads = {j for j, op in enumerate(ops)
+                     if j > p.end and op[0] == K.LOAD and op[2] == result}
+        st = ops[p.store]
+        body = []
+        for row, col, acc in outputs:
             ind = "      "
             blk = ["  {",
-                   f"    const {it} zyx_x = zyx_r0 + {rows_at[i]};",
-                   f"    const {it} zyx_y = zyx_c0 + {cols_at[j]};",
+                   f"    const {it} zyx_x = {row};",
+                   f"    const {it} zyx_y = {col};",
                    f"    if (zyx_x < {p.nr} && zyx_y < {p.nc}) {{"]
             local_names = dict(names)
             blk += _decode(local_names, ops, p.rows, "zyx_x", it, ind)
             blk += _decode(local_names, ops, p.cols, "zyx_y", it, ind)
-            acc = f"(zyx_t{i}_{j} + zyx_s{i}_{j})" if fold else f"zyx_s{i}_{j}"
             for q in sorted(res_loads):
                 d = ops[q][1]
                 local_names[q] = f"v{q}"
@@ -521,10 +661,86 @@ def lower_gemm(kernel, dl, info, name, p, tile, var=None):
                        f"{dl.store_convert(ops[st[2]][1], local_names[st[4]])};")
             blk += ["    }", "  }"]
             body += blk
-    src = (f"{dl.kernel_prefix} {name}({', '.join(_params(kernel, dl, r))}) {{\n"
-           + "\n".join(body) + "\n}\n")
-    args = [("arg", i) for i in range(len(kernel.args))]
-    g = GPUKernel(dl.prelude + src, [Launch(name, groups, threads, args)], (), "gemm",
-                  32 if narrow else 64)
-    g.variant = {"rows": br, "cols": bc, "k": bk}
-    return g
+        return body
+
+    def kernel(self, kernel, dl, name, body, strategy, variant, prelude=""):
+        """The `GPUKernel` of statements `body` (one launch of the frame's groups)."""
+        from .gpu import GPUKernel, Launch, _params
+        src = (f"{dl.kernel_prefix} {name}({', '.join(_params(kernel, dl, self.rendered))}) "
+               "{\n" + "\n".join(body) + "\n}\n")
+        args = [("arg", i) for i in range(len(kernel.args))]
+        g = GPUKernel(dl.prelude + prelude + src,
+                      [Launch(name, self.groups, self.threads, args)], (), strategy,
+                      32 if self.narrow else 64)
+        g.variant = variant
+        return g
+
+
+def lower_gemm(kernel, dl, info, name, p, tile, var=None):
+    """The `GPUKernel` of plan `p` with tile (rows, cols, K step) (module docstring);
+    `var`: `variant()`'s knobs (None: the environment's). 16-bit products on devices
+    with matrix instructions go to `mma.lower_mma`."""
+    from . import mma
+    var = var if var is not None else variant()
+    if var["mma"] and mma.usable(p, dl, info):
+        return mma.lower_mma(kernel, dl, info, name, p, tile, var)
+    ops = kernel.ops
+    br, bc, bk = tile
+    tr, tc = br // SIDE, bc // SIDE
+    fr = Frame(kernel, dl, p, br, bc, bk, SIDE * SIDE)
+    names, narrow, it = fr.names, fr.narrow, fr.it
+    ct = dl.ctype(p.dtype)
+    zero = literal(dl, p.dtype, 0)
+    sa, sb = br + PAD, bc + PAD           # local row strides (one row per K step)
+    fold = bool(p.block) and var["fold"] and p.nk > PLAIN_K
+    nbuf = buffers(var)
+    body = [f"  {dl.local_qualifier}{dl.align16}{ct} zyx_la[{nbuf * bk * sa}];",
+            f"  {dl.local_qualifier}{dl.align16}{ct} zyx_lb[{nbuf * bk * sb}];"] + fr.head + [
+            f"  const {it} zyx_tx = zyx_tid % {SIDE};",
+            f"  const {it} zyx_ty = zyx_tid / {SIDE};"]
+    for i in range(tr):
+        for j in range(tc):
+            body.append(f"  {ct} zyx_s{i}_{j} = {zero};")
+            if fold:
+                body.append(f"  {ct} zyx_t{i}_{j} = {zero};")
+
+    slots_a = Slots(lambda kk, mm: f"{kk} * {sa} + {mm}", None, ct)
+    slots_b = Slots(lambda kk, mm: f"{kk} * {sb} + {mm}", None, ct)
+    # 16-byte copies where an operand is a plain load; one vector store per copy
+    # where its lanes are neighbours in the local rows (rows or cols fastest)
+    lanes_a = vector_lanes(ops, p, "a", p.a_kfast, p.dtype) if var["vector"] else 1
+    lanes_b = vector_lanes(ops, p, "b", p.b_kfast, p.dtype) if var["vector"] else 1
+    rows_at = _positions(tr, "zyx_ty")
+    cols_at = _positions(tc, "zyx_tx")
+
+    def products(cur):
+        out = ["    #pragma unroll",
+               f"    for (int zyx_q = 0; zyx_q < {bk}; zyx_q++) {{"]
+        for i in range(tr):
+            out.append(f"      const {ct} zyx_a{i} = zyx_la[{cur['a']} + zyx_q * {sa} + "
+                       f"{rows_at[i]}];")
+        for j in range(tc):
+            out.append(f"      const {ct} zyx_b{j} = zyx_lb[{cur['b']} + zyx_q * {sb} + "
+                       f"{cols_at[j]}];")
+        for i in range(tr):
+            for j in range(tc):
+                out.append(f"      zyx_s{i}_{j} += zyx_a{i} * zyx_b{j};")
+        return out + ["    }"]
+    after = []
+    if fold:
+        every = max(p.block // bk, 1)
+        after.append(f"    if (zyx_kt % {every} == 0) {{")
+        for i in range(tr):
+            for j in range(tc):
+                after.append(f"      zyx_t{i}_{j} += zyx_s{i}_{j}; zyx_s{i}_{j} = {zero};")
+        after.append("    }")
+    body += k_loop(dl, p, fr, bk, var, [
+        ("a", br, p.a_kfast, slots_a, zero, lanes_a, not p.a_kfast, bk * sa),
+        ("b", bc, p.b_kfast, slots_b, zero, lanes_b, not p.b_kfast, bk * sb)],
+        products, after)
+    # epilogue: every output of the sub-tile
+    body += fr.epilogue(dl, ops, p, [
+        (f"zyx_r0 + {rows_at[i]}", f"zyx_c0 + {cols_at[j]}",
+         f"(zyx_t{i}_{j} + zyx_s{i}_{j})" if fold else f"zyx_s{i}_{j}")
+        for i in range(tr) for j in range(tc)])
+    return fr.kernel(kernel, dl, name, body, "gemm", {"rows": br, "cols": bc, "k": bk})

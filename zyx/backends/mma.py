@@ -1,0 +1,221 @@
+"""Tensor-core products: the gemm strategy's lowering for float16 and bfloat16 products on
+NVIDIA GPUs of compute capability 8.0 and later (Ampere, Ada, Hopper), through the PTX
+warp-level matrix instructions `ldmatrix` and `mma.sync ... m16n8k16` written inline in
+the CUDA source (NVRTC compiles them; no header needed).
+
+The plan, the group's tile and the copies are `gemm`'s: each group of 256 work-items owns
+a BR x BC tile of (rows, cols) and walks K in steps of MMA_K (32; 16 where an operand is
+computed value by value, or the "mk" knob), copying
+both operand tiles into local memory with the kernel's own ops. What differs:
+- Local tiles hold the 16-bit values themselves (operands that are loads of the product's
+  dtype are copied as bits; computed ones are rounded to it, as the product's dtype
+  says). Each tile keeps the layout its global reads have: K fastest when the operand's
+  loads are contiguous along K, rows (or cols) fastest otherwise, so a warp's copies
+  write consecutive words; `ldmatrix` reads either layout (`.trans` for the second).
+- The 8 warps of a group split the tile 2 x 4: a warp owns (BR/2) x (BC/4) outputs, as
+  MI x NI fragments of 16 x 8, accumulated in float registers by `mma.sync`.
+- Local rows are padded by PADH values (16 bytes): ldmatrix's 8 row addresses of one
+  phase then fall in 8 different 16-byte bank groups, and stay 16-byte aligned.
+The epilogue runs the kernel's own ops on each accumulator, as `gemm` does; blocked sums
+keep their float totals the same way.
+"""
+from __future__ import annotations
+
+from .. import dtype as dt
+from .._core import kernel as K
+from .gemm import PLAIN_K, Frame, Slots, buffers, k_loop, vector_lanes
+
+MMA_K = 32                  # K step per local tile where both operands are 16-byte
+                            # copies (two m16n8k16 steps), else half (knob "mk")
+PADH = 8                    # 16-bit values of padding per local row (16 bytes)
+WARPS_R, WARPS_C = 2, 4     # a group's 8 warps over its tile's rows x cols
+MIN_CC = (8, 0)             # m16n8k16 with bf16 needs sm_80
+
+_PTX_TYPE = {dt.float16: "f16", dt.bfloat16: "bf16"}
+_ROUND = {dt.float16: "zyx_f2h", dt.bfloat16: "zyx_f2bf"}
+
+# ldmatrix wants a shared-window address: __cvta_generic_to_shared gives it (NVRTC
+# declares it without a header). ldmatrix is volatile: it reads memory the compiler does
+# not see, so it must stay between the barriers; mma only reads registers, and the
+# compiler may schedule it freely.
+_PRELUDE = r"""
+static __device__ __forceinline__ void zyx_ldm4(unsigned* r, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a)); }
+static __device__ __forceinline__ void zyx_ldm4t(unsigned* r, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a)); }
+static __device__ __forceinline__ void zyx_ldm2(unsigned* r, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(a)); }
+static __device__ __forceinline__ void zyx_ldm2t(unsigned* r, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(a)); }
+"""
+
+_MMA = r"""
+static __device__ __forceinline__ void zyx_mma_{t}(float* c, const unsigned* a,
+                                                    const unsigned* b) {{
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 "
+               "{{%0,%1,%2,%3}}, {{%4,%5,%6,%7}}, {{%8,%9}}, {{%0,%1,%2,%3}};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1])); }}
+"""
+
+
+def usable(p, dl, info):
+    """True when plan `p` is a 16-bit product and the dialect and device have the
+    matrix instructions this module writes (CUDA C on compute capability >= 8.0)."""
+    if p.narrow is None or not getattr(dl, "mma_ptx", False):
+        return False
+    cc = (info.extra or {}).get("cc")
+    return cc is not None and tuple(cc) >= MIN_CC
+
+
+class _RawLoads:
+    """A dialect view whose loads of 16-bit values stay bits in `unsigned short`
+    registers (an operand that is such a load is copied to local memory unconverted)."""
+
+    def __init__(self, dl):
+        self._dl = dl
+
+    def __getattr__(self, name):
+        return getattr(self._dl, name)
+
+    def ctype(self, d):
+        return "unsigned short" if d in _ROUND else self._dl.ctype(d)
+
+    def load_convert(self, d, expr):
+        return expr if d in _ROUND else self._dl.load_convert(d, expr)
+
+
+def _slots(dl, ops, p, side, tile_len, bk):
+    """How one operand's tile is copied: its local layout (K fastest when its loads are
+    contiguous along K), the stored bits, and the register type and zero."""
+    kfast = p.a_kfast if side == "a" else p.b_kfast
+    stride = bk + PADH if kfast else tile_len + PADH
+    if kfast:
+        def at(kk, mm):
+            return f"{mm} * {stride} + {kk}"
+    else:
+        def at(kk, mm):
+            return f"{kk} * {stride} + {mm}"
+    val = p.a if side == "a" else p.b
+    op = ops[val]
+    if op[0] == K.LOAD and op[1] is p.narrow:
+        return Slots(at, None, "unsigned short", _RawLoads(dl)), "0", kfast, stride
+    rnd = _ROUND[p.narrow]
+    return Slots(at, lambda reg: f"{rnd}({reg})", "float"), "0.0f", kfast, stride
+
+
+def lower_mma(kernel, dl, info, name, p, tile, var):
+    """The `GPUKernel` of plan `p` (a float16 or bfloat16 product) with tile (rows, cols,
+    _) on tensor cores (module docstring); `var`: gemm's knobs."""
+    ops = kernel.ops
+    br, bc, _ = tile
+    kfast_a, kfast_b = p.a_kfast, p.b_kfast
+    # 16-byte copies of plain loads: the lanes are neighbours in either local layout
+    lanes_a = vector_lanes(ops, p, "a", kfast_a, p.narrow) if var["vector"] else 1
+    lanes_b = vector_lanes(ops, p, "b", kfast_b, p.narrow) if var["vector"] else 1
+    bk = var["mk"] or (MMA_K if lanes_a > 1 and lanes_b > 1 else MMA_K // 2)
+    wm, wn = br // WARPS_R, bc // WARPS_C
+    mi, ni = wm // 16, wn // 8
+    fr = Frame(kernel, dl, p, br, bc, bk, 32 * WARPS_R * WARPS_C)
+    slots_a, zero_a, kfast_a, sa = _slots(dl, ops, p, "a", br, bk)
+    slots_b, zero_b, kfast_b, sb = _slots(dl, ops, p, "b", bc, bk)
+    la = br * sa if kfast_a else bk * sa
+    lb = bc * sb if kfast_b else bk * sb
+    fold = bool(p.block) and var["fold"] and p.nk > PLAIN_K
+    if info.local_mem_size and 2 * 2 * (la + lb) > info.local_mem_size:
+        var = dict(var, double=0)       # two buffers would not fit
+    nbuf = buffers(var, True)
+    body = [f"  {dl.local_qualifier}{dl.align16}unsigned short zyx_la[{nbuf * la}];",
+            f"  {dl.local_qualifier}{dl.align16}unsigned short zyx_lb[{nbuf * lb}];"] + fr.head + [
+            "  const int zyx_lane = (int)(zyx_tid % 32);",
+            "  const int zyx_warp = (int)(zyx_tid / 32);",
+            f"  const int zyx_wr = (zyx_warp / {WARPS_C}) * {wm};",
+            f"  const int zyx_wc = (zyx_warp % {WARPS_C}) * {wn};",
+            "  const int zyx_m8 = zyx_lane >> 3, zyx_r8 = zyx_lane & 7;",
+            f"  float zyx_c[{mi}][{ni}][4];"]
+    if fold:
+        body.append(f"  float zyx_t[{mi}][{ni}][4];")
+    body += [f"  #pragma unroll",
+             f"  for (int i = 0; i < {mi}; i++)",
+             f"    #pragma unroll",
+             f"    for (int j = 0; j < {ni}; j++)",
+             f"      #pragma unroll",
+             f"      for (int q = 0; q < 4; q++) {{",
+             "        zyx_c[i][j][q] = 0.0f;" + (" zyx_t[i][j][q] = 0.0f;" if fold else ""),
+             "      }"]
+    # each lane's ldmatrix row address (in 16-bit values) for fragment 0 of K offset 0:
+    # lanes 8q..8q+7 address the rows of the q-th 8 x 8 matrix
+    if kfast_a:   # [m][k]: matrices (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), ...
+        body.append(f"  const int zyx_oa = (zyx_wr + (zyx_m8 & 1) * 8 + zyx_r8) * {sa}"
+                    " + (zyx_m8 >> 1) * 8;")
+    else:         # [k][m]: the same matrices, stored transposed
+        body.append(f"  const int zyx_oa = ((zyx_m8 >> 1) * 8 + zyx_r8) * {sa}"
+                    " + zyx_wr + (zyx_m8 & 1) * 8;")
+    if kfast_b:   # [n][k]: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), ...
+        body.append(f"  const int zyx_ob = (zyx_wc + (zyx_m8 >> 1) * 8 + zyx_r8) * {sb}"
+                    " + (zyx_m8 & 1) * 8;")
+    else:
+        body.append(f"  const int zyx_ob = ((zyx_m8 & 1) * 8 + zyx_r8) * {sb}"
+                    " + zyx_wc + (zyx_m8 >> 1) * 8;")
+    body += ["  const unsigned zyx_sa = (unsigned)__cvta_generic_to_shared(zyx_la) + 2 * zyx_oa;",
+             "  const unsigned zyx_sb = (unsigned)__cvta_generic_to_shared(zyx_lb) + 2 * zyx_ob;"]
+
+    t = _PTX_TYPE[p.narrow]
+    lda = "zyx_ldm4" if kfast_a else "zyx_ldm4t"
+    pairs = ni // 2
+    ldb = ("zyx_ldm4" if kfast_b else "zyx_ldm4t") if pairs else \
+        ("zyx_ldm2" if kfast_b else "zyx_ldm2t")
+
+    def products(cur):
+        # (byte addresses: 2 bytes a value)
+        out = [f"    const unsigned zyx_ba = zyx_sa + 2 * ({cur['a']});",
+               f"    const unsigned zyx_bb = zyx_sb + 2 * ({cur['b']});",
+               f"    unsigned zyx_fa[{mi}][4], zyx_fb[{ni}][2];"]
+        for ks in range(0, bk, 16):
+            for i in range(mi):
+                off = i * 16 * sa + ks if kfast_a else ks * sa + i * 16
+                out.append(f"    {lda}(zyx_fa[{i}], zyx_ba + {2 * off});")
+            for jp in range(max(pairs, 1)):
+                off = jp * 16 * sb + ks if kfast_b else ks * sb + jp * 16
+                out.append(f"    {ldb}(zyx_fb[{2 * jp}], zyx_bb + {2 * off});")
+            for i in range(mi):
+                for j in range(ni):
+                    out.append(f"    zyx_mma_{t}(zyx_c[{i}][{j}], zyx_fa[{i}], zyx_fb[{j}]);")
+        return out
+    after = []
+    if fold:
+        every = max(p.block // bk, 1)
+        after = [f"    if (zyx_kt % {every} == 0) {{",
+                 "      #pragma unroll",
+                 f"      for (int i = 0; i < {mi}; i++)",
+                 "        #pragma unroll",
+                 f"        for (int j = 0; j < {ni}; j++)",
+                 "          #pragma unroll",
+                 "          for (int q = 0; q < 4; q++) {",
+                 "            zyx_t[i][j][q] += zyx_c[i][j][q]; zyx_c[i][j][q] = 0.0f;",
+                 "          }",
+                 "    }"]
+    body += k_loop(dl, p, fr, bk, var,
+                   [("a", br, kfast_a, slots_a, zero_a, lanes_a, True, la),
+                    ("b", bc, kfast_b, slots_b, zero_b, lanes_b, True, lb)], products, after,
+                   tensor_cores=True)
+    # accumulator q of fragment (i, j): row lane/4 (+8 for q >= 2), col 2 (lane % 4)
+    # (+1 for odd q)
+    outputs = []
+    for i in range(mi):
+        for j in range(ni):
+            for q in range(4):
+                acc = f"zyx_c[{i}][{j}][{q}]"
+                if fold:
+                    acc = f"(zyx_t[{i}][{j}][{q}] + {acc})"
+                outputs.append((f"zyx_r0 + zyx_wr + {i * 16 + (q >> 1) * 8} + (zyx_lane >> 2)",
+                                f"zyx_c0 + zyx_wc + {j * 8 + (q & 1)} + (zyx_lane & 3) * 2",
+                                acc))
+    body += fr.epilogue(dl, ops, p, outputs)
+    return fr.kernel(kernel, dl, name, body, "mma",
+                     {"rows": br, "cols": bc, "k": bk, "mma": t},
+                     prelude=_PRELUDE + _MMA.format(t=t))
