@@ -772,13 +772,11 @@ def test_freed_cuda_tensors_return_memory_to_the_pool(cuda_runtime):
                                        ((32, 32), "vector=0,prefetch=0")])
 def test_tensor_core_products_against_numpy(dtype, want, spec, cuda_runtime, monkeypatch):
     """16-bit products on tensor cores (backends/mma.py) with tile `want` and the gemm
-    knobs `spec` (ZYX_GPU_GEMM): both local
-    layouts of each operand, 16-byte copies aligned or not, a computed operand, an epilogue with a batch, a ragged size,
-    block totals over a long K and a padded convolution, against float64 products of the
-    same 16-bit values. (As if the GPU had 2 SMs: it would leave these small products to
+    knobs `spec` (ZYX_GPU_GEMM): both local layouts of each operand, 16-byte copies
+    aligned or not, a computed operand, an epilogue with a batch, a ragged size, block
+    totals over a long K and a padded convolution, against float64 products of the same
+    16-bit values. (As if the GPU had 2 SMs: it would leave these small products to
     the other strategies.) Skipped without compute capability 8.0."""
-    from gpu_cases import _conv2d_ref
-    import zyx.nn.functional as F
     if tuple(cuda_runtime.info().extra["cc"]) < (8, 0):
         pytest.skip("tensor-core kernels need compute capability 8.0")
     found = []
@@ -789,10 +787,24 @@ def test_tensor_core_products_against_numpy(dtype, want, spec, cuda_runtime, mon
         return g
     monkeypatch.setattr(gpudriver, "lower", spy)
     monkeypatch.setenv(gemm.GEMM_ENV, spec)
-    monkeypatch.setattr(cuda_runtime, "_programs", {})
-    monkeypatch.setattr(cuda_runtime, "schedules", {})
-    monkeypatch.setattr(cuda_runtime.info(), "num_cores", 2)
+    # the runtime's CUDA device now: another module's fixture may have re-initialized
+    # the runtime since `cuda_runtime` was made, and its programs must be lowered afresh
+    before = zyx.get_default_device()
+    zyx.set_default_device("cuda")
+    dev = zyx._RT.resolve("cuda")
+    monkeypatch.setattr(dev, "_programs", {})
+    monkeypatch.setattr(dev, "schedules", {})
+    monkeypatch.setattr(dev.info(), "num_cores", 2)
     monkeypatch.setattr(zyx._RT, "plans", {})
+    try:
+        _tensor_core_checks(dtype, found, want)
+    finally:
+        zyx.set_default_device(before)
+
+
+def _tensor_core_checks(dtype, found, want):
+    from gpu_cases import _conv2d_ref
+    import zyx.nn.functional as F
     rng = np.random.default_rng(8)
     np16 = np.float16 if dtype == "float16" else np.float32
     tol = 2e-3 if dtype == "float16" else 1.6e-2      # the output's rounding
