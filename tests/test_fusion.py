@@ -283,3 +283,53 @@ def test_reduced_axes_neighbours_in_memory_are_one_loop():
     (k2,) = _plan_kernels(gw2)
     assert [op[2] for op in k2.ops if op[0] == K.LOOP][:2] == [8, 16]
     assert_close(gw2, np.einsum("btd,bte->de", xn, hn), rtol=1e-4, atol=1e-4)
+
+
+def _lane_tile(kernel):
+    """(register tile size, lengths of the tile's loops) of a kernel's reduce."""
+    from zyx._core import kernel as K
+    size = max((op[5] for op in kernel.ops
+                if op[0] == K.DEFINE and op[2] == K.SCOPE_REGISTER), default=0)
+    return size, [op[2] for op in kernel.ops if op[0] == K.LOOP]
+
+
+def test_convolution_lanes_over_output_channels(device, monkeypatch):
+    """A convolution whose output width is no whole vector (8 here) reads its weights
+    through a stored copy with output channels innermost, and its register tile takes
+    vector lanes over the channels (32: two vectors) times rows along the output axis
+    where the most rows divide; the weight gradient reads gy channels-last the same way. Values as numpy's; without the copy
+    (CHANNELS_LAST_WEIGHTS off) the tile has no 32-lane loop."""
+    import zyx.nn.functional as F
+    from gpu_cases import _conv2d_grads_ref, _conv2d_ref
+    if device.type != "cpu":
+        pytest.skip(f"the channels-last copy is made for the CPU's register tiles, not "
+                    f"for {device}")
+    rng = np.random.default_rng(3)
+    xn = rng.standard_normal((4, 8, 12, 12)).astype(np.float32)
+    wn = (rng.standard_normal((32, 8, 5, 5)) * 0.2).astype(np.float32)
+    gn = rng.standard_normal((4, 32, 8, 8)).astype(np.float32)
+
+    def conv():
+        x = zyx.tensor(xn, requires_grad=True)
+        w = zyx.tensor(wn, requires_grad=True)
+        y = F.conv2d(x, w)
+        return x, w, y
+    x, w, y = conv()
+    kernels = _plan_kernels(y)
+    assert len(kernels) == 2                     # the weights' copy, the convolution
+    size, loops = _lane_tile(kernels[-1])
+    assert loops[-1] == 32 and size % 32 == 0 and size > 32, (size, loops)
+    assert_close(y, _conv2d_ref(xn, wn, 0), rtol=1e-4, atol=1e-4)
+    (y * zyx.tensor(gn)).sum().backward()
+    gx, gw = _conv2d_grads_ref(xn, wn, gn, 0)
+    assert_close(x.grad, gx, rtol=1e-4, atol=1e-4)
+    assert_close(w.grad, gw, rtol=1e-4, atol=1e-3)
+    _, w2, y2 = conv()
+    (y2 * zyx.tensor(gn)).sum().backward()
+    tiles = [_lane_tile(k) for k in _plan_kernels(w2.grad)]
+    assert any(t[1] and t[1][-1] == 32 and t[0] > 32 for t in tiles), tiles
+    monkeypatch.setattr(F, "CHANNELS_LAST_WEIGHTS", False)
+    _, _, y3 = conv()
+    (k3,) = _plan_kernels(y3)
+    assert _lane_tile(k3)[1][-1] != 32
+    assert_close(y3, _conv2d_ref(xn, wn, 0), rtol=1e-4, atol=1e-4)

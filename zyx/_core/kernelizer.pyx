@@ -893,6 +893,12 @@ class _Builder:
                 e = sym.add(e, sym.mul(term, stride))
             dims.append(e)
         dims = tuple(dims)
+        if len(lanes) > 1:
+            # the tile's loops nest in the plan's order: its last axis is the innermost
+            # (vector) loop even where that axis comes before the rows' in the output
+            order = [a for a, _ in upcast[1]]
+            lane_axes = [a for a, n in enumerate(node.shape) if n != 1 and sizes.get(a, 0)]
+            lanes = [lanes[lane_axes.index(a)] for a in order if a in lane_axes]
         if upcast is not None and upcast[2] == "unroll":
             return self.build_unrolled(node, out_def, dims, lanes, upcast[0],
                                        upcast[3] if len(upcast) > 3 else 0)
@@ -1253,6 +1259,13 @@ def choose_upcast(b, tuple shape, int vector_bytes=64, bint windows=True):
             lanes_ok = False
         if ck not in (0, 1):
             strided = True
+    if windows and n < 16 and CHANNEL_LANES or windows and k.hi < 15 and n % 16 and CHANNEL_LANES:
+        # a last axis without full vectors (a convolution's output width, or its weight
+        # gradient's kernel width) and a short window or a short last axis: lanes over
+        # channels
+        up = _choose_channel_lanes(b, shape, axes, axis, vector_bytes, r)
+        if up is not None:
+            return up
     if not strided:
         if not windows and k.hi < 15:
             return None      # a short window (a convolution's): no tile at all on GPUs
@@ -1321,6 +1334,65 @@ def _lane_rows_axis(b, tuple shape, list axes, out_var, int rows):
         if a != first and shape[a] % rows == 0 and sa and sa % SET_STRIDE and sa < best_step:
             best, best_step = a, sa
     return best
+
+
+CHANNEL_LANES = True   # conv-like kernels: lanes over an earlier axis (see below)
+
+
+def _choose_channel_lanes(b, tuple shape, list axes, Py_ssize_t axis, int vector_bytes,
+                          Py_ssize_t r):
+    """Lanes along an output axis before the last (a convolution's output channels, whose
+    operand a stored copy keeps channels innermost: nn.functional) when the last axis is
+    too short for whole vectors: every reduce-body load is contiguous or constant along
+    the lanes, whole vectors of them. Rows go along the output axis where the most rows
+    divide and the loads contiguous along the lanes are constant (a weight vector reused
+    by every row) while some other load varies (a value broadcast to the lanes): R x J
+    accumulators in one or two vectors, each reduce step R broadcasts and J/16 vector
+    loads for R*J/16 FMAs. The stores stride through memory (once per output, after the
+    whole reduction)."""
+    rvars = [v for v in b.reduce_log[0][1] if v is not None]
+    body = [s for s in b.load_log if any(_coef(s, v) != 0 for v in rvars)]
+    vec = max(vector_bytes // 4, 4)
+    lane = None
+    for a in axes[:-1]:
+        v = b.out_vars.get(a)
+        if v is None or shape[a] % vec:
+            continue
+        coefs = [_coef(s, v) for s in body]
+        if all(c in (0, 1) for c in coefs) and 1 in coefs and 0 in coefs and \
+                (lane is None or shape[a] > shape[lane]):
+            lane = a
+    if lane is None:
+        return None
+    lv = b.out_vars[lane]
+    J = 2 * vec if shape[lane] % (2 * vec) == 0 else vec
+    # (registers: R x J/vec accumulators, J/vec weight vectors and a broadcast)
+    cdef list choices = [8, 6, 5, 4, 3, 2] if J > vec else [12, 10, 8, 6, 5, 4, 3, 2]
+    best, best_rows = None, 0
+    for a in axes:
+        v = b.out_vars.get(a)
+        if a == lane or v is None:
+            continue
+        reused = varies = False
+        for s in body:
+            cl, ca = _coef(s, lv), _coef(s, v)
+            if ca is None:
+                reused = False
+                break
+            if cl == 1:
+                if ca != 0:
+                    break        # the lanes' vector changes along this axis
+                reused = True
+            elif ca != 0:
+                varies = True
+        else:
+            if reused and varies:
+                rows = next((c for c in choices if shape[a] % c == 0), 0)
+                if rows >= best_rows:          # ties: the later axis
+                    best, best_rows = a, rows
+    if best is None or best_rows < 2:
+        return None
+    return (r, [(best, best_rows), (lane, J)], "lanes")
 
 
 def _choose_window_lanes(b, tuple shape, list axes, Py_ssize_t axis, J, int vector_bytes,

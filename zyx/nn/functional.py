@@ -219,6 +219,25 @@ def _stored(x):
     return x.unsqueeze(0).sum(0)
 
 
+CHANNELS_LAST_WEIGHTS = True   # CPU convolutions read a copy of w with channels innermost
+
+
+def _channels_last_weights(w, channels, width):
+    """Whether a convolution (or its weight gradient) over `channels` output channels per
+    group, whose output's last axis is `width` long, reads its channel operand through a
+    stored copy with the channels innermost: where the kernelizer then takes vector lanes
+    over the channels (kernelizer._choose_channel_lanes: devices that tile convolution
+    windows, the CPU; whole vectors of channels; a last axis without whole vectors).
+    GPU lowerings tile products themselves and keep the operands as they are."""
+    if not CHANNELS_LAST_WEIGHTS:
+        return False
+    from ..runtime import RT
+    info = RT.device_of(w._id).info()
+    vec = max(info.preferred_vector_size // 4, 4)
+    return bool(info.register_tiles and info.window_tiles and channels % vec == 0
+                and width % 16 != 0)
+
+
 def _conv_forward(x, w, pads, s, d, g, nd):
     """The convolution as one windowed reduce over a pad/reshape/expand view of x (no
     copy): (n, g, cout/g, *o, cg, *k) products summed over (cg, *k)."""
@@ -233,6 +252,9 @@ def _conv_forward(x, w, pads, s, d, g, nd):
     win = win.permute([0, 1, 2] + list(range(4, 4 + nd)) + [3] + list(range(4 + nd, 4 + 2 * nd)))
     full = (n, g, cout // g) + o + (cg,) + k
     win = win.expand(full)
+    if _channels_last_weights(w, cout // g, o[-1]):
+        perm = list(range(1, 2 + nd)) + [0]
+        w = _stored(w.permute(perm)).permute([nd + 1] + list(range(nd + 1)))
     wv = w.reshape((1, g, cout // g) + (1,) * nd + (cg,) + k).expand(full)
     out = (win * wv)._reduce(K.R_SUM, tuple(range(3 + nd, 4 + 2 * nd)), False)
     return out.reshape((n, cout) + o)
@@ -266,7 +288,12 @@ def _conv_backward(out, gy, arg, srcs, need):
         win = _windows(x._pad([(0, 0), (0, 0)] + list(pads)), k, s, d)
         full = (n, g, cout // g, cg) + o + k
         win = win.reshape((n, g, 1, cg) + o + k).expand(full)
-        gv = gy.reshape((n, g, cout // g, 1) + o + (1,) * nd).expand(full)
+        gc = gy
+        if _channels_last_weights(w, cout // g, k[-1]):
+            # gy in a stored copy with channels innermost: lanes over output channels
+            gc = _stored(gy.permute([0] + list(range(2, 2 + nd)) + [1]))
+            gc = gc.permute([0, nd + 1] + list(range(1, nd + 1)))
+        gv = gc.reshape((n, g, cout // g, 1) + o + (1,) * nd).expand(full)
         gw = (win * gv)._reduce(K.R_SUM, (0,) + tuple(range(4, 4 + nd)), False)
         gw = gw.reshape((cout, cg) + k)
     if need[0]:
