@@ -797,3 +797,33 @@ def test_c_backend_uses_zyx_expf_only_where_a_low_constant_reaches_the_exp():
     assert "zyx_expf(" in source(zyx.where(m, float("-inf"), x).exp())
     plain = source((x * 2).exp())
     assert "expf(" in plain and "zyx_expf(" not in plain
+
+
+def test_c_backend_vectorizes_a_short_last_index_loop_with_the_one_before(on_cpu,
+                                                                           monkeypatch):
+    """An elementwise kernel whose last index loop is an axis split at a pooling window (2
+    long) runs its last two loops as one SIMD loop (`omp simd collapse(2)`); values as
+    numpy's with and without (SIMD_COLLAPSE off: the plain simd loop of 2)."""
+    from zyx.backends import c as cb
+    from zyx._core.kernelizer import kernelize
+    import zyx.nn.functional as F
+    rng = np.random.default_rng(4)
+    xn = rng.standard_normal((4, 3, 8, 8)).astype(np.float32)
+    gn = rng.standard_normal((4, 3, 4, 4)).astype(np.float32)
+    xr = xn.reshape(4, 3, 4, 2, 4, 2)
+    mx = xr.max((3, 5), keepdims=True)
+    hit = xr == mx
+    want = (hit * (gn[:, :, :, None, :, None] / hit.sum((3, 5), keepdims=True)))
+    want = want.reshape(4, 3, 8, 8)
+    dev = zyx._RT.device()
+    for on in (True, False):
+        monkeypatch.setattr(cb, "SIMD_COLLAPSE", on)
+        zyx._RT.plans.clear()
+        x = zyx.tensor(xn, requires_grad=True)
+        (F.max_pool2d(x, 2) * zyx.tensor(gn)).sum().backward()
+        g = zyx._RT.graph
+        order, _ = g.collect([x.grad._id])
+        steps, _ = kernelize(g, order, [x.grad._id], 64)
+        srcs = [dev.render(s.kernel, "k") for s in steps if s.kernel is not None]
+        assert any("omp simd collapse(2)" in s for s in srcs) == on, srcs
+        np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-6, atol=1e-6)

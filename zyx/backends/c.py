@@ -35,6 +35,8 @@ from .cfamily import CDialect, alu_operands, render_body
 from .host import HostMemoryPool
 
 PARALLEL_MIN_WORK = 1 << 15   # below this many iterations threads cost more than they give
+SIMD_COLLAPSE = True           # elementwise kernels: one simd loop over the last two index
+SHORT_SIMD = 4                # loops when the last is at most this long
 _SIMD_FUNCS = ("exp", "exp2", "log", "log2", "sin", "cos", "tanh", "erf", "pow")
 
 _PRELUDE = r"""
@@ -660,6 +662,10 @@ class CDevice:
                      f"  for (long long i{s1} = {n1}LL * c / zyx_nt; "
                      f"i{s1} < {n1}LL * (c + 1) / zyx_nt; i{s1}++) {{"]
         else:
+            # an elementwise kernel whose innermost index loop is a few elements long (an
+            # axis split at a pooling window: 2) vectorizes the last two loops as one
+            short_last = (SIMD_COLLAPSE and not has_loops and len(idx) >= 3
+                          and idx[-1][2] <= SHORT_SIMD)
             for n, (ssa, axis, length) in enumerate(idx):
                 pragma = ""
                 # a kernel whose reduce loop runs in parallel ("region") has only size-1
@@ -672,8 +678,11 @@ class CDevice:
                     elif len(idx) == 1:
                         pragma = f"{pfor} simd" if par else "#pragma omp simd"
                     elif n == 0 and par:
-                        pragma = f"{pfor} collapse({len(idx) - 1})" if len(idx) > 2 else pfor
-                    elif last:
+                        outer = len(idx) - (2 if short_last else 1)
+                        pragma = f"{pfor} collapse({outer})" if outer > 1 else pfor
+                    elif short_last and n == len(idx) - 2:
+                        pragma = "#pragma omp simd collapse(2)"
+                    elif last and not short_last:
                         pragma = "#pragma omp simd"
                 if pragma:
                     head.append("  " + pragma)
