@@ -1259,9 +1259,9 @@ def choose_upcast(b, tuple shape, int vector_bytes=64, bint windows=True):
             lanes_ok = False
         if ck not in (0, 1):
             strided = True
-    if windows and n < 16 and CHANNEL_LANES or windows and k.hi < 15 and n % 16 and CHANNEL_LANES:
-        # a last axis without full vectors (a convolution's output width, or its weight
-        # gradient's kernel width) and a short window or a short last axis: lanes over
+    if windows and CHANNEL_LANES and (n < 16 or (k.hi < 15 and n % 16)):
+        # a last axis without whole vectors (a convolution's output width, or its weight
+        # gradient's kernel width), short itself or with a short window: lanes over
         # channels
         up = _choose_channel_lanes(b, shape, axes, axis, vector_bytes, r)
         if up is not None:
@@ -1347,8 +1347,8 @@ def _choose_channel_lanes(b, tuple shape, list axes, Py_ssize_t axis, int vector
     the lanes, whole vectors of them. Rows go along the output axis where the most rows
     divide and the loads contiguous along the lanes are constant (a weight vector reused
     by every row) while some other load varies (a value broadcast to the lanes): R x J
-    accumulators in one or two vectors, each reduce step R broadcasts and J/16 vector
-    loads for R*J/16 FMAs. The stores stride through memory (once per output, after the
+    accumulators in one or two vectors, each reduce step R broadcasts and J/V vector
+    loads for R*J/V FMAs (V floats a vector). The stores stride through memory (once per output, after the
     whole reduction)."""
     rvars = [v for v in b.reduce_log[0][1] if v is not None]
     body = [s for s in b.load_log if any(_coef(s, v) != 0 for v in rvars)]

@@ -35,7 +35,7 @@ from .cfamily import CDialect, alu_operands, render_body
 from .host import HostMemoryPool
 
 PARALLEL_MIN_WORK = 1 << 15   # below this many iterations threads cost more than they give
-SIMD_COLLAPSE = True           # elementwise kernels: one simd loop over the last two index
+SIMD_COLLAPSE = True          # elementwise kernels: one simd loop over the last two index
 SHORT_SIMD = 4                # loops when the last is at most this long
 _SIMD_FUNCS = ("exp", "exp2", "log", "log2", "sin", "cos", "tanh", "erf", "pow")
 

@@ -253,6 +253,7 @@ def _conv_forward(x, w, pads, s, d, g, nd):
     full = (n, g, cout // g) + o + (cg,) + k
     win = win.expand(full)
     if _channels_last_weights(w, cout // g, o[-1]):
+        # w from a stored copy with the output channels innermost: vector lanes over them
         perm = list(range(1, 2 + nd)) + [0]
         w = _stored(w.permute(perm)).permute([nd + 1] + list(range(nd + 1)))
     wv = w.reshape((1, g, cout // g) + (1,) * nd + (cg,) + k).expand(full)
