@@ -371,6 +371,31 @@ class Slots:
         self.at, self.stored, self.reg_type, self.raw = at, stored, reg_type, raw
 
 
+def _slot_names(ops, p, side, names, it, s, kk, mm, k0, ragged_test, hoist, before):
+    """What copy slot `s` of one operand tile (K offset `kk`, row or col offset `mm`)
+    needs around its value: its range test (rows or cols inside the product, and
+    `ragged_test` where the slots overrun the tile) and the statements naming the
+    side's INDEX variables and the reduce loops' inside the slot's block. With `hoist`
+    the row (or col) part, constant along K, is appended to `before` (statements put
+    before the K loop, zyx_h{side}{s}_...) and only read in the block."""
+    ids = p.rows if side == "a" else p.cols
+    extent = p.nr if side == "a" else p.nc
+    origin = "zyx_r0" if side == "a" else "zyx_c0"
+    inside = f"{origin} + {mm} < {extent}"
+    if ragged_test:
+        inside = f"{ragged_test} && " + inside
+    ind = "        "
+    if hoist:
+        hn = {i: f"zyx_h{side}{s}_{names[i]}" for i in ids}
+        before.append(f"  const int zyx_h{side}{s} = {inside};")
+        before += _decode(hn, ops, ids, f"({origin} + {mm})", it, "  ")
+        inside = f"zyx_h{side}{s}"
+        bind = [f"{ind}const {it} {names[i]} = zyx_h{side}{s}_{names[i]};" for i in ids]
+    else:
+        bind = _decode(names, ops, ids, f"({origin} + {mm})", it, ind)
+    return inside, bind + _decode(names, ops, p.loops, f"({k0} + {kk})", it, ind)
+
+
 def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, k0,
                 hoist, slots):
     """Statements computing this work-item's share of one operand tile at K origin `k0`
@@ -380,9 +405,7 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
     its variables and range test are computed there once (zyx_h{side}{s}_...)."""
     threads = SIDE * SIDE
     per = tile_len * bk
-    ids, val = (p.rows, p.a) if side == "a" else (p.cols, p.b)
-    extent = p.nr if side == "a" else p.nc
-    origin = "zyx_r0" if side == "a" else "zyx_c0"
+    val = p.a if side == "a" else p.b
     # both operands are masked: an operand computed from a guarded load (0 past the real
     # K) may be inf there (1 / x), and 0 * inf is not 0
     masks = p.masks
@@ -395,23 +418,12 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
             kk, mm = f"({e} / {tile_len})", f"({e} % {tile_len})"
         reg = f"zyx_p{side}{s}"
         ragged = per % threads != 0
-        inside = f"{origin} + {mm} < {extent}"
-        if ragged:
-            inside = f"{mm} < {tile_len} && " + inside
         local_names = dict(names)
         ind = "        "
-        if hoist:
-            hn = {i: f"zyx_h{side}{s}_{names[i]}" for i in ids}
-            before.append(f"  const int zyx_h{side}{s} = {inside};")
-            before += _decode(hn, ops, ids, f"({origin} + {mm})", it, "  ")
-            inside = f"zyx_h{side}{s}"
-        guard = f"{inside} && {k0} + {kk} < {p.nk}"
-        compute += ["    {", f"      {reg} = {zero};", f"      if ({guard}) {{"]
-        if hoist:
-            compute += [f"{ind}const {it} {names[i]} = zyx_h{side}{s}_{names[i]};" for i in ids]
-        else:
-            compute += _decode(local_names, ops, ids, f"({origin} + {mm})", it, ind)
-        compute += _decode(local_names, ops, p.loops, f"({k0} + {kk})", it, ind)
+        inside, bind = _slot_names(ops, p, side, names, it, s, kk, mm, k0,
+                                   f"{mm} < {tile_len}" if ragged else "", hoist, before)
+        compute += ["    {", f"      {reg} = {zero};",
+                    f"      if ({inside} && {k0} + {kk} < {p.nk}) {{"] + bind
         if slots.raw is not None:
             compute += _values(dl, ops, [val] + masks, local_names, narrow, ind, skip=(val,))
             compute.append(ind + value_line(slots.raw, ops, val, local_names, narrow))
@@ -461,9 +473,6 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
     val = p.a if side == "a" else p.b
     op = ops[val]
     d = op[1]
-    ids = p.rows if side == "a" else p.cols
-    extent = p.nr if side == "a" else p.nc
-    origin = "zyx_r0" if side == "a" else "zyx_c0"
     word = d if d.itemsize == 4 else dt.uint32       # 16-bit lanes travel in pairs
     per_word = 4 // d.itemsize
     vt = dl.vector_type(word, 4)
@@ -481,23 +490,13 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
             kk, mm = f"({e} / {per_row})", f"(({e} % {per_row}) * {lanes})"
         reg = f"zyx_p{side}{s}"
         ragged = nvec % threads != 0
-        inside = f"{origin} + {mm} < {extent}"
-        if ragged:
-            inside = f"{e} < {nvec} && " + inside
         local_names = dict(names)
         ind = "        "
-        if hoist:
-            hn = {i: f"zyx_h{side}{s}_{names[i]}" for i in ids}
-            before.append(f"  const int zyx_h{side}{s} = {inside};")
-            before += _decode(hn, ops, ids, f"({origin} + {mm})", it, "  ")
-            inside = f"zyx_h{side}{s}"
+        inside, bind = _slot_names(ops, p, side, names, it, s, kk, mm, k0,
+                                   f"{e} < {nvec}" if ragged else "", hoist, before)
         compute += ["    {"] + [f"      {reg}.{c} = 0;" for c in "xyzw"]
         compute.append(f"      if ({inside} && {k0} + {kk} < {p.nk}) {{")
-        if hoist:
-            compute += [f"{ind}const {it} {names[i]} = zyx_h{side}{s}_{names[i]};" for i in ids]
-        else:
-            compute += _decode(local_names, ops, ids, f"({origin} + {mm})", it, ind)
-        compute += _decode(local_names, ops, p.loops, f"({k0} + {kk})", it, ind)
+        compute += bind
         compute += _values(dl, ops, [op[3]], local_names, narrow, ind)
         ptr = f"({local_names[op[2]]} + {local_names[op[3]]})"
         compute.append(f"{ind}const {gq}{st}* zyx_v = {ptr};")
