@@ -388,6 +388,27 @@ def test_absurd_thread_count_is_clamped_with_a_warning(tmp_path, var):
     assert f"{var}=100000 is more threads" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("threads", ["1", ""])
+def test_thread_count_holds_when_another_library_started_openmp_first(tmp_path, threads):
+    """ZYX_THREADS sets the team of every parallel region the C backend writes
+    (num_threads), not only OMP_NUM_THREADS: an OpenMP runtime another library loaded
+    first (torch brings its own libgomp) read that variable before zyx set it, and the
+    setting was ignored. Unset: no clause, the runtime's default team."""
+    code = ("import ctypes, ctypes.util\n"
+            "gomp = ctypes.util.find_library('gomp')\n"
+            "if gomp:\n"
+            "    lib = ctypes.CDLL(gomp, mode=ctypes.RTLD_GLOBAL)\n"
+            "    lib.omp_get_max_threads()    # the runtime reads its environment now\n"
+            + MATMUL)
+    r = ok(run_zyx(tmp_path, code, env={"ZYX_THREADS": threads, "ZYX_DEBUG": "8"}))
+    regions = [ln for ln in r.stderr.splitlines() if "#pragma omp parallel" in ln]
+    assert regions, r.stderr[-2000:]
+    if threads:
+        assert all(f"num_threads({threads})" in ln for ln in regions), regions
+    else:
+        assert not any("num_threads(" in ln for ln in regions), regions
+
+
 def test_no_compiler_error_names_the_reason(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()

@@ -390,6 +390,9 @@ class CDevice:
             _clamp_omp_env()
         if self.openmp and self.threads:
             os.environ.setdefault("OMP_NUM_THREADS", str(self.threads))
+        # the team size is also written into every parallel region: an OpenMP runtime
+        # that another library (torch) loaded first read OMP_NUM_THREADS before this
+        self._team = f" num_threads({self.threads})" if self.openmp and self.threads else ""
         if self.openmp and not any(v in os.environ for v in
                                    ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")):
             # How long idle OpenMP threads spin before sleeping (~1.5 ms here). A plan
@@ -608,7 +611,8 @@ class CDevice:
                                         for r, a in arrays.items()]).strip()
                 kinds.add("region")
                 cond = " if(parallel: zyx_par)" if par_if else ""
-                return f"#pragma omp parallel for{'' if inner else ' simd'}{cond} {red}".rstrip()
+                return (f"#pragma omp parallel for{'' if inner else ' simd'}{cond}"
+                        f"{self._team} {red}").rstrip()
             if not inner and list(accs) == ["+"] and _sums_products_only(ops) and all(
                     ops[o[2]][1].is_float for o in ops[i + 1:j] if o[0] == K.STORE
                     and ops[o[2]][2] == K.SCOPE_REGISTER):
@@ -644,7 +648,7 @@ class CDevice:
         par = omp and work >= PARALLEL_MIN_WORK and idx
         if par:
             kinds.add("for")
-        pfor = "#pragma omp for" if orphan else "#pragma omp parallel for"
+        pfor = "#pragma omp for" if orphan else f"#pragma omp parallel for{self._team}"
         team = self.threads or os.cpu_count() or 1
         column_chunks = (orphan and par and has_loops and "assoc" in kinds and len(idx) == 2
                          and idx[1][2] > idx[0][2] and idx[1][2] >= 4 * team)
@@ -774,7 +778,7 @@ class CDevice:
             while j < len(calls) and calls[j] != "region":
                 j += 1
             if "for" in calls[i:j]:
-                lines.append("  #pragma omp parallel if(par)\n  {")
+                lines.append(f"  #pragma omp parallel if(par){self._team}\n  {{")
                 n = i
                 while n < j:
                     m = n
