@@ -239,6 +239,46 @@ def test_an_activation_feeding_a_matmul_is_computed_once():
         assert k.args[0][1] == 4 * 64 * 512
 
 
+def test_a_large_gradient_read_by_several_kernels_is_computed_once(monkeypatch):
+    """conv -> relu -> max-pool, backward: the pool's gradient at the conv's output feeds
+    the conv's input gradient (through a padded copy), its weight gradient and its bias
+    gradient. On a large output (SHARED_LARGE elements or more) it is stored once by a
+    kernel of its own. With the rule off, on the CPU (where the weight gradient reads it
+    through a channels-last copy) each of those kernels recomputes it behind padding
+    guards. Gradients match either way."""
+    from zyx._core import kernelizer as KZ
+    F = zyx.nn.functional
+    rng = np.random.default_rng(0)
+    xn = rng.standard_normal((8, 32, 36, 36)).astype(np.float32)   # conv out 8x32x32x32
+    wn = rng.standard_normal((32, 32, 5, 5)).astype(np.float32) * 0.05
+    bn = rng.standard_normal(32).astype(np.float32) * 0.1
+    conv_out = 8 * 32 * 32 * 32
+
+    def grads():
+        x = zyx.tensor(xn, requires_grad=True)
+        w = zyx.tensor(wn, requires_grad=True)
+        b = zyx.tensor(bn, requires_grad=True)
+        y = F.max_pool2d(F.relu(F.conv2d(x, w, b)), 2)
+        (y * y).sum().backward()
+        gs = [x.grad, w.grad, b.grad]
+        # kernels computing the pool gradient: they read pooled-size tensors and write
+        # something else (stored once: one kernel; else the padded copy, the
+        # channels-last copy and the bias gradient each)
+        readers = [k for k in _plan_kernels(*gs) if k.args[0][1] != conv_out // 4
+                   and any(a[1] == conv_out // 4 for a in k.args[1:])]
+        return len(readers), [g.numpy() for g in gs]
+
+    assert conv_out >= KZ.SHARED_LARGE
+    n_on, on = grads()
+    monkeypatch.setattr(KZ, "SHARED_LARGE_LIMIT", 1 << 30)
+    n_off, off = grads()
+    assert n_on == 1, n_on
+    if zyx._RT.device().info().window_tiles:
+        assert n_off == 3, n_off
+    for g, r in zip(on, off):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * np.abs(r).max())
+
+
 def test_lanes_rows_avoid_strides_that_share_cache_sets():
     """A "lanes" tile's rows are the output axis before the lanes unless the operand
     broadcast over the lanes steps by a multiple of 1024 elements along it (its rows

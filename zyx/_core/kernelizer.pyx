@@ -29,14 +29,16 @@ EPILOGUE = frozenset((CAST, UNARY, BINARY, WHERE, RESHAPE))
 
 
 class Step:
-    """One kernel of a plan: `args[0]` is the node position it writes, the rest it reads."""
-    __slots__ = ("kernel", "args", "program", "alias")
+    """One kernel of a plan: `args[:nout]` are the node positions it writes (one, or
+    several for a multi-output kernel), the rest it reads."""
+    __slots__ = ("kernel", "args", "program", "alias", "nout")
 
-    def __init__(self, kernel, args, alias=False):
+    def __init__(self, kernel, args, alias=False, nout=1):
         self.kernel = kernel
         self.args = args
         self.program = None
         self.alias = alias   # args[0] shares the buffer of args[1] (no kernel)
+        self.nout = nout
 
 
 ELEMENTWISE = frozenset((CAST, UNARY, BINARY, WHERE))
@@ -80,6 +82,8 @@ def decide_stored(list nodes, list consumers, list srcpos, list targets, rows=No
 
 RECOMPUTE_LIMIT = 4   # ops + inputs above which an expanded reduce input gets stored
 SHARED_LIMIT = 128    # ops + inputs above which an elementwise node read by 2+ kernels is stored
+SHARED_LARGE = 1 << 17   # ... and for nodes of at least this many elements (where a
+SHARED_LARGE_LIMIT = 24  # kernel's fixed cost is small beside recomputing every element)
 REPEAT_LIMIT = 256    # ops an elementwise node's extra renderings may add before it is stored
 CHAIN_LIMIT = 64      # inlined nodes one after another in a kernel before one is stored
 _COST_CAP = 1 << 30   # costs count shared inputs once per use: capped, `x = x * x` doubles them
@@ -117,6 +121,21 @@ def _inline_costs(list nodes, list srcpos, list stored):
             cost[p] = c if c < _COST_CAP else _COST_CAP
             inputs[p] = m
     return cost, inputs
+
+
+def _shared(node, Py_ssize_t cost, Py_ssize_t inputs, Py_ssize_t k, Py_ssize_t u):
+    """An elementwise node (inline cost `cost`, largest input `inputs`) worth a buffer of
+    its own: not broadcast beyond its inputs, and inlined into several kernels (k == -1)
+    at a cost of SHARED_LIMIT ops, or SHARED_LARGE_LIMIT for a large node (a max-pool's
+    gradient, which a conv's input gradient, weight gradient and bias gradient each
+    recomputed, behind padding guards: convnet step 78 -> 69 ms), or rendered at several
+    indices (`u` renderings) adding REPEAT_LIMIT ops."""
+    cdef Py_ssize_t n = _numel(node.shape)
+    if n > inputs:
+        return False
+    if k == -1 and (cost >= SHARED_LIMIT or (n >= SHARED_LARGE and cost >= SHARED_LARGE_LIMIT)):
+        return True
+    return u > 1 and (u - 1) * cost >= REPEAT_LIMIT
 
 
 def _store_by_use(list nodes, list consumers, list srcpos, list stored, dict found=None):
@@ -184,16 +203,11 @@ def _store_by_use(list nodes, list consumers, list srcpos, list stored, dict fou
                 stored[p] = True
                 s = p
         elif node.op in ELEMENTWISE and (
-                (expanded and cost[p] >= RECOMPUTE_LIMIT) or
-                (_numel(node.shape) <= <Py_ssize_t>inputs[p] and (
-                    (k == -1 and cost[p] >= SHARED_LIMIT) or
-                    (u > 1 and (u - 1) * <Py_ssize_t>cost[p] >= REPEAT_LIMIT)))):
-            # (the last two not for a node broadcast beyond its inputs, a conv's window
+                (expanded and cost[p] >= RECOMPUTE_LIMIT) or _shared(node, cost[p], inputs[p], k, u)):
+            # (the last not for a node broadcast beyond its inputs, a conv's window
             # view: stored it would be a buffer many times the size of what it reads)
             cut = _stored_slice(p, nodes, consumers, stored, rk)
-            if cut >= 0 and not (_numel(node.shape) <= <Py_ssize_t>inputs[p] and (
-                    (k == -1 and cost[p] >= SHARED_LIMIT) or
-                    (u > 1 and (u - 1) * <Py_ssize_t>cost[p] >= REPEAT_LIMIT))):
+            if cut >= 0 and not _shared(node, cost[p], inputs[p], k, u):
                 # only a slice of p is read (the last step of an LSTM's stacked output):
                 # store that slice, computed from p inlined, not all of p
                 stored[cut] = True
@@ -864,35 +878,7 @@ class _Builder:
         if self.rows is not None and upcast is None:
             return self.build_rows(node, out_def)
         sizes = dict(upcast[1]) if upcast is not None else {}
-        dims = []
-        lanes = []
-        for axis, n in enumerate(node.shape):
-            if n == 1:
-                dims.append(sym.constant(0))
-                continue
-            # an axis merged from parts not neighbouring in memory is indexed part by part
-            # (one INDEX each, outermost first: backends read INDEX ops row-major), lanes
-            # of a register tile along its innermost part
-            parts = (self.out_splits.get(axis) if self.out_splits else None) or [n]
-            J = sizes.get(axis, 0)
-            e = sym.constant(0)
-            stride = n
-            for k, size in enumerate(parts):
-                stride //= size
-                if k == len(parts) - 1 and J:
-                    vb = self.new_var(size // J)
-                    self.var_ssa[vb.id] = self.emit((INDEX, IDX, axis, size // J))
-                    lane = self.new_var(J)
-                    lanes.append((lane, J))
-                    term = sym.add(sym.mul(sym.var(vb), J), sym.var(lane))
-                else:
-                    v = self.new_var(size)
-                    self.var_ssa[v.id] = self.emit((INDEX, IDX, axis, size))
-                    self.out_vars[axis] = v
-                    term = sym.var(v)
-                e = sym.add(e, sym.mul(term, stride))
-            dims.append(e)
-        dims = tuple(dims)
+        dims, lanes = self.output_dims(node.shape, sizes)
         if len(lanes) > 1:
             # the tile's loops nest in the plan's order: its last axis is the innermost
             # (vector) loop even where that axis comes before the rows' in the output
@@ -918,6 +904,59 @@ class _Builder:
         self.close_loops(loops)
         # INDEX ops must lead the kernel (backends open their loops/threads there)
         return _hoist_index(self.ops, self.hoisted), self.args
+
+    def build_outputs(self, dict pos, list outs):
+        """Render several stored elementwise nodes of one shape as one kernel (a
+        multi-output kernel: Adam's parameter, m and v): the same indices, one store
+        each, arguments 0..len(outs)-1 the outputs in `outs` order (topological). A
+        member read by a later one at the same element is not loaded: the render memo
+        hands the later one the value just computed. Returns (ops, args), or None when a
+        member is read at another element (only a separate kernel may read it then)."""
+        self.pos = pos
+        shape = self.nodes[outs[0]].shape
+        defs = [self.arg(q, False) for q in outs]
+        dims, _ = self.output_dims(shape, {})
+        idx = self.index(sym.linearize(dims, shape))
+        for q, d in zip(outs, defs):
+            self.out = q
+            self.emit((STORE, None, d, idx, self.render(q, dims, ())))
+        written = set(defs)
+        if any(op[0] == LOAD and op[2] in written for op in self.ops):
+            return None
+        return _hoist_index(self.ops, self.hoisted), self.args
+
+    def output_dims(self, tuple shape, dict sizes):
+        """Symbolic index of each output axis (INDEX ops emitted), and the register
+        tile's (lane var, size) per axis of `sizes`."""
+        dims = []
+        lanes = []
+        for axis, n in enumerate(shape):
+            if n == 1:
+                dims.append(sym.constant(0))
+                continue
+            # an axis merged from parts not neighbouring in memory is indexed part by part
+            # (one INDEX each, outermost first: backends read INDEX ops row-major), lanes
+            # of a register tile along its innermost part
+            parts = (self.out_splits.get(axis) if self.out_splits else None) or [n]
+            J = sizes.get(axis, 0)
+            e = sym.constant(0)
+            stride = n
+            for k, size in enumerate(parts):
+                stride //= size
+                if k == len(parts) - 1 and J:
+                    vb = self.new_var(size // J)
+                    self.var_ssa[vb.id] = self.emit((INDEX, IDX, axis, size // J))
+                    lane = self.new_var(J)
+                    lanes.append((lane, J))
+                    term = sym.add(sym.mul(sym.var(vb), J), sym.var(lane))
+                else:
+                    v = self.new_var(size)
+                    self.var_ssa[v.id] = self.emit((INDEX, IDX, axis, size))
+                    self.out_vars[axis] = v
+                    term = sym.var(v)
+                e = sym.add(e, sym.mul(term, stride))
+            dims.append(e)
+        return tuple(dims), lanes
 
     def build_rows(self, node, out_def):
         """A row kernel (`_RowKernels`): INDEX over the rows; the row values its expands
@@ -1660,6 +1699,7 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
         if q != t and (nodes[q].op == LEAF or stored[q]):
             aliases[t] = q
     steps = []
+    elementwise = set()   # steps of elementwise kernels (multi-output candidates)
     for p in range(n):
         if not stored[p]:
             continue
@@ -1713,8 +1753,91 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
         positions = [None] * len(args)
         for q, a in b.argpos.items():
             positions[a] = q
+        if (not splits and not out_splits and b.rows is None
+                and not any(op[0] == LOOP for op in k.ops)):
+            elementwise.add(len(steps))
         steps.append(Step(k, positions))
+    if MULTI_OUTPUT and len(elementwise) > 1:
+        steps = _merge_outputs(steps, elementwise, nodes, stored, pos, sum_block, params)
     return steps, stored
+
+
+MULTI_OUTPUT = True      # elementwise kernels of one shape sharing inputs: one kernel
+MULTI_OUTPUT_MAX = 8     # outputs of one multi-output kernel
+MULTI_OUTPUT_OPS = 1024  # IR ops its members' kernels may have together
+
+
+def _numel_of(node):
+    cdef long long n = 1
+    for d in node.shape:
+        n *= d
+    return n
+
+
+def _output_groups(list steps, set elementwise, list nodes):
+    """Step indices of elementwise kernels that can be one multi-output kernel, placed
+    where the last of them runs: same output shape; each shares a full-size input with
+    the group or reads one of its outputs (unrelated kernels gain nothing from sharing a
+    loop); no step in between reads an output of the group (it would run before the
+    merged kernel wrote it). Greedy, in execution order."""
+    groups = []     # [shape, step indices, positions touched at full size, open, ops]
+    member_of = {}  # output position -> its group
+    for si, st in enumerate(steps):
+        reads = st.args[1:] if st.kernel is not None or st.alias else []
+        joined = None
+        if si in elementwise:
+            out = st.args[0]
+            shape = nodes[out].shape
+            n = _numel_of(nodes[out])
+            touched = {a for a in reads if _numel_of(nodes[a]) == n}
+            cost = len(st.kernel.ops)
+            # a group whose output this kernel reads first (then the value needs no
+            # load), else one it shares an input with
+            fits = [g for g in groups if g[3] and g[0] == shape and len(g[1]) < MULTI_OUTPUT_MAX
+                    and g[4] + cost <= MULTI_OUTPUT_OPS and touched & g[2]]
+            for g in fits:
+                if any(member_of.get(a) is g for a in reads):
+                    joined = g
+                    break
+            else:
+                joined = fits[0] if fits else None
+            if joined is None:
+                joined = [shape, [], set(), True, 0]
+                groups.append(joined)
+            joined[1].append(si)
+            joined[2].update(touched)
+            joined[2].add(out)
+            joined[4] += cost
+            member_of[out] = joined
+        for a in reads:
+            g = member_of.get(a)
+            if g is not None and g is not joined:
+                g[3] = False
+    return [g[1] for g in groups if len(g[1]) > 1]
+
+
+def _merge_outputs(list steps, set elementwise, list nodes, list stored, dict pos,
+                   int sum_block, params):
+    """`steps` with each `_output_groups` group rendered as one multi-output kernel
+    (`_Builder.build_outputs`) at its last member's place; a group whose members read
+    one another at other elements stays apart."""
+    replace = {}
+    for members in _output_groups(steps, elementwise, nodes):
+        outs = [steps[si].args[0] for si in members]
+        b = _Builder(nodes, stored, outs[0], sum_block, params)
+        built = b.build_outputs(pos, outs)
+        if built is None:
+            continue
+        ops, args = built
+        positions = [None] * len(args)
+        for q, a in b.argpos.items():
+            positions[a] = q
+        for si in members[:-1]:
+            replace[si] = None
+        replace[members[-1]] = Step(Kernel(ops, args, "k"), positions, nout=len(outs))
+    if not replace:
+        return steps
+    return [replace.get(si, st) for si, st in enumerate(steps) if replace.get(si, st) is not None]
 
 
 def _tuned_layout(tuner, b, base, tuple tiled, int vector_bytes, list nodes, list stored,

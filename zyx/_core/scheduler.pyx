@@ -251,11 +251,12 @@ def layout_memory(plan):
     for si, st in enumerate(steps):
         if st.alias:
             continue
-        out = root.get(st.args[0], st.args[0])
-        if out not in slot:
-            start.setdefault(out, si)
-            end.setdefault(out, si)
-        for a in st.args[1:]:
+        for o in st.args[:st.nout]:
+            out = root.get(o, o)
+            if out not in slot:
+                start.setdefault(out, si)
+                end.setdefault(out, si)
+        for a in st.args[st.nout:]:
             r = root.get(a, a)
             if r not in slot:
                 end[r] = si
@@ -322,7 +323,7 @@ def build_plan(graph, list order, list target_ids, device, int debug=0, dict par
     # last step that reads each temporary (targets are kept)
     last = {}
     for si, st in enumerate(steps):
-        for a in st.args[1:]:
+        for a in st.args[st.nout:]:
             if stored[a]:
                 last[a] = si
     keep = set(targets)
@@ -470,11 +471,14 @@ def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0, ver
                 for p in free_after[si]:
                     free(bufs.pop(p))
                 continue
-            buf, ev = pool.allocate(nbytes[out])
-            bufs[out] = buf
+            for o in st.args[:st.nout]:
+                bufs[o], ev = pool.allocate(nbytes[o])
             if st.program is not None and nbytes[out]:
-                buf.event = device.launch(st.program, pool, [bufs[a] for a in st.args],
-                                          [bufs[a].event for a in st.args[1:] if bufs[a].event is not None])
+                ev = device.launch(st.program, pool, [bufs[a] for a in st.args],
+                                   [bufs[a].event for a in st.args[st.nout:]
+                                    if bufs[a].event is not None])
+                for o in st.args[:st.nout]:
+                    bufs[o].event = ev
                 launched += 1
             for p in free_after[si]:
                 free(bufs.pop(p))
