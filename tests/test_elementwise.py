@@ -827,3 +827,39 @@ def test_c_backend_vectorizes_a_short_last_index_loop_with_the_one_before(on_cpu
         srcs = [dev.render(s.kernel, "k") for s in steps if s.kernel is not None]
         assert any("omp simd collapse(2)" in s for s in srcs) == on, srcs
         np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_c_backend_unrolls_lane_tile_rows_inside_short_reduce_loops(on_cpu, monkeypatch):
+    """A weight gradient over (B, T) whose axes are not neighbours in memory (the input
+    laid out (T, B, D)) reduces in two nested loops of 32 and 64 around its lane tile:
+    the tile's rows loop carries `#pragma GCC unroll` (gcc leaves it rolled there and
+    keeps the accumulators in memory). Over (B, T) contiguous, one 1024-long loop per
+    block, gcc unrolls it itself and the kernel has no pragma. Values as numpy's, with
+    and without (UNROLL_ROWS 0)."""
+    from zyx.backends import c as cb
+    from zyx._core.kernelizer import kernelize
+    rng = np.random.default_rng(5)
+    tbd = rng.standard_normal((64, 32, 128)).astype(np.float32)   # (T, B, D)
+    btd = rng.standard_normal((32, 64, 128)).astype(np.float32)   # (B, T, D)
+    dev = zyx._RT.device()
+
+    def run(a, b):
+        g = zyx._RT.graph
+        out = zyx.einsum("btd,bte->de", a, b)
+        order, _ = g.collect([out._id])
+        steps, _ = kernelize(g, order, [out._id], dev.info().preferred_vector_size)
+        srcs = [dev.render(s.kernel, "k") for s in steps if s.kernel is not None]
+        return any("#pragma GCC unroll" in s for s in srcs), out.numpy()
+
+    want = np.einsum("btd,bte->de", tbd.transpose(1, 0, 2).astype(np.float64), btd)
+    want_contig = np.einsum("btd,bte->de", btd.astype(np.float64), btd)
+    for rows in (16, 0):
+        monkeypatch.setattr(cb, "UNROLL_ROWS", rows)
+        zyx._RT.plans.clear()
+        strided = zyx.tensor(tbd).permute(1, 0, 2)
+        pragma, got = run(strided, zyx.tensor(btd))
+        assert pragma == bool(rows)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+        pragma, got = run(zyx.tensor(btd), zyx.tensor(btd))
+        assert not pragma
+        np.testing.assert_allclose(got, want_contig, rtol=1e-4, atol=1e-3)
