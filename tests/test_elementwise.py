@@ -863,3 +863,89 @@ def test_c_backend_unrolls_lane_tile_rows_inside_short_reduce_loops(on_cpu, monk
         pragma, got = run(zyx.tensor(btd), zyx.tensor(btd))
         assert not pragma
         np.testing.assert_allclose(got, want_contig, rtol=1e-4, atol=1e-3)
+
+
+def _count_calls(source, fn):
+    import re
+    return len(re.findall(rf"\b{fn}\(", source))
+
+
+def test_c_backend_softmax_computes_each_exp_once(on_cpu, monkeypatch):
+    """softmax's row kernel sums exp(x - max) in one loop and stores exp(x - max) / sum in
+    the next: the first loop keeps each exp in a row buffer (backends/rowstash.py) and the
+    second reads it back, so the source calls expf once; with STASH_ROWS off, twice.
+    log_softmax (no exp in its store loop) is left alone. Values as numpy's either way,
+    NaN and inf rows included."""
+    from zyx.backends import c as cb
+    xn = np.random.default_rng(6).standard_normal((33, 257)).astype(np.float32)
+    xn[3, 5] = np.nan
+    xn[4, 7] = np.inf
+    with np.errstate(invalid="ignore"):
+        e = np.exp(xn - xn.max(-1, keepdims=True))
+        want = e / e.sum(-1, keepdims=True)
+    dev = zyx._RT.device()
+    for on in (True, False):
+        monkeypatch.setattr(cb, "STASH_ROWS", on)
+        zyx._RT.plans.clear()
+        x = zyx.tensor(xn)
+        (k,) = _plan_kernels_of(x.softmax(-1))
+        assert _count_calls(dev.render(k, "k"), "expf") == (1 if on else 2)
+        np.testing.assert_allclose(x.softmax(-1).numpy(), want, rtol=1e-6, atol=1e-7)
+        (k,) = _plan_kernels_of(x.log_softmax(-1))
+        src = dev.render(k, "k")
+        assert _count_calls(src, "expf") == 1 and _count_calls(src, "logf") == 1
+
+
+def _plan_kernels_of(t):
+    from zyx._core.kernelizer import kernelize
+    g = zyx._RT.graph
+    order, _ = g.collect([t._id])
+    steps, _ = kernelize(g, order, [t._id], 64)
+    return [s.kernel for s in steps if s.kernel is not None]
+
+
+def test_row_stash_keeps_values_only_between_sibling_loops():
+    """rowstash on hand-written IR: two loops of the same length inside one outer loop
+    share exp(x[i]) (stashed); the same pair where the later loop sits in another outer
+    loop (the buffer would hold the last outer iteration's values) is left alone, and so
+    is a later value that reads something computed between the loops."""
+    from zyx import dtype as dt
+    from zyx._core import kernel as K
+    from zyx.backends.rowstash import stash_row_values
+    f32 = dt.float32
+
+    def kernel(split_parent, between):
+        ops = [(K.DEFINE, f32, K.SCOPE_GLOBAL, 0, False, 8, -1),
+               (K.DEFINE, f32, K.SCOPE_GLOBAL, 1, True, 8, -1),
+               (K.DEFINE, f32, K.SCOPE_REGISTER, 0.0, False, 1, K.R_SUM),   # 2
+               (K.LOOP, K.IDX, 2)]                                          # 3: outer
+        ops += [(K.LOOP, K.IDX, 8),                                         # 4
+                (K.LOAD, f32, 1, 4, -1), (K.UNARY, f32, K.U_EXP, 5),
+                (K.LOAD, f32, 2, -1, -1), (K.BINARY, f32, K.B_ADD, 7, 6),
+                (K.STORE, None, 2, -1, 8), (K.ENDLOOP, None, 4)]            # 10
+        if split_parent:
+            ops += [(K.ENDLOOP, None, 3), (K.LOOP, K.IDX, 2)]
+        b = len(ops)
+        ops += [(K.LOAD, f32, 2, -1, -1)]                                   # the sum
+        s = len(ops)
+        ops += [(K.LOOP, K.IDX, 8), (K.LOAD, f32, 1, s, -1)]
+        x = s + 1
+        if between:
+            ops += [(K.BINARY, f32, K.B_ADD, x, b)]
+            x = len(ops) - 1
+        ops += [(K.UNARY, f32, K.U_EXP, x)]
+        ops += [(K.BINARY, f32, K.B_DIV, len(ops) - 1, b),
+                (K.STORE, None, 0, s, len(ops)), (K.ENDLOOP, None, s),
+                (K.ENDLOOP, None, b - 2 if split_parent else 3)]
+        return K.Kernel(ops, [(f32, 8, False), (f32, 8, True)])
+
+    def exps(k):
+        return sum(1 for op in k.ops if op[0] == K.UNARY and op[2] == K.U_EXP)
+
+    shared = stash_row_values(kernel(False, False))
+    assert exps(shared) == 1
+    scratch = [op for op in shared.ops if op[0] == K.DEFINE and op[2] == K.SCOPE_REGISTER
+               and op[6] == -1]
+    assert len(scratch) == 1 and scratch[0][5] == 8 and scratch[0][3] is None
+    assert exps(stash_row_values(kernel(True, False))) == 2
+    assert exps(stash_row_values(kernel(False, True))) == 2

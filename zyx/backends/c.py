@@ -33,12 +33,14 @@ from ..errors import BackendError
 from . import DeviceInfo, cache_dir, warn
 from .cfamily import CDialect, alu_operands, render_body
 from .host import HostMemoryPool
+from .rowstash import stash_row_values
 
 PARALLEL_MIN_WORK = 1 << 15   # below this many iterations threads cost more than they give
 SIMD_COLLAPSE = True          # elementwise kernels: one simd loop over the last two index
 SHORT_SIMD = 4                # loops when the last is at most this long
 UNROLL_ROWS = 16              # lane tiles: rows loops this short or shorter are unrolled
 UNROLL_INSIDE = 64            # ... when the reduce loop around them is this short or shorter
+STASH_ROWS = True             # row kernels keep a costly value for their next loop (rowstash)
 _SIMD_FUNCS = ("exp", "exp2", "log", "log2", "sin", "cos", "tanh", "erf", "pow")
 
 _PRELUDE = r"""
@@ -556,6 +558,8 @@ class CDevice:
         reduction into a scalar, whose accumulator must be shared) open their own region."""
         dl = self.dialect
         kinds = set()
+        if STASH_ROWS:
+            kernel = stash_row_values(kernel)
         ops = kernel.ops
         has_loops = any(op[0] == K.LOOP for op in ops)
         idx_work = 1
@@ -581,7 +585,8 @@ class CDevice:
                 o = ops[j]
                 if o[0] == K.STORE and ops[o[2]][2] == K.SCOPE_GLOBAL:
                     stores = True
-                elif o[0] == K.LOAD and ops[o[2]][2] == K.SCOPE_REGISTER and o[3] != -1:
+                elif (o[0] == K.LOAD and ops[o[2]][2] == K.SCOPE_REGISTER and o[3] != -1
+                      and ops[o[2]][6] >= 0):
                     tile = True
                 if o[0] == K.LOOP:
                     inner = True
@@ -592,7 +597,9 @@ class CDevice:
                     if depth == 0:
                         break
                     depth -= 1
-                elif o[0] == K.STORE and ops[o[2]][2] == K.SCOPE_REGISTER and o[2] < i:
+                elif (o[0] == K.STORE and ops[o[2]][2] == K.SCOPE_REGISTER and o[2] < i
+                      and ops[o[2]][6] >= 0):
+                    # (a scratch row buffer, reduce op -1, is no accumulator: rowstash.py)
                     # (an accumulator defined inside the loop, a reduce block's, is private
                     # to each iteration already)
                     d = ops[o[2]]

@@ -383,8 +383,9 @@ def render_body(kernel, dl, loop_pragma=None, frame=None):
                     lines.append(f"{ind}{dl.ctype(d)} acc{i} = {literal(dl, d, op[3])};")
                 else:
                     lines.append(f"{ind}{dl.ctype(d)} acc{i}[{op[5]}];")
-                    lines.append(f"{ind}for (int q = 0; q < {op[5]}; q++) acc{i}[q] = "
-                                 f"{literal(dl, d, op[3])};")
+                    if op[3] is not None:   # (None: scratch, written before it is read)
+                        lines.append(f"{ind}for (int q = 0; q < {op[5]}; q++) acc{i}[q] = "
+                                     f"{literal(dl, d, op[3])};")
         elif c == K.INDEX:
             names[i] = f"i{i}"
             r.indices.append((i, op[2], op[3]))
