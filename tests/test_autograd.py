@@ -561,3 +561,45 @@ def test_graph_memory_is_freed_in_a_loop():
         if step >= 2:
             counts.append(len(zyx._RT.graph))
     assert len(set(counts)) == 1, counts
+
+
+@pytest.mark.parametrize("fn", ["softmax", "log_softmax", "logsumexp", "cross_entropy"])
+def test_max_shift_of_softmax_family_has_no_gradient(fn):
+    """softmax, log_softmax, logsumexp and cross_entropy subtract the row maximum for
+    stability; their value does not depend on it, so it is detached: the backward has no
+    max rule (no x == max compare spreading a zero gradient over tied maxima), and the
+    gradient is the analytic one, ties included."""
+    from zyx._core import kernel as K
+    from zyx._core.kernelizer import kernelize
+    import zyx.nn.functional as F
+    xn = np.array([[1.0, 3.0, 3.0, -2.0], [0.5, 0.5, 0.5, 0.5], [2.0, -1.0, 0.0, 2.0]],
+                  np.float32)
+    yn = np.array([1, 2, 0])
+    x = zyx.tensor(xn, requires_grad=True)
+    x64 = xn.astype(np.float64)
+    s = np.exp(x64 - x64.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    w = np.arange(12, dtype=np.float64).reshape(3, 4) / 7
+    if fn == "softmax":
+        out = (x.softmax(-1) * zyx.tensor(w.astype(np.float32))).sum()
+        want = s * (w - (w * s).sum(-1, keepdims=True))
+    elif fn == "log_softmax":
+        out = (x.log_softmax(-1) * zyx.tensor(w.astype(np.float32))).sum()
+        want = w - s * w.sum(-1, keepdims=True)
+    elif fn == "logsumexp":
+        out = x.logsumexp(-1).sum()
+        want = s
+    else:
+        out = F.cross_entropy(x, zyx.tensor(yn))
+        want = (s - np.eye(4)[yn]) / 3
+    out.backward()
+    g = zyx._RT.graph
+    order, _ = g.collect([x.grad._id])
+    steps, _ = kernelize(g, order, [x.grad._id], 64)
+    # x == max compares two computed values (logsumexp's isinf(max) compares with a
+    # constant; cross_entropy's one-hot compares integer class indices)
+    eqs = [op for st in steps if st.kernel is not None for op in st.kernel.ops
+           if op[0] == K.BINARY and op[2] == K.B_EQ and st.kernel.ops[op[3]][1].is_float
+           and st.kernel.ops[op[3]][0] != K.CONST and st.kernel.ops[op[4]][0] != K.CONST]
+    assert not eqs
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-5, atol=1e-6)

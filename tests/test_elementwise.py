@@ -949,3 +949,80 @@ def test_row_stash_keeps_values_only_between_sibling_loops():
     assert len(scratch) == 1 and scratch[0][5] == 8 and scratch[0][3] is None
     assert exps(stash_row_values(kernel(True, False))) == 2
     assert exps(stash_row_values(kernel(False, True))) == 2
+
+
+def test_hoist_moves_loop_invariant_values_out_of_their_loops():
+    """hoist.py on hand-written IR: a read-only load whose index depends on the outer
+    loop only, and its index math, move in front of the inner loop; a load of a written
+    buffer, a register read, and anything inside an IF or a loop that may run zero
+    times stay where they are."""
+    from zyx import dtype as dt
+    from zyx._core import kernel as K
+    from zyx.backends.hoist import hoist_invariants
+    f32, IDX = dt.float32, K.IDX
+
+    def kernel(inner_len, in_if):
+        ops = [(K.DEFINE, f32, K.SCOPE_GLOBAL, 0, False, 32, -1),        # 0 out
+               (K.DEFINE, f32, K.SCOPE_GLOBAL, 1, True, 32, -1),         # 1 in (ro)
+               (K.CONST, IDX, 8),                                        # 2
+               (K.LOOP, IDX, 4),                                         # 3 outer
+               (K.LOOP, IDX, inner_len)]                                 # 4 inner
+        if in_if:
+            ops += [(K.BINARY, dt.bool_, K.B_CMPLT, 4, 2), (K.IF_OP, None, 5)]
+        b = len(ops)
+        ops += [(K.BINARY, IDX, K.B_MUL, 3, 2),                          # b: outer * 8
+                (K.LOAD, f32, 1, b, -1),                                 # b+1: invariant
+                (K.BINARY, IDX, K.B_ADD, b, 4),                          # b+2: varies
+                (K.LOAD, f32, 1, b + 2, -1),
+                (K.LOAD, f32, 0, b, -1),                                 # written buffer
+                (K.BINARY, f32, K.B_ADD, b + 1, b + 3),
+                (K.BINARY, f32, K.B_ADD, b + 5, b + 4),
+                (K.STORE, None, 0, b + 2, b + 6)]
+        if in_if:
+            ops += [(K.END_IF, None)]
+        ops += [(K.ENDLOOP, None, 4), (K.ENDLOOP, None, 3)]
+        return K.Kernel(ops, [(f32, 32, False), (f32, 32, True)])
+
+    def inner_ops(k):
+        start = [i for i, op in enumerate(k.ops) if op[0] == K.LOOP][1]
+        end = max(i for i, op in enumerate(k.ops) if op[0] == K.ENDLOOP and op[2] == start)
+        return k.ops[start + 1:end]
+
+    moved = hoist_invariants(kernel(8, False))
+    inside = inner_ops(moved)
+    ro_loads = [op for op in inside if op[0] == K.LOAD and op[2] == 1]
+    assert len(ro_loads) == 1          # the varying one; the invariant load moved out
+    assert any(op[0] == K.LOAD and op[2] == 0 for op in inside)   # written buffer stays
+    assert len(moved.ops) == len(kernel(8, False).ops)
+    for k in (kernel(0, False), kernel(8, True)):
+        assert hoist_invariants(k) is k
+
+
+def test_softmax_and_layer_norm_gradients_with_hoisting_on_and_off(on_cpu, monkeypatch):
+    """Row kernels' backward (softmax under a causal mask, layer_norm) with the C
+    backend's loop-invariant hoisting on and off: the same gradients, as numpy's."""
+    from zyx.backends import c as cb
+    F = zyx.nn.functional
+    rng = np.random.default_rng(7)
+    xn = rng.standard_normal((6, 16, 16)).astype(np.float32)
+    gn = rng.standard_normal((6, 16, 16)).astype(np.float32)
+    mask = np.triu(np.ones((16, 16), bool), 1)
+    xm = np.where(mask, -np.inf, xn.astype(np.float64))
+    s = np.exp(xm - xm.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    want_sm = s * (gn - (gn * s).sum(-1, keepdims=True))
+    mu = xn.mean(-1, keepdims=True)
+    var = xn.var(-1, keepdims=True)
+    xhat = (xn - mu) / np.sqrt(var + 1e-5)
+    want_ln = (gn - gn.mean(-1, keepdims=True)
+               - xhat * (gn * xhat).mean(-1, keepdims=True)) / np.sqrt(var + 1e-5)
+    for on in (True, False):
+        monkeypatch.setattr(cb, "HOIST_INVARIANTS", on)
+        zyx._RT.plans.clear()
+        x = zyx.tensor(xn, requires_grad=True)
+        m = zyx.tensor(mask)
+        (x.masked_fill(m, float("-inf")).softmax(-1) * zyx.tensor(gn)).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), want_sm, rtol=1e-4, atol=1e-5)
+        x = zyx.tensor(xn, requires_grad=True)
+        (F.layer_norm(x, (16,)) * zyx.tensor(gn)).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), want_ln, rtol=1e-4, atol=1e-4)

@@ -1509,7 +1509,9 @@ def _all(self, axis=None, keepdim=False, dim=None):
 def _logsumexp(self, axis=None, keepdim=False, dim=None):
     axis = _axis_kw(axis, dim)
     x = self._float_input()
-    m = x._reduce(K.R_MAX, axis, True)
+    # (the shift is detached, here and in softmax/log_softmax: the result does not depend
+    # on it, so its gradient is zero and autograd need not spread one over the maxima)
+    m = x._reduce(K.R_MAX, axis, True).detach()
     m = where(m.isinf(), 0.0, m)   # all -inf rows stay -inf instead of becoming nan
     s = (x - m).exp()._reduce(K.R_SUM, axis, True).log() + m
     if keepdim:
@@ -1521,7 +1523,7 @@ def _logsumexp(self, axis=None, keepdim=False, dim=None):
 def _softmax(self, axis=-1, dim=None, dtype=None):
     axis = _axis_kw(axis if dim is None else None, dim)
     x = self._float_input() if dtype is None else self.cast(dtype)
-    m = x._reduce(K.R_MAX, axis, True)
+    m = x._reduce(K.R_MAX, axis, True).detach()
     e = (x - m).exp()
     # one reciprocal per row (hoisted out of the inner loop) instead of a divide per element
     return e * e._reduce(K.R_SUM, axis, True).reciprocal()
@@ -1530,7 +1532,7 @@ def _softmax(self, axis=-1, dim=None, dtype=None):
 def _log_softmax(self, axis=-1, dim=None, dtype=None):
     axis = _axis_kw(axis if dim is None else None, dim)
     x = self._float_input() if dtype is None else self.cast(dtype)
-    m = x._reduce(K.R_MAX, axis, True)
+    m = x._reduce(K.R_MAX, axis, True).detach()
     s = x - m
     return s - s.exp()._reduce(K.R_SUM, axis, True).log()
 

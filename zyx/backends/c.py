@@ -33,6 +33,7 @@ from ..errors import BackendError
 from . import DeviceInfo, cache_dir, warn
 from .cfamily import CDialect, alu_operands, render_body
 from .host import HostMemoryPool
+from .hoist import hoist_invariants
 from .rowstash import stash_row_values
 
 PARALLEL_MIN_WORK = 1 << 15   # below this many iterations threads cost more than they give
@@ -41,6 +42,7 @@ SHORT_SIMD = 4                # loops when the last is at most this long
 UNROLL_ROWS = 16              # lane tiles: rows loops this short or shorter are unrolled
 UNROLL_INSIDE = 64            # ... when the reduce loop around them is this short or shorter
 STASH_ROWS = True             # row kernels keep a costly value for their next loop (rowstash)
+HOIST_INVARIANTS = True       # loop-invariant values computed before their loops (hoist.py)
 _SIMD_FUNCS = ("exp", "exp2", "log", "log2", "sin", "cos", "tanh", "erf", "pow")
 
 _PRELUDE = r"""
@@ -560,6 +562,8 @@ class CDevice:
         kinds = set()
         if STASH_ROWS:
             kernel = stash_row_values(kernel)
+        if HOIST_INVARIANTS:   # (after the stash, which compares the loops as written)
+            kernel = hoist_invariants(kernel)
         ops = kernel.ops
         has_loops = any(op[0] == K.LOOP for op in ops)
         idx_work = 1

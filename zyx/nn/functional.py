@@ -1416,7 +1416,9 @@ def _cross_entropy_2d(x, y, ignore_index):
     (n, c), d = xs, x.dtype
     mk = x._make
     nc, n1 = (n, c), (n, 1)
-    m = mk(_G.REDUCE, (K.R_MAX, (1,)), (x,), n1, d)
+    # the shift is detached (its gradient is zero: see tensor._logsumexp)
+    xd = x.detach()
+    m = xd._make(_G.REDUCE, (K.R_MAX, (1,)), (xd,), n1, d)
     z = x - mk(_G.EXPAND, nc, (m,), nc, d)
     lse = mk(_G.REDUCE, (K.R_SUM, (1,)), (z.exp(),), n1, d).log()
     logp = z - mk(_G.EXPAND, nc, (lse,), nc, d)
