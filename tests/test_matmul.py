@@ -140,3 +140,27 @@ def test_short_contiguous_reductions_in_register_tiles(k):
     got = zyx.einsum("bine,bjne->bij", zyx.tensor(a3), zyx.tensor(b3)).numpy()
     ref = np.einsum("bine,bjne->bij", a3.astype(np.float64), b3.astype(np.float64))
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("n, rows", [(1024, 8), (768, 16)])
+def test_lane_tile_rows_that_share_cache_sets_are_capped(n, rows):
+    """A row-major n x n matmul's "lanes" tile broadcasts one value from each of its rows
+    per step; rows 1024 floats apart (4 KB) all map to the same L1 sets, and 16 of them
+    overflow the sets' ways (1024: 20 -> 10.6 ms with 8 rows on this machine's 12-way
+    L1). Such tiles take ALIASED_ROWS (8) rows, others 16 (on 64-byte vectors). The
+    product matches numpy."""
+    from zyx._core import kernel as K
+    from zyx._core.kernelizer import kernelize
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((n, n)).astype(np.float32)
+    b = rng.standard_normal((n, n)).astype(np.float32)
+    out = zyx.tensor(a) @ zyx.tensor(b)
+    g = zyx._RT.graph
+    order, _ = g.collect([out._id])
+    (step,) = [s for s in kernelize(g, order, [out._id], 64)[0] if s.kernel is not None]
+    ops = step.kernel.ops
+    loops = [i for i, op in enumerate(ops) if op[0] == K.LOOP]
+    # the rows loop directly holds the 16-lane loop
+    lane = [i for i in loops if ops[i][2] == 16][-1]
+    assert ops[loops[loops.index(lane) - 1]][2] == rows
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-3, atol=1e-3)

@@ -1327,6 +1327,11 @@ def choose_upcast(b, tuple shape, int vector_bytes=64, bint windows=True):
     if J == 16 and len(axes) >= 2:
         rows = 16 if vector_bytes >= 64 else (8 if vector_bytes >= 32 else 4)
         row_axis = _lane_rows_axis(b, shape, axes, out_var, rows)
+        st = _row_step(b, row_axis, out_var)
+        if st and st % SET_STRIDE == 0:
+            # every row's broadcast load in the same L1 sets (a 1024-wide row-major
+            # matmul's left operand, 4 KB apart): no more rows than the sets have ways
+            rows = min(rows, ALIASED_ROWS)
         while rows > 4 and shape[row_axis] % rows:
             rows //= 2
         if shape[row_axis] % rows == 0:
@@ -1340,8 +1345,25 @@ def choose_upcast(b, tuple shape, int vector_bytes=64, bint windows=True):
     return (r, plan, "lanes")
 
 
+ALIASED_ROWS = 8      # "lanes" rows whose loads share L1 sets (at most the sets' ways)
 SET_STRIDE = 1024     # elements (4 KB of float32): rows this far apart share L1 sets
 MERGE_REDUCES = True  # one loop over reduced axes that are neighbours in memory
+
+
+def _row_step(b, Py_ssize_t a, out_var):
+    """The largest step through memory, along output axis `a`, of the loads that
+    broadcast along the lanes (`out_var`); None when a load's step is not constant."""
+    v = b.out_vars.get(a)
+    if v is None:
+        return None
+    worst = 0
+    for s in b.load_log:
+        cj, cr = _coef(s, out_var), _coef(s, v)
+        if cr is None:
+            return None
+        if cj == 0 and cr:
+            worst = max(worst, abs(cr))
+    return worst
 
 
 def _lane_rows_axis(b, tuple shape, list axes, out_var, int rows):
@@ -1352,17 +1374,7 @@ def _lane_rows_axis(b, tuple shape, list axes, out_var, int rows):
     last), and another axis that `rows` divides, whose broadcast loads step less, is
     taken."""
     def step(a):
-        v = b.out_vars.get(a)
-        if v is None:
-            return None
-        worst = 0
-        for s in b.load_log:
-            cj, cr = _coef(s, out_var), _coef(s, v)
-            if cr is None:
-                return None
-            if cj == 0 and cr:
-                worst = max(worst, abs(cr))
-        return worst
+        return _row_step(b, a, out_var)
     first = axes[-2]
     st = step(first)
     if st is None or st == 0 or st % SET_STRIDE:
