@@ -863,6 +863,19 @@ def test_c_backend_unrolls_lane_tile_rows_inside_short_reduce_loops(on_cpu, monk
         pragma, got = run(zyx.tensor(btd), zyx.tensor(btd))
         assert not pragma
         np.testing.assert_allclose(got, want_contig, rtol=1e-4, atol=1e-3)
+    # a 4x4 tile's reduce loop around its per-lane partial sums (x @ W.T over 48: 6
+    # passes of 8 lanes) is no rows loop: unrolled it only made the compile slower
+    monkeypatch.setattr(cb, "UNROLL_ROWS", 16)
+    xn = rng.standard_normal((64, 48)).astype(np.float32)
+    wn = rng.standard_normal((64, 48)).astype(np.float32)
+    out = zyx.nn.functional.linear(zyx.tensor(xn), zyx.tensor(wn))
+    g = zyx._RT.graph
+    order, _ = g.collect([out._id])
+    steps, _ = kernelize(g, order, [out._id], dev.info().preferred_vector_size)
+    (k,) = [st.kernel for st in steps if st.kernel is not None]
+    src = dev.render(k, "k")
+    assert "omp simd" in src and "#pragma GCC unroll" not in src
+    np.testing.assert_allclose(out.numpy(), xn @ wn.T, rtol=1e-4, atol=1e-4)
 
 
 def _count_calls(source, fn):

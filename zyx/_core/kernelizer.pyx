@@ -13,7 +13,8 @@ Rules (one pass in reverse topological order decides what is stored to memory):
     several kernels (or several indices of one) would each recompute, and the end of every
     long inlined chain (decide_stored).
 Each stored node becomes one kernel: global indices over its output, a loop per reduced
-axis, loads with guards for padding, one store.
+axis, loads with guards for padding, one store. Afterwards, elementwise kernels of one
+shape that share inputs become one kernel with several stores (_merge_outputs).
 """
 from . import symbolic as sym
 from .graph import (LEAF, CONST, CAST, UNARY, BINARY, WHERE, REDUCE, RESHAPE, PERMUTE, EXPAND,
@@ -1491,8 +1492,9 @@ def _choose_window_lanes(b, tuple shape, list axes, Py_ssize_t axis, J, int vect
     return (r, [(best, rows), (axis, J)], "lanes")
 
 
-REDUCE_LANES_BELOW = 256  # 4x4 tiles: innermost reduce loops shorter keep J partial sums
-                          # (a transformer's x @ W1.T over 128: 153 -> 172 GFLOP/s)
+REDUCE_LANES_BELOW = 64   # 4x4 tiles: innermost reduce loops shorter keep J partial sums
+                          # (256: a transformer's x @ W1.T over 128 ran 153 -> 172 GFLOP/s,
+                          # the step 1.6%, but its first step compiled 0.1-0.2 s longer)
 UNROLL_MIN_REDUCE = 32    # shortest reduction given the 4x4 tile (attention's q.k over a
                           # head of 32: two layers 2.7 -> 1.2 ms with 8 reduce lanes)
 

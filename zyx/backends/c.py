@@ -585,6 +585,7 @@ class CDevice:
             tile = False     # reads per-lane accumulators (a lane tile's epilogue)
             nested = 0       # loops inside this one
             lane_len, lane_item = 0, 0   # the loop inside: its length, its lanes' bytes
+            tile_len = 0     # longest per-lane accumulator array (rows x lanes of a tile)
             while True:
                 o = ops[j]
                 if o[0] == K.STORE and ops[o[2]][2] == K.SCOPE_GLOBAL:
@@ -615,6 +616,7 @@ class CDevice:
                     else:           # one accumulator per lane: plain SIMD loop
                         lanes = True
                         lane_item = max(lane_item, d[1].itemsize)
+                        tile_len = max(tile_len, d[5])
                         arrays.setdefault(op_name, {})[f"acc{o[2]}[:{d[5]}]"] = None
                 j += 1
             red = " ".join(f"reduction({r}:{','.join(a)})" for r, a in accs.items())
@@ -624,7 +626,10 @@ class CDevice:
                         and not any(r.startswith("zyx_nan") for r in arrays))
             if (UNROLL_ROWS and not parallel and nested == 1 and lanes
                     and ops[i][2] <= UNROLL_ROWS and lane_len * lane_item <= vector_bytes
+                    and tile_len >= ops[i][2] * lane_len
                     and _enclosing_loop_length(ops, i) <= UNROLL_INSIDE):
+                # (tile_len: the loop is a tile's rows, each with its accumulators, not
+                # a reduce loop around one set of per-lane partial sums)
                 # The rows of a lane tile around its one-vector loop, inside a short
                 # reduce loop: gcc leaves such a rows loop rolled, and every multiply-add
                 # then loads and stores its accumulator (a transformer's weight gradient

@@ -1,15 +1,18 @@
-"""Loop-invariant values moved out of their loops (a kernel IR -> kernel IR rewrite the C
+"""Loop-invariant loads moved out of their loops (a kernel IR -> kernel IR rewrite the C
 backend applies before rendering).
 
-A value a loop computes the same way on every pass (a load of a row's stored maximum
-inside the loop over the row, and the index math leading to it) is computed once, before
-the outermost loop it does not depend on. gcc hoists such values itself, but a load left
-inside a `#pragma omp simd` loop next to masked selects made it give up vectorizing the
-loop ("control flow in loop": a softmax backward's store loop, 2.9 vs 0.32 ms).
+A load a loop makes the same way on every pass (a row's stored maximum read inside the
+loop over the row), with the index math leading to it, is made once, before the
+outermost loop it does not depend on. gcc hoists such loads itself, but one left inside
+a `#pragma omp simd` loop next to masked selects made it give up vectorizing the loop
+("control flow in loop": a softmax backward's store loop, 2.9 vs 0.32 ms; layer_norm's
+backward kernels 3x).
 
-Only pure values move: constants, arithmetic, and loads of read-only buffers (whose
-guard, if any, moves with them). Nothing moves out of an IF block or out of a loop that
-may run zero times, so nothing is evaluated that the kernel would not have evaluated.
+Only loads of read-only buffers move (their guard and index with them); arithmetic on
+its own stays, gcc hoists it (moved out of a register tile's epilogue loops it made gcc
+5x slower to compile that kernel), and so does everything in a register tile's vector
+loop. Nothing moves out of an IF block or out of a loop that may run zero times, so
+nothing is evaluated that the kernel would not have evaluated.
 """
 from __future__ import annotations
 
@@ -20,10 +23,12 @@ _PURE = frozenset((K.CONST, K.CAST, K.UNARY, K.BINARY, K.WHERE, K.MAD))
 
 
 def hoist_invariants(kernel):
-    """`kernel` with every loop-invariant pure value placed before the outermost loop it
-    does not depend on; the kernel itself when nothing moves."""
+    """`kernel` with every loop-invariant read-only load (and the index math it needs)
+    placed before the outermost loop it does not depend on; the kernel itself when
+    nothing moves."""
     ops = kernel.ops
     n = len(ops)
+    lanes = _lane_loops(ops)
     chain = [()] * n      # the LOOPs around each op, outermost first
     home = [()] * n       # the LOOPs each op's value depends on (a prefix of its chain)
     stack, ifs = [], 0
@@ -35,7 +40,7 @@ def hoist_invariants(kernel):
         elif c == K.END_IF:
             ifs -= 1
         chain[i] = tuple(stack)
-        if _pure(ops, op) and not ifs and stack:
+        if _pure(ops, op) and not ifs and stack and stack[-1] not in lanes:
             h = ()
             for p in REFS[c]:
                 j = op[p]
@@ -57,6 +62,17 @@ def hoist_invariants(kernel):
             stack.append(i)
         elif c == K.IF_OP:
             ifs += 1
+    # only loads move, with the index math they need: arithmetic alone gcc hoists itself,
+    # and moved out of a register tile's epilogue loops it made gcc 5x slower to compile
+    keep = set()
+    for i in sorted(moved, reverse=True):
+        if ops[i][0] == K.LOAD or i in keep:
+            keep.add(i)
+            for p in REFS[ops[i][0]]:
+                j = ops[i][p]
+                if j in moved:
+                    keep.add(j)
+    moved = {i: loop for i, loop in moved.items() if i in keep}
     if not moved:
         return kernel
     front = {}
@@ -81,6 +97,25 @@ def hoist_invariants(kernel):
             op = tuple(op)
         out.append(op)
     return K.Kernel(out, kernel.args, kernel.name)
+
+
+def _lane_loops(ops):
+    """LOOPs directly holding a store to a per-lane accumulator array: a register tile's
+    vector loop. What they read stays in them: gcc multiplies by a broadcast straight
+    from memory there, and a load moved out in front of the tile's unrolled rows loop
+    made it compile a small MLP's step 5x longer (0.4 s for one kernel)."""
+    out, stack = set(), []
+    for i, op in enumerate(ops):
+        c = op[0]
+        if c == K.LOOP:
+            stack.append(i)
+        elif c == K.ENDLOOP:
+            stack.pop()
+        elif c == K.STORE and stack:
+            d = ops[op[2]]
+            if d[2] == K.SCOPE_REGISTER and d[5] > 1 and d[6] >= 0:
+                out.add(stack[-1])
+    return out
 
 
 def _pure(ops, op):
