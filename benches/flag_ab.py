@@ -50,12 +50,8 @@ def transformer():
 
 
 def convnet():
-    import bench_conv as bc
-    zyx.manual_seed(0)
-    model = bc._convnet(nn)
-    xn, yn = bc._mnist_batch()
-    return _item_step(model, zyx.optim.Adam(model.parameters(), 1e-3),
-                      zyx.tensor(xn).realize(), zyx.tensor(yn).realize())
+    import bench_tuning      # (its MNIST convnet step, the one bench_conv times)
+    return bench_tuning._setup()
 
 
 def mlp():

@@ -136,12 +136,11 @@ def _shapes(draw):
     return tuple(draw(st.integers(1, 4)) for _ in range(nd))
 
 
-@SETTINGS
-@given(data=st.data(), shape=_shapes(), steps=st.integers(1, 7),
-       dtype=st.sampled_from(["float64", "float32"]))
-def test_random_expression_graphs(data, shape, steps, dtype):
+def random_graph(data, shape, steps, np_dt=np.float32):
+    """(pool, trace): two random inputs of `shape` and `shape[1:]`, then `steps` random ops
+    (`_step`) on what the pool holds; pool entries are (zyx tensor, float64 numpy value),
+    trace the ops' names and shapes. Each result's shape is checked against numpy's."""
     rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
-    np_dt = np.float64 if dtype == "float64" else np.float32
     a0 = rng.uniform(-2, 2, size=shape).astype(np_dt)
     b0 = rng.uniform(-2, 2, size=shape[1:]).astype(np_dt)
     pool = [(zyx.Tensor(a0), a0.astype(np.float64)), (zyx.Tensor(b0), b0.astype(np.float64))]
@@ -151,6 +150,15 @@ def test_random_expression_graphs(data, shape, steps, dtype):
         trace.append(f"{name} -> {a.shape}")
         assert x.shape == a.shape, " | ".join(trace)
         pool.append((x, np.asarray(a, dtype=np.float64)))
+    return pool, trace
+
+
+@SETTINGS
+@given(data=st.data(), shape=_shapes(), steps=st.integers(1, 7),
+       dtype=st.sampled_from(["float64", "float32"]))
+def test_random_expression_graphs(data, shape, steps, dtype):
+    np_dt = np.float64 if dtype == "float64" else np.float32
+    pool, trace = random_graph(data, shape, steps, np_dt)
     scale = max([1.0] + [float(np.abs(p[1]).max()) for p in pool if p[1].size])
     rtol, atol = (1e-9, 1e-9 * scale) if dtype == "float64" else (2e-4, 2e-4 * scale)
     # check the last result, and one earlier intermediate (a second realization that reads

@@ -122,7 +122,7 @@ def test_adam_updates_parameter_and_moments_in_one_kernel(fresh, monkeypatch):
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, strategies as st  # noqa: E402
 
-from test_hypothesis import SETTINGS, _step  # noqa: E402
+from test_hypothesis import SETTINGS, random_graph  # noqa: E402
 
 
 @SETTINGS
@@ -131,15 +131,7 @@ from test_hypothesis import SETTINGS, _step  # noqa: E402
 def test_random_graphs_realized_together(data, shape, steps):
     """The hypothesis graphs of test_hypothesis, every intermediate realized in one plan
     (many stored results of one shape, reading one another through any movement)."""
-    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
-    a0 = rng.uniform(-2, 2, size=shape).astype(np.float32)
-    b0 = rng.uniform(-2, 2, size=shape[1:]).astype(np.float32)
-    pool = [(zyx.Tensor(a0), a0.astype(np.float64)), (zyx.Tensor(b0), b0.astype(np.float64))]
-    trace = []
-    for _ in range(steps):
-        x, a, name = _step(data, pool)
-        trace.append(f"{name} -> {a.shape}")
-        pool.append((x, np.asarray(a, dtype=np.float64)))
+    pool, trace = random_graph(data, shape, steps)
     made = pool[2:]
     RT.realize([x._id for x, _ in made])
     scale = max([1.0] + [float(np.abs(p[1]).max()) for p in pool if p[1].size])

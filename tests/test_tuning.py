@@ -17,7 +17,7 @@ from zyx import tuning
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from test_hypothesis import SETTINGS, _step  # noqa: E402
+from test_hypothesis import SETTINGS, random_graph  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("device")
 SETTINGS_FEW = settings(SETTINGS, max_examples=25)   # each example plans (and compiles) anew
@@ -134,16 +134,8 @@ def test_every_layout_matches_the_heuristic(force):
 def test_random_graphs_with_any_schedule(force, data, shape, steps, k):
     """The hypothesis graphs of test_hypothesis (shapes whose axes the tiles divide) with
     candidate k of every kernel, against numpy."""
-    rng = np.random.default_rng(data.draw(st.integers(0, 2 ** 16)))
-    a0 = rng.uniform(-2, 2, size=shape).astype(np.float32)
-    b0 = rng.uniform(-2, 2, size=shape[1:]).astype(np.float32)
     force(k)
-    pool = [(zyx.Tensor(a0), a0.astype(np.float64)), (zyx.Tensor(b0), b0.astype(np.float64))]
-    trace = []
-    for _ in range(steps):
-        x, a, name = _step(data, pool)
-        trace.append(f"{name} -> {a.shape}")
-        pool.append((x, np.asarray(a, dtype=np.float64)))
+    pool, trace = random_graph(data, shape, steps)
     x, a = pool[-1]
     scale = max([1.0] + [float(np.abs(p[1]).max()) for p in pool if p[1].size])
     np.testing.assert_allclose(x.numpy(), a, rtol=2e-4, atol=2e-4 * scale,

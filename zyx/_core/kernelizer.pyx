@@ -19,7 +19,7 @@ shape that share inputs become one kernel with several stores (_merge_outputs).
 from . import symbolic as sym
 from .graph import (LEAF, CONST, CAST, UNARY, BINARY, WHERE, REDUCE, RESHAPE, PERMUTE, EXPAND,
                     PAD, FLIP)
-from .passes import REFS
+from .passes import reorder
 from .kernel import (Kernel, IDX, CONST as K_CONST, DEFINE, INDEX, LOOP, ENDLOOP, LOAD, STORE,
                      CAST as K_CAST, UNARY as K_UNARY, BINARY as K_BINARY, WHERE as K_WHERE,
                      SCOPE_GLOBAL, SCOPE_REGISTER, B_ADD, B_MUL, B_DIV, B_MOD, B_CMPLT, B_CMPGT,
@@ -1603,20 +1603,7 @@ def _hoist_index(list ops, hoisted=()):
     first = [i for i, op in enumerate(ops) if op[0] == INDEX or op[0] == DEFINE and op[2] == SCOPE_GLOBAL]
     up = [i for i in range(len(ops)) if i in hoisted]
     rest = [i for i, op in enumerate(ops) if not (op[0] == INDEX or op[0] == DEFINE and op[2] == SCOPE_GLOBAL or i in hoisted)]
-    order = first + up + rest
-    new = {old: i for i, old in enumerate(order)}
-    out = []
-    for old in order:
-        op = ops[old]
-        refs = REFS[op[0]]
-        if refs:
-            op = list(op)
-            for p in refs:
-                if op[p] >= 0:
-                    op[p] = new[op[p]]
-            op = tuple(op)
-        out.append(op)
-    return out
+    return reorder(ops, first + up + rest)
 
 
 def _is_identity_copy(list ops):

@@ -182,12 +182,16 @@ def dead_code(list ops):
                 if op[p] >= 0:
                     live[op[p]] = True
     # a register Define whose only users are dead is still kept: it is a side effect
-    cdef dict new = {}
+    return reorder(ops, [i for i in range(n) if live[i]])
+
+
+def reorder(list ops, list order):
+    """The ops at the positions `order` (each op after those it references), in that
+    order, with their references renumbered: how rewrites drop or move ops."""
+    cdef dict new = {old: i for i, old in enumerate(order)}
     cdef list out = []
-    for i in range(n):
-        if not live[i]:
-            continue
-        op = ops[i]
+    for old in order:
+        op = ops[old]
         refs = REFS[op[0]]
         if refs:
             op = list(op)
@@ -195,7 +199,6 @@ def dead_code(list ops):
                 if op[p] >= 0:
                     op[p] = new[op[p]]
             op = tuple(op)
-        new[i] = len(out)
         out.append(op)
     return out
 

@@ -17,7 +17,7 @@ nothing is evaluated that the kernel would not have evaluated.
 from __future__ import annotations
 
 from .._core import kernel as K
-from .._core.passes import REFS
+from .._core.passes import REFS, reorder
 
 _PURE = frozenset((K.CONST, K.CAST, K.UNARY, K.BINARY, K.WHERE, K.MAD))
 
@@ -84,19 +84,7 @@ def hoist_invariants(kernel):
             continue
         order.extend(sorted(front.get(i, ())))
         order.append(i)
-    new = {old: k for k, old in enumerate(order)}
-    out = []
-    for old in order:
-        op = ops[old]
-        refs = REFS[op[0]]
-        if refs:
-            op = list(op)
-            for p in refs:
-                if op[p] >= 0:
-                    op[p] = new[op[p]]
-            op = tuple(op)
-        out.append(op)
-    return K.Kernel(out, kernel.args, kernel.name)
+    return K.Kernel(reorder(ops, order), kernel.args, kernel.name)
 
 
 def _lane_loops(ops):
