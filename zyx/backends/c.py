@@ -42,7 +42,7 @@ SHORT_SIMD = 4                # loops when the last is at most this long
 UNROLL_ROWS = 16              # lane tiles: rows loops this short or shorter are unrolled
 UNROLL_INSIDE = 64            # ... when the reduce loop around them is this short or shorter
 STASH_ROWS = True             # row kernels keep a costly value for their next loop (rowstash)
-HOIST_INVARIANTS = True       # loop-invariant values computed before their loops (hoist.py)
+HOIST_INVARIANTS = True       # loop-invariant loads made before their loops (hoist.py)
 _SIMD_FUNCS = ("exp", "exp2", "log", "log2", "sin", "cos", "tanh", "erf", "pow")
 
 _PRELUDE = r"""
@@ -628,8 +628,6 @@ class CDevice:
                     and ops[i][2] <= UNROLL_ROWS and lane_len * lane_item <= vector_bytes
                     and tile_len >= ops[i][2] * lane_len
                     and _enclosing_loop_length(ops, i) <= UNROLL_INSIDE):
-                # (tile_len: the loop is a tile's rows, each with its accumulators, not
-                # a reduce loop around one set of per-lane partial sums)
                 # The rows of a lane tile around its one-vector loop, inside a short
                 # reduce loop: gcc leaves such a rows loop rolled, and every multiply-add
                 # then loads and stores its accumulator (a transformer's weight gradient
@@ -637,7 +635,10 @@ class CDevice:
                 # vector registers). Inside a long loop gcc unrolls it itself, with one
                 # address register where the pragma gives one per row (a 4096-long weight
                 # gradient: 2.4 vs 2.7 ms); rows of two vectors it keeps in registers
-                # itself (forced, a conv's channel tile ran 25% slower).
+                # itself (forced, a conv's channel tile ran 25% slower). tile_len: the
+                # loop is a tile's rows, each with accumulators of its own, not a reduce
+                # loop around one set of per-lane partial sums (unrolled, those only
+                # compiled slower).
                 return f"#pragma GCC unroll {ops[i][2]}"
             if not omp:
                 return ""
