@@ -1841,7 +1841,12 @@ def _merge_outputs(list steps, set elementwise, list nodes, list stored, dict po
         replace[members[-1]] = Step(Kernel(ops, args, "k"), positions, nout=len(outs))
     if not replace:
         return steps
-    return [replace.get(si, st) for si, st in enumerate(steps) if replace.get(si, st) is not None]
+    out = []
+    for si, st in enumerate(steps):
+        st = replace.get(si, st)      # (None: merged into a later step)
+        if st is not None:
+            out.append(st)
+    return out
 
 
 def _tuned_layout(tuner, b, base, tuple tiled, int vector_bytes, list nodes, list stored,

@@ -29,8 +29,7 @@ def hoist_invariants(kernel):
     ops = kernel.ops
     n = len(ops)
     lanes = _lane_loops(ops)
-    chain = [()] * n      # the LOOPs around each op, outermost first
-    home = [()] * n       # the LOOPs each op's value depends on (a prefix of its chain)
+    home = [()] * n       # the LOOPs each op's value depends on (a prefix of those around it)
     stack, ifs = [], 0
     moved = {}            # op -> the LOOP it is placed in front of
     for i, op in enumerate(ops):
@@ -39,7 +38,6 @@ def hoist_invariants(kernel):
             stack.pop()
         elif c == K.END_IF:
             ifs -= 1
-        chain[i] = tuple(stack)
         if _pure(ops, op) and not ifs and stack and stack[-1] not in lanes:
             h = ()
             for p in REFS[c]:
@@ -55,9 +53,9 @@ def hoist_invariants(kernel):
                 if all(ops[lp][2] > 0 for lp in stack[len(h):]):
                     moved[i] = outer
                 else:
-                    home[i] = chain[i]
+                    home[i] = tuple(stack)
         else:
-            home[i] = chain[i]
+            home[i] = tuple(stack)
         if c == K.LOOP:
             stack.append(i)
         elif c == K.IF_OP:

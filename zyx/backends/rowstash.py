@@ -93,27 +93,29 @@ def stash_row_values(kernel):
     loops = _loops(ops)
     if len(loops) < 2:
         return kernel
+    keys = {s: _keys(ops, s, e) for s, e, _ in loops}
     plan = []          # (earlier op, later op, earlier loop, later loop)
     taken = set()
-    for a, (s1, e1, d1) in enumerate(loops):
-        for s2, e2, d2 in loops[a + 1:]:
-            if d2 != d1 or s2 < e1 or ops[s2][2] != ops[s1][2]:
+    for a, (s1, e1, parent1) in enumerate(loops):
+        first = None
+        for s2, e2, parent2 in loops[a + 1:]:
+            if parent2 != parent1 or s2 < e1 or ops[s2][2] != ops[s1][2]:
                 # (siblings only: one loop's values, kept, are the other's in the same
                 # iteration of whatever loop holds both)
                 continue
-            first = {}
-            for i, key in _keys(ops, s1, e1).items():
-                if key is not None:
-                    first.setdefault(key, i)
-            later = _keys(ops, s2, e2)
+            if first is None:
+                first = {}
+                for i, key in keys[s1].items():
+                    if key is not None:
+                        first.setdefault(key, i)
+            later = keys[s2]
             matched = {j for j, key in later.items() if key is not None and key in first}
             memo = {}
             for j in sorted(matched):
+                # (a costly value is an ALU op: _costly is False for loads)
                 if j in taken or not _costly(ops, j, s2, memo):
                     continue
                 op = ops[j]
-                if op[0] not in _ALU:
-                    continue
                 users = [u for u in range(j + 1, e2)
                          if any(ops[u][p] == j for p in REFS[ops[u][0]])]
                 if any(u in matched and _costly(ops, u, s2, memo) for u in users):
