@@ -243,3 +243,78 @@ def test_autograd_suite_with_every_backward_replayed():
                        env=env, capture_output=True, text=True, cwd=os.path.dirname(here))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert " passed" in r.stdout
+
+
+# -- forward templates (replay.ForwardTemplates): composite forwards replayed ---------------
+def test_forward_template_replays_the_traced_nodes():
+    """A second call with the same key adds the very nodes the first one traced, on the
+    new inputs: the same structure, values computed from the new inputs."""
+    cache = replay.ForwardTemplates(4)
+    calls = []
+
+    def build(a, b):
+        calls.append(1)
+        return [(a.reshape((3, 2)).permute((1, 0)) * b).sum(1), a + 1]
+
+    def run(a, b):
+        return cache.run(RT.graph, ("t",), [a, b], build, zyx.Tensor._wrap)
+    rng = np.random.default_rng(0)
+    first = [rng.standard_normal(6).astype(np.float32) for _ in range(2)]
+    second = [rng.standard_normal(6).astype(np.float32) for _ in range(2)]
+    r1 = run(zyx.Tensor(first[0]), zyx.Tensor(first[1].reshape(2, 3)))
+    r2 = run(zyx.Tensor(second[0]), zyx.Tensor(second[1].reshape(2, 3)))
+    assert len(calls) == 1 and cache.replayable() == 1
+    s1, s2 = (RT.graph.collect([t._id for t in r])[1] for r in (r1, r2))
+    assert s1 == s2                    # the same structural key: the same plan
+    a, b = second[0], second[1].reshape(2, 3)
+    np.testing.assert_allclose(r2[0].numpy(), (a.reshape(3, 2).T * b).sum(1), rtol=1e-6)
+    np.testing.assert_allclose(r2[1].numpy(), a + 1, rtol=1e-6)
+    # one tensor passed twice is another key (which inputs share a node is part of it)
+    x, y = zyx.Tensor(first[0]), zyx.Tensor(second[0])
+
+    def product(a, b):
+        return cache.run(RT.graph, ("p",), [a, b], lambda a, b: [a * b], zyx.Tensor._wrap)[0]
+    np.testing.assert_allclose(product(x, y).numpy(), first[0] * second[0], rtol=1e-6)
+    np.testing.assert_allclose(product(x, x).numpy(), first[0] ** 2, rtol=1e-6)
+    assert len(cache) == 3
+
+
+def test_forward_template_not_replayable_runs_every_time():
+    cache = replay.ForwardTemplates(2)
+    calls = []
+
+    def build(a):
+        calls.append(1)
+        return [a * zyx.Tensor(np.float32(2.0))]      # makes a buffer: not replayable
+    for v in (1.0, 3.0):
+        out, = cache.run(RT.graph, ("leafy",), [zyx.Tensor(np.full(3, v, np.float32))],
+                         build, zyx.Tensor._wrap)
+        np.testing.assert_array_equal(out.numpy(), np.full(3, 2 * v, np.float32))
+    assert len(calls) == 2 and len(cache) == 1 and cache.replayable() == 0
+    for n in (4, 5, 6):                                # bounded
+        cache.run(RT.graph, ("x",), [zyx.Tensor(np.ones(n, np.float32))],
+                  lambda a: [a + 1], zyx.Tensor._wrap)
+    assert len(cache) == 2
+
+
+def test_conv_forward_replays_with_new_values_and_gradients():
+    """Convolutions build their forward from a template after the first call of a shape
+    and parameters; values and gradients follow the inputs, not the traced call."""
+    F._CONV_TEMPLATES.clear()
+    rng = np.random.default_rng(2)
+    for stride, pad in ((1, 1), (2, 0), (1, 1)):
+        for _ in range(2):
+            x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+            w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+            zx = zyx.Tensor(x, requires_grad=True)
+            zw = zyx.Tensor(w, requires_grad=True)
+            y = F.conv2d(zx, zw, stride=stride, padding=pad)
+            (y * y).sum().backward()
+            xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+            win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), (2, 3))
+            win = win[:, :, ::stride, ::stride]
+            ref = np.einsum("nchwij,ocij->nohw", win, w)
+            np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
+            gw = np.einsum("nohw,nchwij->ocij", 2 * ref, win)
+            np.testing.assert_allclose(zw.grad.numpy(), gw, rtol=1e-3, atol=1e-3)
+    assert len(F._CONV_TEMPLATES) == 2 and F._CONV_TEMPLATES.replayable() == 2

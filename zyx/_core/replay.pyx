@@ -14,9 +14,13 @@ caches exactly as the traced one did.
 Only the non-recording backward is replayed (`create_graph` records the backward ops for
 autograd, which the rules do through Tensor objects). A trace that reads a node outside
 the walked structure, or makes a buffer, is not replayable; its key remembers that.
+
+`ForwardTemplates` does the same for composite forwards (LSTM layers, convolutions),
+keyed by their inputs and the parameters their callers name.
 """
 from .graph cimport Graph, Node
 from .tensorbase cimport TensorBase
+from .tensorbase import set_recording
 
 
 cdef Py_ssize_t _epoch = 0          # one per backward_key call: stamps on tensors and nodes
@@ -165,3 +169,71 @@ def build_template(list trace, list ins, dict result, list order):
         else:
             renum.append(-1)
     return Template(kept, [(p, renum[r]) for p, r in results], n_in)
+
+
+cdef class ForwardTemplates:
+    """Forward templates: a composite forward (an LSTM layer's timesteps, a convolution's
+    window view and product) replayed instead of rebuilt op by op.
+
+    Such a function adds nodes that depend only on its inputs' shapes and dtypes and on
+    the parameters the caller puts in the key, never on values. Its first call for a key
+    runs it under `Graph.trace` and keeps the added nodes as a `Template`; later calls add
+    the same nodes in one loop, without tensor objects, shape checks or view bookkeeping.
+    A function that makes a buffer or reads a node outside its inputs is remembered as not
+    replayable and always runs. Autograd recording is off while it runs: callers record
+    the composite themselves. At most `limit` keys are kept (the oldest goes first)."""
+    cdef dict cache               # key -> (Template, number of results); False: not replayable
+    cdef readonly Py_ssize_t limit
+
+    def __init__(self, Py_ssize_t limit=64):
+        self.cache = {}
+        self.limit = limit
+
+    def __len__(self):
+        return len(self.cache)
+
+    def clear(self):
+        self.cache.clear()
+
+    def replayable(self):
+        """How many of the kept keys replay (the others were not replayable)."""
+        return sum([1 for e in self.cache.values() if e])
+
+    def run(self, Graph graph, tuple key, list ins, build, wrap):
+        """build(*ins)'s list of result tensors, replayed when `key` was traced before.
+        The key is completed here with the inputs' shapes and dtypes and which inputs
+        share a node."""
+        cdef list nodes = [(<TensorBase?>t)._id for t in ins]
+        cdef list items = graph.nodes.items
+        cdef Node n
+        cdef list full = list(key)
+        for nid in nodes:
+            n = <Node>items[<Py_ssize_t>nid]
+            full.append(n.shape)
+            full.append(n.dtype.code)
+            full.append(nodes.index(nid))
+        k = tuple(full)
+        entry = self.cache.get(k)
+        if entry:
+            tpl, n_out = entry
+            outs = [object() for _ in range(n_out)]
+            made = (<Template>tpl).run(graph, nodes, outs, wrap)
+            return [made[id(o)] for o in outs]
+        trace = None
+        if entry is None and graph.trace is None:
+            graph.trace = trace = []
+        prev = set_recording(False)
+        try:
+            results = list(build(*ins))
+        finally:
+            set_recording(prev)
+            if trace is not None:
+                graph.trace = None
+        if trace is not None:
+            outs = [object() for _ in results]
+            tpl = build_template(trace, nodes, {id(o): t for o, t in zip(outs, results)},
+                                 outs)
+            if len(self.cache) >= self.limit:
+                del self.cache[next(iter(self.cache))]
+            self.cache[k] = (tpl, len(results)) if tpl is not None else False
+        return results

@@ -19,8 +19,9 @@ from .. import dtype as dt
 from .._core import graph as _G
 from .._core import tensorbase as _TB
 from .._core import kernel as K
+from .._core import replay as _replay
 from ..errors import DTypeError, ShapeError, ZyxError
-from ..tensor import Tensor, _const, _iota, _matmul_nt, _watch_range, rand, where
+from ..tensor import Tensor, _const, _graph, _iota, _matmul_nt, _watch_range, rand, where
 from .init import _assign   # in-place update of running stats (torch's copy_)
 
 __all__ = [
@@ -238,9 +239,11 @@ def _channels_last_weights(w, channels, width):
                 and width % 16 != 0)
 
 
-def _conv_forward(x, w, pads, s, d, g, nd):
+def _conv_forward(x, w, pads, s, d, g, nd, channels_last):
     """The convolution as one windowed reduce over a pad/reshape/expand view of x (no
-    copy): (n, g, cout/g, *o, cg, *k) products summed over (cg, *k)."""
+    copy): (n, g, cout/g, *o, cg, *k) products summed over (cg, *k). `channels_last`:
+    read w through a stored copy with the output channels innermost
+    (`_channels_last_weights`)."""
     n, cin = x.shape[:2]
     cout, cg = w.shape[:2]
     k = w.shape[2:]
@@ -252,7 +255,7 @@ def _conv_forward(x, w, pads, s, d, g, nd):
     win = win.permute([0, 1, 2] + list(range(4, 4 + nd)) + [3] + list(range(4 + nd, 4 + 2 * nd)))
     full = (n, g, cout // g) + o + (cg,) + k
     win = win.expand(full)
-    if _channels_last_weights(w, cout // g, o[-1]):
+    if channels_last:
         # w from a stored copy with the output channels innermost: vector lanes over them
         perm = list(range(1, 2 + nd)) + [0]
         w = _stored(w.permute(perm)).permute([nd + 1] + list(range(nd + 1)))
@@ -261,14 +264,21 @@ def _conv_forward(x, w, pads, s, d, g, nd):
     return out.reshape((n, cout) + o)
 
 
+_CONV_TEMPLATES = _replay.ForwardTemplates(128)
+
+
 def _conv_recorded(x, w, pads, s, d, g, nd):
     """_conv_forward recorded for autograd as one composite op ("conv") with the
-    hand-written backward `_conv_backward`."""
-    prev = _TB.set_recording(False)
-    try:
-        out = _conv_forward(x, w, pads, s, d, g, nd)
-    finally:
-        _TB.set_recording(prev)
+    hand-written backward `_conv_backward`. Its nodes depend only on the shapes, dtypes
+    and parameters, so they are replayed from a template after the first call (a
+    convolution's ~20 view and product ops: ~60 us of host time per call)."""
+    cout, cg = w.shape[:2]
+    last = x.shape[-1] + pads[-1][0] + pads[-1][1]
+    width = (last - d[-1] * (w.shape[-1] - 1) - 1) // s[-1] + 1
+    cl = _channels_last_weights(w, cout // g, width)
+    out, = _CONV_TEMPLATES.run(
+        _graph, ("conv", pads, s, d, g, nd, cl), [x, w],
+        lambda x, w: [_conv_forward(x, w, pads, s, d, g, nd, cl)], Tensor._wrap)
     return _record_composite(out, ("conv", nd, pads, s, d, g), (x, w))
 
 

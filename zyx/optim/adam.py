@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 
+from .._core import replay as _replay
 from ..runtime import RT
 from ..tensor import Tensor
 from .optimizer import Optimizer
@@ -45,30 +46,52 @@ class Adam(Optimizer):
         b1, b2 = group["betas"]
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         t = state["step"]
-        if group["maximize"]:
-            g = -g
-        if wd != 0:
-            if self._decoupled:   # the factor is a leaf too: lr may follow a schedule
-                p = p * self.scalar(1.0 - lr * wd, p.dtype)
-            else:
-                g = g + p * wd
         m = state.get("exp_avg")
         v = state.get("exp_avg_sq")
         if m is None:
             m = _zero_state(p)
             v = _zero_state(p)
+        ins = [p, g, m, v,
+               self.step_scalar(("step_size", id(group)), lr / (1.0 - b1 ** t), p.dtype),
+               self.step_scalar(("bc2_sqrt", id(group)), math.sqrt(1.0 - b2 ** t), p.dtype)]
+        decay = self._decoupled and wd != 0
+        if decay:      # the factor is a leaf too: lr may follow a schedule
+            ins.append(self.scalar(1.0 - lr * wd, p.dtype))
+        vmax = state.get("max_exp_avg_sq") if group["amsgrad"] else None
+        if vmax is not None:
+            ins.append(vmax)
+        # the nodes depend on the constants below, never on values: replayed after the
+        # first step of a parameter's shape (~12 ops per parameter a step)
+        key = (b1, b2, eps, wd, decay, group["maximize"], group["amsgrad"], vmax is not None)
+        made = _UPDATES.run(RT.graph, key, ins, lambda *a: self._math(a, key), Tensor._wrap)
+        upd = {"exp_avg": made[1], "exp_avg_sq": made[2]}
+        if group["amsgrad"]:
+            upd["max_exp_avg_sq"] = made[3]
+        return made[0], upd
+
+    def _math(self, ins, key):
+        """[new p, m, v(, vmax)] from _update's inputs and key."""
+        b1, b2, eps, wd, decay, maximize, amsgrad, has_vmax = key
+        p, g, m, v, step_size, bc2_sqrt = ins[:6]
+        if maximize:
+            g = -g
+        if decay:
+            p = p * ins[6]
+        elif wd != 0:
+            g = g + p * wd
         m = m + (g - m) * (1.0 - b1)            # torch: exp_avg.lerp_(grad, 1 - beta1)
         v = v * b2 + g * g * (1.0 - b2)
-        upd = {"exp_avg": m, "exp_avg_sq": v}
-        if group["amsgrad"]:
-            vmax = state.get("max_exp_avg_sq")
-            vmax = v if vmax is None else vmax.maximum(v)
-            upd["max_exp_avg_sq"] = vmax
+        out = [None, m, v]
+        if amsgrad:
+            vmax = ins[-1].maximum(v) if has_vmax else v
+            out.append(vmax)
             v = vmax
-        step_size = self.step_scalar(("step_size", id(group)), lr / (1.0 - b1 ** t), p.dtype)
-        bc2_sqrt = self.step_scalar(("bc2_sqrt", id(group)), math.sqrt(1.0 - b2 ** t), p.dtype)
         denom = v.sqrt() / bc2_sqrt + eps
-        return p - step_size * (m / denom), upd
+        out[0] = p - step_size * (m / denom)
+        return out
+
+
+_UPDATES = _replay.ForwardTemplates(256)    # Adam's per-parameter update nodes
 
 
 class AdamW(Adam):

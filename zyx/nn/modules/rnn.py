@@ -199,42 +199,22 @@ def _lstm_sequence(gx, state, w_hh):
     return out, (out[t_len - 1], packed[t_len - 1, :, hid:])
 
 
-_FORWARD_TEMPLATES = {}    # _lstm_nodes' key -> replay.Template (False: not replayable)
-MAX_FORWARD_TEMPLATES = 64
+_FORWARD_TEMPLATES = _replay.ForwardTemplates(64)    # _lstm_nodes' replays
 
 
 def _lstm_nodes(ins, hid):
     """(packed, rows) of `_lstm_sequence` without recording: the T steps' nodes. They
     depend only on the inputs' shapes and dtypes, so the first call of a structure traces
-    the nodes it adds (Graph.trace, as backward templates do) and later calls add the same
-    nodes from the template in one loop, without building tensors op by op (30 steps: ~2
-    ms of a training step's host time)."""
-    graph = RT.graph
-    nodes = [t._id for t in ins]
-    key = tuple([(t.shape, t.dtype) for t in ins]) + (
-        tuple([nodes.index(n) for n in nodes]),)      # which inputs are one node
-    tpl = _FORWARD_TEMPLATES.get(key)
-    if tpl:
-        outs = [object() for _ in range(ins[0].shape[0] + 1)]
-        made = tpl.run(graph, nodes, outs, Tensor._wrap)
-        return made[id(outs[0])], [made[id(o)] for o in outs[1:]]
-    trace = None
-    if tpl is None and graph.trace is None:
-        graph.trace = trace = []
-    prev = _TB.set_recording(False)
-    try:
-        packed, rows = _lstm_steps(ins, hid)
-    finally:
-        _TB.set_recording(prev)
-        if trace is not None:
-            graph.trace = None
-    if trace is not None:
-        outs = [object() for _ in range(len(rows) + 1)]
-        result = {id(o): t for o, t in zip(outs, [packed] + rows)}
-        if len(_FORWARD_TEMPLATES) >= MAX_FORWARD_TEMPLATES:
-            del _FORWARD_TEMPLATES[next(iter(_FORWARD_TEMPLATES))]
-        _FORWARD_TEMPLATES[key] = _replay.build_template(trace, nodes, result, outs) or False
-    return packed, rows
+    them and later calls add the same nodes from a template in one loop, without building
+    tensors op by op (30 steps: ~2 ms of a training step's host time)."""
+    made = _FORWARD_TEMPLATES.run(RT.graph, ("lstm", hid), list(ins),
+                                  lambda *a: _lstm_results(a, hid), Tensor._wrap)
+    return made[0], made[1:]
+
+
+def _lstm_results(ins, hid):
+    packed, rows = _lstm_steps(ins, hid)
+    return [packed] + rows
 
 
 def _lstm_steps(ins, hid):
