@@ -169,24 +169,48 @@ def test_softmax_torch(benchmark):
 
 
 # -- matmul -------------------------------------------------------------------------------
+# float32 products at both precisions: "highest" (float32 math; PyTorch's default for
+# matmul) and "tf32" (zyx.set_float32_matmul_precision("high"); PyTorch's default for
+# cuDNN convolutions, torch.backends.cudnn.allow_tf32), each side set the same way.
+
+@pytest.fixture
+def precision(request):
+    """Both libraries' float32 product precision for one benchmark."""
+    p = request.param
+    tf32 = p == "tf32"
+    zyx.set_float32_matmul_precision("high" if tf32 else "highest")
+    saved = None
+    if TORCH_CUDA:
+        saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    yield p
+    zyx.set_float32_matmul_precision("highest")
+    if saved is not None:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+_MM_CASES = [("float32", "highest"), ("float32", "tf32"), ("bfloat16", "highest")]
+
 
 @needs_gpu
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_matmul_zyx(benchmark, gpu, dtype):
-    benchmark.group = f"matmul {MM} {dtype}"
+@pytest.mark.parametrize("dtype,precision", _MM_CASES, indirect=["precision"])
+def test_matmul_zyx(benchmark, gpu, dtype, precision):
+    benchmark.group = f"matmul {MM} {dtype}" + (" tf32" if precision == "tf32" else "")
     a = zyx.randn(MM, MM).cast(dtype).realize()
     b = zyx.randn(MM, MM).cast(dtype).realize()
     an = a.float().numpy()[:64].astype(np.float64)
     bn = b.float().numpy().astype(np.float64)
     c = (a @ b).float().numpy()[:64]
-    np.testing.assert_allclose(c, an @ bn, rtol=2e-2, atol=2e-1 if dtype == "bfloat16" else 2e-2)
+    loose = dtype == "bfloat16" or precision == "tf32"
+    np.testing.assert_allclose(c, an @ bn, rtol=2e-2, atol=2e-1 if loose else 2e-2)
     _run(benchmark, lambda: (a @ b).realize(), _zsync(gpu), {"flops": 2 * MM ** 3}, rounds=5)
 
 
 @needs_torch_cuda
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_matmul_torch(benchmark, dtype):
-    benchmark.group = f"matmul {MM} {dtype}"
+@pytest.mark.parametrize("dtype,precision", _MM_CASES, indirect=["precision"])
+def test_matmul_torch(benchmark, dtype, precision):
+    benchmark.group = f"matmul {MM} {dtype}" + (" tf32" if precision == "tf32" else "")
     a = torch.randn(MM, MM, device="cuda").to(getattr(torch, dtype))
     b = torch.randn(MM, MM, device="cuda").to(getattr(torch, dtype))
     _run(benchmark, lambda: a @ b, _tsync, {"flops": 2 * MM ** 3}, rounds=5)
@@ -198,24 +222,27 @@ CONV = (64, 64, 56, 3)     # batch, channels in = out, height = width, kernel
 
 
 @needs_gpu
-def test_conv2d_zyx(benchmark, gpu):
+@pytest.mark.parametrize("precision", ["highest", "tf32"], indirect=True)
+def test_conv2d_zyx(benchmark, gpu, precision):
     n, c, h, k = CONV
-    benchmark.group = f"conv2d {n}x{c}x{h}x{h} k{k} float32"
+    benchmark.group = f"conv2d {n}x{c}x{h}x{h} k{k} float32 {precision}"
     x = zyx.randn(n, c, h, h).realize()
     w = (zyx.randn(c, c, k, k) * 0.05).realize()
     y = F.conv2d(x, w, padding=1).numpy()
     if torch is not None:
         ref = torch.nn.functional.conv2d(torch.from_numpy(x.numpy()), torch.from_numpy(w.numpy()),
                                          padding=1).numpy()
-        np.testing.assert_allclose(y, ref, rtol=1e-3, atol=1e-3)
+        tol = 1e-2 if precision == "tf32" else 1e-3
+        np.testing.assert_allclose(y, ref, rtol=tol, atol=tol)
     _run(benchmark, lambda: F.conv2d(x, w, padding=1).realize(), _zsync(gpu),
          {"flops": 2 * n * c * c * h * h * k * k}, rounds=5)
 
 
 @needs_torch_cuda
-def test_conv2d_torch(benchmark):
+@pytest.mark.parametrize("precision", ["highest", "tf32"], indirect=True)
+def test_conv2d_torch(benchmark, precision):
     n, c, h, k = CONV
-    benchmark.group = f"conv2d {n}x{c}x{h}x{h} k{k} float32"
+    benchmark.group = f"conv2d {n}x{c}x{h}x{h} k{k} float32 {precision}"
     x = torch.randn(n, c, h, h, device="cuda")
     w = torch.randn(c, c, k, k, device="cuda") * 0.05
     _run(benchmark, lambda: torch.nn.functional.conv2d(x, w, padding=1), _tsync,

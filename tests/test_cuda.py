@@ -231,15 +231,20 @@ _H100_CC = DeviceInfo(name="H100", max_local_threads=1024, warp_size=32, num_cor
                       local_mem_size=48 * 1024, register_tiles=False, extra={"cc": (9, 0)})
 
 
-def _untiled_kernel(t):
-    """The one kernel of `t` as a GPU device makes it: no register tiles."""
+def _untiled_kernels(t):
+    """The kernels of `t` as a GPU device makes them: no register tiles."""
     from zyx._core.kernelizer import kernelize
     from zyx._core.passes import optimize
     from zyx.backends.gpu import GPU_SUM_BLOCK
     g = zyx._RT.graph
     order, _ = g.collect([t._id])
     steps, _ = kernelize(g, order, [t._id], 64, False, GPU_SUM_BLOCK)
-    (k,) = [optimize(s.kernel) for s in steps if s.kernel is not None]
+    return [optimize(s.kernel) for s in steps if s.kernel is not None]
+
+
+def _untiled_kernel(t):
+    """The one kernel of `t` as a GPU device makes it."""
+    (k,) = _untiled_kernels(t)
     return k
 
 
@@ -289,6 +294,64 @@ def test_tensor_core_kernels_compile_to_cubins(dtype, want, compiler, monkeypatc
     k = _untiled_kernel(zyx.Tensor(np.ones((200, 72), np.float32)) @
                         zyx.Tensor(np.ones((72, 136), np.float32)))
     assert lower(k, CUDADialect(), _H100_CC, "zyx_k", {"gemm": want}).strategy == "gemm"
+
+
+@pytest.fixture
+def tf32_precision():
+    """float32 products allowed on TF32 for one test (zyx.set_float32_matmul_precision)."""
+    before = zyx.get_float32_matmul_precision()
+    zyx.set_float32_matmul_precision("high")
+    yield
+    zyx.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("want", [t[:2] for t in gemm.TILES])
+def test_tf32_kernels_compile_to_cubins(want, compiler, monkeypatch, tf32_precision):
+    """float32 products with precision "high": TF32 mma.sync with operands rounded by
+    cvt.rna, both local layouts of each operand (ldmatrix for K-fastest tiles, word reads
+    for rows-fastest ones), computed operands, an epilogue, block totals, a convolution;
+    float32 tiles again with "highest", and never outside CUDA C on sm_80+."""
+    from zyx.backends.cfamily import HIPDialect, OpenCLDialect
+    import zyx.nn.functional as F
+    turing = dataclasses.replace(_H100_CC, extra={"cc": (7, 5)})
+
+    def t(*s):
+        return zyx.Tensor(np.ones(s, np.float32)).realize()
+    cases = dict(_mma_products("float32"))
+    cases["conv"] = lambda: F.conv2d(t(2, 8, 12, 12), t(16, 8, 3, 3), padding=1)
+    specs = ("", "mk=32,double=1", "vector=0,prefetch=0")
+    for n, (name, build) in enumerate(cases.items()):
+        ks = [k for k in _untiled_kernels(build()) if gemm.plan(k.ops) is not None]
+        assert ks, name
+        k = ks[-1]
+        monkeypatch.setenv(gemm.GEMM_ENV, specs[n % 3])
+        g = lower(k, CUDADialect(), _H100_CC, "zyx_k", {"gemm": want})
+        assert g.strategy == "mma" and g.variant["mma"] == "tf32", name
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in g.source
+        assert "cvt.rna.tf32.f32" in g.source and "zyx_tf32(" in g.source
+        assert compiler.binary(g.source)[:4] == b"\x7fELF", name
+        for dl, info in ((HIPDialect(), _H100_CC), (OpenCLDialect(), _H100_CC),
+                         (CUDADialect(), turing)):
+            assert lower(k, dl, info, "zyx_k", {"gemm": want}).strategy == "gemm", name
+        zyx.set_float32_matmul_precision("highest")
+        assert lower(k, CUDADialect(), _H100_CC, "zyx_k", {"gemm": want}).strategy == "gemm"
+        zyx.set_float32_matmul_precision("high")
+
+
+def test_float32_matmul_precision_setting():
+    assert zyx.get_float32_matmul_precision() == "highest"
+    with pytest.raises(ValueError, match="highest"):
+        zyx.set_float32_matmul_precision("fast")
+    x = zyx.Tensor(np.ones((4, 4), np.float32))
+    (x @ x).realize()
+    assert zyx._RT.plans
+    zyx.set_float32_matmul_precision("medium")
+    try:
+        assert zyx.get_float32_matmul_precision() == "medium"
+        assert not zyx._RT.plans          # plans made under the old setting are dropped
+        np.testing.assert_array_equal((x @ x).numpy(), np.full((4, 4), 4, np.float32))
+    finally:
+        zyx.set_float32_matmul_precision("highest")
 
 
 def test_hand_written_multi_launch_kernel_compiles(compiler):
@@ -836,3 +899,75 @@ def _tensor_core_checks(dtype, found, want):
     check(F.conv2d(img, w, padding=1), _conv2d_ref(rimg, rw, 1), 72)
     assert sum(g.strategy == "mma" for g in found) >= 8, [g.strategy for g in found]
     assert all(g.variant["rows"] == want[0] for g in found if g.strategy == "mma")
+
+
+def _tf32(x):
+    """float32 values rounded to TF32 as cvt.rna does: to nearest, ties away from zero
+    (no infinities or NaNs here)."""
+    b = np.asarray(x, np.float32).view(np.uint32)
+    return ((b + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.mark.parametrize("want,spec", [((128, 128), ""), ((64, 128), "double=1"),
+                                       ((32, 32), "vector=0,prefetch=0")])
+def test_tf32_products_against_numpy(want, spec, cuda_runtime, monkeypatch, tf32_precision):
+    """float32 products with precision "high" on TF32 tensor cores: the results are the
+    float64 products of the TF32-rounded operands (each product is exact in float32; only
+    the float32 sums differ), which they must match far closer than the float32
+    products' own distance from them. Both local layouts of each operand, a computed
+    operand, an epilogue with a batch, block totals over a long K, a padded convolution.
+    Skipped without compute capability 8.0."""
+    if tuple(cuda_runtime.info().extra["cc"]) < (8, 0):
+        pytest.skip("tensor-core kernels need compute capability 8.0")
+    from gpu_cases import _conv2d_ref
+    import zyx.nn.functional as F
+    found = []
+
+    def spy(kernel, dl, info=None, name="zyx_k", schedule=None):
+        g = lower(kernel, dl, info, name, {"gemm": want})
+        found.append(g)
+        return g
+    monkeypatch.setattr(gpudriver, "lower", spy)
+    monkeypatch.setenv(gemm.GEMM_ENV, spec)
+    before = zyx.get_default_device()
+    zyx.set_default_device("cuda")
+    dev = zyx._RT.resolve("cuda")
+    monkeypatch.setattr(dev, "_programs", {})
+    monkeypatch.setattr(dev, "schedules", {})
+    monkeypatch.setattr(dev.info(), "num_cores", 2)
+    monkeypatch.setattr(zyx._RT, "plans", {})
+    rng = np.random.default_rng(9)
+    far = []
+    try:
+        def t(*s):
+            x = (rng.standard_normal(s) * 0.5).astype(np.float32)
+            return zyx.Tensor(x), x
+
+        def check(got, a, b, k, product=np.matmul):
+            out = got.numpy().astype(np.float64)
+            ref = product(_tf32(a).astype(np.float64), _tf32(b).astype(np.float64))
+            exact = product(a.astype(np.float64), b.astype(np.float64))
+            tol = 1e-5 * (np.sqrt(k) + 1)
+            np.testing.assert_allclose(out, ref, rtol=1e-5, atol=tol)
+            far.append(np.abs(exact - ref).max() > 10 * np.abs(out - ref).max())
+        (a, ra), (b, rb), (at, rat), (bt, rbt) = t(200, 72), t(72, 136), t(72, 200), t(136, 72)
+        check(a @ b, ra, rb, 72)
+        check(at.T @ b, rat.T, rb, 72)
+        check(a @ bt.T, ra, rbt.T, 72)
+        check(at.T @ bt.T, rat.T, rbt.T, 72)
+        (odd, rodd) = t(200, 73)          # rows at odd offsets: misaligned vectors
+        check(odd[:, 1:] @ b, rodd[:, 1:], rb, 72)
+        check((a * 2 + 1) @ b, ra * np.float32(2) + np.float32(1), rb, 72)
+        (x, rx), (y, ry), (z, rz) = t(3, 64, 40), t(3, 40, 96), t(96)
+        out = (x @ y + z).relu().numpy()
+        ref = np.maximum(_tf32(rx).astype(np.float64) @ _tf32(ry) + rz, 0)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+        (u, ru), (v, rv) = t(33, 9000), t(9000, 65)
+        check(u @ v, ru, rv, 9000)
+        (img, rimg), (w, rw) = t(2, 8, 12, 12), t(16, 8, 3, 3)
+        check(F.conv2d(img, w, padding=1), rimg, rw, 72, lambda i, k: _conv2d_ref(i, k, 1))
+    finally:
+        zyx.set_default_device(before)
+    assert sum(g.strategy == "mma" and g.variant["mma"] == "tf32" for g in found) >= 8, \
+        [(g.strategy, g.variant) for g in found]
+    assert all(far), far        # TF32 was used: float32 products would not match this close

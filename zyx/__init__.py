@@ -133,6 +133,23 @@ def autotune(enabled: "bool" = True, *, budget: "float" = None, launches: "int" 
         progress=cur.progress if progress is None else progress))
 
 
+def set_float32_matmul_precision(precision: "str") -> None:
+    """How float32 matrix products and convolutions may be computed, as PyTorch's
+    setting of this name: "highest" (the default) in float32; "high" or "medium" on
+    TF32 tensor cores where the device has them (CUDA, compute capability 8.0 and later:
+    operands rounded to a 10-bit mantissa, products accumulated in float32; about 1e-3
+    relative error instead of 1e-6). Other devices and dtypes are unaffected.
+    ZYX_FLOAT32_MATMUL_PRECISION sets it at start. Plans and GPU programs compiled before
+    are dropped when it changes."""
+    _RT.set_float32_matmul_precision(precision)
+
+
+def get_float32_matmul_precision() -> "str":
+    """The current `set_float32_matmul_precision` value."""
+    from .backends import mma
+    return mma.float32_precision()
+
+
 def set_debug(mask: "int") -> None:
     """Set the ZYX_DEBUG bitmask at run time (see zyx.runtime for the bits)."""
     _RT.debug = mask

@@ -506,6 +506,22 @@ class Runtime:
             t = self._tuners[id(dev)] = tuning.Tuner(dev, self.autotune, self.stats)
         return t
 
+    def set_float32_matmul_precision(self, precision):
+        """zyx.set_float32_matmul_precision: the setting the GPU lowerings read; plans and
+        compiled GPU programs made under another setting are dropped."""
+        from .backends import mma
+        with self.lock:
+            if precision == mma.float32_precision():
+                return
+            mma.set_float32_precision(precision)
+            self.plans.clear()
+            self._families.clear()
+            self._bound_families.clear()
+            for d in self.devices or ():
+                forget = getattr(d, "forget_programs", None)
+                if forget is not None:
+                    forget()
+
     def set_autotune(self, settings):
         """Use `settings` (a tuning.Settings) from now on; cached plans are dropped when
         tuning is switched on or off, so the next realization plans with (or without) it."""

@@ -55,7 +55,7 @@ TILES = ((128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 16), (64, 32, 16),
 
 
 GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1, "mma": 1, "vector": 1, "double": 2,
-                "mk": 0}
+                "mk": 0, "krun": 8}
 
 
 def enabled():
@@ -73,7 +73,10 @@ def variant(spec=None):
     (default 2: two buffers on tensor cores only, where they measured 6% faster and
     float tiles 12% slower); "mk=16|32|64": the tensor-core K step (default 0: 32 where
     both operands are copied 16 bytes at a time, else 16, which leaves registers for
-    more groups per SM while computed copies wait), read at each lowering.
+    more groups per SM while computed copies wait); "krun=N": an operand contiguous
+    along K is copied K fastest only where the innermost reduce loop has at least N
+    values or the operand is not contiguous along its tile side (default 8; 0: always),
+    read at each lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
@@ -270,10 +273,20 @@ def plan(ops):
     p.a, p.b, p.masks, p.acc, p.total, p.block, p.store = a, b, masks, acc, total, block, store
     p.end = end
     # (copying K fastest reads consecutive memory where the operand's loads are
-    # contiguous along the innermost reduce loop)
+    # contiguous along the innermost reduce loop; but a short innermost loop (a 3-wide
+    # convolution window) gives runs of a few values, while a side contiguous along its
+    # own innermost axis (an image row) gives a warp 128 consecutive bytes: that side
+    # is copied rows (cols) fastest)
     from .gpu import contiguous_loads
-    p.a_kfast = contiguous_loads(ops, closure(ops, [a]), inner)
-    p.b_kfast = contiguous_loads(ops, closure(ops, [b]), inner)
+    run = variant()["krun"]
+
+    def kfast(val, side_axis):
+        ids = closure(ops, [val])
+        if not contiguous_loads(ops, ids, inner):
+            return False
+        return ops[inner][2] >= run or not contiguous_loads(ops, ids, side_axis)
+    p.a_kfast = kfast(a, rows[-1])
+    p.b_kfast = kfast(b, cols[-1])
     p.nr = _product(ops, rows)
     p.nc = _product(ops, cols)
     p.nb = _product(ops, batch)
@@ -371,13 +384,15 @@ class Slots:
         self.at, self.stored, self.reg_type, self.raw = at, stored, reg_type, raw
 
 
-def _slot_names(ops, p, side, names, it, s, kk, mm, k0, ragged_test, hoist, before):
+def _slot_names(ops, p, side, names, it, s, kk, mm, k0, ragged_test, hoist, before,
+                k_named=False):
     """What copy slot `s` of one operand tile (K offset `kk`, row or col offset `mm`)
     needs around its value: its range test (rows or cols inside the product, and
     `ragged_test` where the slots overrun the tile) and the statements naming the
     side's INDEX variables and the reduce loops' inside the slot's block. With `hoist`
     the row (or col) part, constant along K, is appended to `before` (statements put
-    before the K loop, zyx_h{side}{s}_...) and only read in the block."""
+    before the K loop, zyx_h{side}{s}_...) and only read in the block. `k_named`: the
+    reduce loops' variables are named once for every slot (`_k_names`), not here."""
     ids = p.rows if side == "a" else p.cols
     extent = p.nr if side == "a" else p.nc
     origin = "zyx_r0" if side == "a" else "zyx_c0"
@@ -393,7 +408,20 @@ def _slot_names(ops, p, side, names, it, s, kk, mm, k0, ragged_test, hoist, befo
         bind = [f"{ind}const {it} {names[i]} = zyx_h{side}{s}_{names[i]};" for i in ids]
     else:
         bind = _decode(names, ops, ids, f"({origin} + {mm})", it, ind)
+    if k_named:
+        return inside, bind
     return inside, bind + _decode(names, ops, p.loops, f"({k0} + {kk})", it, ind)
+
+
+def _k_names(ops, p, names, it, kk, k0, kfast, fast_len):
+    """When every copy slot of a work-item has the same K offset `kk` (copies K-fastest
+    whose `fast_len` slots per row divide the group's work-items), the statements
+    naming the reduce loops' variables once for all of them (the slots' blocks do not
+    share their statements, so each would decode K again: a convolution's window
+    position is 3 to 4 divisions), else None."""
+    if not kfast or (SIDE * SIDE) % fast_len:
+        return None
+    return _decode(names, ops, p.loops, f"({k0} + {kk})", it, "      ")
 
 
 def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, k0,
@@ -410,6 +438,7 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
     # K) may be inf there (1 / x), and 0 * inf is not 0
     masks = p.masks
     compute, store, before = [], [], []
+    shared_k = _k_names(ops, p, names, it, f"(zyx_tid % {bk})", k0, kfast, bk)
     for s in range(-(-per // threads)):
         e = f"(zyx_tid + {s * threads})"
         if kfast:
@@ -421,7 +450,8 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
         local_names = dict(names)
         ind = "        "
         inside, bind = _slot_names(ops, p, side, names, it, s, kk, mm, k0,
-                                   f"{mm} < {tile_len}" if ragged else "", hoist, before)
+                                   f"{mm} < {tile_len}" if ragged else "", hoist, before,
+                                   shared_k is not None)
         compute += ["    {", f"      {reg} = {zero};",
                     f"      if ({inside} && {k0} + {kk} < {p.nk}) {{"] + bind
         if slots.raw is not None:
@@ -436,6 +466,8 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
         value = slots.stored(reg) if slots.stored else reg
         line = f"zyx_l{side}[{slots.at(kk, mm)}] = {value};"
         store.append(f"    if ({mm} < {tile_len}) {line}" if ragged else f"    {line}")
+    if shared_k is not None:
+        compute = ["    {"] + shared_k + compute + ["    }"]
     return compute, store, -(-per // threads), before
 
 
@@ -464,11 +496,12 @@ def vector_lanes(ops, p, side, kfast, local_dtype):
 
 
 def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, hoist,
-                  at, lanes, local_vector):
+                  at, lanes, local_vector, stored=None):
     """`_copy_slots` for operands `vector_lanes` accepts: each work-item copies whole
     16-bit vectors of `lanes` values (registers zyx_p{side}{s} of 4 32-bit words or 4
     floats). `local_vector`: the lanes are neighbours in the local layout too (one vector
-    store), else they are stored one by one."""
+    store), else they are stored one by one. `stored` (4-byte lanes only): what each
+    lane becomes before it is stored (TF32 rounding), applied as it is read."""
     threads = SIDE * SIDE
     val = p.a if side == "a" else p.b
     op = ops[val]
@@ -482,6 +515,8 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
     gq, lq = dl.global_qualifier, dl.local_pointer
     st = dl.storage_type(d)
     compute, store, before = [], [], []
+    shared_k = _k_names(ops, p, names, it, f"((zyx_tid % {per_row}) * {lanes})", k0, kfast,
+                        per_row)
     for s in range(-(-nvec // threads)):
         e = f"(zyx_tid + {s * threads})"
         if kfast:
@@ -493,7 +528,8 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
         local_names = dict(names)
         ind = "        "
         inside, bind = _slot_names(ops, p, side, names, it, s, kk, mm, k0,
-                                   f"{e} < {nvec}" if ragged else "", hoist, before)
+                                   f"{e} < {nvec}" if ragged else "", hoist, before,
+                                   shared_k is not None)
         compute += ["    {"] + [f"      {reg}.{c} = 0;" for c in "xyzw"]
         compute.append(f"      if ({inside} && {k0} + {kk} < {p.nk}) {{")
         compute += bind
@@ -508,10 +544,15 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
                      f"({wt})zyx_v[{w * per_word}]" for h in range(per_word)]
             compute.append(f"{ind}  {reg}.{c} = {' | '.join(parts)};")
         compute += [f"{ind}}}", "      }", "    }"]
+        lines = []
+        if stored is not None:
+            # converted as they are stored, after this step's products: converting as
+            # they arrive would wait for the global loads before the products
+            assert per_word == 1, "lane conversions need 4-byte lanes"
+            lines = [f"{reg}.{c} = {stored(f'{reg}.{c}')};" for c in "xyzw"]
         if local_vector:
-            lines = [f"*({lq}{vt}*)(zyx_l{side} + {at(kk, mm)}) = {reg};"]
+            lines.append(f"*({lq}{vt}*)(zyx_l{side} + {at(kk, mm)}) = {reg};")
         else:
-            lines = []
             for q in range(lanes):
                 comp = "xyzw"[q // per_word]
                 x = f"{reg}.{comp}" if per_word == 1 else \
@@ -520,6 +561,8 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
                 lines.append(f"zyx_l{side}[{pos}] = {x};")
         for line in lines:
             store.append(f"    if ({e} < {nvec}) {line}" if ragged else f"    {line}")
+    if shared_k is not None:
+        compute = ["    {"] + shared_k + compute + ["    }"]
     return compute, store, -(-nvec // threads), before, vt
 
 
@@ -530,7 +573,7 @@ def side_copies(dl, ops, p, side, fr, tile_len, bk, kfast, k0, hoist, slots, zer
     type)."""
     if lanes > 1:
         return _vector_slots(dl, ops, p, side, fr.names, fr.narrow, fr.it, tile_len, bk,
-                             kfast, k0, hoist, slots.at, lanes, local_vector)
+                             kfast, k0, hoist, slots.at, lanes, local_vector, slots.stored)
     return _copy_slots(dl, ops, p, side, fr.names, fr.narrow, fr.it, zero, tile_len, bk,
                        kfast, k0, hoist, slots) + (slots.reg_type,)
 

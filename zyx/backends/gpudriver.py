@@ -527,6 +527,12 @@ class DriverDevice:
         """The stream a DLPack producer must order its work before (zyx.from_dlpack)."""
         return self.driver.stream_handle
 
+    def forget_programs(self):
+        """Release every kept program (the lowering's settings changed: the next plans
+        compile anew)."""
+        for prog in list(self._programs.values()):
+            self.release(prog)
+
     def release(self, program):
         if self._programs.get(program.kernel) is program:
             del self._programs[program.kernel]
