@@ -274,3 +274,57 @@ def test_vector_copies_against_numpy(want, lowered):
     close(zyx.Tensor(c) @ zyx.Tensor(d), c.astype(np.float64) @ d)
     (g,) = [g for g in found if g.strategy == "gemm"]
     assert "float4" not in g.source
+
+
+def test_convolution_k_order_and_shared_copies():
+    """A convolution's 3-wide window column is a short innermost reduce loop: the flat K
+    walks the 16 input channels innermost instead, so a K step crosses no window
+    position; the image operand is copied along its rows (contiguous) rather than K
+    fastest, and the copies decode the window position once per K step."""
+    k = the_kernel(F.conv2d(f(2, 32, 10, 10), f(24, 32, 3, 3), padding=1))
+    p = gemm.plan(k.ops)
+    assert k.ops[p.loops[-1]][2] % 16 == 0 and not p.b_kfast
+    src = gpu.lower(k, OpenCLDialect(), H100, "zyx_k", {"gemm": (32, 64)}).source
+    assert src.count(f"% {k.ops[p.loops[-1]][2]}) + ") >= 2      # per slot: the channel alone
+    import os
+    os.environ[gemm.GEMM_ENV] = "krun=0"         # the old order: K fastest where contiguous
+    try:
+        old = gemm.plan(k.ops)
+    finally:
+        os.environ.pop(gemm.GEMM_ENV)
+    assert k.ops[old.loops[-1]][2] == 3 and old.b_kfast
+
+
+@pytest.mark.parametrize("spec", ["", "krun=0", "hoist=0,vector=0", "double=1"])
+@pytest.mark.parametrize("want", [(32, 64), (64, 32)])
+def test_convolutions_and_gradients_against_numpy(spec, want, lowered, monkeypatch):
+    """Convolutions with 16 and 32 input channels (K reordered) and 6 (kept), strided and
+    padded, and their input and weight gradients, on every copy path the K order and
+    the knobs give."""
+    monkeypatch.setenv(gemm.GEMM_ENV, spec)
+    found = lowered({"gemm": want})
+    r = np.random.default_rng(12)
+    for cin, stride, pad in ((16, 1, 1), (32, 2, 1), (6, 1, 0)):
+        x = r.standard_normal((2, cin, 9, 9)).astype(np.float32)
+        w = (r.standard_normal((20, cin, 3, 3)) * 0.2).astype(np.float32)
+        X = zyx.Tensor(x, requires_grad=True)
+        W = zyx.Tensor(w, requires_grad=True)
+        y = F.conv2d(X, W, stride=stride, padding=pad)
+        xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        ho = (9 + 2 * pad - 3) // stride + 1
+        win = np.empty((2, cin, 3, 3, ho, ho))
+        for i in range(3):
+            for j in range(3):
+                win[:, :, i, j] = xp[:, :, i:i + stride * ho:stride, j:j + stride * ho:stride]
+        ref = np.einsum("ncijhw,ocij->nohw", win, w)
+        close(y, ref)
+        g = r.standard_normal(ref.shape).astype(np.float32)
+        (y * zyx.Tensor(g)).sum().backward()
+        close(W.grad, np.einsum("ncijhw,nohw->ocij", win, g), rtol=1e-4, atol=1e-3)
+        gxp = np.zeros_like(xp)
+        for i in range(3):
+            for j in range(3):
+                gxp[:, :, i:i + stride * ho:stride, j:j + stride * ho:stride] += \
+                    np.einsum("nohw,oc->nchw", g, w[:, :, i, j])
+        close(X.grad, gxp[:, :, pad:pad + 9, pad:pad + 9], rtol=1e-4, atol=1e-3)
+    assert sum(g.strategy == "gemm" for g in found) >= 3

@@ -55,7 +55,7 @@ TILES = ((128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 16), (64, 32, 16),
 
 
 GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1, "mma": 1, "vector": 1, "double": 2,
-                "mk": 0, "krun": 8}
+                "mk": 0, "krun": 8, "korder": 1}
 
 
 def enabled():
@@ -75,8 +75,9 @@ def variant(spec=None):
     both operands are copied 16 bytes at a time, else 16, which leaves registers for
     more groups per SM while computed copies wait); "krun=N": an operand contiguous
     along K is copied K fastest only where the innermost reduce loop has at least N
-    values or the operand is not contiguous along its tile side (default 8; 0: always),
-    read at each lowering.
+    values or the operand is not contiguous along its tile side (default 8; 0: always);
+    "korder=0": the flat K keeps the kernel's loop order (`_k_order`), read at each
+    lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
@@ -278,7 +279,14 @@ def plan(ops):
     # own innermost axis (an image row) gives a warp 128 consecutive bytes: that side
     # is copied rows (cols) fastest)
     from .gpu import contiguous_loads
-    run = variant()["krun"]
+    var = variant()
+    run = var["krun"]
+    nk = 1
+    for loop in loops:
+        nk *= ops[loop][2]
+    if var["korder"] and (not block or nk <= PLAIN_K):   # (blocks fold past PLAIN_K only)
+        loops = p.loops = _k_order(ops, loops, run)
+    inner = loops[-1]
 
     def kfast(val, side_axis):
         ids = closure(ops, [val])
@@ -298,6 +306,22 @@ def plan(ops):
     if p.nr < MIN_SIDE or p.nc < MIN_SIDE or p.nk < MIN_K:
         return None
     return p
+
+
+def _k_order(ops, loops, run):
+    """The reduce loops in the order the flat K walks them (outermost first). A short
+    innermost loop (under `run` values: a convolution's window column) trades places
+    with a loop whose length is a multiple of 16 (the input channels): a K step of 8 or
+    16 then crosses no value of the other loops, whose variables and the index math
+    built on them the copies compute once per step (`_Shared`). A sum does not depend
+    on its order; float rounding does, as it does on any tile shape."""
+    if len(loops) < 2 or ops[loops[-1]][2] >= run:
+        return loops
+    fits = [lp for lp in loops[:-1] if ops[lp][2] % 16 == 0]
+    if not fits:
+        return loops
+    best = max(fits, key=lambda lp: (ops[lp][2] % 32 == 0, ops[lp][2]))
+    return [lp for lp in loops if lp != best] + [best]
 
 
 def _product(ops, ids):
@@ -385,14 +409,14 @@ class Slots:
 
 
 def _slot_names(ops, p, side, names, it, s, kk, mm, k0, ragged_test, hoist, before,
-                k_named=False):
+                shared=None):
     """What copy slot `s` of one operand tile (K offset `kk`, row or col offset `mm`)
     needs around its value: its range test (rows or cols inside the product, and
     `ragged_test` where the slots overrun the tile) and the statements naming the
     side's INDEX variables and the reduce loops' inside the slot's block. With `hoist`
     the row (or col) part, constant along K, is appended to `before` (statements put
-    before the K loop, zyx_h{side}{s}_...) and only read in the block. `k_named`: the
-    reduce loops' variables are named once for every slot (`_k_names`), not here."""
+    before the K loop, zyx_h{side}{s}_...) and only read in the block. `shared` (a
+    `_Shared`): which variables the slots share are named there, not here."""
     ids = p.rows if side == "a" else p.cols
     extent = p.nr if side == "a" else p.nc
     origin = "zyx_r0" if side == "a" else "zyx_c0"
@@ -408,20 +432,78 @@ def _slot_names(ops, p, side, names, it, s, kk, mm, k0, ragged_test, hoist, befo
         bind = [f"{ind}const {it} {names[i]} = zyx_h{side}{s}_{names[i]};" for i in ids]
     else:
         bind = _decode(names, ops, ids, f"({origin} + {mm})", it, ind)
-    if k_named:
+    k_mode = "all"
+    if shared is not None and shared.lines is not None:
+        k_mode = shared.k_mode
+        if shared.rows_named:
+            bind = []
+    if k_mode == "none":
         return inside, bind
+    if k_mode == "inner":      # the step's other reduce loops are named in `shared`
+        inner = p.loops[-1]
+        length = ops[inner][2]
+        return inside, bind + [f"{ind}const {it} {names[inner]} = "
+                               f"(({k0}) % {length}) + {kk};"]
     return inside, bind + _decode(names, ops, p.loops, f"({k0} + {kk})", it, ind)
 
 
-def _k_names(ops, p, names, it, kk, k0, kfast, fast_len):
-    """When every copy slot of a work-item has the same K offset `kk` (copies K-fastest
-    whose `fast_len` slots per row divide the group's work-items), the statements
-    naming the reduce loops' variables once for all of them (the slots' blocks do not
-    share their statements, so each would decode K again: a convolution's window
-    position is 3 to 4 divisions), else None."""
-    if not kfast or (SIDE * SIDE) % fast_len:
-        return None
-    return _decode(names, ops, p.loops, f"({k0} + {kk})", it, "      ")
+class _Shared:
+    """What a work-item's copy slots of one operand tile at K origin `k0` have in common,
+    computed once per K step instead of in every slot's block:
+    - copies K fastest whose `fast_len` slots per row divide the group's work-items: every
+      slot has the same K offset `kk`, so the reduce loops' variables are shared;
+    - copies rows (cols) fastest whose `fast_len` slots per row divide the work-items:
+      every slot has the same row (col) `mm`, so the side's variables are shared, and
+      where the innermost reduce loop's length is a multiple of the K step, so are the
+      other reduce loops' (one K step never crosses them: the slots differ in the
+      innermost loop alone);
+    - then every value of the operand that reads none of the variables the slots differ
+      in, and no memory (index math of a convolution's window: its row, channel and
+      window position), is computed here once.
+    `lines` (None: nothing shared), `k_mode` for `_slot_names` ("all", "none" or
+    "inner"), `rows_named` (the side's variables are named here), `names` (the value
+    names after `lines`) and `skip` (values computed here)."""
+
+    def __init__(self, dl, ops, p, side, names, narrow, it, k0, kfast, bk, fast_len,
+                 kk, mm, roots):
+        self.lines, self.k_mode, self.rows_named = None, "all", False
+        self.names, self.skip = dict(names), frozenset()
+        ids = p.rows if side == "a" else p.cols
+        if (SIDE * SIDE) % fast_len:
+            return
+        ind = "      "
+        if kfast:
+            lines = _decode(self.names, ops, p.loops, f"({k0} + {kk})", it, ind)
+            varying = set(ids)
+            self.k_mode = "none"
+        else:
+            origin = "zyx_r0" if side == "a" else "zyx_c0"
+            lines = _decode(self.names, ops, ids, f"({origin} + {mm})", it, ind)
+            self.rows_named = True
+            inner = p.loops[-1]
+            if len(p.loops) > 1 and ops[inner][2] % bk == 0:
+                lines += _decode(self.names, ops, p.loops[:-1],
+                                 f"({k0} / {ops[inner][2]})", it, ind)
+                varying = {inner}
+                self.k_mode = "inner"
+            else:
+                varying = set(p.loops)
+        deps = _deps(ops)
+        loaded, hoisted = set(), []
+        for j in closure(ops, roots):
+            op = ops[j]
+            if op[0] == K.LOAD or any(o in loaded for o in _operands(op)):
+                loaded.add(j)
+            elif deps.get(j) is not None and not (deps[j] & varying):
+                hoisted.append(j)
+        lines += [ind + value_line(dl, ops, j, self.names, narrow) for j in hoisted]
+        self.lines, self.skip = lines, frozenset(hoisted)
+
+    def wrap(self, compute):
+        """The slots' statements inside the shared block."""
+        if self.lines is None:
+            return compute
+        return ["    {"] + self.lines + compute + ["    }"]
 
 
 def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, k0,
@@ -438,7 +520,9 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
     # K) may be inf there (1 / x), and 0 * inf is not 0
     masks = p.masks
     compute, store, before = [], [], []
-    shared_k = _k_names(ops, p, names, it, f"(zyx_tid % {bk})", k0, kfast, bk)
+    shared = _Shared(dl, ops, p, side, names, narrow, it, k0, kfast, bk,
+                     bk if kfast else tile_len, f"(zyx_tid % {bk})",
+                     f"(zyx_tid % {tile_len})", [val] + masks)
     for s in range(-(-per // threads)):
         e = f"(zyx_tid + {s * threads})"
         if kfast:
@@ -447,18 +531,20 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
             kk, mm = f"({e} / {tile_len})", f"({e} % {tile_len})"
         reg = f"zyx_p{side}{s}"
         ragged = per % threads != 0
-        local_names = dict(names)
+        local_names = dict(shared.names)
         ind = "        "
         inside, bind = _slot_names(ops, p, side, names, it, s, kk, mm, k0,
                                    f"{mm} < {tile_len}" if ragged else "", hoist, before,
-                                   shared_k is not None)
+                                   shared)
         compute += ["    {", f"      {reg} = {zero};",
                     f"      if ({inside} && {k0} + {kk} < {p.nk}) {{"] + bind
         if slots.raw is not None:
-            compute += _values(dl, ops, [val] + masks, local_names, narrow, ind, skip=(val,))
+            compute += _values(dl, ops, [val] + masks, local_names, narrow, ind,
+                               skip=shared.skip | {val})
             compute.append(ind + value_line(slots.raw, ops, val, local_names, narrow))
         else:
-            compute += _values(dl, ops, [val] + masks, local_names, narrow, ind)
+            compute += _values(dl, ops, [val] + masks, local_names, narrow, ind,
+                               skip=shared.skip)
         v = local_names[val]
         for m in masks:
             v = f"({local_names[m]} ? {v} : {zero})"
@@ -466,9 +552,7 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
         value = slots.stored(reg) if slots.stored else reg
         line = f"zyx_l{side}[{slots.at(kk, mm)}] = {value};"
         store.append(f"    if ({mm} < {tile_len}) {line}" if ragged else f"    {line}")
-    if shared_k is not None:
-        compute = ["    {"] + shared_k + compute + ["    }"]
-    return compute, store, -(-per // threads), before
+    return shared.wrap(compute), store, -(-per // threads), before
 
 
 VEC_BYTES = 16           # the widest load a GPU issues
@@ -515,8 +599,9 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
     gq, lq = dl.global_qualifier, dl.local_pointer
     st = dl.storage_type(d)
     compute, store, before = [], [], []
-    shared_k = _k_names(ops, p, names, it, f"((zyx_tid % {per_row}) * {lanes})", k0, kfast,
-                        per_row)
+    shared = _Shared(dl, ops, p, side, names, narrow, it, k0, kfast, bk, per_row,
+                     f"((zyx_tid % {per_row}) * {lanes})",
+                     f"((zyx_tid % {per_row}) * {lanes})", [op[3]])
     for s in range(-(-nvec // threads)):
         e = f"(zyx_tid + {s * threads})"
         if kfast:
@@ -525,15 +610,15 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
             kk, mm = f"({e} / {per_row})", f"(({e} % {per_row}) * {lanes})"
         reg = f"zyx_p{side}{s}"
         ragged = nvec % threads != 0
-        local_names = dict(names)
+        local_names = dict(shared.names)
         ind = "        "
         inside, bind = _slot_names(ops, p, side, names, it, s, kk, mm, k0,
                                    f"{e} < {nvec}" if ragged else "", hoist, before,
-                                   shared_k is not None)
+                                   shared)
         compute += ["    {"] + [f"      {reg}.{c} = 0;" for c in "xyzw"]
         compute.append(f"      if ({inside} && {k0} + {kk} < {p.nk}) {{")
         compute += bind
-        compute += _values(dl, ops, [op[3]], local_names, narrow, ind)
+        compute += _values(dl, ops, [op[3]], local_names, narrow, ind, skip=shared.skip)
         ptr = f"({local_names[op[2]]} + {local_names[op[3]]})"
         compute.append(f"{ind}const {gq}{st}* zyx_v = {ptr};")
         compute.append(f"{ind}if ({dl.aligned('zyx_v', VEC_BYTES)}) {{")
@@ -561,9 +646,7 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
                 lines.append(f"zyx_l{side}[{pos}] = {x};")
         for line in lines:
             store.append(f"    if ({e} < {nvec}) {line}" if ragged else f"    {line}")
-    if shared_k is not None:
-        compute = ["    {"] + shared_k + compute + ["    }"]
-    return compute, store, -(-nvec // threads), before, vt
+    return shared.wrap(compute), store, -(-nvec // threads), before, vt
 
 
 def side_copies(dl, ops, p, side, fr, tile_len, bk, kfast, k0, hoist, slots, zero, lanes,
