@@ -780,7 +780,9 @@ def test_exp_of_masked_values_is_exact():
     assert (sm[:, m] == 0).all()
 
 
-def test_c_backend_uses_zyx_expf_only_where_a_low_constant_reaches_the_exp():
+def test_c_backend_uses_zyx_expf_only_where_a_low_constant_reaches_the_exp(monkeypatch):
+    """With INLINE_EXP (the default) every float exp is the inlined polynomial; without
+    it, zyx_expf only where a very negative constant reaches the exp, else libm's."""
     from zyx.backends import c as cb
     from zyx._core.kernelizer import kernelize
     x = zyx.tensor(np.zeros(64, np.float32))
@@ -794,9 +796,40 @@ def test_c_backend_uses_zyx_expf_only_where_a_low_constant_reaches_the_exp():
         from zyx.backends.cfamily import render_body
         r, _ = render_body(k, cb._CBackendDialect())
         return "\n".join(r.lines)
-    assert "zyx_expf(" in source(zyx.where(m, float("-inf"), x).exp())
-    plain = source((x * 2).exp())
-    assert "expf(" in plain and "zyx_expf(" not in plain
+    masked, plain = zyx.where(m, float("-inf"), x).exp(), (x * 2).exp()
+    assert "zyx_exp_inline(" in source(masked) and "zyx_exp_inline(" in source(plain)
+    assert "expf(" not in source(plain)
+    monkeypatch.setattr(cb, "INLINE_EXP", False)
+    assert "zyx_expf(" in source(masked)
+    assert "expf(" in source(plain) and "zyx_expf(" not in source(plain)
+    assert "zyx_exp_inline(" not in source(plain)
+
+
+def test_c_backend_inline_exp_is_within_one_ulp(on_cpu, monkeypatch):
+    """The C backend's inlined float exp (zyx_exp_inline) on a stride through every float:
+    at most 1 ulp from the exact exp, denormal results and overflow to inf included; NaN
+    stays NaN. Then the same values with libm's expf (INLINE_EXP off) as a control: glibc's
+    16-wide vector expf (libmvec) is 2.2 ulp off at 1.041, within its 3-ulp bound."""
+    from zyx.backends import c as cb
+    bits = np.arange(0, 1 << 32, 65537, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    with np.errstate(over="ignore"):
+        want = np.exp(x.astype(np.float64))
+    for inline in (True, False):
+        monkeypatch.setattr(cb, "INLINE_EXP", inline)
+        zyx._RT.plans.clear()
+        got = zyx.tensor(x).exp().numpy()
+        nan = np.isnan(x)
+        assert np.isnan(got[nan]).all()
+        with np.errstate(over="ignore"):
+            w32 = want[~nan].astype(np.float32)      # overflow -> inf, as exp's result
+        g = got[~nan]
+        big = np.isinf(w32)
+        assert np.isinf(g[big]).all() and (g[big] > 0).all()
+        ulp = np.spacing(np.abs(w32[~big]))
+        err = np.abs(g[~big].astype(np.float64) - want[~nan][~big]) / ulp
+        assert err.max() <= (1.0 if inline else 3.0), (inline, x[~nan][~big][err.argmax()],
+                                                        err.max())
 
 
 def test_c_backend_vectorizes_a_short_last_index_loop_with_the_one_before(on_cpu,
@@ -901,12 +934,13 @@ def test_c_backend_softmax_computes_each_exp_once(on_cpu, monkeypatch):
         monkeypatch.setattr(cb, "STASH_ROWS", on)
         zyx._RT.plans.clear()
         x = zyx.tensor(xn)
+        exp = "zyx_exp_inline" if cb.INLINE_EXP else "expf"
         (k,) = _plan_kernels_of(x.softmax(-1))
-        assert _count_calls(dev.render(k, "k"), "expf") == (1 if on else 2)
+        assert _count_calls(dev.render(k, "k"), exp) == (1 if on else 2)
         np.testing.assert_allclose(x.softmax(-1).numpy(), want, rtol=1e-6, atol=1e-7)
         (k,) = _plan_kernels_of(x.log_softmax(-1))
         src = dev.render(k, "k")
-        assert _count_calls(src, "expf") == 1 and _count_calls(src, "logf") == 1
+        assert _count_calls(src, exp) == 1 and _count_calls(src, "logf") == 1
 
 
 def _plan_kernels_of(t):
@@ -1039,3 +1073,45 @@ def test_softmax_and_layer_norm_gradients_with_hoisting_on_and_off(on_cpu, monke
         x = zyx.tensor(xn, requires_grad=True)
         (F.layer_norm(x, (16,)) * zyx.tensor(gn)).sum().backward()
         np.testing.assert_allclose(x.grad.numpy(), want_ln, rtol=1e-4, atol=1e-4)
+
+
+def test_c_backend_long_max_min_keep_nan_in_a_flag(on_cpu, monkeypatch):
+    """Long float max/min reductions run as OpenMP's plain max/min with NaN tracked by a
+    flag beside them (backends/nanflag.py); short ones (a pooling window) keep the
+    NaN-keeping combiner. Values as numpy's with the rewrite on and off: rows with NaN
+    first, last or alone, infinities, -0.0, and softmax/log_softmax over such rows."""
+    from zyx.backends import c as cb
+    from zyx.backends import nanflag
+    rng = np.random.default_rng(9)
+    xn = rng.standard_normal((9, 300)).astype(np.float32)
+    xn[1, 0] = np.nan
+    xn[2, -1] = np.nan
+    xn[3, :] = np.nan
+    xn[4, 17] = np.inf
+    xn[5, 40] = -np.inf
+    xn[6, :] = -np.inf
+    xn[7, 3] = np.inf
+    xn[7, 9] = np.nan
+    xn[8, :] = -0.0
+    dev = zyx._RT.device()
+    with np.errstate(invalid="ignore"):
+        e = np.exp(xn - xn.max(-1, keepdims=True))
+        soft = e / e.sum(-1, keepdims=True)
+        logsoft = (xn - xn.max(-1, keepdims=True)) - np.log(e.sum(-1, keepdims=True))
+    for on in (True, False):
+        monkeypatch.setattr(cb, "FLAG_NAN", on)
+        zyx._RT.plans.clear()
+        x = zyx.tensor(xn)
+        (k,) = _plan_kernels_of(x.amax(-1))
+        src = dev.render(k, "k")
+        assert ("zyx_nanmax" in src) != on and ("reduction(max:" in src) == on
+        np.testing.assert_array_equal(x.amax(-1).numpy(), xn.max(-1))
+        np.testing.assert_array_equal(x.amin(-1).numpy(), xn.min(-1))
+        np.testing.assert_array_equal(np.signbit(x.amax(-1).numpy()), np.signbit(xn.max(-1)))
+        np.testing.assert_allclose(x.softmax(-1).numpy(), soft, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(x.log_softmax(-1).numpy(), logsoft, rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(cb, "FLAG_NAN", True)
+    short = zyx.tensor(xn[:, :nanflag.MIN_LOOP - 1].copy())
+    (k,) = _plan_kernels_of(short.amax(-1))
+    assert "zyx_nanmax" in dev.render(k, "k")
+    np.testing.assert_array_equal(short.amax(-1).numpy(), xn[:, :nanflag.MIN_LOOP - 1].max(-1))
