@@ -328,3 +328,16 @@ def test_convolutions_and_gradients_against_numpy(spec, want, lowered, monkeypat
                     np.einsum("nohw,oc->nchw", g, w[:, :, i, j])
         close(X.grad, gxp[:, :, pad:pad + 9, pad:pad + 9], rtol=1e-4, atol=1e-3)
     assert sum(g.strategy == "gemm" for g in found) >= 3
+
+
+def test_computed_operands_take_tiles_of_at_most_64x64():
+    """A convolution's window is copied value by value (a guarded load and a select): its
+    products take tiles of at most gemm.COMPUTED_TILE, twice the groups in flight; a
+    plain matmul keeps the largest tile that fills the device."""
+    y = F.conv2d(f(16, 64, 28, 28), f(64, 64, 3, 3), padding=1)
+    (conv,) = [p for p in (gemm.plan(k.ops) for k in kernels_of(y)) if p is not None]
+    assert conv.computed
+    br, bc, _ = gemm.choose_tile(conv, H100)
+    assert br * bc <= gemm.COMPUTED_TILE
+    mm = gemm.plan(the_kernel(f(2048, 512) @ f(512, 2048)).ops)
+    assert not mm.computed and gemm.choose_tile(mm, H100)[:2] == (128, 128)

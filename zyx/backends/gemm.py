@@ -52,10 +52,16 @@ PLAIN_K = 8192         # longest flat reduce added into one float accumulator (n
 # (rows per group, cols per group, K step) tried largest first
 TILES = ((128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 16), (64, 32, 16),
          (32, 64, 16), (32, 32, 16))
+# Largest tile (rows x cols) of a product whose operand is computed value by value (a
+# convolution's padded window): each copied value costs index math and a guarded load,
+# and twice the groups in flight hide that better than a bigger tile's reuse (H200,
+# conv2d 64x64x56x56 3x3 at 64x64 against 64x128: float32 0.72 -> 0.61 ms, bfloat16
+# 0.48 -> 0.32, TF32 0.54 -> 0.36)
+COMPUTED_TILE = 64 * 64
 
 
 GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1, "mma": 1, "vector": 1, "double": 2,
-                "mk": 0, "krun": 8, "korder": 1}
+                "mk": 0, "krun": 8, "korder": 1, "fk": 0}
 
 
 def enabled():
@@ -76,16 +82,19 @@ def variant(spec=None):
     more groups per SM while computed copies wait); "krun=N": an operand contiguous
     along K is copied K fastest only where the innermost reduce loop has at least N
     values or the operand is not contiguous along its tile side (default 8; 0: always);
-    "korder=0": the flat K keeps the kernel's loop order (`_k_order`), read at each
-    lowering.
+    "korder=0": the flat K keeps the kernel's loop order (`_k_order`); "fk=N": the float
+    tiles' K step (default 0: the tile's, gemm.TILES), read at each lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
     if spec.strip() in ("0", "1"):
         spec = ""
     out = _read_variant(GEMM_ENV, GEMM_DEFAULT, {}, spec)
-    if out["mk"] not in (0, 16, 32, 64):
-        raise ValueError(f"{GEMM_ENV}={spec!r}: mk must be 16, 32 or 64 (0: automatic)")
+    if out["mk"] not in (0, 8, 16, 32, 64):
+        raise ValueError(f"{GEMM_ENV}={spec!r}: mk must be 8 (TF32 only), 16, 32 or 64 "
+                         f"(0: automatic)")
+    if out["fk"] not in (0, 4, 8, 16, 32):
+        raise ValueError(f"{GEMM_ENV}={spec!r}: fk must be 4, 8, 16 or 32 (0: the tile's)")
     if out["double"] not in (0, 1, 2):
         raise ValueError(f"{GEMM_ENV}={spec!r}: double must be 0, 1 or 2 (automatic)")
     return out
@@ -99,11 +108,12 @@ class GemmPlan:
     the block `total` register (or None), `block` (flat K iterations per block, 0 when
     not blocked), the global `store` op, and whether each operand's loads are contiguous
     along the innermost reduce loop (`a_kfast`, `b_kfast`: the copy walks K fastest),
-    and `narrow`, the 16-bit dtype both operands are multiplied in (float16, bfloat16)
-    or None."""
+    `narrow`, the 16-bit dtype both operands are multiplied in (float16, bfloat16) or
+    None, and `computed`: an operand is more than a plain load (a convolution's padded
+    window: a guarded load and a select)."""
     __slots__ = ("rows", "cols", "batch", "loops", "a", "b", "masks", "acc", "total",
                  "block", "store", "end", "a_kfast", "b_kfast", "nr", "nc", "nb", "nk", "dtype",
-                 "narrow")
+                 "narrow", "computed")
 
 
 _NARROW = (dt.float16, dt.bfloat16)
@@ -303,6 +313,7 @@ def plan(ops):
         p.nk *= ops[loop][2]
     p.dtype = ops[acc][1]
     p.narrow = mul[1] if mul[1] in _NARROW else None
+    p.computed = any(ops[v][0] != K.LOAD or ops[v][4] >= 0 for v in (a, b))
     if p.nr < MIN_SIDE or p.nc < MIN_SIDE or p.nk < MIN_K:
         return None
     return p
@@ -351,6 +362,8 @@ def choose_tile(p, info, want=None):
             return tile
         if br > max(p.nr, MIN_SIDE * 2) or bc > max(p.nc, MIN_SIDE * 2):
             continue          # a tile larger than the product: idle work-items
+        if p.computed and br * bc > COMPUTED_TILE:
+            continue          # (see COMPUTED_TILE)
         if groups >= cores:
             return tile
     return None
@@ -811,6 +824,7 @@ def lower_gemm(kernel, dl, info, name, p, tile, var=None):
         return mma.lower_mma(kernel, dl, info, name, p, tile, var)
     ops = kernel.ops
     br, bc, bk = tile
+    bk = var["fk"] or bk
     tr, tc = br // SIDE, bc // SIDE
     fr = Frame(kernel, dl, p, br, bc, bk, SIDE * SIDE)
     names, narrow, it = fr.names, fr.narrow, fr.it

@@ -174,8 +174,9 @@ def lower_mma(kernel, dl, info, name, p, tile, var):
     lanes_b = vector_lanes(ops, p, "b", kfast_b, local) if var["vector"] else 1
     if narrow is None:
         bk = var["mk"] or TF32_K
-    else:
-        bk = var["mk"] or (MMA_K if lanes_a > 1 and lanes_b > 1 else MMA_K // 2)
+    else:       # (at least one m16n8k16 step)
+        bk = max(var["mk"], 16) if var["mk"] else (MMA_K if lanes_a > 1 and lanes_b > 1
+                                                    else MMA_K // 2)
     wm, wn = br // WARPS_R, bc // WARPS_C
     mi, ni = wm // 16, wn // 8
     fr = Frame(kernel, dl, p, br, bc, bk, 32 * WARPS_R * WARPS_C)
