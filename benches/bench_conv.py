@@ -33,6 +33,21 @@ def test_conv_forward_zyx(benchmark, name):
     benchmark(lambda: F.conv2d(x, w).realize())
 
 
+@pytest.mark.parametrize("templates", [True, False])
+def test_conv_graph_build_zyx(benchmark, templates, monkeypatch):
+    """Host time of one conv2d call with bias and padding, nothing realized: its nodes
+    replayed from a forward template (replay.ForwardTemplates) or built op by op."""
+    from zyx._core import replay
+    benchmark.group = "conv2d graph build (host)"
+    if not templates:
+        monkeypatch.setattr(F, "_CONV_TEMPLATES", replay.ForwardTemplates(0))
+    xn, wn = _data(SHAPES["n128c32h10k3o64"])
+    x, w = zyx.tensor(xn), zyx.tensor(wn, requires_grad=True)
+    b = zyx.tensor(np.zeros(wn.shape[0], np.float32), requires_grad=True)
+    F.conv2d(x, w, b, padding=1)
+    benchmark(lambda: F.conv2d(x, w, b, padding=1))
+
+
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_conv_forward_torch(benchmark, name):
     benchmark.group = f"conv2d forward {name}"

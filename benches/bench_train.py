@@ -257,6 +257,36 @@ def _time_block(step, batches, ts):
         ts.append(time.perf_counter() - t0)
 
 
+@pytest.mark.parametrize("templates", [True, False])
+def test_adam_update_graph(benchmark, templates, monkeypatch):
+    """Host time of building Adam's updates of a small convnet's 6 parameters (nothing
+    realized): each parameter's nodes replayed from a forward template
+    (optim.adam._UPDATES) or built op by op."""
+    from zyx import nn
+    from zyx._core import replay
+    from zyx.optim import adam
+    benchmark.group = "adam update graph, 6 parameters (host)"
+    if not templates:
+        monkeypatch.setattr(adam, "_UPDATES", replay.ForwardTemplates(0))
+    zyx.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3),
+                          nn.Flatten(), nn.Linear(16 * 26 * 26, 10))
+    opt = zyx.optim.Adam(model.parameters(), lr=1e-3)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = zyx.tensor(np.ones(p.shape, np.float32))
+    opt.step()                   # the moments exist: later updates read them
+    group = opt.param_groups[0]
+
+    def build():
+        opt._used.clear()
+        opt._taken.clear()
+        with zyx.no_grad():
+            return [opt._update(p, p.grad, group, opt.state[id(p)]) for p in params]
+    build()
+    benchmark(build)
+
+
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
 def test_mlp_step_checks_cost(benchmark, batches, opt):
     """What checking the cross-entropy targets costs (zyx.set_checks, issue 10): the

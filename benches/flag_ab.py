@@ -9,7 +9,8 @@ kernels are built anew under it), run 3 warm-up steps, then time `--steps` steps
 the median step time per value and per workload, and the ratio to the first value.
 Workloads: transformer (benches/bench_transformer.py), convnet (the MNIST convnet of
 bench_conv.py, batch 128), mlp (bench_train.py, Adam), lstm (bench_rnn.py), and on a GPU
-device gpu-convnet / gpu-mlp (bench_gpu.py's models)."""
+device gpu-convnet / gpu-mlp (bench_gpu.py's models); row ops on 4096x1024: softmax,
+log_softmax, row-max, and causal-softmax (32x4x64x64 with a -inf mask)."""
 from __future__ import annotations
 
 import argparse
@@ -88,9 +89,25 @@ def gpu_mlp():
                       zyx.tensor(xn), zyx.tensor(yn))
 
 
+def _rows(fn, shape=(4096, 1024)):
+    """A row op on one realized random tensor (bench_rowwise's shape)."""
+    x = zyx.tensor(np.random.default_rng(0).standard_normal(shape).astype(np.float32))
+    return lambda: fn(x).realize()
+
+
+def causal_softmax():
+    mask = zyx.tensor(np.triu(np.full((64, 64), -np.inf, np.float32), 1))
+    return _rows(lambda s: (s + mask).softmax(-1), (32, 4, 64, 64))
+
+
 WORKLOADS = {"transformer": transformer, "convnet": convnet, "mlp": mlp, "lstm": lstm,
-             "gpu-convnet": gpu_convnet, "gpu-mlp": gpu_mlp}
-STEPS = {"mlp": 30, "lstm": 30, "gpu-convnet": 30, "gpu-mlp": 30}
+             "gpu-convnet": gpu_convnet, "gpu-mlp": gpu_mlp,
+             "softmax": lambda: _rows(lambda x: x.softmax(-1)),
+             "log_softmax": lambda: _rows(lambda x: x.log_softmax(-1)),
+             "row-max": lambda: _rows(lambda x: x.amax(-1)),
+             "causal-softmax": causal_softmax}
+STEPS = {"mlp": 30, "lstm": 30, "gpu-convnet": 30, "gpu-mlp": 30, "softmax": 30,
+         "log_softmax": 30, "row-max": 30, "causal-softmax": 30}
 
 
 def main(argv=None):

@@ -291,6 +291,12 @@ def test_forward_template_not_replayable_runs_every_time():
                          build, zyx.Tensor._wrap)
         np.testing.assert_array_equal(out.numpy(), np.full(3, 2 * v, np.float32))
     assert len(calls) == 2 and len(cache) == 1 and cache.replayable() == 0
+    off = replay.ForwardTemplates(0)                     # limit 0: every call builds
+    for v in (1.0, 3.0):
+        out, = off.run(RT.graph, ("x",), [zyx.Tensor(np.full(3, v, np.float32))],
+                       lambda a: [a + 1], zyx.Tensor._wrap)
+        np.testing.assert_array_equal(out.numpy(), np.full(3, v + 1, np.float32))
+    assert len(off) == 0
     for n in (4, 5, 6):                                # bounded
         cache.run(RT.graph, ("x",), [zyx.Tensor(np.ones(n, np.float32))],
                   lambda a: [a + 1], zyx.Tensor._wrap)

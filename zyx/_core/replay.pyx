@@ -181,7 +181,8 @@ cdef class ForwardTemplates:
     the same nodes in one loop, without tensor objects, shape checks or view bookkeeping.
     A function that makes a buffer or reads a node outside its inputs is remembered as not
     replayable and always runs. Autograd recording is off while it runs: callers record
-    the composite themselves. At most `limit` keys are kept (the oldest goes first)."""
+    the composite themselves. At most `limit` keys are kept (the oldest goes first; 0:
+    none, every call builds)."""
     cdef dict cache               # key -> (Template, number of results); False: not replayable
     cdef readonly Py_ssize_t limit
 
@@ -213,7 +214,7 @@ cdef class ForwardTemplates:
             full.append(n.dtype.code)
             full.append(nodes.index(nid))
         k = tuple(full)
-        entry = self.cache.get(k)
+        entry = self.cache.get(k) if self.limit > 0 else False
         if entry:
             tpl, n_out = entry
             outs = [object() for _ in range(n_out)]
@@ -229,7 +230,7 @@ cdef class ForwardTemplates:
             set_recording(prev)
             if trace is not None:
                 graph.trace = None
-        if trace is not None:
+        if trace is not None and self.limit > 0:
             outs = [object() for _ in results]
             tpl = build_template(trace, nodes, {id(o): t for o, t in zip(outs, results)},
                                  outs)
