@@ -598,7 +598,7 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
     16-bit vectors of `lanes` values (registers zyx_p{side}{s} of 4 32-bit words or 4
     floats). `local_vector`: the lanes are neighbours in the local layout too (one vector
     store), else they are stored one by one. `stored` (4-byte lanes only): what each
-    lane becomes before it is stored (TF32 rounding), applied as it is read."""
+    lane becomes before it is stored (TF32 rounding), applied at the store."""
     threads = SIDE * SIDE
     val = p.a if side == "a" else p.b
     op = ops[val]

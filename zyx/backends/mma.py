@@ -57,15 +57,16 @@ def float32_precision():
     return _precision[0]
 
 
-def set_float32_precision(precision):
+def set_float32_precision(precision, source="float32 matmul precision"):
+    """Set what `float32_precision` returns (Runtime.set_float32_matmul_precision also
+    drops what was compiled under the old value)."""
     if precision not in PRECISIONS:
-        raise ValueError(f"float32 matmul precision must be one of {PRECISIONS}, "
-                         f"got {precision!r}")
+        raise ValueError(f"{source} must be one of {PRECISIONS}, got {precision!r}")
     _precision[0] = precision
 
 
 set_float32_precision(os.environ.get("ZYX_FLOAT32_MATMUL_PRECISION", "highest").strip()
-                      or "highest")
+                      or "highest", "ZYX_FLOAT32_MATMUL_PRECISION")
 
 # ldmatrix wants a shared-window address: __cvta_generic_to_shared gives it (NVRTC
 # declares it without a header). ldmatrix is volatile: it reads memory the compiler does
