@@ -488,3 +488,31 @@ def test_flip_takes_axes_as_varargs_like_torch(args):
     axes = args[0] if len(args) == 1 else args
     np.testing.assert_array_equal(zyx.tensor(x).flip(*args).numpy(), np.flip(x, axes))
     np.testing.assert_array_equal(zyx.tensor(x).flip(dims=axes).numpy(), np.flip(x, axes))
+
+
+def test_realize_several_tensors_in_one_plan():
+    """zyx.realize(a, b, ...) computes them in one realization: the forward they share
+    runs once (one plan, not one per tensor); None is skipped, other values raise."""
+    import zyx.nn.functional as F
+    rng = np.random.default_rng(1)
+    xn = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    wn = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    x = zyx.tensor(xn, requires_grad=True)
+    w = zyx.tensor(wn, requires_grad=True)
+    y = F.conv2d(x, w, padding=1)
+    loss = (y * y).sum()
+    loss.backward()
+    before = zyx.stats()["realizations"]
+    out = zyx.realize(loss, x.grad, None, w.grad)
+    assert zyx.stats()["realizations"] == before + 1
+    assert out[0] is loss and out[2] is None and out[3] is w.grad
+    x2 = zyx.tensor(xn, requires_grad=True)
+    w2 = zyx.tensor(wn, requires_grad=True)
+    l2 = (F.conv2d(x2, w2, padding=1) ** 2).sum()
+    l2.backward()
+    np.testing.assert_allclose(x.grad.numpy(), x2.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w.grad.numpy(), w2.grad.numpy(), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(loss.item(), l2.item(), rtol=1e-5)
+    assert zyx.realize(loss) is loss
+    with pytest.raises(TypeError, match="tensors"):
+        zyx.realize(loss, 3.0)

@@ -94,6 +94,26 @@ def synchronize(device=None):
     _RT.synchronize(device)
 
 
+def realize(*tensors):
+    """Compute several tensors in one realization, so the work they share runs once (a
+    loss and the gradients of its inputs: `zyx.realize(loss, x.grad, w.grad)`, where
+    realizing them one by one would compute the forward for each). None entries are
+    skipped (a `.grad` nothing set). Tensors on different devices are realized per
+    device. Returns the tensors (one tensor: itself)."""
+    from .tensor import Tensor
+    groups = {}
+    for t in tensors:
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise TypeError(f"zyx.realize takes tensors (or None), got {type(t).__name__}")
+        dev = _RT.device_of(t._id) if _RT._multi else None
+        groups.setdefault(id(dev), []).append(t._id)
+    for ids in groups.values():
+        _RT.realize(ids)
+    return tensors[0] if len(tensors) == 1 else tensors
+
+
 def get_default_device():
     """The device new tensors are created on."""
     return _RT.name_of(_RT.device())
