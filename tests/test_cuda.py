@@ -12,6 +12,7 @@ with the reason ("no NVIDIA driver: ...") where `initialize` fails.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -840,6 +841,16 @@ def test_tensor_core_products_against_numpy(dtype, want, spec, cuda_runtime, mon
     totals over a long K and a padded convolution, against float64 products of the same
     16-bit values. (As if the GPU had 2 SMs: it would leave these small products to
     the other strategies.) Skipped without compute capability 8.0."""
+    with _tensor_core_device(cuda_runtime, monkeypatch, want, spec) as found:
+        _tensor_core_checks(dtype, found, want)
+
+
+@contextlib.contextmanager
+def _tensor_core_device(cuda_runtime, monkeypatch, want, spec):
+    """The CUDA device as the default, every kernel lowered afresh with gemm tile `want`
+    and knobs `spec` (ZYX_GPU_GEMM), as if the GPU had 2 SMs (it would leave small
+    products to the other strategies); yields the list of lowered GPUKernels. Skips
+    without compute capability 8.0."""
     if tuple(cuda_runtime.info().extra["cc"]) < (8, 0):
         pytest.skip("tensor-core kernels need compute capability 8.0")
     found = []
@@ -860,7 +871,7 @@ def test_tensor_core_products_against_numpy(dtype, want, spec, cuda_runtime, mon
     monkeypatch.setattr(dev.info(), "num_cores", 2)
     monkeypatch.setattr(zyx._RT, "plans", {})
     try:
-        _tensor_core_checks(dtype, found, want)
+        yield found
     finally:
         zyx.set_default_device(before)
 
@@ -917,28 +928,11 @@ def test_tf32_products_against_numpy(want, spec, cuda_runtime, monkeypatch, tf32
     products' own distance from them. Both local layouts of each operand, a computed
     operand, an epilogue with a batch, block totals over a long K, a padded convolution.
     Skipped without compute capability 8.0."""
-    if tuple(cuda_runtime.info().extra["cc"]) < (8, 0):
-        pytest.skip("tensor-core kernels need compute capability 8.0")
     from gpu_cases import _conv2d_ref
     import zyx.nn.functional as F
-    found = []
-
-    def spy(kernel, dl, info=None, name="zyx_k", schedule=None):
-        g = lower(kernel, dl, info, name, {"gemm": want})
-        found.append(g)
-        return g
-    monkeypatch.setattr(gpudriver, "lower", spy)
-    monkeypatch.setenv(gemm.GEMM_ENV, spec)
-    before = zyx.get_default_device()
-    zyx.set_default_device("cuda")
-    dev = zyx._RT.resolve("cuda")
-    monkeypatch.setattr(dev, "_programs", {})
-    monkeypatch.setattr(dev, "schedules", {})
-    monkeypatch.setattr(dev.info(), "num_cores", 2)
-    monkeypatch.setattr(zyx._RT, "plans", {})
     rng = np.random.default_rng(9)
     far = []
-    try:
+    with _tensor_core_device(cuda_runtime, monkeypatch, want, spec) as found:
         def t(*s):
             x = (rng.standard_normal(s) * 0.5).astype(np.float32)
             return zyx.Tensor(x), x
@@ -966,8 +960,6 @@ def test_tf32_products_against_numpy(want, spec, cuda_runtime, monkeypatch, tf32
         check(u @ v, ru, rv, 9000)
         (img, rimg), (w, rw) = t(2, 8, 12, 12), t(16, 8, 3, 3)
         check(F.conv2d(img, w, padding=1), rimg, rw, 72, lambda i, k: _conv2d_ref(i, k, 1))
-    finally:
-        zyx.set_default_device(before)
     assert sum(g.strategy == "mma" and g.variant["mma"] == "tf32" for g in found) >= 8, \
         [(g.strategy, g.variant) for g in found]
     assert all(far), far        # TF32 was used: float32 products would not match this close

@@ -185,6 +185,41 @@ def dead_code(list ops):
     return reorder(ops, [i for i in range(n) if live[i]])
 
 
+def splice(list ops, dict before, dict after, dict replace):
+    """`ops` with new ops inserted and some replaced, references renumbered: how rewrites
+    add ops. `before[i]` / `after[i]`: (name, op) pairs emitted before / after old op i
+    (name None: nothing refers to it); `replace[i]`: the op emitted in place of old op
+    i. In every op, a reference that is an int >= 0 or ("old", j) means old op j, any
+    other tuple the inserted op of that name, a negative int stays as it is."""
+    cdef list out = []
+    cdef dict new = {}
+
+    def ref(x):
+        if isinstance(x, tuple):
+            return new[x[1]] if x[0] == "old" else new[x]
+        return new[x] if x >= 0 else x
+
+    def emit(name, op):
+        refs = REFS[op[0]]
+        if refs:
+            op = list(op)
+            for p in refs:
+                op[p] = ref(op[p])
+            op = tuple(op)
+        out.append(op)
+        if name is not None:
+            new[name] = len(out) - 1
+
+    for i, op in enumerate(ops):
+        for name, extra in before.get(i, ()):
+            emit(name, extra)
+        emit(None, replace.get(i, op))
+        new[i] = len(out) - 1
+        for name, extra in after.get(i, ()):
+            emit(name, extra)
+    return out
+
+
 def reorder(list ops, list order):
     """The ops at the positions `order` (each op after those it references), in that
     order, with their references renumbered: how rewrites drop or move ops."""

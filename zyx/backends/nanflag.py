@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from .. import dtype as dt
 from .._core import kernel as K
-from .._core.passes import REFS
+from .._core.passes import splice
 
 MIN_LOOP = 64                 # shortest loop whose max/min reduction is rewritten
 NAN_MAX, NAN_MIN = 16, 17     # reduce ops of rewritten accumulators (NaN kept by a flag)
@@ -104,41 +104,4 @@ def flag_nan_reductions(kernel):
             (q, (K.CONST, d, float("nan"))),
             (w, (K.WHERE, d, fl, q, a)),
             (None, (K.STORE, None, ("old", acc), -1, w))])
-    out, where = [], {}
-
-    def ref(r):
-        return where[r] if isinstance(r, tuple) else r
-
-    def emit(name, op):
-        refs = REFS[op[0]]
-        if refs:
-            op = list(op)
-            for p in refs:
-                op[p] = ref(op[p])
-            op = tuple(op)
-        out.append(op)
-        if name is not None:
-            where[name] = len(out) - 1
-
-    for i, op in enumerate(ops):
-        for name, new in before.get(i, ()):
-            emit(name, new)
-        if i in replace:
-            emit(("old", i), replace[i])
-        else:
-            emit(("old", i), _plain_refs(op))
-        for name, new in after.get(i, ()):
-            emit(name, new)
-    return K.Kernel(out, kernel.args, kernel.name)
-
-
-def _plain_refs(op):
-    """An original op with its references marked as old positions."""
-    refs = REFS[op[0]]
-    if not refs:
-        return op
-    op = list(op)
-    for p in refs:
-        if op[p] >= 0:
-            op[p] = ("old", op[p])
-    return tuple(op)
+    return K.Kernel(splice(ops, before, after, replace), kernel.args, kernel.name)

@@ -15,7 +15,7 @@ loops (the sum) can appear in the earlier loop, so a match is always the same nu
 from __future__ import annotations
 
 from .._core import kernel as K
-from .._core.passes import REFS
+from .._core.passes import REFS, splice
 
 STASH_MAX_BYTES = 16384     # a stack buffer per stashed value (a row of 4096 floats)
 COSTLY = frozenset((K.U_EXP, K.U_EXP2, K.U_LOG, K.U_LOG2, K.U_SIN, K.U_COS, K.U_TANH,
@@ -140,30 +140,7 @@ def _rewrite(ops, plan):
     for n, (i, j, s1, s2) in enumerate(plan):
         buf = ("buf", n)
         before.setdefault(s1, []).append(
-            (n, (K.DEFINE, ops[i][1], K.SCOPE_REGISTER, None, False, ops[s1][2], -1)))
-        after.setdefault(i, []).append((K.STORE, None, buf, ("old", s1), ("old", i)))
+            (buf, (K.DEFINE, ops[i][1], K.SCOPE_REGISTER, None, False, ops[s1][2], -1)))
+        after.setdefault(i, []).append((None, (K.STORE, None, buf, ("old", s1), ("old", i))))
         replace[j] = (K.LOAD, ops[j][1], buf, ("old", s2), -1)
-    out, new, bufs = [], {}, {}
-
-    def ref(x):
-        if isinstance(x, tuple):
-            return bufs[x] if x[0] == "buf" else new[x[1]]
-        return x if x < 0 else new[x]
-
-    def emit(op):
-        refs = REFS[op[0]]
-        if refs:
-            op = list(op)
-            for p in refs:
-                op[p] = ref(op[p])
-            op = tuple(op)
-        out.append(op)
-        return len(out) - 1
-
-    for i, op in enumerate(ops):
-        for n, d in before.get(i, ()):
-            bufs[("buf", n)] = emit(d)
-        new[i] = emit(replace.get(i, op))
-        for st in after.get(i, ()):
-            emit(st)
-    return out
+    return splice(ops, before, after, replace)
