@@ -26,7 +26,12 @@ def _setup():
     opt = zyx.optim.Adam(model.parameters(), 1e-3)
     xn, yn = _mnist_batch()
     x, y = zyx.tensor(xn).realize(), zyx.tensor(yn).realize()
+    return _item_step(model, opt, x, y)
 
+
+def _item_step(model, opt, x, y):
+    """One PyTorch-habit training step on batch (x, y): cross entropy, zero_grad,
+    backward, step; returns the loss as a float."""
     def step():
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()

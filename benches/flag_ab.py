@@ -25,18 +25,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import zyx  # noqa: E402
-import zyx.nn.functional as F  # noqa: E402
 from zyx import nn  # noqa: E402
-
-
-def _item_step(model, opt, x, y):
-    def step():
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
-    return step
+import bench_tuning  # noqa: E402  (the convnet workload and the PyTorch-habit step)
 
 
 def transformer():
@@ -51,8 +41,7 @@ def transformer():
 
 
 def convnet():
-    import bench_tuning      # (its MNIST convnet step, the one bench_conv times)
-    return bench_tuning._setup()
+    return bench_tuning._setup()     # (its MNIST convnet step, the one bench_conv times)
 
 
 def mlp():
@@ -77,7 +66,7 @@ def gpu_convnet():
     rng = np.random.default_rng(0)
     x = zyx.tensor(rng.standard_normal((bg.B, 1, 28, 28), dtype=np.float32))
     y = zyx.tensor(rng.integers(0, 10, bg.B))
-    return _item_step(model, zyx.optim.Adam(model.parameters(), 1e-3), x, y)
+    return bench_tuning._item_step(model, zyx.optim.Adam(model.parameters(), 1e-3), x, y)
 
 
 def gpu_mlp():
@@ -85,7 +74,7 @@ def gpu_mlp():
     zyx.manual_seed(0)
     model = nn.Sequential(nn.Linear(bg.D, bg.H), nn.ReLU(), nn.Linear(bg.H, bg.C))
     (xn, yn), = bg._batches(1)
-    return _item_step(model, zyx.optim.Adam(model.parameters(), 1e-3),
+    return bench_tuning._item_step(model, zyx.optim.Adam(model.parameters(), 1e-3),
                       zyx.tensor(xn), zyx.tensor(yn))
 
 

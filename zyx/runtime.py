@@ -173,9 +173,7 @@ class Runtime:
         self._pool_device = {id(d.pool): d for d in self.devices}
         self.default = None
         self._multi = False
-        self.plans.clear()     # their programs are unloaded with them
-        self._families.clear()
-        self._bound_families.clear()
+        self._drop_plans()     # their programs are unloaded with them
 
     def _ensure(self):
         if self.devices is None:
@@ -506,6 +504,12 @@ class Runtime:
             t = self._tuners[id(dev)] = tuning.Tuner(dev, self.autotune, self.stats)
         return t
 
+    def _drop_plans(self):
+        """Forget every cached plan and size family: the next realizations plan anew."""
+        self.plans.clear()
+        self._families.clear()
+        self._bound_families.clear()
+
     def set_float32_matmul_precision(self, precision):
         """zyx.set_float32_matmul_precision: the setting the GPU lowerings read; plans and
         compiled GPU programs made under another setting are dropped."""
@@ -514,9 +518,7 @@ class Runtime:
             if precision == mma.float32_precision():
                 return
             mma.set_float32_precision(precision)
-            self.plans.clear()
-            self._families.clear()
-            self._bound_families.clear()
+            self._drop_plans()
             for d in self.devices or ():
                 forget = getattr(d, "forget_programs", None)
                 if forget is not None:
@@ -528,9 +530,7 @@ class Runtime:
         with self.lock:
             self._ensure()
             if settings.enabled != self.autotune.enabled:
-                self.plans.clear()
-                self._families.clear()
-                self._bound_families.clear()
+                self._drop_plans()
             self.autotune = settings
             self._tuners = {}
 

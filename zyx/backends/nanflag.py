@@ -24,7 +24,6 @@ from .._core.passes import splice
 
 MIN_LOOP = 64                 # shortest loop whose max/min reduction is rewritten
 NAN_MAX, NAN_MIN = 16, 17     # reduce ops of rewritten accumulators (NaN kept by a flag)
-PLAIN = {NAN_MAX: K.R_MAX, NAN_MIN: K.R_MIN}
 _BY_REDUCE = {K.R_MAX: (K.B_MAX, K.B_CMPGT, NAN_MAX), K.R_MIN: (K.B_MIN, K.B_CMPLT, NAN_MIN)}
 
 

@@ -93,6 +93,11 @@ def _check_same_shape(a: Tensor, b: Tensor, what: str):
 
 # ---------------------------------------------------------------------------------------
 # window views
+def _window_count(i, k, s, d):
+    """Windows of size k, stride s and dilation d that fit in i positions."""
+    return (i - d * (k - 1) - 1) // s + 1
+
+
 def _windows(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int]) -> Tensor:
     """View of the last len(k) dims of `x` as sliding windows: (..., *out, *k), with
     out = (i - d*(k-1) - 1) // s + 1 per dim. Reshape/expand/shrink only.
@@ -106,7 +111,7 @@ def _windows(x: Tensor, k: Sequence[int], s: Sequence[int], d: Sequence[int]) ->
     ins = x.shape[-nd:]
     outs = []
     for i, kk, ss, dd in zip(ins, k, s, d):
-        o = (i - dd * (kk - 1) - 1) // ss + 1
+        o = _window_count(i, kk, ss, dd)
         if o <= 0:
             raise ShapeError(f"window of size {kk} (dilation {dd}) does not fit an input of "
                              f"size {i}; input shape {x.shape}")
@@ -283,10 +288,8 @@ def _conv_recorded(x, w, pads, s, d, g, nd):
     and parameters, so they are replayed from a template after the first call (a
     convolution's ~20 view and product ops: 72 -> 12 us of host time per call,
     benches/bench_conv.py -k graph_build)."""
-    cout, cg = w.shape[:2]
-    last = x.shape[-1] + pads[-1][0] + pads[-1][1]
-    width = (last - d[-1] * (w.shape[-1] - 1) - 1) // s[-1] + 1
-    cl = _channels_last_weights(w, cout // g, width)
+    width = _window_count(x.shape[-1] + sum(pads[-1]), w.shape[-1], s[-1], d[-1])
+    cl = _channels_last_weights(w, w.shape[0] // g, width)
     out, = _CONV_TEMPLATES.run(
         _graph, ("conv", pads, s, d, g, nd, cl), [x, w],
         lambda x, w: [_conv_forward(x, w, pads, s, d, g, nd, cl)], Tensor._wrap)
