@@ -10,7 +10,8 @@ realization (wall clock over rounds of REPS realizations and one synchronize, th
 enqueue included, as benches/bench_gpu.py measures), the TFLOP/s, the strategy that ran
 and the ratio to torch's time measured the same way. Results are checked against the
 default variant's. ZYX_SWEEP_DEVICE picks the device (default cuda); ZYX_SWEEP_MM and
-ZYX_SWEEP_BATCH shrink the workloads for a try on a CPU OpenCL device.
+ZYX_SWEEP_BATCH shrink the workloads for a try on a CPU OpenCL device; ZYX_SWEEP_ONLY
+(words separated by commas) keeps the workloads whose names contain one of them.
 """
 import os
 import sys
@@ -39,6 +40,10 @@ def _workloads(zyx, torch):
         out[f"matmul {mm} {d}"] = (lambda a=a, b=b: a @ b,
                                    (lambda ta=ta, tb=tb: ta @ tb) if torch else None,
                                    2 * mm ** 3)
+        if d == "bfloat16":    # a linear layer's product: both operands contiguous along K
+            out[f"matmul {mm} {d} a @ b.T"] = (
+                lambda a=a, b=b: a @ b.T,
+                (lambda ta=ta, tb=tb: ta @ tb.T) if torch else None, 2 * mm ** 3)
     n, c, h, k = int(os.environ.get("ZYX_SWEEP_BATCH", 64)), 64, 56, 3
     for d in ("float32", "bfloat16"):
         x = zyx.randn(n, c, h, h).cast(d).realize()
@@ -87,6 +92,9 @@ def main(variants):
         zyx._RT.plans.clear()
 
     works = _workloads(zyx, torch)
+    only = [w for w in os.environ.get("ZYX_SWEEP_ONLY", "").split(",") if w]
+    if only:
+        works = {k: v for k, v in works.items() if any(w in k for w in only)}
     print(f"device: {dev.info().name}; median of {ROUNDS} rounds of 10 realizations")
     print("| workload | variant | strategies | ms | TFLOP/s | torch ms | torch / zyx |")
     print("|---|---|---|---|---|---|---|")

@@ -1,7 +1,7 @@
 """The CUDA backend.
 
 Without a GPU (runs anywhere NVRTC is pip-installed): real kernels from zyx graphs are
-lowered with CUDADialect and compiled by NVRTC to sm_90 cubins; the verified disk cache of
+lowered with CUDADialect and compiled by NVRTC to sm_90a cubins; the verified disk cache of
 binaries; NVRTC target selection; the shared pool and launch path (gpudriver.py) against
 a driver that keeps "device" memory on the host; initialize's BackendError without a
 driver.
@@ -45,7 +45,7 @@ def nvrtc_or_skip():
 
 @pytest.fixture
 def compiler(tmp_path):
-    """An NVRTC compiler for sm_90 whose disk cache is a fresh directory."""
+    """An NVRTC compiler for sm_90a whose disk cache is a fresh directory."""
     from zyx.backends.cuda import nvrtc_compiler
     nvrtc = nvrtc_or_skip()
     try:
@@ -297,6 +297,67 @@ def test_tensor_core_kernels_compile_to_cubins(dtype, want, compiler, monkeypatc
     assert lower(k, CUDADialect(), _H100_CC, "zyx_k", {"gemm": want}).strategy == "gemm"
 
 
+_HOPPER = dataclasses.replace(_H100_CC, extra={"cc": (9, 0), "arch": "sm_90a",
+                                               "smem_optin": 227 * 1024})
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("spec", ["", "wn=128,stages=3,band=1", "stages=6,band=3"])
+def test_wgmma_kernels_compile_to_cubins(dtype, spec, compiler, monkeypatch):
+    """16-bit products of plain loads on a Hopper device compiled for sm_90a, with 128 x
+    128 tiles: warpgroup products (wgmma.py) for every layout of the operands (the
+    instruction's transpose bits: 0 for a K-major tile, 1 for an MN-major one), with
+    the stages' dynamic shared memory on the launch. Computed operands, block totals,
+    smaller tiles, sm_90 (no "a"), too little shared memory and wgmma=0 stay on
+    mma.sync."""
+    from zyx.backends import wgmma
+    monkeypatch.setenv(gemm.GEMM_ENV, spec)
+    var = gemm.variant()
+    bits = {"nn": "0, 1", "tn": "1, 1", "nt": "0, 0", "tt": "1, 0", "epilogue": "0, 1"}
+    for name, build in _mma_products(dtype).items():
+        k = _untiled_kernel(build())
+        g = lower(k, CUDADialect(), _HOPPER, "zyx_k", {"gemm": (128, 128)})
+        if name not in bits:            # a computed operand, block totals
+            assert g.strategy == "mma", name
+            continue
+        assert g.strategy == "wgmma", name
+        bc, n_stages = g.variant["cols"], g.variant["stages"]
+        assert (bc, n_stages, g.variant["band"]) == wgmma.shape(gemm.plan(k.ops), _HOPPER, var)
+        ptx = "bf16" if dtype == "bfloat16" else "f16"
+        assert f"m64n{bc}k16.f32.{ptx}.{ptx}" in g.source
+        assert f"p, 1, 1, {bits[name]};" in g.source, name
+        assert g.launches[0].shared == wgmma.smem_bytes(bc, n_stages) > 48 << 10
+        assert compiler.binary(g.source)[:4] == b"\x7fELF", name
+        for info, want in ((_HOPPER, (64, 64)), (_H100_CC, (128, 128)),
+                           (dataclasses.replace(_HOPPER, extra=dict(_HOPPER.extra,
+                                                                    smem_optin=48 << 10)),
+                            (128, 128))):
+            assert lower(k, CUDADialect(), info, "zyx_k", {"gemm": want}).strategy == "mma"
+    monkeypatch.setenv(gemm.GEMM_ENV, spec + ",wgmma=0")
+    k = _untiled_kernel(_mma_products(dtype)["nn"]())
+    assert lower(k, CUDADialect(), _HOPPER, "zyx_k", {"gemm": (128, 128)}).strategy == "mma"
+
+
+def test_wgmma_shape_choice():
+    """128 x 256 tiles with 4 stages where a product has two of them per SM, else 128 x
+    128 with 3 (two groups per SM); the knobs override both."""
+    from zyx.backends import wgmma
+    k = _untiled_kernel(zyx.Tensor(np.ones((1024, 64), np.float32)).cast("bfloat16") @
+                        zyx.Tensor(np.ones((64, 1024), np.float32)).cast("bfloat16"))
+    p = gemm.plan(k.ops)
+    var = gemm.variant("")
+    assert wgmma.shape(p, _HOPPER, var) == (256, 4, wgmma.BAND)    # 32 wide tiles, 2 SMs
+    many = dataclasses.replace(_HOPPER, num_cores=132)
+    assert wgmma.shape(p, many, var) == (128, 3, wgmma.BAND)
+    assert wgmma.shape(p, many, gemm.variant("wn=256,stages=5,band=1")) == (256, 5, 1)
+
+
+def test_gemm_knobs_refuse_bad_wgmma_values():
+    for spec in ("wn=64", "stages=2", "stages=9"):
+        with pytest.raises(ValueError, match="wn|stages"):
+            gemm.variant(spec)
+
+
 @pytest.fixture
 def tf32_precision():
     """float32 products allowed on TF32 for one test (zyx.set_float32_matmul_precision)."""
@@ -452,7 +513,8 @@ class _FakeNVRTC:
 
 
 @pytest.mark.parametrize("cc,archs,want", [
-    ((9, 0), [75, 80, 86, 89, 90, 100], "sm_90"),
+    ((9, 0), [75, 80, 86, 89, 90, 100], "sm_90a"),   # Hopper's own instructions (wgmma)
+    ((10, 0), [75, 80, 86, 89, 90, 100], "sm_100"),
     ((8, 9), [75, 80, 86, 90], "sm_86"),          # a cubin runs on later minors
     ((12, 1), [75, 80, 86, 89, 90], "compute_90"),  # NVRTC older than the GPU: PTX
 ])
@@ -833,16 +895,19 @@ def test_freed_cuda_tensors_return_memory_to_the_pool(cuda_runtime):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("want,spec", [((128, 128), ""), ((64, 32), "double=0"),
-                                       ((32, 32), "vector=0,prefetch=0")])
+                                       ((32, 32), "vector=0,prefetch=0"),
+                                       ((128, 128), "wn=256,stages=3"),
+                                       ((128, 128), "stages=3"), ((128, 128), "wgmma=0")])
 def test_tensor_core_products_against_numpy(dtype, want, spec, cuda_runtime, monkeypatch):
-    """16-bit products on tensor cores (backends/mma.py) with tile `want` and the gemm
-    knobs `spec` (ZYX_GPU_GEMM): both local layouts of each operand, 16-byte copies
-    aligned or not, a computed operand, an epilogue with a batch, a ragged size, block
-    totals over a long K and a padded convolution, against float64 products of the same
-    16-bit values. (As if the GPU had 2 SMs: it would leave these small products to
-    the other strategies.) Skipped without compute capability 8.0."""
+    """16-bit products on tensor cores (backends/mma.py; on a Hopper GPU with 128 x 128
+    tiles, plain loads take wgmma.py's warpgroup products) with tile `want` and the gemm
+    knobs `spec` (ZYX_GPU_GEMM): both layouts of each operand, 16-byte copies aligned or
+    not, a computed operand, an epilogue with a batch, ragged sizes over more K steps
+    than stages, block totals over a long K and a padded convolution, against float64
+    products of the same 16-bit values. (As if the GPU had 2 SMs: it would leave these
+    small products to the other strategies.) Skipped without compute capability 8.0."""
     with _tensor_core_device(cuda_runtime, monkeypatch, want, spec) as found:
-        _tensor_core_checks(dtype, found, want)
+        _tensor_core_checks(dtype, found, want, spec)
 
 
 @contextlib.contextmanager
@@ -876,7 +941,7 @@ def _tensor_core_device(cuda_runtime, monkeypatch, want, spec):
         zyx.set_default_device(before)
 
 
-def _tensor_core_checks(dtype, found, want):
+def _tensor_core_checks(dtype, found, want, spec):
     from gpu_cases import _conv2d_ref
     import zyx.nn.functional as F
     rng = np.random.default_rng(8)
@@ -899,6 +964,9 @@ def _tensor_core_checks(dtype, found, want):
     check(at.T @ bt.T, rat.T @ rbt.T, 72)
     (odd, rodd) = t(200, 73)           # rows starting at odd offsets: misaligned vectors
     check(odd[:, 1:] @ b, rodd[:, 1:] @ rb, 72)
+    (c, rc), (d, rd), (dt_, rdt) = t(300, 520), t(520, 264), t(264, 520)
+    check(c @ d, rc @ rd, 520)
+    check(c @ dt_.T, rc @ rdt.T, 520)
     # a computed operand is rounded to the product's dtype before the product
     c2 = (a * 2 + 1).cast("float64").numpy()
     check((a * 2 + 1) @ b, c2 @ rb, 72)
@@ -908,8 +976,13 @@ def _tensor_core_checks(dtype, found, want):
     check(u @ v, ru @ rv, 9000)
     (img, rimg), (w, rw) = t(2, 8, 12, 12), t(16, 8, 3, 3)
     check(F.conv2d(img, w, padding=1), _conv2d_ref(rimg, rw, 1), 72)
-    assert sum(g.strategy == "mma" for g in found) >= 8, [g.strategy for g in found]
-    assert all(g.variant["rows"] == want[0] for g in found if g.strategy == "mma")
+    # (plain loads on a Hopper GPU with 128 x 128 tiles: warpgroup products, wgmma.py)
+    assert sum(g.strategy in ("mma", "wgmma") for g in found) >= 8, \
+        [g.strategy for g in found]
+    assert all(g.variant["rows"] == want[0] for g in found if g.strategy in ("mma", "wgmma"))
+    hopper = zyx._RT.resolve("cuda").info().extra.get("arch") == "sm_90a"
+    if hopper and want == (128, 128) and "wgmma=0" not in spec:
+        assert sum(g.strategy == "wgmma" for g in found) >= 6, [g.strategy for g in found]
 
 
 def _tf32(x):

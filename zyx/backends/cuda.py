@@ -65,7 +65,10 @@ def nvrtc_target(nvrtc, cc):
         archs = [want]
     same_major = [a for a in archs if a // 10 == cc[0] and a <= want]
     if same_major:
-        return f"sm_{max(same_major)}"
+        best = max(same_major)
+        # sm_90a: Hopper's architecture-specific instructions (wgmma.py), in a cubin that
+        # runs on compute capability 9.0 alone, which is this device's
+        return "sm_90a" if best == want == 90 else f"sm_{best}"
     below = [a for a in archs if a <= want]
     if not below:
         raise BackendError(f"CUDA: NVRTC supports none of the architectures up to "
@@ -119,11 +122,13 @@ def direct_launch(lib):
     return fn
 
 
-def launch_arguments(fn, groups, local_size, stream, params):
+def launch_arguments(fn, groups, local_size, stream, params, shared=0):
     """cuLaunchKernel's arguments as ctypes objects: function, grid (groups, 1, 1), block
-    (local_size, 1, 1), no dynamic shared memory, stream, kernelParams, no extra."""
+    (local_size, 1, 1), `shared` bytes of dynamic shared memory, stream, kernelParams, no
+    extra."""
     u = ctypes.c_uint
-    return (ctypes.c_void_p(int(fn)), u(groups), u(1), u(1), u(local_size), u(1), u(1), u(0),
+    return (ctypes.c_void_p(int(fn)), u(groups), u(1), u(1), u(local_size), u(1), u(1),
+            u(shared),
             ctypes.c_void_p(int(stream)), ctypes.c_void_p(int(params)), None)
 
 
@@ -217,19 +222,26 @@ class CUDADriver(ResultTupleDriver):
     def module_unload(self, module):
         self.check(self.drv.cuModuleUnload(module), "cuModuleUnload")
 
-    def launch(self, fn, groups, local_size, params):
-        err, = self._launch(fn, groups, 1, 1, local_size, 1, 1, 0, self.stream, params, 0)
+    def launch(self, fn, groups, local_size, params, shared=0):
+        err, = self._launch(fn, groups, 1, 1, local_size, 1, 1, shared, self.stream, params, 0)
         if err is not self.SUCCESS:
             self.check((err,), "cuLaunchKernel")
 
-    def prepared_launch(self, fn, groups, local_size, params):
+    def allow_shared(self, fn, nbytes):
+        """Let `fn` use `nbytes` of dynamic shared memory (above 48 KiB a function must
+        ask: wgmma's stages); returns `nbytes`."""
+        attr = self.drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        self.check(self.drv.cuFuncSetAttribute(fn, attr, nbytes), "cuFuncSetAttribute")
+        return nbytes
+
+    def prepared_launch(self, fn, groups, local_size, params, shared=0):
         """A no-argument callable making this launch (gpudriver._PreparedLaunch): the
         driver's cuLaunchKernel through ctypes with the arguments made once, or
         cuda-bindings' when the driver library cannot be called directly."""
         direct = self._direct
         if direct is None:
-            return lambda: self.launch(fn, groups, local_size, params)
-        args = launch_arguments(fn, groups, local_size, self.stream, params)
+            return lambda: self.launch(fn, groups, local_size, params, shared)
+        args = launch_arguments(fn, groups, local_size, self.stream, params, shared)
 
         def call():
             err = direct(*args)
@@ -276,7 +288,9 @@ class CUDADevice(DriverDevice):
             warp_size=d.attribute("WARP_SIZE", 32),
             num_cores=sms,
             tensor_cores=self.cc[0] >= 7,
-            extra={"cc": self.cc, "arch": self.compiler.target})
+            extra={"cc": self.cc, "arch": self.compiler.target,
+                   # the most shared memory a function may ask for (wgmma's stages)
+                   "smem_optin": d.attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", 0)})
 
 
 

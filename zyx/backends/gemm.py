@@ -61,7 +61,8 @@ COMPUTED_TILE = 64 * 64
 
 
 GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1, "mma": 1, "vector": 1, "double": 2,
-                "mk": 0, "krun": 8, "korder": 1, "fk": 0}
+                "mk": 0, "krun": 8, "korder": 1, "fk": 0, "wgmma": 1, "wn": 0,
+                "stages": 0, "band": 0}
 
 
 def enabled():
@@ -84,7 +85,11 @@ def variant(spec=None):
     along K is copied K fastest only where the innermost reduce loop has at least N
     values or the operand is not contiguous along its tile side (default 8; 0: always);
     "korder=0": the flat K keeps the kernel's loop order (`_k_order`); "fk=N": the float
-    tiles' K step (default 0: the tile's, gemm.TILES), read at each lowering.
+    tiles' K step (default 0: the tile's, gemm.TILES); "wgmma=0": 16-bit products on
+    Hopper through mma.sync instead of warpgroup products (wgmma.py); "wn=128|256":
+    cols per group of those; "stages=N": their K steps in shared memory (3-6); "band=N":
+    their groups walk the tiles in bands of N tile rows (1: row by row); those three
+    default to 0, wgmma.py's choice. Read at each lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
@@ -96,6 +101,10 @@ def variant(spec=None):
                          f"(0: automatic)")
     if out["fk"] not in (0, 4, 8, 16, 32):
         raise ValueError(f"{GEMM_ENV}={spec!r}: fk must be 4, 8, 16 or 32 (0: the tile's)")
+    if out["wn"] not in (0, 128, 256):
+        raise ValueError(f"{GEMM_ENV}={spec!r}: wn must be 128 or 256 (0: automatic)")
+    if out["stages"] not in (0, 3, 4, 5, 6):
+        raise ValueError(f"{GEMM_ENV}={spec!r}: stages must be 3 to 6 (0: automatic)")
     if out["double"] not in (0, 1, 2):
         raise ValueError(f"{GEMM_ENV}={spec!r}: double must be 0, 1 or 2 (automatic)")
     return out
@@ -736,9 +745,12 @@ class Frame:
     """What every tiled product kernel starts with: names of the kernel's constants,
     buffers and variables (`names`), its parameters (`rendered`), the index type `it`
     (32-bit where `narrow`), and the `head` statements: the group's origin zyx_r0,
-    zyx_c0 in rows and cols, its batch variables, zyx_tid."""
+    zyx_c0 in rows and cols, its batch variables, zyx_tid. Groups walk the tiles of one
+    batch position row by row, or with `band` > 1 in bands of that many tile rows, down
+    each band's columns (groups running together then share the rows' and the cols'
+    operand tiles in the L2 cache)."""
 
-    def __init__(self, kernel, dl, p, br, bc, bk, threads):
+    def __init__(self, kernel, dl, p, br, bc, bk, threads, band=1):
         from .gpu import narrow_index
         from .cfamily import Rendered
         ops = self.ops = kernel.ops
@@ -761,11 +773,24 @@ class Frame:
                 names[i] = f"i{i}"
             elif c == K.LOOP:
                 names[i] = f"r{i}"
-        gc = self.groups_c
+        gc, gr = self.groups_c, self.groups_r
         self.head = [f"  const {it} zyx_tid = ({it}){dl.local_id(0)};",
-                     f"  const {it} zyx_grp = ({it}){dl.group_id(0)};",
-                     f"  const {it} zyx_r0 = ((zyx_grp / {gc}) % {self.groups_r}) * {br};",
-                     f"  const {it} zyx_c0 = (zyx_grp % {gc}) * {bc};"]
+                     f"  const {it} zyx_grp = ({it}){dl.group_id(0)};"]
+        band = min(band, gr)
+        if band > 1:
+            # tile (r, c) in band b is group b * band * gc + c * rows + r - b * band,
+            # `rows` = band, or what is left of the tile rows in the last band
+            self.head += [
+                f"  const {it} zyx_in = zyx_grp % {gr * gc};",
+                f"  const {it} zyx_band = zyx_in / {band * gc};",
+                f"  const {it} zyx_left = {gr} - zyx_band * {band};",
+                f"  const {it} zyx_rows = zyx_left < {band} ? zyx_left : {band};",
+                f"  const {it} zyx_at = zyx_in % {band * gc};",
+                f"  const {it} zyx_r0 = (zyx_band * {band} + zyx_at % zyx_rows) * {br};",
+                f"  const {it} zyx_c0 = (zyx_at / zyx_rows) * {bc};"]
+        else:
+            self.head += [f"  const {it} zyx_r0 = ((zyx_grp / {gc}) % {gr}) * {br};",
+                          f"  const {it} zyx_c0 = (zyx_grp % {gc}) * {bc};"]
         if p.batch:
             self.head += _decode(names, ops, p.batch, f"(zyx_grp / {gc * self.groups_r})",
                                  it, "  ")
@@ -818,9 +843,12 @@ class Frame:
 def lower_gemm(kernel, dl, info, name, p, tile, var=None):
     """The `GPUKernel` of plan `p` with tile (rows, cols, K step) (module docstring);
     `var`: `variant()`'s knobs (None: the environment's). 16-bit products on devices
-    with matrix instructions go to `mma.lower_mma`."""
-    from . import mma
+    with matrix instructions go to `wgmma.lower_wgmma` (Hopper, plain loads) or
+    `mma.lower_mma`."""
+    from . import mma, wgmma
     var = var if var is not None else variant()
+    if var["mma"] and wgmma.usable(p, kernel.ops, dl, info, tile, var):
+        return wgmma.lower_wgmma(kernel, dl, info, name, p, var)
     if var["mma"] and mma.usable(p, dl, info):
         return mma.lower_mma(kernel, dl, info, name, p, tile, var)
     ops = kernel.ops

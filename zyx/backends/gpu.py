@@ -81,14 +81,16 @@ INT32_MAX = 2**31 - 1
 
 class Launch:
     """One kernel launch: entry point `entry`, `groups` work-groups of `local_size`
-    work-items (1-D), and its arguments (see the module docstring)."""
-    __slots__ = ("entry", "groups", "local_size", "args")
+    work-items (1-D), its arguments (see the module docstring), and `shared`: bytes of
+    dynamic shared memory per group (CUDA only; 0: the kernel declares what it uses)."""
+    __slots__ = ("entry", "groups", "local_size", "args", "shared")
 
-    def __init__(self, entry, groups, local_size, args):
+    def __init__(self, entry, groups, local_size, args, shared=0):
         self.entry = entry
         self.groups = groups
         self.local_size = local_size
         self.args = args
+        self.shared = shared
 
     @property
     def global_size(self):

@@ -14,6 +14,9 @@ context and its one stream, with these methods (addresses are Python ints):
     launch(fn, groups, local_size, params_address)   1-D launch on the stream
     prepared_launch(fn, groups, local_size, params_address) -> call   (optional) a
                                          no-argument callable making that launch
+    allow_shared(fn, nbytes) -> nbytes   (CUDA) let `fn` have `nbytes` of dynamic shared
+                                         memory; launch and prepared_launch then get
+                                         shared=nbytes (only for Launch.shared > 0)
 
 and the device subclass supplies `_make_info()`; its compiler (rtc.RuntimeCompiler) turns
 sources into binaries through the disk cache. Everything here runs on that single in-order stream, so a kernel
@@ -404,9 +407,12 @@ class _PreparedLaunch:
         # what enqueues it: everything but the parameter values is fixed, so a driver may
         # convert its arguments once (CUDADriver.prepared_launch) instead of per launch
         prepared = getattr(driver, "prepared_launch", None)
-        self.call = (prepared(fn, self.groups, self.local_size, self.address)
+        # (dynamic shared memory is passed only where a kernel asks for it: CUDA's)
+        more = {"shared": driver.allow_shared(fn, launch.shared)} if launch.shared else {}
+        self.call = (prepared(fn, self.groups, self.local_size, self.address, **more)
                      if prepared is not None else
-                     partial(driver.launch, fn, self.groups, self.local_size, self.address))
+                     partial(driver.launch, fn, self.groups, self.local_size, self.address,
+                             **more))
 
 
 class DriverProgram:

@@ -1,0 +1,295 @@
+"""Hopper warpgroup products: the gemm strategy's lowering for float16 and bfloat16 products
+whose operands are plain loads (matmul, batched matmul, linear layers), on NVIDIA GPUs of
+compute capability 9.0 with a cubin for sm_90a (the architecture-specific target NVRTC
+makes for them: `cuda.nvrtc_target`).
+
+mma.py's `mma.sync` keeps a warp busy issuing every 16 x 8 x 16 product and reading its
+fragments from local memory; on a Hopper GPU that reaches about a quarter of cuBLAS's
+bfloat16 matmul. Here, as cuBLAS does there:
+- `wgmma.mma_async` (a warpgroup of 4 warps issues a 64 x BC x 16 product that reads both
+  operands from shared memory itself, through matrix descriptors, into float registers).
+  A group of 256 work-items is 2 warpgroups, one for each 64 rows of a BR = 128 row tile.
+- The operands go from global to shared memory by `cp.async` (16 bytes at a time, through
+  no registers), STAGES K steps of WG_K = 64 in flight: while the tensor cores work on one
+  step the next ones' copies are on their way. A copy that is not 16-byte aligned (a view
+  at an odd offset) is read value by value and stored as a vector; past the ends of the
+  product it stores zeros.
+- Shared tiles use the 128-byte swizzle the descriptors read: a tile contiguous along K
+  ("K-major": rows of 64 values = 128 bytes) stores 16-byte chunk c of row r at chunk
+  c ^ (r % 8); a tile contiguous along its rows or cols ("MN-major", as `a @ b`'s b is)
+  is blocks of 64 rows (or cols) x 64 K, each a K row of 128 bytes per K, chunk c of K
+  row k at c ^ (k % 8). Tiles start at 1024-byte boundaries (the swizzle's period).
+- The stages need more than the 48 KiB a kernel may declare: shared memory is dynamic
+  (Launch.shared; 96 KiB at 3 stages of 128 x 128), allowed per function by the driver.
+The plan, the group decoding and the epilogue (the kernel's own ops on each
+accumulator) are gemm's; the accumulators are laid out as mma.sync's (a 16 x 8 block
+per 4 registers), so the epilogue's positions are mma.py's.
+"""
+from __future__ import annotations
+
+from .._core import kernel as K
+from .gemm import PLAIN_K, Frame, _decode, _values, vector_lanes
+
+WG_ROWS = 128           # rows per group: two warpgroups of 64
+WG_K = 64               # K per stage: one 128-byte swizzled row of 16-bit values
+ROW_BYTES = 128         # bytes of one swizzled row
+ATOM = 1024             # 8 swizzled rows: the swizzle's period, and the tiles' alignment
+THREADS = 256
+
+_PTX = {"float16": "f16", "bfloat16": "bf16"}
+
+_HELPERS = r"""
+static __device__ __forceinline__ void zyx_copy16(unsigned dst, const void* src) {
+  if ((((unsigned long long)src) & 15ull) == 0ull) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+  } else {
+    const unsigned short* h = (const unsigned short*)src;
+    unsigned w[4];
+    #pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = (unsigned)h[2 * i] | ((unsigned)h[2 * i + 1] << 16);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+  }
+}
+static __device__ __forceinline__ void zyx_zero16(unsigned dst) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" :: "r"(dst), "r"(0) : "memory");
+}
+static __device__ __forceinline__ unsigned long long zyx_desc(unsigned addr, unsigned lead,
+                                                              unsigned stride) {
+  return (unsigned long long)((addr & 0x3FFFFu) >> 4)
+       | ((unsigned long long)((lead & 0x3FFFFu) >> 4) << 16)
+       | ((unsigned long long)((stride & 0x3FFFFu) >> 4) << 32)
+       | (1ull << 62);
+}
+"""
+
+
+BAND = 8                # tile rows per band of the groups' walk (gemm.Frame), knob "band"
+
+
+def shape(p, info, var):
+    """(cols per group, stages, band) for plan `p` on device `info` with gemm's knobs
+    `var` (0: choose). 128 x 256 tiles with 4 stages where the product still has two of
+    them per compute unit (H200, bfloat16 matmul 4096: 0.429 ms against 0.448 for 128 x
+    128 with 3 stages, two groups per SM, and 0.548 with 4 stages, one), else 128 x 128
+    with 3 stages."""
+    bc = var["wn"]
+    if not bc:
+        wide = p.nb * -(-p.nr // WG_ROWS) * -(-p.nc // 256)
+        bc = 256 if wide >= 2 * max(info.num_cores, 1) else 128
+    n_stages = var["stages"] or (4 if bc == 256 else 3)
+    return bc, n_stages, var["band"] or BAND
+
+
+def smem_bytes(bc, n_stages):
+    """Dynamic shared memory of a group: the stages' tiles and 1024 bytes to align them."""
+    return n_stages * (WG_ROWS + bc) * WG_K * 2 + ATOM
+
+
+def usable(p, ops, dl, info, tile, var):
+    """True when plan `p` with gemm tile `tile` can take this lowering: a float16 or
+    bfloat16 product of two plain, unmasked global loads that `gemm.vector_lanes` copies
+    16 bytes at a time, no block totals, a 128 x 128 tile chosen (the product fills the
+    device with them), and a device compiled for sm_90a with the dynamic shared memory
+    the stages need."""
+    if not var["wgmma"] or p.narrow is None or p.masks or not getattr(dl, "mma_ptx", False):
+        return False
+    extra = info.extra or {}
+    if extra.get("arch") != "sm_90a" or tuple(tile[:2]) != (WG_ROWS, 128):
+        return False
+    if p.block and var["fold"] and p.nk > PLAIN_K:
+        return False
+    for side, kfast in (("a", p.a_kfast), ("b", p.b_kfast)):
+        op = ops[p.a if side == "a" else p.b]
+        if op[0] != K.LOAD or op[4] >= 0 or op[1] is not p.narrow:
+            return False
+        if vector_lanes(ops, p, side, kfast, p.narrow) != 8:
+            return False
+    bc, n_stages, _ = shape(p, info, var)
+    return smem_bytes(bc, n_stages) <= extra.get("smem_optin", 0)
+
+
+class _Copies:
+    """One operand's 16-byte copies into a stage (see the module docstring for the
+    layouts): `setup` statements before the K loop and `issue` statements starting this
+    work-item's copies of the K step at zyx_kn into the stage at shared address zyx_buf.
+    Where the operand's index is linear in the flat K (every reduce loop's coefficient
+    is the next inner one's times that loop's length: a matmul's, whatever blocks the
+    kernelizer split its sum into), each copy's address and row test are computed once
+    in `setup` and a step adds zyx_kn times the slope; otherwise every step decodes its
+    position and computes the index as the kernel does."""
+
+    def __init__(self, dl, ops, p, fr, side, tile_len, kfast, region):
+        from .gpu import _coefficient
+        val = p.a if side == "a" else p.b
+        op = ops[val]
+        ids = p.rows if side == "a" else p.cols
+        extent = p.nr if side == "a" else p.nc
+        origin = "zyx_r0" if side == "a" else "zyx_c0"
+        per_row = (WG_K if kfast else tile_len) // 8      # chunks along the fast direction
+        coef = [_coefficient(ops, op[3], lp, {}) for lp in p.loops]
+        lengths = [ops[lp][2] for lp in p.loops]
+        linear = None not in coef and all(coef[i] == coef[i + 1] * lengths[i + 1]
+                                          for i in range(len(coef) - 1))
+        ragged_k = p.nk % WG_K != 0
+        self.setup, self.issue = [], []
+        ind = "        "
+        for s in range(tile_len * WG_K // 8 // THREADS):
+            e = f"(zyx_tid + {s * THREADS})"
+            if kfast:
+                mm, chunk = f"({e} / {per_row})", f"({e} % {per_row})"
+                kk = f"({chunk} * 8)"
+                dst = f"{mm} * {ROW_BYTES} + (({chunk} ^ ({mm} & 7)) << 4)"
+            else:
+                kk, chunk = f"({e} / {per_row})", f"({e} % {per_row})"
+                mm = f"({chunk} * 8)"
+                dst = (f"({chunk} >> 3) * {WG_K * ROW_BYTES} + {kk} * {ROW_BYTES} + "
+                       f"((({chunk} & 7) ^ ({kk} & 7)) << 4)")
+            tag = f"{side}{s}"
+            row_ok = f"{origin} + {mm} < {extent}"
+            self.setup.append(f"  const unsigned zyx_o{tag} = {region} + {dst};")
+            names = dict(fr.names)
+            if linear:
+                # the address at K offset kk of step 0 (any address where the row is out)
+                self.setup += [f"  const bool zyx_in{tag} = {row_ok};",
+                               f"  const {dl.storage_type(op[1])}* zyx_q{tag} = "
+                               f"{names[op[2]]};",
+                               f"  if (zyx_in{tag} && {kk} < {p.nk}) {{"]
+                self.setup += _decode(names, ops, ids, f"({origin} + {mm})", fr.it, "    ")
+                self.setup += _decode(names, ops, p.loops, kk, fr.it, "    ")
+                self.setup += _values(dl, ops, [op[3]], names, fr.narrow, "    ")
+                self.setup += [f"    zyx_q{tag} += {names[op[3]]};", "  }"]
+                test = f"zyx_in{tag}" + (f" && zyx_kn + {kk} < {p.nk}" if ragged_k else "")
+                self.issue += [f"    if ({test}) zyx_copy16(zyx_buf + zyx_o{tag}, "
+                               f"zyx_q{tag} + zyx_kn * {coef[-1]});",
+                               f"    else zyx_zero16(zyx_buf + zyx_o{tag});"]
+                continue
+            self.issue += ["    {",
+                           f"      if ({row_ok} && zyx_kn + {kk} < {p.nk}) {{"]
+            self.issue += _decode(names, ops, ids, f"({origin} + {mm})", fr.it, ind)
+            self.issue += _decode(names, ops, p.loops, f"(zyx_kn + {kk})", fr.it, ind)
+            self.issue += _values(dl, ops, [op[3]], names, fr.narrow, ind)
+            self.issue += [f"{ind}zyx_copy16(zyx_buf + zyx_o{tag}, "
+                           f"{names[op[2]]} + {names[op[3]]});",
+                           "      } else {",
+                           f"{ind}zyx_zero16(zyx_buf + zyx_o{tag});",
+                           "      }", "    }"]
+
+
+def _wgmma_function(t, bc, trans_a, trans_b):
+    """The inline-PTX m64n{bc}k16 product accumulating into float d[bc / 2]."""
+    n = bc // 2
+    regs = ", ".join(f"%{i}" for i in range(n))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
+    return (f"static __device__ __forceinline__ void zyx_wgmma(float* d, unsigned long long a,"
+            f" unsigned long long b) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 2}, 0;\\n"\n'
+            f'    "wgmma.mma_async.sync.aligned.m64n{bc}k16.f32.{t}.{t} {{{regs}}}, '
+            f'%{n}, %{n + 1}, p, 1, 1, {int(trans_a)}, {int(trans_b)};\\n}}\\n"\n'
+            f'    : {outs}\n'
+            f'    : "l"(a), "l"(b), "r"(1) : "memory");\n}}\n')
+
+
+def _descriptor(base, kfast, warpgroup_rows):
+    """C expression of the descriptor of one operand's 64 (or bc) rows x 16 K at K
+    offset zyx_ks (in 16s) of the tile at shared address `base`; `warpgroup_rows`: the
+    row offset of this warpgroup's rows (A) or None (B: all cols)."""
+    if kfast:       # rows of 128 bytes, 8-row groups 1024 bytes apart; K by 32 bytes
+        start = f"{base} + zyx_ks * 32"
+        if warpgroup_rows:
+            start += f" + {warpgroup_rows} * {ROW_BYTES}"
+        return f"zyx_desc({start}, 16u, {ATOM}u)"
+    # blocks of 64 rows (cols) x 64 K, K rows of 128 bytes: 16 K are 2048 bytes; the
+    # next 64 rows (cols) are the next block; the next 8 K the next 1024 bytes
+    start = f"{base} + zyx_ks * {16 * ROW_BYTES}"
+    if warpgroup_rows:
+        start += f" + ({warpgroup_rows} / 64) * {WG_K * ROW_BYTES}"
+    return f"zyx_desc({start}, {WG_K * ROW_BYTES}u, {ATOM}u)"
+
+
+def lower_wgmma(kernel, dl, info, name, p, var):
+    """The `GPUKernel` of plan `p` (see `usable`) on Hopper warpgroup products (module
+    docstring); `var`: gemm's knobs ("wn", "stages", "band": see `shape`)."""
+    ops = kernel.ops
+    bc, n_stages, band = shape(p, info, var)
+    br, bk = WG_ROWS, WG_K
+    a_bytes, b_bytes = br * bk * 2, bc * bk * 2
+    stage_bytes = a_bytes + b_bytes
+    fr = Frame(kernel, dl, p, br, bc, bk, THREADS, band)
+    it = fr.it
+    nkt = -(-p.nk // bk)
+    nacc = bc // 2
+
+    copies = [_Copies(dl, ops, p, fr, "a", br, p.a_kfast, 0),
+              _Copies(dl, ops, p, fr, "b", bc, p.b_kfast, a_bytes)]
+    ahead = n_stages - 2        # K steps copied ahead of the products
+
+    def issue(step):
+        """The copies of K step `step` (a C expression) into its stage, and a commit
+        (an empty group past the end: "all but the newest N groups" then always counts
+        steps)."""
+        out = [f"  if ({step} < {nkt}) {{",
+               f"    const {it} zyx_kn = ({it})({step}) * {bk};",
+               f"    const unsigned zyx_buf = zyx_base + (({step}) % {n_stages}) * "
+               f"{stage_bytes}u;"]
+        for c in copies:
+            out += c.issue
+        return out + ["  }", '  asm volatile("cp.async.commit_group;" ::: "memory");']
+
+    fence_acc = (f"  for (int q = 0; q < {nacc}; q++) "
+                 f"asm volatile(\"\" : \"+f\"(zyx_d[q]) :: \"memory\");")
+    body = ["  extern __shared__ __align__(1024) unsigned char zyx_smem[];"] + fr.head + [
+        f"  const unsigned zyx_base = ((unsigned)__cvta_generic_to_shared(zyx_smem) + "
+        f"{ATOM - 1}u) & ~{ATOM - 1}u;",
+        "  const int zyx_lane = (int)(zyx_tid % 32);",
+        "  const int zyx_wg = (int)(zyx_tid / 128);",
+        "  const int zyx_w4 = (int)((zyx_tid / 32) % 4);",
+        f"  float zyx_d[{nacc}];",
+        "  #pragma unroll",
+        f"  for (int q = 0; q < {nacc}; q++) zyx_d[q] = 0.0f;"]
+    for c in copies:
+        body += c.setup
+    body += [f"  for (int zyx_s = 0; zyx_s < {ahead}; zyx_s++) {{"]
+    body += ["  " + line for line in issue("zyx_s")] + ["  }"]
+    # Step kt: its copies landed (this work-item's: wait_group; everyone's: the barrier,
+    # after the fence that orders the generic-proxy copies before wgmma's async-proxy
+    # reads). Each warpgroup left step kt - 1 after waiting for its products of step kt
+    # - 2, so past the barrier no product reads step kt - 2's stage: it takes the copies
+    # of step kt + STAGES - 2. Step kt's products are issued and left running while the
+    # next step waits and copies (wait_group 1).
+    body += [f"  for (int zyx_kt = 0; zyx_kt < {nkt}; zyx_kt++) {{",
+             f'    asm volatile("cp.async.wait_group {ahead - 1};" ::: "memory");',
+             '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");',
+             f"    {dl.barrier()};"]
+    body += ["  " + line for line in issue(f"zyx_kt + {ahead}")]
+    body += [f"    const unsigned zyx_cur = zyx_base + (zyx_kt % {n_stages}) * {stage_bytes}u;",
+             "    #pragma unroll",
+             "  " + fence_acc,
+             '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
+             "    #pragma unroll",
+             f"    for (int zyx_ks = 0; zyx_ks < {bk // 16}; zyx_ks++) {{",
+             f"      zyx_wgmma(zyx_d, {_descriptor('zyx_cur', p.a_kfast, 'zyx_wg * 64')}, "
+             f"{_descriptor(f'(zyx_cur + {a_bytes}u)', p.b_kfast, None)});",
+             "    }",
+             '    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
+             '    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");',
+             "    #pragma unroll",
+             "  " + fence_acc,
+             "  }",
+             '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
+             "  #pragma unroll",
+             fence_acc]
+    # accumulator 4j + q: row lane / 4 (+8 for q >= 2) of the warp's 16, col 8j + 2 (lane
+    # % 4) (+1 for odd q), as mma.sync's m16n8 blocks
+    outputs = [(f"zyx_r0 + zyx_wg * 64 + zyx_w4 * 16 + {(q >> 1) * 8} + (zyx_lane >> 2)",
+                f"zyx_c0 + {j * 8 + (q & 1)} + (zyx_lane & 3) * 2", f"zyx_d[{4 * j + q}]")
+               for j in range(bc // 8) for q in range(4)]
+    body += fr.epilogue(dl, ops, p, outputs)
+    # the instruction's transpose bits: 0 reads a K-major tile, 1 an MN-major one
+    prelude = _HELPERS + _wgmma_function(_PTX[p.narrow.name], bc, not p.a_kfast,
+                                         not p.b_kfast)
+    g = fr.kernel(kernel, dl, name, body, "wgmma",
+                  {"rows": br, "cols": bc, "k": bk, "stages": n_stages, "band": band,
+                   "mma": _PTX[p.narrow.name]}, prelude=prelude)
+    g.launches[0].shared = smem_bytes(bc, n_stages)
+    return g
