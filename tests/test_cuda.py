@@ -302,7 +302,7 @@ _HOPPER = dataclasses.replace(_H100_CC, extra={"cc": (9, 0), "arch": "sm_90a",
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("spec", ["", "wn=128,stages=3,band=1", "stages=6,band=3"])
+@pytest.mark.parametrize("spec", ["", "wn=128,stages=3", "stages=6"])
 def test_wgmma_kernels_compile_to_cubins(dtype, spec, compiler, monkeypatch):
     """16-bit products of plain loads on a Hopper device compiled for sm_90a, with 128 x
     128 tiles: warpgroup products (wgmma.py) for every layout of the operands (the
@@ -322,7 +322,7 @@ def test_wgmma_kernels_compile_to_cubins(dtype, spec, compiler, monkeypatch):
             continue
         assert g.strategy == "wgmma", name
         bc, n_stages = g.variant["cols"], g.variant["stages"]
-        assert (bc, n_stages, g.variant["band"]) == wgmma.shape(gemm.plan(k.ops), _HOPPER, var)
+        assert (bc, n_stages) == wgmma.shape(gemm.plan(k.ops), _HOPPER, var)
         ptx = "bf16" if dtype == "bfloat16" else "f16"
         assert f"m64n{bc}k16.f32.{ptx}.{ptx}" in g.source
         assert f"p, 1, 1, {bits[name]};" in g.source, name
@@ -346,10 +346,10 @@ def test_wgmma_shape_choice():
                         zyx.Tensor(np.ones((64, 1024), np.float32)).cast("bfloat16"))
     p = gemm.plan(k.ops)
     var = gemm.variant("")
-    assert wgmma.shape(p, _HOPPER, var) == (256, 4, wgmma.BAND)    # 32 wide tiles, 2 SMs
+    assert wgmma.shape(p, _HOPPER, var) == (256, 4)      # 32 wide tiles, 2 SMs
     many = dataclasses.replace(_HOPPER, num_cores=132)
-    assert wgmma.shape(p, many, var) == (128, 3, wgmma.BAND)
-    assert wgmma.shape(p, many, gemm.variant("wn=256,stages=5,band=1")) == (256, 5, 1)
+    assert wgmma.shape(p, many, var) == (128, 3)
+    assert wgmma.shape(p, many, gemm.variant("wn=256,stages=5")) == (256, 5)
 
 
 def test_gemm_knobs_refuse_bad_wgmma_values():

@@ -339,3 +339,21 @@ def test_tuner_skips_a_failing_schedule_and_keeps_the_fastest(tmp_path, device, 
                  tuning.ScheduleStore("stub", str(tmp_path))).choose_lowering(k)
     assert dev2.schedules[k] == {"x": 2} and not dev2.released
     assert stats["schedules_reused"] == 1
+
+
+def test_lowering_key_names_the_float32_precision():
+    """A GPU lowering chosen under TF32 ("high") is stored apart from the float32 one:
+    the fastest schedule of one is not the other's (and "highest" keeps its old name,
+    so earlier results stay valid)."""
+    from test_cuda import _untiled_kernel
+    k = _untiled_kernel(zyx.Tensor(np.ones((64, 32), np.float32)) @
+                        zyx.Tensor(np.ones((32, 48), np.float32)))
+    before = zyx.get_float32_matmul_precision()
+    try:
+        zyx.set_float32_matmul_precision("highest")
+        plain = tuning.lowering_key(k)
+        assert plain == tuning.kernel_key("lowering", k)
+        zyx.set_float32_matmul_precision("high")
+        assert tuning.lowering_key(k) == plain + ":high"
+    finally:
+        zyx.set_float32_matmul_precision(before)

@@ -141,6 +141,17 @@ def kernel_key(kind, kernel):
     return kind + ":" + hashlib.sha256(repr(kernel.key).encode()).hexdigest()[:32]
 
 
+def lowering_key(kernel):
+    """The stored name of `kernel`'s lowering schedule: its content and, where float32
+    products may run on TF32 (zyx.set_float32_matmul_precision), that setting: the
+    fastest schedule of one need not be the fastest of the other ("highest" keeps the
+    name it always had)."""
+    from .backends.mma import float32_precision
+    key = kernel_key("lowering", kernel)
+    precision = float32_precision()
+    return key if precision == "highest" else f"{key}:{precision}"
+
+
 def _fill(dtype, numel):
     """Host data for a timing buffer: ones of `dtype` (bfloat16 travels as its bits)."""
     if dtype.name == "bfloat16":
@@ -195,7 +206,7 @@ class Tuner:
         if len(cands) < 2:
             return
         labels = [label for label, _ in cands]
-        key = kernel_key("lowering", kernel)
+        key = lowering_key(kernel)
         best = self.store.get(key, labels)
         if best is not None:
             self.stats["schedules_reused"] += 1

@@ -62,7 +62,7 @@ COMPUTED_TILE = 64 * 64
 
 GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1, "mma": 1, "vector": 1, "double": 2,
                 "mk": 0, "krun": 8, "korder": 1, "fk": 0, "wgmma": 1, "wn": 0,
-                "stages": 0, "band": 0}
+                "stages": 0}
 
 
 def enabled():
@@ -87,8 +87,7 @@ def variant(spec=None):
     "korder=0": the flat K keeps the kernel's loop order (`_k_order`); "fk=N": the float
     tiles' K step (default 0: the tile's, gemm.TILES); "wgmma=0": 16-bit products on
     Hopper through mma.sync instead of warpgroup products (wgmma.py); "wn=128|256":
-    cols per group of those; "stages=N": their K steps in shared memory (3-6); "band=N":
-    their groups walk the tiles in bands of N tile rows (1: row by row); those three
+    cols per group of those; "stages=N": their K steps in shared memory (3-6); both
     default to 0, wgmma.py's choice. Read at each lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
@@ -745,12 +744,9 @@ class Frame:
     """What every tiled product kernel starts with: names of the kernel's constants,
     buffers and variables (`names`), its parameters (`rendered`), the index type `it`
     (32-bit where `narrow`), and the `head` statements: the group's origin zyx_r0,
-    zyx_c0 in rows and cols, its batch variables, zyx_tid. Groups walk the tiles of one
-    batch position row by row, or with `band` > 1 in bands of that many tile rows, down
-    each band's columns (groups running together then share the rows' and the cols'
-    operand tiles in the L2 cache)."""
+    zyx_c0 in rows and cols, its batch variables, zyx_tid."""
 
-    def __init__(self, kernel, dl, p, br, bc, bk, threads, band=1):
+    def __init__(self, kernel, dl, p, br, bc, bk, threads):
         from .gpu import narrow_index
         from .cfamily import Rendered
         ops = self.ops = kernel.ops
@@ -773,24 +769,11 @@ class Frame:
                 names[i] = f"i{i}"
             elif c == K.LOOP:
                 names[i] = f"r{i}"
-        gc, gr = self.groups_c, self.groups_r
+        gc = self.groups_c
         self.head = [f"  const {it} zyx_tid = ({it}){dl.local_id(0)};",
-                     f"  const {it} zyx_grp = ({it}){dl.group_id(0)};"]
-        band = min(band, gr)
-        if band > 1:
-            # tile (r, c) in band b is group b * band * gc + c * rows + r - b * band,
-            # `rows` = band, or what is left of the tile rows in the last band
-            self.head += [
-                f"  const {it} zyx_in = zyx_grp % {gr * gc};",
-                f"  const {it} zyx_band = zyx_in / {band * gc};",
-                f"  const {it} zyx_left = {gr} - zyx_band * {band};",
-                f"  const {it} zyx_rows = zyx_left < {band} ? zyx_left : {band};",
-                f"  const {it} zyx_at = zyx_in % {band * gc};",
-                f"  const {it} zyx_r0 = (zyx_band * {band} + zyx_at % zyx_rows) * {br};",
-                f"  const {it} zyx_c0 = (zyx_at / zyx_rows) * {bc};"]
-        else:
-            self.head += [f"  const {it} zyx_r0 = ((zyx_grp / {gc}) % {gr}) * {br};",
-                          f"  const {it} zyx_c0 = (zyx_grp % {gc}) * {bc};"]
+                     f"  const {it} zyx_grp = ({it}){dl.group_id(0)};",
+                     f"  const {it} zyx_r0 = ((zyx_grp / {gc}) % {self.groups_r}) * {br};",
+                     f"  const {it} zyx_c0 = (zyx_grp % {gc}) * {bc};"]
         if p.batch:
             self.head += _decode(names, ops, p.batch, f"(zyx_grp / {gc * self.groups_r})",
                                  it, "  ")

@@ -10,17 +10,19 @@ bfloat16 matmul. Here, as cuBLAS does there:
   operands from shared memory itself, through matrix descriptors, into float registers).
   A group of 256 work-items is 2 warpgroups, one for each 64 rows of a BR = 128 row tile.
 - The operands go from global to shared memory by `cp.async` (16 bytes at a time, through
-  no registers), STAGES K steps of WG_K = 64 in flight: while the tensor cores work on one
-  step the next ones' copies are on their way. A copy that is not 16-byte aligned (a view
-  at an odd offset) is read value by value and stored as a vector; past the ends of the
-  product it stores zeros.
+  no registers) into STAGES stages of WG_K = 64: STAGES - 2 K steps are copied ahead of
+  the step being multiplied, and each step's products are left running while the next
+  step waits for its copies (one batch of wgmma in flight). A copy that is not 16-byte
+  aligned (a view at an odd offset) is read value by value and stored as a vector; past
+  the ends of the product it stores zeros.
 - Shared tiles use the 128-byte swizzle the descriptors read: a tile contiguous along K
   ("K-major": rows of 64 values = 128 bytes) stores 16-byte chunk c of row r at chunk
   c ^ (r % 8); a tile contiguous along its rows or cols ("MN-major", as `a @ b`'s b is)
   is blocks of 64 rows (or cols) x 64 K, each a K row of 128 bytes per K, chunk c of K
   row k at c ^ (k % 8). Tiles start at 1024-byte boundaries (the swizzle's period).
 - The stages need more than the 48 KiB a kernel may declare: shared memory is dynamic
-  (Launch.shared; 96 KiB at 3 stages of 128 x 128), allowed per function by the driver.
+  (Launch.shared; 97 KiB at 3 stages of 128 x 128, 193 KiB at 4 of 128 x 256: `shape`),
+  allowed per function by the driver.
 The plan, the group decoding and the epilogue (the kernel's own ops on each
 accumulator) are gemm's; the accumulators are laid out as mma.sync's (a 16 x 8 block
 per 4 registers), so the epilogue's positions are mma.py's.
@@ -64,11 +66,8 @@ static __device__ __forceinline__ unsigned long long zyx_desc(unsigned addr, uns
 """
 
 
-BAND = 8                # tile rows per band of the groups' walk (gemm.Frame), knob "band"
-
-
 def shape(p, info, var):
-    """(cols per group, stages, band) for plan `p` on device `info` with gemm's knobs
+    """(cols per group, stages) for plan `p` on device `info` with gemm's knobs
     `var` (0: choose). 128 x 256 tiles with 4 stages where the product still has two of
     them per compute unit (H200, bfloat16 matmul 4096: 0.429 ms against 0.448 for 128 x
     128 with 3 stages, two groups per SM, and 0.548 with 4 stages, one), else 128 x 128
@@ -78,7 +77,7 @@ def shape(p, info, var):
         wide = p.nb * -(-p.nr // WG_ROWS) * -(-p.nc // 256)
         bc = 256 if wide >= 2 * max(info.num_cores, 1) else 128
     n_stages = var["stages"] or (4 if bc == 256 else 3)
-    return bc, n_stages, var["band"] or BAND
+    return bc, n_stages
 
 
 def smem_bytes(bc, n_stages):
@@ -105,7 +104,7 @@ def usable(p, ops, dl, info, tile, var):
             return False
         if vector_lanes(ops, p, side, kfast, p.narrow) != 8:
             return False
-    bc, n_stages, _ = shape(p, info, var)
+    bc, n_stages = shape(p, info, var)
     return smem_bytes(bc, n_stages) <= extra.get("smem_optin", 0)
 
 
@@ -209,13 +208,13 @@ def _descriptor(base, kfast, warpgroup_rows):
 
 def lower_wgmma(kernel, dl, info, name, p, var):
     """The `GPUKernel` of plan `p` (see `usable`) on Hopper warpgroup products (module
-    docstring); `var`: gemm's knobs ("wn", "stages", "band": see `shape`)."""
+    docstring); `var`: gemm's knobs ("wn", "stages": see `shape`)."""
     ops = kernel.ops
-    bc, n_stages, band = shape(p, info, var)
+    bc, n_stages = shape(p, info, var)
     br, bk = WG_ROWS, WG_K
     a_bytes, b_bytes = br * bk * 2, bc * bk * 2
     stage_bytes = a_bytes + b_bytes
-    fr = Frame(kernel, dl, p, br, bc, bk, THREADS, band)
+    fr = Frame(kernel, dl, p, br, bc, bk, THREADS)
     it = fr.it
     nkt = -(-p.nk // bk)
     nacc = bc // 2
@@ -289,7 +288,7 @@ def lower_wgmma(kernel, dl, info, name, p, var):
     prelude = _HELPERS + _wgmma_function(_PTX[p.narrow.name], bc, not p.a_kfast,
                                          not p.b_kfast)
     g = fr.kernel(kernel, dl, name, body, "wgmma",
-                  {"rows": br, "cols": bc, "k": bk, "stages": n_stages, "band": band,
+                  {"rows": br, "cols": bc, "k": bk, "stages": n_stages,
                    "mma": _PTX[p.narrow.name]}, prelude=prelude)
     g.launches[0].shared = smem_bytes(bc, n_stages)
     return g
