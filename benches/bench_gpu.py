@@ -11,6 +11,12 @@ in the same run (group "copy").
 Skipped, saying why, on a machine without a GPU (OpenCL CPU devices such as PoCL are not
 benchmarked here). Run on the GPU machine with `bash .ci/gpu_run.sh` (see there).
 """
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -364,3 +370,50 @@ def test_tiny_realization_zyx(benchmark, gpu):
 def test_tiny_op_torch(benchmark):
     x = torch.randn(4096, device="cuda")
     _run(benchmark, lambda: x + 1, _tsync, {"ops": 1}, rounds=30)
+
+
+# -- first step with an empty kernel cache (issue 13: under 2 s) ---------------------------
+
+_COLD = textwrap.dedent("""
+    import time, numpy as np, zyx, zyx.nn as nn, zyx.nn.functional as F
+    from zyx import optim
+    zyx.set_default_device({device!r})
+    zyx.manual_seed(0)
+    rng = np.random.default_rng(0)
+    if {workload!r} == "mlp":
+        model = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
+        shape = (64, 784)
+    else:
+        model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                              nn.Flatten(), nn.Linear(16 * 7 * 7, 10))
+        shape = (64, 1, 28, 28)
+    opt = optim.Adam(model.parameters(), lr=1e-3)
+    x = zyx.tensor(rng.standard_normal(shape, dtype=np.float32))
+    y = zyx.tensor(rng.integers(0, 10, 64))
+    zyx.synchronize()
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()
+        zyx.synchronize()
+    t0 = time.perf_counter(); step(); t1 = time.perf_counter(); step(); t2 = time.perf_counter()
+    print(t1 - t0, t2 - t1, zyx.stats()["kernels_compiled"])
+""")
+
+
+@needs_gpu
+@pytest.mark.parametrize("workload", ["mlp", "convnet"])
+def test_first_step_cold_cache_zyx(benchmark, gpu, workload):
+    """The first Adam step of a fresh process with an empty kernel cache (every kernel
+    lowered and compiled by the device's compiler), then the second step."""
+    benchmark.group = "first step, empty kernel cache"
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, XDG_CACHE_HOME=cache)
+        res = benchmark.pedantic(lambda: subprocess.run(
+            [sys.executable, "-c", _COLD.format(device=gpu, workload=workload)], env=env,
+            capture_output=True, text=True, check=True), rounds=1, iterations=1)
+    first, second, compiled = res.stdout.split()[-3:]
+    benchmark.extra_info.update(first_step_ms=float(first) * 1e3,
+                                second_step_ms=float(second) * 1e3, kernels=int(compiled))
+    print(f"\nzyx {gpu} {workload} cold first step {float(first) * 1e3:.0f} ms "
+          f"({compiled} kernels compiled), second step {float(second) * 1e3:.2f} ms")
