@@ -461,6 +461,28 @@ def test_disk_cache_round_trip(compiler, tmp_path):
     assert again.compiled == 0
 
 
+def test_binaries_compile_the_missing_sources_in_parallel(compiler, tmp_path):
+    """RuntimeCompiler.binaries: every source's binary in order (duplicates once), the
+    ones in memory or on disk not compiled again, the rest compiled by parallel threads
+    into the same cubins one compile gives; a bad source raises its own error."""
+    from zyx.backends.cuda import nvrtc_compiler
+    srcs = [SIMPLE.replace("2.0f", f"{v}.0f") for v in range(5)]
+    first = compiler.binary(srcs[0])                     # in memory and on disk
+    out = compiler.binaries(srcs + [srcs[3]])
+    assert compiler.compiled == 5                        # 1 before, 4 now
+    assert out[0] == first and out[3] == out[5] and len(set(out[:5])) == 5
+    assert all(b[:4] == b"\x7fELF" for b in out)
+    fresh = nvrtc_compiler((9, 0))                       # a second process: from disk
+    fresh.disk = BinaryCache("cuda", "cubin", str(tmp_path))
+    assert fresh.binaries(srcs) == out[:5] and fresh.compiled == 0
+    alone = nvrtc_compiler((9, 0))
+    alone.disk = BinaryCache("cuda", "cubin", str(tmp_path / "other"))
+    assert [alone.compile(src) for src in srcs[1:3]] == out[1:3]
+    bad = SIMPLE.replace("2.0f", "undefined_name")
+    with pytest.raises(BackendError, match="undefined_name"):
+        compiler.binaries([srcs[0], bad, SIMPLE.replace("2.0f", "7.0f")])
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "no_digest", "empty"])
 def test_damaged_cached_binary_is_rejected_and_rebuilt(compiler, tmp_path, damage):
     good = compiler.binary(SIMPLE)
@@ -616,6 +638,9 @@ class SourceAsBinary:
     def binary(self, source):
         return source.encode()
 
+    def binaries(self, sources):
+        return [self.binary(src) for src in sources]
+
 
 class HandLoweredDevice(gpudriver.DriverDevice):
     """A DriverDevice whose lowering returns a given GPUKernel."""
@@ -630,6 +655,43 @@ class HandLoweredDevice(gpudriver.DriverDevice):
 
     def render(self, kernel, name="zyx_k", schedule=None):
         return self.gpu_kernel
+
+
+class _PerKernelDevice(gpudriver.DriverDevice):
+    """A DriverDevice lowering kernel `n` (any hashable) to a source of its own, whose
+    compiler records what `binaries` was asked for."""
+    backend = "test"
+
+    def __init__(self):
+        class Recording(SourceAsBinary):
+            batches = []
+
+            def binaries(self, sources):
+                self.batches.append(list(sources))
+                return super().binaries(sources)
+        drv = HostMemoryDriver()
+        super().__init__(drv, gpudriver.DriverMemoryPool(drv, "test"), CUDADialect(),
+                         Recording())
+
+    def _make_info(self):
+        return DeviceInfo(name="host-memory test device")
+
+    def render(self, kernel, name="zyx_k", schedule=None):
+        return GPUKernel(f"k{kernel}:1", [Launch(f"k{kernel}", 1, 64, [("arg", 0)])])
+
+
+def test_compile_many_compiles_a_plans_new_sources_together():
+    """DriverDevice.compile_many: one `binaries` call for the kernels not compiled yet
+    (their sources compile in parallel there), programs in the kernels' order, a kernel
+    twice gets one program, and kernels compiled before are not compiled again."""
+    dev = _PerKernelDevice()
+    progs = dev.compile_many([1, 2, 1, 3])
+    assert dev.compiler.batches == [["k1:1", "k2:1", "k3:1"]]
+    assert progs[0] is progs[2] and len({id(p) for p in progs}) == 3
+    assert [p.gpu.launches[0].entry for p in progs] == ["k1", "k2", "k1", "k3"]
+    again = dev.compile_many([2, 4])          # one new kernel: compiled alone
+    assert again[0] is progs[1] and again[1].gpu.source == "k4:1"
+    assert dev.compiler.batches == [["k1:1", "k2:1", "k3:1"]]
 
 
 def test_pool_copies_round_trip_through_staging_chunks(monkeypatch):

@@ -484,11 +484,26 @@ class DriverDevice:
         prog = self._programs[kernel] = self.compile_variant(kernel, None)
         return prog
 
-    def compile_variant(self, kernel, schedule):
+    def compile_many(self, kernels):
+        """`compile` of each of `kernels`, the sources not compiled yet compiled in parallel
+        first (RuntimeCompiler.binaries)."""
+        todo = [k for k in dict.fromkeys(kernels) if k not in self._programs]
+        if len(todo) > 1:
+            lowered = [self.render(k) for k in todo]
+            self.compiler.binaries([g.source for g in lowered
+                                    if g.source not in self._modules])
+            for k, g in zip(todo, lowered):
+                self._programs[k] = self.compile_variant(k, None, g)
+        return [self.compile(k) for k in kernels]
+
+    def compile_variant(self, kernel, schedule, gpu=None):
         """A program of `kernel` lowered with `schedule` (None: the chosen or default one),
-        not kept for later plans: the autotuner times these and releases them."""
+        not kept for later plans: the autotuner times these and releases them. `gpu`: the
+        kernel already lowered so (compile_many)."""
         # (render overridden with the older (kernel, name) signature still works)
-        gpu = self.render(kernel) if schedule is None else self.render(kernel, schedule=schedule)
+        if gpu is None:
+            gpu = self.render(kernel) if schedule is None else \
+                self.render(kernel, schedule=schedule)
         src = gpu.source
         ensure_current(self.driver)
         entry = self._modules.get(src)

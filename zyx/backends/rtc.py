@@ -6,11 +6,15 @@ target + options, so a second process compiles nothing.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import BackendError
 from .binary_cache import BinaryCache, cache_key
+
+MAX_THREADS = 16      # most compiler runs at once (`binaries`)
 
 NVRTC_NAMES = {"create": "nvrtcCreateProgram", "compile": "nvrtcCompileProgram",
                "log_size": "nvrtcGetProgramLogSize", "log": "nvrtcGetProgramLog",
@@ -53,8 +57,42 @@ class RuntimeCompiler:
         self._memory[source] = data
         return data
 
+    def binaries(self, sources):
+        """`binary` of each of `sources`, the ones neither cache holds compiled in parallel
+        threads (one program per thread: NVRTC and hiprtc compile programs independently,
+        and the bindings release the GIL while they do; a plan's first realization then
+        waits for the slowest kernel, not for their sum). A failure raises the first
+        source's error, as compiling them in turn would."""
+        missing = []
+        for src in dict.fromkeys(sources):
+            if src in self._memory:
+                continue
+            key = cache_key(src, self.label, self.version, self.target, *self.options)
+            data = self.disk.load(key)
+            if data is None:
+                missing.append((src, key))
+            else:
+                self._memory[src] = data
+        if len(missing) > 1:
+            workers = min(len(missing), os.cpu_count() or 1, MAX_THREADS)
+            with ThreadPoolExecutor(workers) as pool:
+                built = list(pool.map(lambda sk: self._run(sk[0]), missing))
+        else:
+            built = [self._run(src) for src, _ in missing]
+        self.compiled += len(missing)
+        for (src, key), data in zip(missing, built):
+            self.disk.store(key, data)
+            self._memory[src] = data
+        return [self._memory[src] for src in sources]
+
     def compile(self, source):
         """Run the compiler (no cache); BackendError with its log and the source on failure."""
+        out = self._run(source)
+        self.compiled += 1
+        return out
+
+    def _run(self, source):
+        """`compile` without counting the run (threads of `binaries` count together)."""
         t0 = time.perf_counter()
         fn = self.fn
         err, prog = fn["create"](source.encode(), b"zyx.cu", 0, [], [])
@@ -75,7 +113,6 @@ class RuntimeCompiler:
             fn["destroy"](prog)
         if not size:
             raise BackendError(f"{self.label} compiled {self.target} code of 0 bytes")
-        self.compiled += 1
         if self.debug & 32:
             print(f"zyx: {self.label} compiled {size} bytes for {self.target} in "
                   f"{(time.perf_counter() - t0) * 1e3:.1f} ms", file=sys.stderr)
