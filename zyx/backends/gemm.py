@@ -62,7 +62,7 @@ COMPUTED_TILE = 64 * 64
 
 GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1, "mma": 1, "vector": 1, "double": 2,
                 "mk": 0, "krun": 8, "korder": 1, "fk": 0, "wgmma": 1, "wn": 0,
-                "stages": 0, "ws": 0}
+                "stages": 0}
 
 
 def enabled():
@@ -88,8 +88,7 @@ def variant(spec=None):
     tiles' K step (default 0: the tile's, gemm.TILES); "wgmma=0": 16-bit products on
     Hopper through mma.sync instead of warpgroup products (wgmma.py); "wn=128|256":
     cols per group of those; "stages=N": their K steps in shared memory (3-6); both
-    default to 0, wgmma.py's choice; "ws=1": a producer warpgroup copies for them
-    (wgmma._specialized). Read at each lowering.
+    default to 0, wgmma.py's choice. Read at each lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
@@ -105,8 +104,6 @@ def variant(spec=None):
         raise ValueError(f"{GEMM_ENV}={spec!r}: wn must be 128 or 256 (0: automatic)")
     if out["stages"] not in (0, 3, 4, 5, 6):
         raise ValueError(f"{GEMM_ENV}={spec!r}: stages must be 3 to 6 (0: automatic)")
-    if out["ws"] not in (0, 1):
-        raise ValueError(f"{GEMM_ENV}={spec!r}: ws must be 0 or 1")
     if out["double"] not in (0, 1, 2):
         raise ValueError(f"{GEMM_ENV}={spec!r}: double must be 0, 1 or 2 (automatic)")
     return out
@@ -813,12 +810,10 @@ class Frame:
             body += blk
         return body
 
-    def kernel(self, kernel, dl, name, body, strategy, variant, prelude="", bounds=""):
-        """The `GPUKernel` of statements `body` (one launch of the frame's groups);
-        `bounds`: launch bounds written before the name (CUDA)."""
+    def kernel(self, kernel, dl, name, body, strategy, variant, prelude=""):
+        """The `GPUKernel` of statements `body` (one launch of the frame's groups)."""
         from .gpu import GPUKernel, Launch, _params
-        head = f"{dl.kernel_prefix} {bounds + ' ' if bounds else ''}{name}"
-        src = (f"{head}({', '.join(_params(kernel, dl, self.rendered))}) "
+        src = (f"{dl.kernel_prefix} {name}({', '.join(_params(kernel, dl, self.rendered))}) "
                "{\n" + "\n".join(body) + "\n}\n")
         args = [("arg", i) for i in range(len(kernel.args))]
         g = GPUKernel(dl.prelude + prelude + src,

@@ -56,18 +56,6 @@ static __device__ __forceinline__ void zyx_copy16(unsigned dst, const void* src)
 static __device__ __forceinline__ void zyx_zero16(unsigned dst) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" :: "r"(dst), "r"(0) : "memory");
 }
-static __device__ __forceinline__ void zyx_bar_init(unsigned bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-static __device__ __forceinline__ void zyx_bar_wait(unsigned bar, unsigned parity) {
-  asm volatile("{\n.reg .pred p;\nZYX_WAIT:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-               "@!p bra ZYX_WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
-}
-static __device__ __forceinline__ void zyx_bar_arrive(unsigned bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n"
-               :: "r"(bar) : "memory");
-}
 static __device__ __forceinline__ unsigned long long zyx_desc(unsigned addr, unsigned lead,
                                                               unsigned stride) {
   return (unsigned long long)((addr & 0x3FFFFu) >> 4)
@@ -93,9 +81,8 @@ def shape(p, info, var):
 
 
 def smem_bytes(bc, n_stages):
-    """Dynamic shared memory of a group: the stages' tiles, 1024 bytes to align them, and
-    two 8-byte mbarriers per stage (`_specialized`)."""
-    return n_stages * (WG_ROWS + bc) * WG_K * 2 + ATOM + 16 * n_stages
+    """Dynamic shared memory of a group: the stages' tiles and 1024 bytes to align them."""
+    return n_stages * (WG_ROWS + bc) * WG_K * 2 + ATOM
 
 
 def usable(p, ops, dl, info, tile, var):
@@ -131,8 +118,7 @@ class _Copies:
     in `setup` and a step adds zyx_kn times the slope; otherwise every step decodes its
     position and computes the index as the kernel does."""
 
-    def __init__(self, dl, ops, p, fr, side, tile_len, kfast, region, threads=THREADS,
-                 tid="zyx_tid"):
+    def __init__(self, dl, ops, p, fr, side, tile_len, kfast, region):
         from .gpu import _coefficient
         val = p.a if side == "a" else p.b
         op = ops[val]
@@ -147,8 +133,8 @@ class _Copies:
         ragged_k = p.nk % WG_K != 0
         self.setup, self.issue = [], []
         ind = "        "
-        for s in range(tile_len * WG_K // 8 // threads):
-            e = f"({tid} + {s * threads})"
+        for s in range(tile_len * WG_K // 8 // THREADS):
+            e = f"(zyx_tid + {s * THREADS})"
             if kfast:
                 mm, chunk = f"({e} / {per_row})", f"({e} % {per_row})"
                 kk = f"({chunk} * 8)"
@@ -220,70 +206,20 @@ def _descriptor(base, kfast, warpgroup_rows):
     return f"zyx_desc({start}, {WG_K * ROW_BYTES}u, {ATOM}u)"
 
 
-def _products(p, nacc, a_bytes, bk, cur):
-    """Statements issuing one K step's products from the stage at shared address `cur`
-    (this warpgroup's rows: zyx_wg) and leaving them running: the step before's are
-    awaited (wgmma.wait_group 1). The empty asm statements tell the compiler the
-    accumulators change there (the hardware writes them while no instruction does)."""
-    fence_acc = (f"    for (int q = 0; q < {nacc}; q++) "
-                 f"asm volatile(\"\" : \"+f\"(zyx_d[q]) :: \"memory\");")
-    return ["    #pragma unroll", fence_acc,
-            '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
-            "    #pragma unroll",
-            f"    for (int zyx_ks = 0; zyx_ks < {bk // 16}; zyx_ks++) {{",
-            f"      zyx_wgmma(zyx_d, {_descriptor(cur, p.a_kfast, 'zyx_wg * 64')}, "
-            f"{_descriptor(f'({cur} + {a_bytes}u)', p.b_kfast, None)});",
-            "    }",
-            '    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
-            '    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");',
-            "    #pragma unroll", fence_acc]
-
-
 def lower_wgmma(kernel, dl, info, name, p, var):
     """The `GPUKernel` of plan `p` (see `usable`) on Hopper warpgroup products (module
-    docstring); `var`: gemm's knobs ("wn", "stages": see `shape`; "ws": producer and
-    consumer warpgroups, `_specialized`)."""
+    docstring); `var`: gemm's knobs ("wn", "stages": see `shape`)."""
     ops = kernel.ops
     bc, n_stages = shape(p, info, var)
     br, bk = WG_ROWS, WG_K
     a_bytes, b_bytes = br * bk * 2, bc * bk * 2
     stage_bytes = a_bytes + b_bytes
-    threads = THREADS + (128 if var["ws"] else 0)
-    fr = Frame(kernel, dl, p, br, bc, bk, threads)
+    fr = Frame(kernel, dl, p, br, bc, bk, THREADS)
+    it = fr.it
     nkt = -(-p.nk // bk)
     nacc = bc // 2
-    head = ["  extern __shared__ __align__(1024) unsigned char zyx_smem[];"] + fr.head + [
-        f"  const unsigned zyx_base = ((unsigned)__cvta_generic_to_shared(zyx_smem) + "
-        f"{ATOM - 1}u) & ~{ATOM - 1}u;"]
-    # accumulator 4j + q: row lane / 4 (+8 for q >= 2) of the warp's 16, col 8j + 2 (lane
-    # % 4) (+1 for odd q), as mma.sync's m16n8 blocks
-    outputs = [(f"zyx_r0 + zyx_wg * 64 + zyx_w4 * 16 + {(q >> 1) * 8} + (zyx_lane >> 2)",
-                f"zyx_c0 + {j * 8 + (q & 1)} + (zyx_lane & 3) * 2", f"zyx_d[{4 * j + q}]")
-               for j in range(bc // 8) for q in range(4)]
-    make = _specialized if var["ws"] else _shared_loop
-    body = head + make(dl, ops, p, fr, bc, n_stages, nkt, nacc, a_bytes, stage_bytes,
-                       fr.epilogue(dl, ops, p, outputs))
-    # the instruction's transpose bits: 0 reads a K-major tile, 1 an MN-major one
-    prelude = _HELPERS + _wgmma_function(_PTX[p.narrow.name], bc, not p.a_kfast,
-                                         not p.b_kfast)
-    g = fr.kernel(kernel, dl, name, body, "wgmma",
-                  {"rows": br, "cols": bc, "k": bk, "stages": n_stages, "ws": var["ws"],
-                   "mma": _PTX[p.narrow.name]}, prelude=prelude,
-                  bounds=f"__launch_bounds__({threads}, 1)" if var["ws"] else "")
-    g.launches[0].shared = smem_bytes(bc, n_stages)
-    return g
 
-
-def _accumulators(nacc):
-    return [f"  float zyx_d[{nacc}];", "  #pragma unroll",
-            f"  for (int q = 0; q < {nacc}; q++) zyx_d[q] = 0.0f;"]
-
-
-def _shared_loop(dl, ops, p, fr, bc, n_stages, nkt, nacc, a_bytes, stage_bytes, epilogue):
-    """The body where all 256 work-items copy and multiply: each K step begins with a
-    block-wide barrier."""
-    it, bk = fr.it, WG_K
-    copies = [_Copies(dl, ops, p, fr, "a", WG_ROWS, p.a_kfast, 0),
+    copies = [_Copies(dl, ops, p, fr, "a", br, p.a_kfast, 0),
               _Copies(dl, ops, p, fr, "b", bc, p.b_kfast, a_bytes)]
     ahead = n_stages - 2        # K steps copied ahead of the products
 
@@ -299,9 +235,17 @@ def _shared_loop(dl, ops, p, fr, bc, n_stages, nkt, nacc, a_bytes, stage_bytes, 
             out += c.issue
         return out + ["  }", '  asm volatile("cp.async.commit_group;" ::: "memory");']
 
-    body = ["  const int zyx_lane = (int)(zyx_tid % 32);",
-            "  const int zyx_wg = (int)(zyx_tid / 128);",
-            "  const int zyx_w4 = (int)((zyx_tid / 32) % 4);"] + _accumulators(nacc)
+    fence_acc = (f"  for (int q = 0; q < {nacc}; q++) "
+                 f"asm volatile(\"\" : \"+f\"(zyx_d[q]) :: \"memory\");")
+    body = ["  extern __shared__ __align__(1024) unsigned char zyx_smem[];"] + fr.head + [
+        f"  const unsigned zyx_base = ((unsigned)__cvta_generic_to_shared(zyx_smem) + "
+        f"{ATOM - 1}u) & ~{ATOM - 1}u;",
+        "  const int zyx_lane = (int)(zyx_tid % 32);",
+        "  const int zyx_wg = (int)(zyx_tid / 128);",
+        "  const int zyx_w4 = (int)((zyx_tid / 32) % 4);",
+        f"  float zyx_d[{nacc}];",
+        "  #pragma unroll",
+        f"  for (int q = 0; q < {nacc}; q++) zyx_d[q] = 0.0f;"]
     for c in copies:
         body += c.setup
     body += [f"  for (int zyx_s = 0; zyx_s < {ahead}; zyx_s++) {{"]
@@ -317,68 +261,34 @@ def _shared_loop(dl, ops, p, fr, bc, n_stages, nkt, nacc, a_bytes, stage_bytes, 
              '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");',
              f"    {dl.barrier()};"]
     body += ["  " + line for line in issue(f"zyx_kt + {ahead}")]
-    body += [f"    const unsigned zyx_cur = zyx_base + (zyx_kt % {n_stages}) * {stage_bytes}u;"]
-    body += _products(p, nacc, a_bytes, bk, "zyx_cur")
-    body += ["  }", '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
-             "  #pragma unroll",
-             f"  for (int q = 0; q < {nacc}; q++) "
-             f"asm volatile(\"\" : \"+f\"(zyx_d[q]) :: \"memory\");"]
-    return body + epilogue
-
-
-def _specialized(dl, ops, p, fr, bc, n_stages, nkt, nacc, a_bytes, stage_bytes, epilogue):
-    """The body with a producer warpgroup (work-items 0-127: every copy) and two consumer
-    warpgroups (the products and the epilogue), which meet at two mbarriers per stage in
-    shared memory after the stages: "full" (completes when the producer's 128 copies of
-    the stage landed: cp.async.mbarrier.arrive.noinc) and "empty" (completes when both
-    consumer warpgroups' products of the stage finished: 256 arrivals). No block-wide
-    barrier after the start: the producer runs up to STAGES steps ahead."""
-    it, bk = fr.it, WG_K
-    copies = [_Copies(dl, ops, p, fr, "a", WG_ROWS, p.a_kfast, 0, 128),
-              _Copies(dl, ops, p, fr, "b", bc, p.b_kfast, a_bytes, 128)]
-    bars = f"zyx_base + {n_stages * stage_bytes}u"
-    body = [f"  const unsigned zyx_full = {bars}, zyx_empty = {bars} + {8 * n_stages}u;",
-            "  if (zyx_tid == 0) {",
-            f"    for (int s = 0; s < {n_stages}; s++) {{",
-            "      zyx_bar_init(zyx_full + 8 * s, 128);",
-            "      zyx_bar_init(zyx_empty + 8 * s, 256);",
-            "    }",
-            '    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");',
-            "  }",
-            f"  {dl.barrier()};",
-            "  if (zyx_tid < 128) {"]
-    body += ["  " + line for line in sum((c.setup for c in copies), [])]
-    body += [f"    for (int zyx_kt = 0; zyx_kt < {nkt}; zyx_kt++) {{",
-             f"      const int zyx_st = zyx_kt % {n_stages};",
-             # the stage's last use: its products finished (phase kt / STAGES - 1)
-             f"      if (zyx_kt >= {n_stages}) "
-             f"zyx_bar_wait(zyx_empty + 8 * zyx_st, ((zyx_kt / {n_stages}) + 1) & 1);",
-             f"      const {it} zyx_kn = ({it})zyx_kt * {bk};",
-             f"      const unsigned zyx_buf = zyx_base + zyx_st * {stage_bytes}u;"]
-    for c in copies:
-        body += ["    " + line for line in c.issue]
-    body += ['      asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" '
-             ':: "r"(zyx_full + 8 * zyx_st) : "memory");',
-             "    }",
-             '    asm volatile("cp.async.wait_all;" ::: "memory");',
-             "  } else {",
-             "    const int zyx_lane = (int)(zyx_tid % 32);",
-             "    const int zyx_wg = (int)(zyx_tid / 128) - 1;",
-             "    const int zyx_w4 = (int)((zyx_tid / 32) % 4);"]
-    body += ["  " + line for line in _accumulators(nacc)]
-    body += [f"    for (int zyx_kt = 0; zyx_kt < {nkt}; zyx_kt++) {{",
-             f"      const int zyx_st = zyx_kt % {n_stages};",
-             f"      zyx_bar_wait(zyx_full + 8 * zyx_st, (zyx_kt / {n_stages}) & 1);",
-             # (the copies are generic-proxy writes; wgmma reads through the async proxy)
-             '      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");',
-             f"      const unsigned zyx_cur = zyx_base + zyx_st * {stage_bytes}u;"]
-    body += ["  " + line for line in _products(p, nacc, a_bytes, bk, "zyx_cur")]
-    # the step before's products finished (wait_group 1): its stage is free
-    body += [f"      if (zyx_kt > 0) zyx_bar_arrive(zyx_empty + 8 * ((zyx_kt - 1) % {n_stages}));",
-             "    }",
-             '    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
+    body += [f"    const unsigned zyx_cur = zyx_base + (zyx_kt % {n_stages}) * {stage_bytes}u;",
              "    #pragma unroll",
-             f"    for (int q = 0; q < {nacc}; q++) "
-             f"asm volatile(\"\" : \"+f\"(zyx_d[q]) :: \"memory\");"]
-    body += ["  " + line for line in epilogue]
-    return body + ["  }"]
+             "  " + fence_acc,
+             '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
+             "    #pragma unroll",
+             f"    for (int zyx_ks = 0; zyx_ks < {bk // 16}; zyx_ks++) {{",
+             f"      zyx_wgmma(zyx_d, {_descriptor('zyx_cur', p.a_kfast, 'zyx_wg * 64')}, "
+             f"{_descriptor(f'(zyx_cur + {a_bytes}u)', p.b_kfast, None)});",
+             "    }",
+             '    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
+             '    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");',
+             "    #pragma unroll",
+             "  " + fence_acc,
+             "  }",
+             '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
+             "  #pragma unroll",
+             fence_acc]
+    # accumulator 4j + q: row lane / 4 (+8 for q >= 2) of the warp's 16, col 8j + 2 (lane
+    # % 4) (+1 for odd q), as mma.sync's m16n8 blocks
+    outputs = [(f"zyx_r0 + zyx_wg * 64 + zyx_w4 * 16 + {(q >> 1) * 8} + (zyx_lane >> 2)",
+                f"zyx_c0 + {j * 8 + (q & 1)} + (zyx_lane & 3) * 2", f"zyx_d[{4 * j + q}]")
+               for j in range(bc // 8) for q in range(4)]
+    body += fr.epilogue(dl, ops, p, outputs)
+    # the instruction's transpose bits: 0 reads a K-major tile, 1 an MN-major one
+    prelude = _HELPERS + _wgmma_function(_PTX[p.narrow.name], bc, not p.a_kfast,
+                                         not p.b_kfast)
+    g = fr.kernel(kernel, dl, name, body, "wgmma",
+                  {"rows": br, "cols": bc, "k": bk, "stages": n_stages,
+                   "mma": _PTX[p.narrow.name]}, prelude=prelude)
+    g.launches[0].shared = smem_bytes(bc, n_stages)
+    return g
