@@ -302,7 +302,7 @@ _HOPPER = dataclasses.replace(_H100_CC, extra={"cc": (9, 0), "arch": "sm_90a",
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("spec", ["", "wn=128,stages=3", "stages=6"])
+@pytest.mark.parametrize("spec", ["", "wn=128,stages=3", "stages=6", "wm=256,wn=128"])
 def test_wgmma_kernels_compile_to_cubins(dtype, spec, compiler, monkeypatch):
     """16-bit products of plain loads on a Hopper device compiled for sm_90a, with 128 x
     128 tiles: warpgroup products (wgmma.py) for every layout of the operands (the
@@ -321,12 +321,13 @@ def test_wgmma_kernels_compile_to_cubins(dtype, spec, compiler, monkeypatch):
             assert g.strategy == "mma", name
             continue
         assert g.strategy == "wgmma", name
-        bc, n_stages = g.variant["cols"], g.variant["stages"]
-        assert (bc, n_stages) == wgmma.shape(gemm.plan(k.ops), _HOPPER, var)
+        br, bc, n_stages = g.variant["rows"], g.variant["cols"], g.variant["stages"]
+        assert (br, bc, n_stages) == wgmma.shape(gemm.plan(k.ops), _HOPPER, var)
         ptx = "bf16" if dtype == "bfloat16" else "f16"
         assert f"m64n{bc}k16.f32.{ptx}.{ptx}" in g.source
         assert f"p, 1, 1, {bits[name]};" in g.source, name
-        assert g.launches[0].shared == wgmma.smem_bytes(bc, n_stages) > 48 << 10
+        assert g.launches[0].shared == wgmma.smem_bytes(br, bc, n_stages) > 48 << 10
+        assert g.launches[0].local_size == 2 * br       # a warpgroup per 64 rows
         assert compiler.binary(g.source)[:4] == b"\x7fELF", name
         for info, want in ((_HOPPER, (64, 64)), (_H100_CC, (128, 128)),
                            (dataclasses.replace(_HOPPER, extra=dict(_HOPPER.extra,
@@ -346,15 +347,15 @@ def test_wgmma_shape_choice():
                         zyx.Tensor(np.ones((64, 1024), np.float32)).cast("bfloat16"))
     p = gemm.plan(k.ops)
     var = gemm.variant("")
-    assert wgmma.shape(p, _HOPPER, var) == (256, 4)      # 32 wide tiles, 2 SMs
+    assert wgmma.shape(p, _HOPPER, var) == (128, 256, 4)     # 32 wide tiles, 2 SMs
     many = dataclasses.replace(_HOPPER, num_cores=132)
-    assert wgmma.shape(p, many, var) == (128, 3)
-    assert wgmma.shape(p, many, gemm.variant("wn=256,stages=5")) == (256, 5)
+    assert wgmma.shape(p, many, var) == (128, 128, 3)
+    assert wgmma.shape(p, many, gemm.variant("wm=256,wn=256,stages=5")) == (256, 256, 5)
 
 
 def test_gemm_knobs_refuse_bad_wgmma_values():
-    for spec in ("wn=64", "stages=2", "stages=9"):
-        with pytest.raises(ValueError, match="wn|stages"):
+    for spec in ("wn=64", "wm=512", "stages=2", "stages=9"):
+        with pytest.raises(ValueError, match="wm|wn|stages"):
             gemm.variant(spec)
 
 
@@ -959,7 +960,8 @@ def test_freed_cuda_tensors_return_memory_to_the_pool(cuda_runtime):
 @pytest.mark.parametrize("want,spec", [((128, 128), ""), ((64, 32), "double=0"),
                                        ((32, 32), "vector=0,prefetch=0"),
                                        ((128, 128), "wn=256,stages=3"),
-                                       ((128, 128), "stages=3"), ((128, 128), "wgmma=0")])
+                                       ((128, 128), "stages=3"), ((128, 128), "wgmma=0"),
+                                       ((128, 128), "wm=256,wn=128")])
 def test_tensor_core_products_against_numpy(dtype, want, spec, cuda_runtime, monkeypatch):
     """16-bit products on tensor cores (backends/mma.py; on a Hopper GPU with 128 x 128
     tiles, plain loads take wgmma.py's warpgroup products) with tile `want` and the gemm
@@ -1041,7 +1043,7 @@ def _tensor_core_checks(dtype, found, want, spec):
     # (plain loads on a Hopper GPU with 128 x 128 tiles: warpgroup products, wgmma.py)
     assert sum(g.strategy in ("mma", "wgmma") for g in found) >= 8, \
         [g.strategy for g in found]
-    assert all(g.variant["rows"] == want[0] for g in found if g.strategy in ("mma", "wgmma"))
+    assert all(g.variant["rows"] == want[0] for g in found if g.strategy == "mma")
     hopper = zyx._RT.resolve("cuda").info().extra.get("arch") == "sm_90a"
     if hopper and want == (128, 128) and "wgmma=0" not in spec:
         assert sum(g.strategy == "wgmma" for g in found) >= 6, [g.strategy for g in found]

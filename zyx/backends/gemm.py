@@ -61,8 +61,8 @@ COMPUTED_TILE = 64 * 64
 
 
 GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1, "mma": 1, "vector": 1, "double": 2,
-                "mk": 0, "krun": 8, "korder": 1, "fk": 0, "wgmma": 1, "wn": 0,
-                "stages": 0}
+                "mk": 0, "krun": 8, "korder": 1, "fk": 0, "wgmma": 1, "wm": 0,
+                "wn": 0, "stages": 0}
 
 
 def enabled():
@@ -86,9 +86,10 @@ def variant(spec=None):
     values or the operand is not contiguous along its tile side (default 8; 0: always);
     "korder=0": the flat K keeps the kernel's loop order (`_k_order`); "fk=N": the float
     tiles' K step (default 0: the tile's, gemm.TILES); "wgmma=0": 16-bit products on
-    Hopper through mma.sync instead of warpgroup products (wgmma.py); "wn=128|256":
-    cols per group of those; "stages=N": their K steps in shared memory (3-6); both
-    default to 0, wgmma.py's choice. Read at each lowering.
+    Hopper through mma.sync instead of warpgroup products (wgmma.py); "wm=128|256",
+    "wn=128|256": rows and cols per group of those; "stages=N": their K steps in
+    shared memory (3-6); the three default to 0, wgmma.py's choice. Read at each
+    lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
@@ -100,6 +101,8 @@ def variant(spec=None):
                          f"(0: automatic)")
     if out["fk"] not in (0, 4, 8, 16, 32):
         raise ValueError(f"{GEMM_ENV}={spec!r}: fk must be 4, 8, 16 or 32 (0: the tile's)")
+    if out["wm"] not in (0, 128, 256):
+        raise ValueError(f"{GEMM_ENV}={spec!r}: wm must be 128 or 256 (0: automatic)")
     if out["wn"] not in (0, 128, 256):
         raise ValueError(f"{GEMM_ENV}={spec!r}: wn must be 128 or 256 (0: automatic)")
     if out["stages"] not in (0, 3, 4, 5, 6):

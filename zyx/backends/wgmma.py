@@ -32,11 +32,10 @@ from __future__ import annotations
 from .._core import kernel as K
 from .gemm import PLAIN_K, Frame, _decode, _values, vector_lanes
 
-WG_ROWS = 128           # rows per group: two warpgroups of 64
+WG_ROWS = 128           # rows of a product's tile that picks this lowering (gemm's tile)
 WG_K = 64               # K per stage: one 128-byte swizzled row of 16-bit values
 ROW_BYTES = 128         # bytes of one swizzled row
 ATOM = 1024             # 8 swizzled rows: the swizzle's period, and the tiles' alignment
-THREADS = 256
 
 _PTX = {"float16": "f16", "bfloat16": "bf16"}
 
@@ -67,7 +66,7 @@ static __device__ __forceinline__ unsigned long long zyx_desc(unsigned addr, uns
 
 
 def shape(p, info, var):
-    """(cols per group, stages) for plan `p` on device `info` with gemm's knobs
+    """(rows per group, cols per group, stages) for plan `p` on device `info` with gemm's knobs
     `var` (0: choose). 128 x 256 tiles with 4 stages where the product still has two of
     them per compute unit (H200, bfloat16 matmul 4096: 0.429 ms against 0.448 for 128 x
     128 with 3 stages, two groups per SM, and 0.548 with 4 stages, one), else 128 x 128
@@ -77,12 +76,12 @@ def shape(p, info, var):
         wide = p.nb * -(-p.nr // WG_ROWS) * -(-p.nc // 256)
         bc = 256 if wide >= 2 * max(info.num_cores, 1) else 128
     n_stages = var["stages"] or (4 if bc == 256 else 3)
-    return bc, n_stages
+    return var["wm"] or WG_ROWS, bc, n_stages
 
 
-def smem_bytes(bc, n_stages):
+def smem_bytes(br, bc, n_stages):
     """Dynamic shared memory of a group: the stages' tiles and 1024 bytes to align them."""
-    return n_stages * (WG_ROWS + bc) * WG_K * 2 + ATOM
+    return n_stages * (br + bc) * WG_K * 2 + ATOM
 
 
 def usable(p, ops, dl, info, tile, var):
@@ -104,8 +103,8 @@ def usable(p, ops, dl, info, tile, var):
             return False
         if vector_lanes(ops, p, side, kfast, p.narrow) != 8:
             return False
-    bc, n_stages = shape(p, info, var)
-    return smem_bytes(bc, n_stages) <= extra.get("smem_optin", 0)
+    br, bc, n_stages = shape(p, info, var)
+    return smem_bytes(br, bc, n_stages) <= extra.get("smem_optin", 0)
 
 
 class _Copies:
@@ -118,7 +117,7 @@ class _Copies:
     in `setup` and a step adds zyx_kn times the slope; otherwise every step decodes its
     position and computes the index as the kernel does."""
 
-    def __init__(self, dl, ops, p, fr, side, tile_len, kfast, region):
+    def __init__(self, dl, ops, p, fr, side, tile_len, kfast, region, threads):
         from .gpu import _coefficient
         val = p.a if side == "a" else p.b
         op = ops[val]
@@ -133,8 +132,8 @@ class _Copies:
         ragged_k = p.nk % WG_K != 0
         self.setup, self.issue = [], []
         ind = "        "
-        for s in range(tile_len * WG_K // 8 // THREADS):
-            e = f"(zyx_tid + {s * THREADS})"
+        for s in range(tile_len * WG_K // 8 // threads):
+            e = f"(zyx_tid + {s * threads})"
             if kfast:
                 mm, chunk = f"({e} / {per_row})", f"({e} % {per_row})"
                 kk = f"({chunk} * 8)"
@@ -210,17 +209,18 @@ def lower_wgmma(kernel, dl, info, name, p, var):
     """The `GPUKernel` of plan `p` (see `usable`) on Hopper warpgroup products (module
     docstring); `var`: gemm's knobs ("wn", "stages": see `shape`)."""
     ops = kernel.ops
-    bc, n_stages = shape(p, info, var)
-    br, bk = WG_ROWS, WG_K
+    br, bc, n_stages = shape(p, info, var)
+    bk = WG_K
+    threads = 2 * br            # a warpgroup (128 work-items) per 64 rows
     a_bytes, b_bytes = br * bk * 2, bc * bk * 2
     stage_bytes = a_bytes + b_bytes
-    fr = Frame(kernel, dl, p, br, bc, bk, THREADS)
+    fr = Frame(kernel, dl, p, br, bc, bk, threads)
     it = fr.it
     nkt = -(-p.nk // bk)
     nacc = bc // 2
 
-    copies = [_Copies(dl, ops, p, fr, "a", br, p.a_kfast, 0),
-              _Copies(dl, ops, p, fr, "b", bc, p.b_kfast, a_bytes)]
+    copies = [_Copies(dl, ops, p, fr, "a", br, p.a_kfast, 0, threads),
+              _Copies(dl, ops, p, fr, "b", bc, p.b_kfast, a_bytes, threads)]
     ahead = n_stages - 2        # K steps copied ahead of the products
 
     def issue(step):
@@ -290,5 +290,5 @@ def lower_wgmma(kernel, dl, info, name, p, var):
     g = fr.kernel(kernel, dl, name, body, "wgmma",
                   {"rows": br, "cols": bc, "k": bk, "stages": n_stages,
                    "mma": _PTX[p.narrow.name]}, prelude=prelude)
-    g.launches[0].shared = smem_bytes(bc, n_stages)
+    g.launches[0].shared = smem_bytes(br, bc, n_stages)
     return g
