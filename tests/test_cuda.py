@@ -340,16 +340,17 @@ def test_wgmma_kernels_compile_to_cubins(dtype, spec, compiler, monkeypatch):
 
 
 def test_wgmma_shape_choice():
-    """128 x 256 tiles with 4 stages where a product has two of them per SM, else 128 x
-    128 with 3 (two groups per SM); the knobs override both."""
+    """256 x 128 tiles with 4 stages where a product has two of them per SM, else 128 x
+    128 with 3 (two groups per SM); the knobs override them."""
     from zyx.backends import wgmma
     k = _untiled_kernel(zyx.Tensor(np.ones((1024, 64), np.float32)).cast("bfloat16") @
                         zyx.Tensor(np.ones((64, 1024), np.float32)).cast("bfloat16"))
     p = gemm.plan(k.ops)
     var = gemm.variant("")
-    assert wgmma.shape(p, _HOPPER, var) == (128, 256, 4)     # 32 wide tiles, 2 SMs
+    assert wgmma.shape(p, _HOPPER, var) == (256, 128, 4)     # 32 tall tiles, 2 SMs
     many = dataclasses.replace(_HOPPER, num_cores=132)
     assert wgmma.shape(p, many, var) == (128, 128, 3)
+    assert wgmma.shape(p, _HOPPER, gemm.variant("wn=256")) == (128, 256, 4)
     assert wgmma.shape(p, many, gemm.variant("wm=256,wn=256,stages=5")) == (256, 256, 5)
 
 
