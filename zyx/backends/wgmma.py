@@ -5,10 +5,11 @@ makes for them: `cuda.nvrtc_target`).
 
 mma.py's `mma.sync` keeps a warp busy issuing every 16 x 8 x 16 product and reading its
 fragments from local memory; on a Hopper GPU that reaches about a quarter of cuBLAS's
-bfloat16 matmul. Here, as cuBLAS does there:
+bfloat16 matmul. Here, as cuBLAS does there (but without its TMA copies and clusters:
+these reach 0.44x of it, BENCHMARKS.md):
 - `wgmma.mma_async` (a warpgroup of 4 warps issues a 64 x BC x 16 product that reads both
   operands from shared memory itself, through matrix descriptors, into float registers).
-  A group of 256 work-items is 2 warpgroups, one for each 64 rows of a BR = 128 row tile.
+  A group is a warpgroup per 64 rows of its tile: 2 for 128 rows, 4 for 256 (`shape`).
 - The operands go from global to shared memory by `cp.async` (16 bytes at a time, through
   no registers) into STAGES stages of WG_K = 64: STAGES - 2 K steps are copied ahead of
   the step being multiplied, and each step's products are left running while the next
@@ -21,7 +22,7 @@ bfloat16 matmul. Here, as cuBLAS does there:
   is blocks of 64 rows (or cols) x 64 K, each a K row of 128 bytes per K, chunk c of K
   row k at c ^ (k % 8). Tiles start at 1024-byte boundaries (the swizzle's period).
 - The stages need more than the 48 KiB a kernel may declare: shared memory is dynamic
-  (Launch.shared; 97 KiB at 3 stages of 128 x 128, 193 KiB at 4 of 128 x 256: `shape`),
+  (Launch.shared; 97 KiB at 3 stages of 128 x 128, 193 KiB at 4 of 256 x 128: `shape`),
   allowed per function by the driver.
 The plan, the group decoding and the epilogue (the kernel's own ops on each
 accumulator) are gemm's; the accumulators are laid out as mma.sync's (a 16 x 8 block
