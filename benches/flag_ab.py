@@ -9,7 +9,8 @@ kernels are built anew under it), run 3 warm-up steps, then time `--steps` steps
 the median step time per value and per workload, and the ratio to the first value.
 Workloads: transformer (benches/bench_transformer.py), convnet (the MNIST convnet of
 bench_conv.py, batch 128), mlp (bench_train.py, Adam), lstm (bench_rnn.py), and on a GPU
-device gpu-convnet / gpu-mlp (bench_gpu.py's models); row ops on 4096x1024: softmax,
+device gpu-convnet / gpu-mlp (bench_gpu.py's models) and gpu-conv / gpu-conv-bf16
+(bench_gpu.py's 64x64x56x56 3x3 convolution forward); row ops on 4096x1024: softmax,
 log_softmax, row-max, and causal-softmax (32x4x64x64 with a -inf mask)."""
 from __future__ import annotations
 
@@ -78,6 +79,15 @@ def gpu_mlp():
                       zyx.tensor(xn), zyx.tensor(yn))
 
 
+def gpu_conv(dtype="float32"):
+    """bench_gpu's conv2d (64x64x56x56, 3x3, padding 1) forward, waited for."""
+    import zyx.nn.functional as F
+    rng = np.random.default_rng(0)
+    x = zyx.tensor(rng.standard_normal((64, 64, 56, 56), dtype=np.float32)).cast(dtype)
+    w = zyx.tensor(rng.standard_normal((64, 64, 3, 3), dtype=np.float32) * 0.05).cast(dtype)
+    return lambda: (F.conv2d(x, w, padding=1).realize(), zyx.synchronize())
+
+
 def _rows(fn, shape=(4096, 1024)):
     """A row op on one realized random tensor (bench_rowwise's shape)."""
     x = zyx.tensor(np.random.default_rng(0).standard_normal(shape).astype(np.float32))
@@ -90,12 +100,14 @@ def causal_softmax():
 
 
 WORKLOADS = {"transformer": transformer, "convnet": convnet, "mlp": mlp, "lstm": lstm,
-             "gpu-convnet": gpu_convnet, "gpu-mlp": gpu_mlp,
+             "gpu-convnet": gpu_convnet, "gpu-mlp": gpu_mlp, "gpu-conv": gpu_conv,
+             "gpu-conv-bf16": lambda: gpu_conv("bfloat16"),
              "softmax": lambda: _rows(lambda x: x.softmax(-1)),
              "log_softmax": lambda: _rows(lambda x: x.log_softmax(-1)),
              "row-max": lambda: _rows(lambda x: x.amax(-1)),
              "causal-softmax": causal_softmax}
-STEPS = {"mlp": 30, "lstm": 30, "gpu-convnet": 30, "gpu-mlp": 30, "softmax": 30,
+STEPS = {"mlp": 30, "lstm": 30, "gpu-convnet": 30, "gpu-mlp": 30, "gpu-conv": 30,
+         "gpu-conv-bf16": 30, "softmax": 30,
          "log_softmax": 30, "row-max": 30, "causal-softmax": 30}
 
 

@@ -1050,6 +1050,36 @@ def _tensor_core_checks(dtype, found, want, spec):
         assert sum(g.strategy == "wgmma" for g in found) >= 6, [g.strategy for g in found]
 
 
+@pytest.mark.parametrize("dtype,precision", [("float32", "highest"), ("float32", "high"),
+                                             ("bfloat16", "highest")])
+def test_channels_last_convolutions_against_numpy(dtype, precision, cuda_runtime,
+                                                  monkeypatch):
+    """Convolutions reading a channels-last copy of the image (F._channels_last_input,
+    here for any size): the padded window copied 16 bytes at a time under one test, on
+    the float32 tiles, TF32 and bfloat16 tensor cores, strided and padded, against
+    float64 products of the same values. Skipped without compute capability 8.0."""
+    from gpu_cases import _conv2d_ref
+    import zyx.nn.functional as F
+    monkeypatch.setattr(F, "GPU_IMAGE_MIN", 0)
+    before = zyx.get_float32_matmul_precision()
+    zyx.set_float32_matmul_precision(precision)
+    rng = np.random.default_rng(10)
+    tol = {"highest": 1e-4, "high": 3e-3}.get(precision) if dtype == "float32" else 2e-2
+    try:
+        with _tensor_core_device(cuda_runtime, monkeypatch, (64, 64), "") as found:
+            for cin, pad in ((32, 1), (16, 2), (64, 0)):
+                x = zyx.Tensor(rng.standard_normal((2, cin, 13, 13)).astype(np.float32))
+                w = zyx.Tensor((rng.standard_normal((48, cin, 3, 3)) * 0.2)
+                               .astype(np.float32))
+                x, w = x.cast(dtype).realize(), w.cast(dtype).realize()
+                ref = _conv2d_ref(x.cast("float64").numpy(), w.cast("float64").numpy(), pad)
+                got = F.conv2d(x, w, padding=pad).cast("float64").numpy()
+                np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * 4)
+            assert sum(g.strategy in ("gemm", "mma") for g in found) >= 3
+    finally:
+        zyx.set_float32_matmul_precision(before)
+
+
 def _tf32(x):
     """float32 values rounded to TF32 as cvt.rna does: to nearest, ties away from zero
     (no infinities or NaNs here)."""

@@ -297,11 +297,16 @@ def test_convolution_k_order_and_shared_copies():
 
 @pytest.mark.parametrize("spec", ["", "krun=0", "hoist=0,vector=0", "double=1"])
 @pytest.mark.parametrize("want", [(32, 64), (64, 32)])
-def test_convolutions_and_gradients_against_numpy(spec, want, lowered, monkeypatch):
+@pytest.mark.parametrize("image_last", [False, True])
+def test_convolutions_and_gradients_against_numpy(spec, want, image_last, lowered,
+                                                  monkeypatch):
     """Convolutions with 16 and 32 input channels (K reordered) and 6 (kept), strided and
     padded, and their input and weight gradients, on every copy path the K order and
-    the knobs give."""
+    the knobs give; with `image_last` the forward reads a channels-last copy of the
+    image (F._channels_last_input, here for any size), whose padded window is copied 16
+    bytes at a time under one test where vectors are on."""
     monkeypatch.setenv(gemm.GEMM_ENV, spec)
+    monkeypatch.setattr(F, "GPU_IMAGE_MIN", 0 if image_last else 1 << 62)
     found = lowered({"gemm": want})
     r = np.random.default_rng(12)
     for cin, stride, pad in ((16, 1, 1), (32, 2, 1), (6, 1, 0)):
@@ -328,6 +333,28 @@ def test_convolutions_and_gradients_against_numpy(spec, want, lowered, monkeypat
                     np.einsum("nohw,oc->nchw", g, w[:, :, i, j])
         close(X.grad, gxp[:, :, pad:pad + 9, pad:pad + 9], rtol=1e-4, atol=1e-3)
     assert sum(g.strategy == "gemm" for g in found) >= 3
+
+
+def test_padded_channels_last_windows_are_copied_as_vectors():
+    """A padded convolution over a channels-last image (F._conv_forward's image_last):
+    the window is where(inside, load, 0) with the test independent of the channels, the
+    innermost K: its copies take 16-byte vectors (gemm.vector_lanes), 4 float32 or 8
+    bfloat16 values; over an NCHW image (channels apart) they stay value by value."""
+    for dtype, lanes in ((np.float32, 4), ("bfloat16", 8)):
+        x = f(2, 32, 12, 12)
+        w = f(48, 32, 3, 3)
+        if dtype == "bfloat16":
+            x, w = x.cast("bfloat16"), w.cast("bfloat16")
+        for image_last, want in ((True, lanes), (False, 1)):
+            y = F._conv_forward(x, w, [(1, 1), (1, 1)], (1, 1), (1, 1), 1, 2, True,
+                                image_last)
+            (p, k), = [(gemm.plan(k.ops), k) for k in kernels_of(y)
+                       if gemm.plan(k.ops) is not None]
+            window = "a" if k.ops[p.a][0] == K.WHERE else "b"
+            kfast = p.a_kfast if window == "a" else p.b_kfast
+            assert kfast or not image_last       # the channels, innermost in K
+            d = k.ops[p.a if window == "a" else p.b][1]
+            assert gemm.vector_lanes(k.ops, p, window, kfast, d) == want, (dtype, image_last)
 
 
 def test_computed_operands_take_tiles_of_at_most_64x64():

@@ -583,23 +583,44 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
 VEC_BYTES = 16           # the widest load a GPU issues
 
 
+def _vector_source(ops, val):
+    """(LOAD ssa, [bool tests]) of an operand a vector copy can read: a global load,
+    guarded or not, or `where(test, load, 0)` of one (a padded window); None else."""
+    op, tests = ops[val], []
+    if op[0] == K.WHERE and ops[op[4]][0] == K.CONST and ops[op[4]][2] == 0:
+        tests.append(op[2])
+        val = op[3]
+        op = ops[val]
+    if op[0] != K.LOAD or ops[op[2]][2] != K.SCOPE_GLOBAL:
+        return None
+    if op[4] >= 0 and op[4] not in tests:
+        tests.append(op[4])
+    return val, tests
+
+
 def vector_lanes(ops, p, side, kfast, local_dtype):
     """Values per 16-byte copy of one operand tile (1: copied value by value). Vectors
-    need the operand to be an unguarded, unmasked global load of the local tile's dtype
-    whose index steps by 1 along the copy's fast direction (the innermost reduce loop
-    when `kfast`, else the side's innermost output axis), that direction's length a
-    multiple of the lanes (a vector never straddles a row or the end). Alignment is
-    checked where the kernel runs (a misaligned vector is read value by value)."""
+    need the operand to be an unmasked global load of the local tile's dtype whose
+    index steps by 1 along the copy's fast direction (the innermost reduce loop when
+    `kfast`, else the side's innermost output axis), that direction's length a multiple
+    of the lanes (a vector never straddles a row or the end), and no guard, or guards
+    that do not depend on that direction (`_vector_source`: a padded window of a
+    channels-last image, one test for the vector's channels). Alignment is checked where
+    the kernel runs (a misaligned vector is read value by value)."""
     from .gpu import _coefficient
-    val = p.a if side == "a" else p.b
-    op = ops[val]
-    if op[0] != K.LOAD or op[4] >= 0 or p.masks or op[1] is not local_dtype or \
-            ops[op[2]][2] != K.SCOPE_GLOBAL:
+    found = _vector_source(ops, p.a if side == "a" else p.b)
+    if found is None or p.masks:
+        return 1
+    op = ops[found[0]]
+    if op[1] is not local_dtype:
         return 1
     lanes = VEC_BYTES // op[1].itemsize
     var = p.loops[-1] if kfast else (p.rows if side == "a" else p.cols)[-1]
     length = ops[var][2] if kfast else ops[var][3]
     if length % lanes or _coefficient(ops, op[3], var, {}) != 1:
+        return 1
+    deps = _deps(ops)
+    if any(var in (deps.get(t) or {var}) for t in found[1]):
         return 1
     return lanes
 
@@ -612,8 +633,8 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
     store), else they are stored one by one. `stored` (4-byte lanes only): what each
     lane becomes before it is stored (TF32 rounding), applied at the store."""
     threads = SIDE * SIDE
-    val = p.a if side == "a" else p.b
-    op = ops[val]
+    load, tests = _vector_source(ops, p.a if side == "a" else p.b)
+    op = ops[load]
     d = op[1]
     word = d if d.itemsize == 4 else dt.uint32       # 16-bit lanes travel in pairs
     per_word = 4 // d.itemsize
@@ -624,9 +645,10 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
     gq, lq = dl.global_qualifier, dl.local_pointer
     st = dl.storage_type(d)
     compute, store, before = [], [], []
+    # (the tests are the same for the vector's lanes: vector_lanes)
     shared = _Shared(dl, ops, p, side, names, narrow, it, k0, kfast, bk, per_row,
                      f"((zyx_tid % {per_row}) * {lanes})",
-                     f"((zyx_tid % {per_row}) * {lanes})", [op[3]])
+                     f"((zyx_tid % {per_row}) * {lanes})", [op[3]] + tests)
     for s in range(-(-nvec // threads)):
         e = f"(zyx_tid + {s * threads})"
         if kfast:
@@ -643,7 +665,12 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
         compute += ["    {"] + [f"      {reg}.{c} = 0;" for c in "xyzw"]
         compute.append(f"      if ({inside} && {k0} + {kk} < {p.nk}) {{")
         compute += bind
-        compute += _values(dl, ops, [op[3]], local_names, narrow, ind, skip=shared.skip)
+        done = shared.skip
+        if tests:
+            compute += _values(dl, ops, tests, local_names, narrow, ind, skip=done)
+            compute.append(f"{ind}if ({' && '.join(local_names[t] for t in tests)}) {{")
+            done = done | frozenset(closure(ops, tests))
+        compute += _values(dl, ops, [op[3]], local_names, narrow, ind, skip=done)
         ptr = f"({local_names[op[2]]} + {local_names[op[3]]})"
         compute.append(f"{ind}const {gq}{st}* zyx_v = {ptr};")
         compute.append(f"{ind}if ({dl.aligned('zyx_v', VEC_BYTES)}) {{")
@@ -653,7 +680,7 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
             parts = [f"(({wt})zyx_v[{w * per_word + h}] << {16 * h})" if h else
                      f"({wt})zyx_v[{w * per_word}]" for h in range(per_word)]
             compute.append(f"{ind}  {reg}.{c} = {' | '.join(parts)};")
-        compute += [f"{ind}}}", "      }", "    }"]
+        compute += [f"{ind}}}"] + ([f"{ind}}}"] if tests else []) + ["      }", "    }"]
         lines = []
         if stored is not None:
             # converted as they are stored, after this step's products: converting as

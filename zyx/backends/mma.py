@@ -135,9 +135,11 @@ class _RawLoads:
         return expr if d in _ROUND else self._dl.load_convert(d, expr)
 
 
-def _slots(dl, ops, p, side, tile_len, bk):
+def _slots(dl, ops, p, side, tile_len, bk, lanes):
     """How one operand's tile is copied: its local layout (K fastest when its loads are
-    contiguous along K), the stored bits, and the register type and zero."""
+    contiguous along K), the stored bits, and the register type and zero. 16-bit values
+    copied as vectors (`lanes` > 1: a load of the product's dtype, guarded or not) are
+    stored as the bits they are."""
     kfast = p.a_kfast if side == "a" else p.b_kfast
     if p.narrow is None:      # TF32: float words, rounded as they are stored
         stride = bk + PAD_BYTES // 4 if kfast else tile_len + PAD_WORDS_TF32
@@ -153,7 +155,7 @@ def _slots(dl, ops, p, side, tile_len, bk):
         return Slots(at, lambda reg: f"zyx_tf32({reg})", "float"), "0.0f", kfast, stride
     val = p.a if side == "a" else p.b
     op = ops[val]
-    if op[0] == K.LOAD and op[1] is p.narrow:
+    if (op[0] == K.LOAD or lanes > 1) and op[1] is p.narrow:
         return Slots(at, None, "unsigned short", _RawLoads(dl)), "0", kfast, stride
     rnd = _ROUND[p.narrow]
     return Slots(at, lambda reg: f"{rnd}({reg})", "float"), "0.0f", kfast, stride
@@ -181,8 +183,8 @@ def lower_mma(kernel, dl, info, name, p, tile, var):
     wm, wn = br // WARPS_R, bc // WARPS_C
     mi, ni = wm // 16, wn // 8
     fr = Frame(kernel, dl, p, br, bc, bk, 32 * WARPS_R * WARPS_C)
-    slots_a, zero_a, kfast_a, sa = _slots(dl, ops, p, "a", br, bk)
-    slots_b, zero_b, kfast_b, sb = _slots(dl, ops, p, "b", bc, bk)
+    slots_a, zero_a, kfast_a, sa = _slots(dl, ops, p, "a", br, bk, lanes_a)
+    slots_b, zero_b, kfast_b, sb = _slots(dl, ops, p, "b", bc, bk, lanes_b)
     la = br * sa if kfast_a else bk * sa
     lb = bc * sb if kfast_b else bk * sb
     fold = bool(p.block) and var["fold"] and p.nk > PLAIN_K

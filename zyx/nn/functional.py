@@ -254,14 +254,36 @@ def _channels_last_weights(w, channels, width, gradient=False):
                 and width % 16 != 0)
 
 
-def _conv_forward(x, w, pads, s, d, g, nd, channels_last):
+GPU_CHANNELS_LAST_INPUT = True   # GPU convolutions read a channels-last copy of x
+GPU_IMAGE_MIN = 1 << 20          # ... when x has at least this many values
+
+
+def _channels_last_input(x, cg):
+    """Whether a convolution with `cg` input channels per group reads its image through a
+    stored channels-last copy: on GPU lowerings that tile products themselves
+    (DeviceInfo.own_tiles), for images of at least GPU_IMAGE_MIN values with at least
+    16 channels per group, a multiple of 8. The implicit GEMM's flat K then walks the
+    channels innermost with consecutive addresses, so a pixel's channels are copied 16
+    bytes at a time under one padding test (gemm.vector_lanes) instead of value by
+    value, each with its own index math and test."""
+    if not GPU_CHANNELS_LAST_INPUT or cg < 16 or cg % 8 or x.numel() < GPU_IMAGE_MIN:
+        return False
+    from ..runtime import RT
+    return RT.device_of(x._id).info().own_tiles is not None
+
+
+def _conv_forward(x, w, pads, s, d, g, nd, channels_last, image_last=False):
     """The convolution as one windowed reduce over a pad/reshape/expand view of x (no
     copy): (n, g, cout/g, *o, cg, *k) products summed over (cg, *k). `channels_last`:
     read w through a stored copy with the output channels innermost
-    (`_channels_last_weights`)."""
+    (`_channels_last_weights`); `image_last`: read x through a stored copy with its
+    channels innermost (`_channels_last_input`)."""
     n, cin = x.shape[:2]
     cout, cg = w.shape[:2]
     k = w.shape[2:]
+    if image_last:
+        x = _stored(x.permute([0] + list(range(2, 2 + nd)) + [1]))
+        x = x.permute([0, nd + 1] + list(range(1, nd + 1)))
     x = x._pad([(0, 0), (0, 0)] + list(pads))
     win = _windows(x, k, s, d)                                   # (n, cin, *o, *k)
     o = win.shape[2:2 + nd]
@@ -290,9 +312,10 @@ def _conv_recorded(x, w, pads, s, d, g, nd):
     benches/bench_conv.py -k graph_build)."""
     width = _window_count(x.shape[-1] + sum(pads[-1]), w.shape[-1], s[-1], d[-1])
     cl = _channels_last_weights(w, w.shape[0] // g, width)
+    il = _channels_last_input(x, w.shape[1])
     out, = _CONV_TEMPLATES.run(
-        _graph, ("conv", pads, s, d, g, nd, cl), [x, w],
-        lambda x, w: [_conv_forward(x, w, pads, s, d, g, nd, cl)], Tensor._wrap)
+        _graph, ("conv", pads, s, d, g, nd, cl, il), [x, w],
+        lambda x, w: [_conv_forward(x, w, pads, s, d, g, nd, cl, il)], Tensor._wrap)
     return _record_composite(out, ("conv", nd, pads, s, d, g), (x, w))
 
 
