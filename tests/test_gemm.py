@@ -358,13 +358,19 @@ def test_padded_channels_last_windows_are_copied_as_vectors():
 
 
 def test_computed_operands_take_tiles_of_at_most_64x64():
-    """A convolution's window is copied value by value (a guarded load and a select): its
-    products take tiles of at most gemm.COMPUTED_TILE, twice the groups in flight; a
-    plain matmul keeps the largest tile that fills the device."""
-    y = F.conv2d(f(16, 64, 28, 28), f(64, 64, 3, 3), padding=1)
-    (conv,) = [p for p in (gemm.plan(k.ops) for k in kernels_of(y)) if p is not None]
-    assert conv.computed
-    br, bc, _ = gemm.choose_tile(conv, H100)
-    assert br * bc <= gemm.COMPUTED_TILE
+    """A convolution's window over an NCHW image is copied value by value (a guarded
+    load and a select): its products take tiles of at most gemm.COMPUTED_TILE, twice
+    the groups in flight. Over a channels-last image the window is copied as vectors
+    and takes the larger tiles, as a plain matmul keeps the largest that fills the
+    device."""
+    x, w = f(64, 64, 28, 28), f(64, 64, 3, 3)
+    for image_last in (False, True):
+        y = F._conv_forward(x, w, [(1, 1), (1, 1)], (1, 1), (1, 1), 1, 2, True,
+                            image_last)
+        (conv,) = [p for p in (gemm.plan(k.ops) for k in kernels_of(y)) if p is not None]
+        assert conv.computed and conv.scalar != image_last
+        br, bc, _ = gemm.choose_tile(conv, H100)
+        assert (br * bc <= gemm.COMPUTED_TILE) != image_last
     mm = gemm.plan(the_kernel(f(2048, 512) @ f(512, 2048)).ops)
-    assert not mm.computed and gemm.choose_tile(mm, H100)[:2] == (128, 128)
+    assert not mm.computed and not mm.scalar
+    assert gemm.choose_tile(mm, H100)[:2] == (128, 128)
