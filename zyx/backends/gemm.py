@@ -80,8 +80,8 @@ def variant(spec=None):
     loads copied value by value instead of 16 bytes at a time; "double=1": two local
     buffers per operand, one barrier per K step, "double=0": one buffer, two barriers
     (default 2: two buffers on tensor cores only, where they measured 6% faster and
-    float tiles 12% slower, and there not for products with a computed operand, whose
-    convolution measured 3-5% faster with one); "mk=16|32|64": the tensor-core K step (default 0: 32 where
+    float tiles 12% slower, and there not for products with an operand copied value by
+    value, whose convolution measured 3-5% faster with one); "mk=16|32|64": the tensor-core K step (default 0: 32 where
     both operands are copied 16 bytes at a time, else 16, which leaves registers for
     more groups per SM while computed copies wait); "krun=N": an operand contiguous
     along K is copied K fastest only where the innermost reduce loop has at least N

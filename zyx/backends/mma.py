@@ -190,10 +190,11 @@ def lower_mma(kernel, dl, info, name, p, tile, var):
     fold = bool(p.block) and var["fold"] and p.nk > PLAIN_K
     if info.local_mem_size and 2 * esz * (la + lb) > info.local_mem_size:
         var = dict(var, double=0)       # two buffers would not fit
-    elif p.computed and var["double"] == 2:
+    elif p.scalar and var["double"] == 2:
         # automatic: one buffer where an operand is computed value by value (a
-        # convolution's window; H200, 64x64x56x56 at 64x64: bfloat16 0.334 -> 0.316 ms,
-        # TF32 0.369 -> 0.360), two for plain loads (matmul: 6% faster with two)
+        # convolution's window over an NCHW image; H200, 64x64x56x56 at 64x64: bfloat16
+        # 0.334 -> 0.316 ms, TF32 0.369 -> 0.360), two for vector copies (matmul: 6%
+        # faster with two; a channels-last window at 64x128: bfloat16 0.233 -> 0.220)
         var = dict(var, double=0)
     nbuf = buffers(var, True)
     lt = "unsigned short" if narrow is not None else "float"
