@@ -351,6 +351,10 @@ def test_wgmma_shape_choice():
     many = dataclasses.replace(_HOPPER, num_cores=132)
     assert wgmma.shape(p, many, var) == (128, 128, 3)
     assert wgmma.shape(p, _HOPPER, gemm.variant("wn=256")) == (128, 256, 4)
+    short = gemm.plan(_untiled_kernel(
+        zyx.Tensor(np.ones((384, 64), np.float32)).cast("bfloat16") @
+        zyx.Tensor(np.ones((64, 4096), np.float32)).cast("bfloat16")).ops)
+    assert wgmma.shape(short, _HOPPER, var) == (128, 128, 3)   # 2 x 256 rows idle 128
     assert wgmma.shape(p, many, gemm.variant("wm=256,wn=256,stages=5")) == (256, 256, 5)
 
 

@@ -81,9 +81,10 @@ def variant(spec=None):
     buffers per operand, one barrier per K step, "double=0": one buffer, two barriers
     (default 2: two buffers on tensor cores only, where they measured 6% faster and
     float tiles 12% slower, and there not for products with an operand copied value by
-    value, whose convolution measured 3-5% faster with one); "mk=16|32|64": the tensor-core K step (default 0: 32 where
-    both operands are copied 16 bytes at a time, else 16, which leaves registers for
-    more groups per SM while computed copies wait); "krun=N": an operand contiguous
+    value, whose convolution measured 3-5% faster with one); "mk=8|16|32|64": the
+    tensor-core K step (default 0: for 16-bit products 32 where both operands are
+    copied 16 bytes at a time, else 16, which leaves registers for more groups per SM
+    while computed copies wait; for TF32 16, 32 for windows copied as vectors); "krun=N": an operand contiguous
     along K is copied K fastest only where the innermost reduce loop has at least N
     values or the operand is not contiguous along its tile side (default 8; 0: always);
     "korder=0": the flat K keeps the kernel's loop order (`_k_order`); "fk=N": the float

@@ -69,12 +69,15 @@ static __device__ __forceinline__ unsigned long long zyx_desc(unsigned addr, uns
 def shape(p, info, var):
     """(rows per group, cols per group, stages) for plan `p` on device `info` with gemm's
     knobs `var` ("wm", "wn", "stages"; 0: choose). 256 x 128 tiles (four warpgroups)
-    with 4 stages where the product still has two of them per compute unit, else 128 x
+    with 4 stages where the product still has two of them per compute unit (and its rows
+    fill them as well as 128-row tiles), else 128 x
     128 (two warpgroups, two groups per SM) with 3 stages. H200, bfloat16 matmul 4096:
     256 x 128 x 4 stages 0.403 ms, 128 x 256 x 4 0.429, 128 x 128 x 3 0.448, 128 x 128 x
     4 (one group per SM) 0.548."""
+    # (256-row tiles only where they leave no more rows idle than 128-row ones)
+    tall = -(-p.nr // 256) * 2 == -(-p.nr // WG_ROWS)
     wide = p.nb * -(-p.nr // 256) * -(-p.nc // 128) >= 2 * max(info.num_cores, 1)
-    br = var["wm"] or (256 if wide and not var["wn"] else WG_ROWS)
+    br = var["wm"] or (256 if tall and wide and not var["wn"] else WG_ROWS)
     bc = var["wn"] or 128
     big = br * bc > WG_ROWS * 128
     return br, bc, var["stages"] or (4 if big else 3)
