@@ -627,9 +627,10 @@ def vector_lanes(ops, p, side, kfast, local_dtype):
     length = ops[var][2] if kfast else ops[var][3]
     if length % lanes or _coefficient(ops, op[3], var, {}) != 1:
         return 1
-    deps = _deps(ops)
-    if any(var in (deps.get(t) or {var}) for t in found[1]):
-        return 1
+    if found[1]:
+        deps = _deps(ops)
+        if any(var in (deps.get(t) or {var}) for t in found[1]):
+            return 1
     return lanes
 
 
