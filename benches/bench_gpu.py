@@ -96,6 +96,31 @@ def test_copy_torch(benchmark):
     _run(benchmark, lambda: b.copy_(a), _tsync, {"bytes": 8 * N_EW})
 
 
+NCHW = (64, 64, 56, 56)     # bench's conv2d input: the copy its forward makes channels-last
+
+
+@needs_gpu
+@pytest.mark.benchmark(group="channels-last copy 64x64x56x56 f32")
+def test_channels_last_copy_zyx(benchmark, gpu):
+    """The stored NCHW -> NHWC copy a large GPU convolution reads
+    (F._channels_last_input)."""
+    from zyx.nn.functional import _stored
+    x = zyx.randn(*NCHW).realize()
+    np.testing.assert_array_equal(_stored(x.permute(0, 2, 3, 1)).numpy(),
+                                  x.numpy().transpose(0, 2, 3, 1))
+    n = int(np.prod(NCHW))
+    _run(benchmark, lambda: _stored(x.permute(0, 2, 3, 1)).realize(), _zsync(gpu),
+         {"bytes": 8 * n})
+
+
+@needs_torch_cuda
+@pytest.mark.benchmark(group="channels-last copy 64x64x56x56 f32")
+def test_channels_last_copy_torch(benchmark):
+    x = torch.randn(*NCHW, device="cuda")
+    n = int(np.prod(NCHW))
+    _run(benchmark, lambda: x.permute(0, 2, 3, 1).contiguous(), _tsync, {"bytes": 8 * n})
+
+
 def _chain(x):
     return ((x * 1.5 + 0.5).sin() * 0.25 + x).tanh()
 

@@ -117,7 +117,10 @@ def test_elementwise_variants_compile_to_cubins(variant, compiler, monkeypatch):
     want_vec = gpu.elementwise_variant(variant)["vec"]
     for name, build in _ew_graphs().items():
         (k,) = kernels_of(build())
-        g = lower(k, CUDADialect(), _H100, "zyx_k")
+        if name == "transposed":     # a local tile by default (transpose.py): asked by name
+            assert lower(k, CUDADialect(), _H100, "zyx_k").strategy == "transpose"
+            assert compiler.binary(lower(k, CUDADialect(), _H100).source)[:4] == b"\x7fELF"
+        g = lower(k, CUDADialect(), _H100, "zyx_k", {"elementwise": {}})
         assert g.strategy == "elementwise", name
         if name == "index64":
             assert g.index_bits == 64 and "const long long zyx_base" in g.source

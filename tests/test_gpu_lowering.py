@@ -331,8 +331,17 @@ def test_elementwise_variants_broadcasts_and_strided_loads(ew_variant, lowered):
     assert var["vec"] > 1 if vec else var["vec"] == 1
     if vec:
         assert var["vector_accesses"] == 2
-    # a transposed read: the kernel stays scalar (a work-item's neighbours would be far apart)
+    # a transposed read: a tile through local memory (backends/transpose.py) unless the
+    # elementwise strategy is asked for by name; then it stays scalar (a work-item's
+    # neighbours would be far apart)
     close(zyx.Tensor(b).T * 2 + 1, b.T * 2 + 1, rtol=1e-6)
+    assert lowered[-1].strategy == "transpose"
+    from zyx.backends import transpose
+    transpose.ENABLED = False
+    try:
+        close(zyx.Tensor(b).T * 3 + 1, b.T * 3 + 1, rtol=1e-6)
+    finally:
+        transpose.ENABLED = True
     assert _ew(lowered)[1]["vec"] == 1
     # a slice: its rows start 1 element in, so only the result is at the flat index
     close(zyx.Tensor(b)[:, 1:] * 2, b[:, 1:] * 2, rtol=1e-6)
@@ -369,6 +378,57 @@ def test_elementwise_variants_dtypes(name, ew_variant, lowered):
     assert out.dtype == np.dtype(name)
     np.testing.assert_array_equal(out, (a * 3 - 1).astype(name))
     np.testing.assert_array_equal((x.float() * 0.5).numpy(), a.astype(np.float32) * 0.5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "bool"])
+def test_permuted_copies_go_through_a_local_tile(dtype, lowered):
+    """Elementwise kernels that read along one output axis and write along another
+    (backends/transpose.py): a 2-D transpose with arithmetic, NCHW -> NHWC and back
+    with ragged tile edges, a batched transpose of a slice, against numpy; contiguous
+    and broadcast reads stay elementwise."""
+    from zyx.nn.functional import _stored
+    r = rng()
+
+    def t(*shape):
+        a = r.standard_normal(shape).astype(np.float32)
+        x = zyx.Tensor(a).cast(dtype).realize()
+        return x, x.numpy()
+    x, a = t(70, 45)
+    # (the same arithmetic on the untransposed tensor, in the same dtype: equal bits)
+    if dtype == "bool":
+        y, ref = ~x.T, (~x).numpy().T
+    else:
+        y, ref = x.T * 2 + 1, (x * 2 + 1).numpy().T
+    np.testing.assert_array_equal(y.numpy(), ref)
+    assert lowered[-1].strategy == "transpose"
+    x, a = t(3, 24, 7, 37)                       # NCHW, 7 x 37 pixels, 24 channels
+    nhwc = _stored(x.permute(0, 2, 3, 1))
+    np.testing.assert_array_equal(nhwc.numpy(), a.transpose(0, 2, 3, 1))
+    assert lowered[-1].strategy == "transpose"
+    back = _stored(nhwc.permute(0, 3, 1, 2))
+    np.testing.assert_array_equal(back.numpy(), a)
+    x, a = t(4, 40, 50)
+    np.testing.assert_array_equal(_stored(x[:, 3:, 1:].permute(0, 2, 1)).numpy(),
+                                  a[:, 3:, 1:].transpose(0, 2, 1))
+    assert lowered[-1].strategy == "transpose"
+    before = len(lowered)
+    x, a = t(64, 48)
+    np.testing.assert_array_equal((x + x).numpy(), (a + a).astype(x.numpy().dtype)
+                                  if dtype != "bool" else a | a)
+    assert all(g.strategy == "elementwise" for g in lowered[before:])
+
+
+def test_transpose_plan_needs_long_sides():
+    """Sides under transpose.MIN_SIDE (a 3-channel image) stay elementwise."""
+    from zyx.backends import transpose
+    from zyx.nn.functional import _stored
+    x = zyx.Tensor(np.zeros((2, 3, 40, 40), np.float32))
+    (k,) = kernels_of(_stored(x.permute(0, 2, 3, 1)))
+    assert transpose.plan(k.ops) is None
+    x = zyx.Tensor(np.zeros((2, 32, 40, 40), np.float32))
+    (k,) = kernels_of(_stored(x.permute(0, 2, 3, 1)))
+    p = transpose.plan(k.ops)
+    assert p is not None and (p.la, p.lb) == (40, 32)
 
 
 def test_elementwise_vector_types_and_both_index_widths(opencl_device, monkeypatch):

@@ -59,7 +59,7 @@ import numpy as np
 from .. import dtype as dt
 from .._core import kernel as K
 from . import DeviceInfo
-from . import gemm
+from . import gemm, transpose
 from .cfamily import INDEX32, Frame, alu, render_body
 from .cfamily import alu_operands as _operands
 
@@ -1491,6 +1491,9 @@ def lower(kernel, dl, info=None, name="zyx_k", schedule=None):
     ops = kernel.ops
     if not any(op[0] == K.LOOP for op in ops):
         ew = schedule.get("elementwise")
+        tp = transpose.plan(ops) if ew is None else None
+        if tp is not None:       # a permuted copy (the autotuner may time elementwise too)
+            return transpose.lower_transpose(kernel, dl, info, name, tp)
         return lower_elementwise(kernel, dl, info, name,
                                  None if ew is None else dict(elementwise_variant(), **ew))
     if gemm.enabled() and schedule.get("gemm", True) is not None:
