@@ -415,6 +415,10 @@ def test_permuted_copies_go_through_a_local_tile(dtype, lowered):
     x, a = t(64, 48)
     np.testing.assert_array_equal((x + x).numpy(), (a + a).astype(x.numpy().dtype)
                                   if dtype != "bool" else a | a)
+    z, c = t(48, 64)
+    if dtype != "bool":          # one load along the store, one across: left as it is
+        xt = zyx.Tensor(np.ascontiguousarray(a.T)).cast(dtype)
+        np.testing.assert_array_equal((x.T + z).numpy(), (xt + z).numpy())
     assert all(g.strategy == "elementwise" for g in lowered[before:])
 
 

@@ -47,11 +47,13 @@ def plan(ops):
     b = max(index, key=lambda i: ops[i][2])
     if st[3] < 0 or _coefficient(ops, st[3], b, {}) != 1 or ops[b][3] < MIN_SIDE:
         return None
-    for i, op in enumerate(ops):
-        if op[0] != K.LOAD or ops[op[2]][2] != K.SCOPE_GLOBAL or op[3] < 0:
-            continue
-        step_b = _coefficient(ops, op[3], b, {})
-        if step_b is None or step_b in (0, 1, -1):
+    loads = [op for op in ops if op[0] == K.LOAD and ops[op[2]][2] == K.SCOPE_GLOBAL
+             and op[3] >= 0]
+    steps = [_coefficient(ops, op[3], b, {}) for op in loads]
+    if 1 in steps:
+        return None          # a load already coalesced along B: the tile would stride it
+    for op, step_b in zip(loads, steps):
+        if step_b is None or step_b in (0, -1):
             continue
         for a in index:
             if a != b and ops[a][3] >= MIN_SIDE and _coefficient(ops, op[3], a, {}) == 1:
