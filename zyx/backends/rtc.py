@@ -47,15 +47,7 @@ class RuntimeCompiler:
         """The compiled binary of `source`: from memory, from the disk cache (verified),
         or compiled now and published to the disk cache."""
         data = self._memory.get(source)
-        if data is not None:
-            return data
-        key = cache_key(source, self.label, self.version, self.target, *self.options)
-        data = self.disk.load(key)
-        if data is None:
-            data = self.compile(source)
-            self.disk.store(key, data)
-        self._memory[source] = data
-        return data
+        return data if data is not None else self.binaries([source])[0]
 
     def binaries(self, sources):
         """`binary` of each of `sources`, the ones neither cache holds compiled in parallel

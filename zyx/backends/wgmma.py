@@ -136,6 +136,13 @@ class _Copies:
         ragged_k = p.nk % WG_K != 0
         self.setup, self.issue = [], []
         ind = "        "
+
+        def address(names, mm, k, ind):
+            """Statements naming the operand's row (col) `mm` and flat K `k` and
+            computing its index; the address is names[op[2]] + names[op[3]]."""
+            return (_decode(names, ops, ids, f"({origin} + {mm})", fr.it, ind) +
+                    _decode(names, ops, p.loops, k, fr.it, ind) +
+                    _values(dl, ops, [op[3]], names, fr.narrow, ind))
         for s in range(tile_len * WG_K // 8 // threads):
             e = f"(zyx_tid + {s * threads})"
             if kfast:
@@ -157,9 +164,7 @@ class _Copies:
                                f"  const {dl.storage_type(op[1])}* zyx_q{tag} = "
                                f"{names[op[2]]};",
                                f"  if (zyx_in{tag} && {kk} < {p.nk}) {{"]
-                self.setup += _decode(names, ops, ids, f"({origin} + {mm})", fr.it, "    ")
-                self.setup += _decode(names, ops, p.loops, kk, fr.it, "    ")
-                self.setup += _values(dl, ops, [op[3]], names, fr.narrow, "    ")
+                self.setup += address(names, mm, kk, "    ")
                 self.setup += [f"    zyx_q{tag} += {names[op[3]]};", "  }"]
                 test = f"zyx_in{tag}" + (f" && zyx_kn + {kk} < {p.nk}" if ragged_k else "")
                 self.issue += [f"    if ({test}) zyx_copy16(zyx_buf + zyx_o{tag}, "
@@ -168,9 +173,7 @@ class _Copies:
                 continue
             self.issue += ["    {",
                            f"      if ({row_ok} && zyx_kn + {kk} < {p.nk}) {{"]
-            self.issue += _decode(names, ops, ids, f"({origin} + {mm})", fr.it, ind)
-            self.issue += _decode(names, ops, p.loops, f"(zyx_kn + {kk})", fr.it, ind)
-            self.issue += _values(dl, ops, [op[3]], names, fr.narrow, ind)
+            self.issue += address(names, mm, f"(zyx_kn + {kk})", ind)
             self.issue += [f"{ind}zyx_copy16(zyx_buf + zyx_o{tag}, "
                            f"{names[op[2]]} + {names[op[3]]});",
                            "      } else {",
@@ -211,7 +214,7 @@ def _descriptor(base, kfast, warpgroup_rows):
 
 def lower_wgmma(kernel, dl, info, name, p, var):
     """The `GPUKernel` of plan `p` (see `usable`) on Hopper warpgroup products (module
-    docstring); `var`: gemm's knobs ("wn", "stages": see `shape`)."""
+    docstring); `var`: gemm's knobs ("wm", "wn", "stages": see `shape`)."""
     ops = kernel.ops
     br, bc, n_stages = shape(p, info, var)
     bk = WG_K
