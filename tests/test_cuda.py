@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import zyx
+from zyx._core import kernel as K
 from zyx.backends import DeviceInfo, gemm, gpudriver
 from zyx.backends.binary_cache import BinaryCache
 from zyx.backends.cfamily import CUDADialect
@@ -301,22 +302,25 @@ def test_tensor_core_kernels_compile_to_cubins(dtype, want, compiler, monkeypatc
 
 
 _HOPPER = dataclasses.replace(_H100_CC, extra={"cc": (9, 0), "arch": "sm_90a",
-                                               "smem_optin": 227 * 1024})
+                                               "smem_optin": 227 * 1024, "tma": True})
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("spec", ["", "wn=128,stages=3", "stages=6", "wm=256,wn=128"])
+@pytest.mark.parametrize("spec", ["", "wn=128,stages=3", "stages=6", "wm=256,wn=128",
+                                  "tma=0", "tma=0,wm=256,wn=128", "tma=0,stages=6"])
 def test_wgmma_kernels_compile_to_cubins(dtype, spec, compiler, monkeypatch):
     """16-bit products of plain loads on a Hopper device compiled for sm_90a, with 128 x
     128 tiles: warpgroup products (wgmma.py) for every layout of the operands (the
     instruction's transpose bits: 0 for a K-major tile, 1 for an MN-major one), with
-    the stages' dynamic shared memory on the launch. Computed operands, block totals,
-    smaller tiles, sm_90 (no "a"), too little shared memory and wgmma=0 stay on
-    mma.sync."""
+    the stages' dynamic shared memory on the launch; operands copied through tensor maps
+    by a producer warpgroup (two maps on the launch) unless "tma=0" or the device has no
+    tensor maps. Computed operands, block totals, smaller tiles, sm_90 (no "a"), too
+    little shared memory and wgmma=0 stay on mma.sync."""
     from zyx.backends import wgmma
     monkeypatch.setenv(gemm.GEMM_ENV, spec)
     var = gemm.variant()
     bits = {"nn": "0, 1", "tn": "1, 1", "nt": "0, 0", "tt": "1, 0", "epilogue": "0, 1"}
+    no_maps = dataclasses.replace(_HOPPER, extra=dict(_HOPPER.extra, tma=False))
     for name, build in _mma_products(dtype).items():
         k = _untiled_kernel(build())
         g = lower(k, CUDADialect(), _HOPPER, "zyx_k", {"gemm": (128, 128)})
@@ -325,12 +329,29 @@ def test_wgmma_kernels_compile_to_cubins(dtype, spec, compiler, monkeypatch):
             continue
         assert g.strategy == "wgmma", name
         br, bc, n_stages = g.variant["rows"], g.variant["cols"], g.variant["stages"]
-        assert (br, bc, n_stages) == wgmma.shape(gemm.plan(k.ops), _HOPPER, var)
+        p = gemm.plan(k.ops)
         ptx = "bf16" if dtype == "bfloat16" else "f16"
         assert f"m64n{bc}k16.f32.{ptx}.{ptx}" in g.source
         assert f"p, 1, 1, {bits[name]};" in g.source, name
-        assert g.launches[0].shared == wgmma.smem_bytes(br, bc, n_stages) > 48 << 10
-        assert g.launches[0].local_size == 2 * br       # a warpgroup per 64 rows
+        launch = g.launches[0]
+        # (6 stages of 128 x 256 do not fit: those keep cp.async)
+        fits = spec != "stages=6" or wgmma.tma_shape(p, _HOPPER, var)[1] == 128
+        assert wgmma.tma_usable(k, p, _HOPPER, var) == ("tma=0" not in spec and fits)
+        if not wgmma.tma_usable(k, p, _HOPPER, var):
+            assert (br, bc, n_stages) == wgmma.shape(p, _HOPPER, var)
+            assert launch.shared == wgmma.smem_bytes(br, bc, n_stages) > 48 << 10
+            assert launch.local_size == 2 * br       # a warpgroup per 64 rows
+            assert not launch.maps and "cp.async.cg" in g.source
+        else:
+            assert g.variant["tma"] == 1
+            assert (br, bc, n_stages) == wgmma.tma_shape(p, _HOPPER, var)
+            assert launch.shared >= wgmma.smem_bytes(br, bc, n_stages) > 48 << 10
+            assert launch.shared <= _HOPPER.extra["smem_optin"]
+            assert launch.local_size == 128 * (br // 64 + 1)   # and the producer's
+            assert [m.arg for m in launch.maps] == [1, 2] or name == "epilogue"
+            assert "cp.async.bulk.tensor" in g.source and "setmaxnreg" in g.source
+            assert lower(k, CUDADialect(), no_maps, "zyx_k",
+                         {"gemm": (128, 128)}).launches[0].maps == []
         assert compiler.binary(g.source)[:4] == b"\x7fELF", name
         for info, want in ((_HOPPER, (64, 64)), (_H100_CC, (128, 128)),
                            (dataclasses.replace(_HOPPER, extra=dict(_HOPPER.extra,
@@ -799,6 +820,120 @@ def test_launch_writes_every_launch_its_buffers_and_scratch_in_order():
     assert pool.used_bytes == 4 + 40 * 256 * 4 + 4   # scratch is the program's, not counted
 
 
+def test_tensor_map_parameters_are_encoded_when_their_buffer_moves():
+    """A launch with tensor maps (tma.py) passes each after the buffers, 64-byte aligned,
+    encoded by the driver for its buffer's address: again only when the buffer moved."""
+    from zyx.backends.tma import TensorMap
+    m = TensorMap(1, 16, "bfloat16", 2, [72, 200], [144], [64, 128])
+    gpu = GPUKernel("k:3", [Launch("k", 4, 384, [("arg", 0), ("arg", 1)], maps=[m])])
+
+    class Encoding(HostMemoryDriver):
+        encoded = []
+
+        def encode_tensor_map(self, out, spec, address):
+            self.encoded.append((out, spec, address))
+            ctypes.c_uint64.from_address(out).value = address   # what the fake reads
+    drv = Encoding()
+    pool = gpudriver.DriverMemoryPool(drv, "test")
+    dev = HandLoweredDevice(drv, pool, gpu)
+    prog = dev.compile("kernel-a")
+    out, _ = pool.allocate(64)
+    a, _ = pool.allocate(1000)
+    dev.launch(prog, pool, [out, a], [])
+    dev.launch(prog, pool, [out, a], [])
+    (where, spec, address), = drv.encoded
+    assert spec is m and address == a.handle and where % 64 == 0
+    # the third parameter is the map's memory, read as the driver would copy it
+    assert drv.launched[-1] == ("k", 4, 384, [out.handle, a.handle, a.handle])
+    b, _ = pool.allocate(1000)
+    dev.launch(prog, pool, [out, b], [])
+    assert [e[2] for e in drv.encoded] == [a.handle, b.handle]
+    assert drv.launched[-1][3] == [out.handle, b.handle, b.handle]
+    # a driver that cannot encode maps refuses the program when it is made
+    with pytest.raises(BackendError, match="tensor maps"):
+        HandLoweredDevice(HostMemoryDriver(), pool, gpu).compile("kernel-b")
+
+
+def test_misaligned_buffers_run_the_kernel_lowered_without_maps():
+    """A buffer whose mapped element 0 is not 16-byte aligned (a DLPack view) cannot
+    start a tensor map: that launch runs the kernel lowered with the gemm knob tma=0
+    (compiled once, kept with the program and released with it); aligned buffers keep
+    the mapped kernel."""
+    from zyx.backends.tma import TensorMap
+    m = TensorMap(1, 0, "bfloat16", 2, [72, 200], [144], [64, 128])
+    mapped = GPUKernel("k:3", [Launch("k", 4, 384, [("arg", 0), ("arg", 1)], maps=[m])])
+    plain = GPUKernel("p:2", [Launch("p", 8, 256, [("arg", 0), ("arg", 1)])])
+
+    class Encoding(HostMemoryDriver):
+        def encode_tensor_map(self, out, spec, address):
+            pass
+
+    class TwoLowerings(HandLoweredDevice):
+        asked = []
+
+        def render(self, kernel, name="zyx_k", schedule=None):
+            self.asked.append(schedule)
+            return plain if (schedule or {}).get("gemm_knobs") == {"tma": 0} else mapped
+    drv = Encoding()
+    pool = gpudriver.DriverMemoryPool(drv, "test")
+    dev = TwoLowerings(drv, pool, None)
+    prog = dev.compile("kernel-a")
+    out, _ = pool.allocate(64)
+    a, _ = pool.allocate(1000)
+
+    class View:                  # a borrowed buffer 2 bytes into a block
+        ptr = a.ptr + 2
+    dev.launch(prog, pool, [out, View], [])
+    dev.launch(prog, pool, [out, View], [])
+    assert [x[0] for x in drv.launched] == ["p", "p"]
+    assert drv.launched[-1][3] == [out.handle, a.handle + 2]
+    assert dev.asked.count({"gemm_knobs": {"tma": 0}}) == 1
+    dev.launch(prog, pool, [out, a], [])
+    assert drv.launched[-1][0] == "k"
+    unmapped = prog.unmapped
+    dev.release(prog)
+    assert prog.unmapped is None and unmapped.module in drv.unloaded
+    assert m.aligned(4096) and not m.aligned(4098)
+    assert not TensorMap(1, 6, "bfloat16", 2, [72], [], [64]).aligned(4096)
+
+
+def test_operand_maps_of_products():
+    """tma.operand_map: the map of each operand layout of a product (contiguous
+    dimension first, the batch's after the side's), and None where TMA cannot copy it:
+    a row stride that is not a multiple of 16 bytes, a computed operand."""
+    from zyx.backends import tma
+
+    def t(*s):
+        return zyx.Tensor(np.ones(s, np.float32)).cast("bfloat16").realize()
+
+    def maps(expr):
+        k = _untiled_kernel(expr)
+        p = gemm.plan(k.ops)
+        arg_of = {i: op[3] for i, op in enumerate(k.ops)
+                  if op[0] == K.DEFINE and op[2] == K.SCOPE_GLOBAL}
+        return p, [tma.operand_map(k.ops, p, side, kfast, 128, arg_of)
+                   for side, kfast in (("a", p.a_kfast), ("b", p.b_kfast))]
+    p, ((ma, at_a), (mb, at_b)) = maps(t(200, 72) @ t(72, 136))
+    assert (ma.dims, ma.strides, ma.box, ma.offset) == ([72, 200], [144], [64, 128], 0)
+    assert (mb.dims, mb.strides, mb.box) == ([136, 72], [272], [64, 64])
+    assert at_a == ["zyx_r0"] and at_b == ["zyx_kn"]
+    _, ((ma, _), (mb, _)) = maps(t(72, 200).T @ t(136, 72).T)
+    assert (ma.dims, ma.strides, ma.box) == ([200, 72], [400], [64, 64])
+    assert (mb.dims, mb.strides, mb.box) == ([72, 136], [144], [64, 128])
+    p, ((ma, at_a), (mb, at_b)) = maps(t(3, 64, 40) @ t(3, 40, 96))
+    assert (ma.dims, ma.strides, ma.box) == ([40, 64, 3], [80, 64 * 80], [64, 128, 1])
+    assert at_a == ["zyx_r0", f"i{p.batch[0]}"]
+    assert (mb.dims, mb.strides) == ([96, 40, 3], [192, 40 * 192])
+    _, ((ma, _), (mb, _)) = maps(t(200, 80)[:, 8:80] @ t(72, 136))     # a view at byte 16
+    assert (ma.dims, ma.strides, ma.offset) == ([72, 200], [160], 16)
+    _, (found_a, found_b) = maps(t(200, 73)[:, 1:] @ t(72, 136))       # 146-byte rows
+    assert found_a is None and found_b is not None
+    _, (found_a, found_b) = maps(t(200, 80)[:, 1:73] @ t(72, 136))     # a view at byte 2
+    assert found_a is None and found_b is not None
+    _, (found_a, _) = maps((t(200, 72) * 2) @ t(72, 136))
+    assert found_a is None
+
+
 def test_programs_of_one_source_share_a_module_until_the_last_is_released():
     gpu = GPUKernel("k:1", [Launch("k", 1, 64, [("arg", 0)])], scratch=[64])
     drv = HostMemoryDriver()
@@ -954,6 +1089,23 @@ def test_dlpack_with_torch_shares_cuda_memory(cuda_runtime):
         assert torch.equal(torch.from_dlpack(z), src)
 
 
+def test_products_of_misaligned_dlpack_views(cuda_runtime):
+    """A bfloat16 matmul reading a PyTorch view that starts 2 bytes into its storage (a
+    tensor map cannot start there: the launch runs the kernel lowered without maps)
+    and then an aligned one, against PyTorch's product. Big enough for the warpgroup
+    lowering on a Hopper GPU; any GPU runs it."""
+    torch = _torch_cuda()
+    g = torch.Generator(device="cuda").manual_seed(3)
+    base = torch.randn(512 * 512 + 8, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.randn(512, 384, device="cuda", generator=g).to(torch.bfloat16)
+    zw = zyx.from_dlpack(w)
+    for start in (1, 8, 1):
+        view = base[start:start + 512 * 512].view(512, 512)     # contiguous, offset
+        got = torch.from_dlpack((zyx.from_dlpack(view) @ zw).cast("float32").realize())
+        want = view.float() @ w.float()
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=0.3)
+
+
 def test_freed_cuda_tensors_return_memory_to_the_pool(cuda_runtime):
     pool = zyx._RT.device().pool       # (an earlier test may have re-initialized)
     before = pool.used_bytes
@@ -969,7 +1121,9 @@ def test_freed_cuda_tensors_return_memory_to_the_pool(cuda_runtime):
                                        ((32, 32), "vector=0,prefetch=0"),
                                        ((128, 128), "wn=256,stages=3"),
                                        ((128, 128), "stages=3"), ((128, 128), "wgmma=0"),
-                                       ((128, 128), "wm=256,wn=128")])
+                                       ((128, 128), "wm=256,wn=128"),
+                                       ((128, 128), "tma=0"),
+                                       ((128, 128), "tma=0,wm=256,wn=128")])
 def test_tensor_core_products_against_numpy(dtype, want, spec, cuda_runtime, monkeypatch):
     """16-bit products on tensor cores (backends/mma.py; on a Hopper GPU with 128 x 128
     tiles, plain loads take wgmma.py's warpgroup products) with tile `want` and the gemm
@@ -1036,6 +1190,13 @@ def _tensor_core_checks(dtype, found, want, spec):
     check(at.T @ bt.T, rat.T @ rbt.T, 72)
     (odd, rodd) = t(200, 73)           # rows starting at odd offsets: misaligned vectors
     check(odd[:, 1:] @ b, rodd[:, 1:] @ rb, 72)
+    # aligned rows starting 2 bytes into the buffer (no tensor map) and 16 bytes into
+    # it (a map with an offset; rows past the end of the tiles: its zero fill)
+    (wide, rwide) = t(200, 80)
+    check(wide[:, 1:73] @ b, rwide[:, 1:73] @ rb, 72)
+    check(wide[:, 8:80] @ b, rwide[:, 8:80] @ rb, 72)
+    (wider, rwider) = t(72, 160)
+    check(at.T @ wider[:, 16:152], rat.T @ rwider[:, 16:152], 72)
     (c, rc), (d, rd), (dt_, rdt) = t(300, 520), t(520, 264), t(264, 520)
     check(c @ d, rc @ rd, 520)
     check(c @ dt_.T, rc @ rdt.T, 520)
@@ -1044,6 +1205,7 @@ def _tensor_core_checks(dtype, found, want, spec):
     check((a * 2 + 1) @ b, c2 @ rb, 72)
     (x, rx), (y, ry), (z, rz) = t(3, 64, 40), t(3, 40, 96), t(96)
     check((x @ y + z).relu(), np.maximum(rx @ ry + rz, 0), 40)
+    check(x @ y[1], rx @ ry[1], 40)             # one operand broadcast over the batch
     (u, ru), (v, rv) = t(33, 9000), t(9000, 65)
     check(u @ v, ru @ rv, 9000)
     (img, rimg), (w, rw) = t(2, 8, 12, 12), t(16, 8, 3, 3)
@@ -1055,6 +1217,8 @@ def _tensor_core_checks(dtype, found, want, spec):
     hopper = zyx._RT.resolve("cuda").info().extra.get("arch") == "sm_90a"
     if hopper and want == (128, 128) and "wgmma=0" not in spec:
         assert sum(g.strategy == "wgmma" for g in found) >= 6, [g.strategy for g in found]
+        mapped = sum(bool(g.launches[0].maps) for g in found)
+        assert mapped == 0 if "tma=0" in spec else mapped >= 5, spec
 
 
 @pytest.mark.parametrize("dtype,precision", [("float32", "highest"), ("float32", "high"),

@@ -22,7 +22,7 @@ import sys
 import numpy as np
 
 from ..errors import BackendError
-from . import DeviceInfo
+from . import DeviceInfo, tma
 from .gpu import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from .cfamily import CUDADialect
 from .gpudriver import (DeviceOutOfMemory, DriverDevice, DriverMemoryPool,
@@ -132,6 +132,31 @@ def launch_arguments(fn, groups, local_size, stream, params, shared=0):
             ctypes.c_void_p(int(stream)), ctypes.c_void_p(int(params)), None)
 
 
+def tensor_map_encoder(lib):
+    """`lib`'s cuTensorMapEncodeTiled as a function (out address, tma.TensorMap, buffer
+    address) -> CUresult as an int, or None where the driver has none (before CUDA
+    12)."""
+    try:
+        fn = lib.cuTensorMapEncodeTiled
+    except AttributeError:
+        return None
+    u32, u64 = ctypes.c_uint32, ctypes.c_uint64
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, u32, ctypes.c_void_p,
+                   ctypes.POINTER(u64), ctypes.POINTER(u64), ctypes.POINTER(u32),
+                   ctypes.POINTER(u32), ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                   ctypes.c_int]
+
+    def encode(out, spec, address):
+        rank = len(spec.dims)
+        return fn(out, tma.DATA_TYPES[spec.dtype], rank, address + spec.offset,
+                  (u64 * rank)(*spec.dims),
+                  (u64 * max(rank - 1, 1))(*spec.strides), (u32 * rank)(*spec.box),
+                  (u32 * rank)(*([1] * rank)), 0, tma.SWIZZLE_128B, tma.L2_PROMOTION_256B,
+                  0)
+    return encode
+
+
 class CUDADriver(ResultTupleDriver):
     """The gpudriver protocol for one CUDA device through cuda-bindings: its primary
     context and one non-blocking stream (no implicit synchronization with the legacy
@@ -150,7 +175,9 @@ class CUDADriver(ResultTupleDriver):
         self.stream = self.check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING),
                                  "cuStreamCreate")
         self._launch = drv.cuLaunchKernel
-        self._direct = direct_launch(driver_library())
+        lib = driver_library()
+        self._direct = direct_launch(lib)
+        self._encode = tensor_map_encoder(lib) if lib is not None else None
         self._no_timing = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
 
     def attribute(self, name, default=None):
@@ -234,6 +261,20 @@ class CUDADriver(ResultTupleDriver):
         self.check(self.drv.cuFuncSetAttribute(fn, attr, nbytes), "cuFuncSetAttribute")
         return nbytes
 
+    @property
+    def can_encode_tensor_maps(self):
+        return self._encode is not None
+
+    def encode_tensor_map(self, out, spec, address):
+        """Write the tensor map `spec` (tma.TensorMap) of the buffer at `address` into
+        the 128 bytes at `out`."""
+        if self._encode is None:
+            raise BackendError("CUDA: this driver has no cuTensorMapEncodeTiled "
+                               "(tensor maps need CUDA 12)")
+        err = self._encode(out, spec, address)
+        if err:
+            self.check((self.drv.CUresult(err),), f"cuTensorMapEncodeTiled({spec})")
+
     def prepared_launch(self, fn, groups, local_size, params, shared=0):
         """A no-argument callable making this launch (gpudriver._PreparedLaunch): the
         driver's cuLaunchKernel through ctypes with the arguments made once, or
@@ -290,7 +331,9 @@ class CUDADevice(DriverDevice):
             tensor_cores=self.cc[0] >= 7,
             extra={"cc": self.cc, "arch": self.compiler.target,
                    # the most shared memory a function may ask for (wgmma's stages)
-                   "smem_optin": d.attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", 0)})
+                   "smem_optin": d.attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", 0),
+                   # tensor maps (tma.py): the driver can encode them
+                   "tma": d.can_encode_tensor_maps})
 
 
 

@@ -64,7 +64,7 @@ COMPUTED_TILE = 64 * 64
 
 GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1, "mma": 1, "vector": 1, "double": 2,
                 "mk": 0, "krun": 8, "korder": 1, "fk": 0, "wgmma": 1, "wm": 0,
-                "wn": 0, "stages": 0}
+                "wn": 0, "stages": 0, "tma": 1}
 
 
 def enabled():
@@ -91,8 +91,9 @@ def variant(spec=None):
     tiles' K step (default 0: the tile's, gemm.TILES); "wgmma=0": 16-bit products on
     Hopper through mma.sync instead of warpgroup products (wgmma.py); "wm=128|256",
     "wn=128|256": rows and cols per group of those; "stages=N": their K steps in
-    shared memory (3-6); the three default to 0, wgmma.py's choice. Read at each
-    lowering.
+    shared memory (3-6); the three default to 0, wgmma.py's choice; "tma=0": their
+    operands copied by every work-item with cp.async instead of by one thread through
+    tensor maps (tma.py). Read at each lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
@@ -849,10 +850,14 @@ class Frame:
             body += blk
         return body
 
-    def kernel(self, kernel, dl, name, body, strategy, variant, prelude=""):
-        """The `GPUKernel` of statements `body` (one launch of the frame's groups)."""
+    def kernel(self, kernel, dl, name, body, strategy, variant, prelude="", extra_params=(),
+               bounds=""):
+        """The `GPUKernel` of statements `body` (one launch of the frame's groups);
+        `extra_params`: declarations after the buffers' (tensor maps), `bounds`: a
+        `__launch_bounds__` clause."""
         from .gpu import GPUKernel, Launch, _params
-        src = (f"{dl.kernel_prefix} {name}({', '.join(_params(kernel, dl, self.rendered))}) "
+        params = _params(kernel, dl, self.rendered) + list(extra_params)
+        src = (f"{dl.kernel_prefix} {bounds}{name}({', '.join(params)}) "
                "{\n" + "\n".join(body) + "\n}\n")
         args = [("arg", i) for i in range(len(kernel.args))]
         g = GPUKernel(dl.prelude + prelude + src,

@@ -84,16 +84,19 @@ INT32_MAX = 2**31 - 1
 
 class Launch:
     """One kernel launch: entry point `entry`, `groups` work-groups of `local_size`
-    work-items (1-D), its arguments (see the module docstring), and `shared`: bytes of
-    dynamic shared memory per group (CUDA only; 0: the kernel declares what it uses)."""
-    __slots__ = ("entry", "groups", "local_size", "args", "shared")
+    work-items (1-D), its arguments (see the module docstring), `shared`: bytes of
+    dynamic shared memory per group (CUDA only; 0: the kernel declares what it uses), and
+    `maps`: tma.TensorMaps passed after the arguments (CUDA only; the driver encodes
+    them at launch from the arguments' addresses)."""
+    __slots__ = ("entry", "groups", "local_size", "args", "shared", "maps")
 
-    def __init__(self, entry, groups, local_size, args, shared=0):
+    def __init__(self, entry, groups, local_size, args, shared=0, maps=()):
         self.entry = entry
         self.groups = groups
         self.local_size = local_size
         self.args = args
         self.shared = shared
+        self.maps = list(maps)
 
     @property
     def global_size(self):
@@ -1488,7 +1491,9 @@ def lower(kernel, dl, info=None, name="zyx_k", schedule=None):
     (DeviceInfo; None for defaults). The strategy is chosen as the module docstring says;
     `schedule` may fix its knobs: {"elementwise": {...}, "group": {...}} with the keys of
     `elementwise_variant` / `group_variant` (missing: the environment's or the defaults),
-    {"gemm": (rows, cols)} a gemm tile of gemm.TILES, {"gemm": None} no gemm tiles."""
+    {"gemm": (rows, cols)} a gemm tile of gemm.TILES, {"gemm": None} no gemm tiles,
+    {"gemm_knobs": {...}} knobs of gemm.variant over the environment's (the driver
+    lowers {"tma": 0} for buffers a tensor map cannot start at)."""
     info = info if info is not None else DeviceInfo()
     schedule = schedule or {}
     ops = kernel.ops
@@ -1505,7 +1510,9 @@ def lower(kernel, dl, info=None, name="zyx_k", schedule=None):
         tile = gemm.choose_tile(p, info, want if isinstance(want, (tuple, list)) else None) \
             if p is not None else None
         if tile is not None:
-            return gemm.lower_gemm(kernel, dl, info, name, p, tile)
+            knobs = schedule.get("gemm_knobs")
+            return gemm.lower_gemm(kernel, dl, info, name, p, tile,
+                                   dict(gemm.variant(), **knobs) if knobs else None)
     nests = reduce_nests(ops)
     strategy = choose_strategy(ops, nests, info)
     if strategy == "columns":

@@ -17,6 +17,9 @@ context and its one stream, with these methods (addresses are Python ints):
     allow_shared(fn, nbytes) -> nbytes   (CUDA) let `fn` have `nbytes` of dynamic shared
                                          memory; launch and prepared_launch then get
                                          shared=nbytes (only for Launch.shared > 0)
+    encode_tensor_map(out, spec, ptr)    (CUDA) write the tma.TensorMap `spec` for the
+                                         buffer at `ptr` into the 128 bytes at `out`
+                                         (only for launches with Launch.maps)
 
 and the device subclass supplies `_make_info()`; its compiler (rtc.RuntimeCompiler) turns
 sources into binaries through the disk cache. Everything here runs on that single in-order stream, so a kernel
@@ -36,6 +39,7 @@ import numpy as np
 from ..errors import AllocationError, BackendError
 from . import Buffer, MemoryPool
 from .gpu import lower, own_tiles, schedule_candidates
+from .tma import MAP_BYTES
 
 # Host<->device copies go through two pinned staging slots (a page-locked copy runs at
 # the bus's speed, a pageable one is staged by the driver anyway, synchronously). Copies
@@ -386,12 +390,39 @@ class DriverMemoryPool(MemoryPool):
         self._ring.close(self.driver)
 
 
+class _MapParameter:
+    """A tensor map parameter of one prepared launch (tma.TensorMap): 128 bytes, 64-byte
+    aligned, that the driver encodes for the address of its buffer, again only when the
+    buffer moved (the launch copies the parameters, so a later launch may re-encode
+    while an earlier one still runs)."""
+    __slots__ = ("slot", "spec", "memory", "address", "bound", "encode")
+
+    def __init__(self, slot, spec, encode):
+        self.slot = slot            # the launch parameter holding the mapped buffer
+        self.spec = spec
+        self.memory = np.zeros(MAP_BYTES + 64, np.uint8)
+        self.address = (self.memory.ctypes.data + 63) & ~63
+        self.bound = None
+        self.encode = encode
+
+    def bind(self, buffer_address):
+        """Encode the map for the buffer at `buffer_address` (unless it is the last
+        one); False, encoding nothing, where a map cannot start there (misaligned)."""
+        if buffer_address != self.bound:
+            if not self.spec.aligned(buffer_address):
+                return False
+            self.encode(self.address, self.spec, buffer_address)
+            self.bound = buffer_address
+        return True
+
+
 class _PreparedLaunch:
     """One Launch of a loaded program with its parameter block built once: `values` holds
     one device address per kernel parameter and `params` the addresses of those values
-    (the `void**` the driver reads), so a launch only writes the pointer values."""
+    (the `void**` the driver reads), then of the launch's tensor maps (`maps`), so a
+    launch only writes the pointer values (and re-encodes a map whose buffer moved)."""
     __slots__ = ("fn", "groups", "local_size", "sources", "values", "params", "address",
-                 "call")
+                 "call", "maps")
 
     def __init__(self, fn, launch, driver):
         self.fn = fn
@@ -402,7 +433,15 @@ class _PreparedLaunch:
         n = max(len(self.sources), 1)
         self.values = np.zeros(n, np.uint64)
         base = self.values.ctypes.data
-        self.params = np.array([base + 8 * j for j in range(n)], np.uint64)
+        self.maps = []
+        if launch.maps:
+            encode = getattr(driver, "encode_tensor_map", None)
+            if encode is None:
+                raise BackendError(f"{type(driver).__name__} cannot encode tensor maps")
+            self.maps = [_MapParameter(launch.args.index(("arg", m.arg)), m, encode)
+                         for m in launch.maps]
+        self.params = np.array([base + 8 * j for j in range(n)] +
+                               [m.address for m in self.maps], np.uint64)
         self.address = self.params.ctypes.data
         # what enqueues it: everything but the parameter values is fixed, so a driver may
         # convert its arguments once (CUDADriver.prepared_launch) instead of per launch
@@ -419,7 +458,7 @@ class DriverProgram:
     """A lowered kernel loaded on one device: its module, prepared launches and scratch
     buffers (allocated at the first launch and kept: launches on the in-order stream never
     overlap, so the program's launches can share them from one realization to the next)."""
-    __slots__ = ("kernel", "gpu", "module", "launches", "scratch", "__weakref__")
+    __slots__ = ("kernel", "gpu", "module", "launches", "scratch", "unmapped", "__weakref__")
 
     def __init__(self, kernel, gpu, module, launches):
         self.kernel = kernel
@@ -427,6 +466,9 @@ class DriverProgram:
         self.module = module
         self.launches = launches
         self.scratch = None
+        # the kernel lowered without tensor maps, for buffers a map cannot start at
+        # (made at the first such launch)
+        self.unmapped = None
 
     @property
     def source(self):
@@ -535,8 +577,20 @@ class DriverDevice:
             for i in pl.sources:
                 values[j] = args[i].ptr if i >= 0 else scratch[-1 - i]
                 j += 1
+            if pl.maps and not all([m.bind(int(values[m.slot])) for m in pl.maps]):
+                # (only single-launch programs (gemm's) have maps: nothing ran yet)
+                return self.launch(self._unmapped(program), pool, args)
             pl.call()
         return None     # one in-order stream: whatever comes next runs after
+
+    def _unmapped(self, program):
+        """`program`'s kernel lowered with its schedule but no tensor maps (tma.py: a
+        buffer misaligned for them, such as a DLPack tensor's view)."""
+        if program.unmapped is None:
+            schedule = dict(self.schedules.get(program.kernel) or {})
+            schedule["gemm_knobs"] = dict(schedule.get("gemm_knobs") or {}, tma=0)
+            program.unmapped = self.compile_variant(program.kernel, schedule)
+        return program.unmapped
 
     def synchronize(self):
         """Wait until everything queued on this device's stream has run."""
@@ -555,6 +609,9 @@ class DriverDevice:
             self.release(prog)
 
     def release(self, program):
+        if program.unmapped is not None:
+            self.release(program.unmapped)
+            program.unmapped = None
         if self._programs.get(program.kernel) is program:
             del self._programs[program.kernel]
         ensure_current(self.driver)

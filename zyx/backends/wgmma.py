@@ -212,9 +212,178 @@ def _descriptor(base, kfast, warpgroup_rows):
     return f"zyx_desc({start}, {WG_K * ROW_BYTES}u, {ATOM}u)"
 
 
+# -- operands copied through tensor maps by a producer warpgroup (tma.py) ---------------
+
+TMA_PRODUCER_REGS = 24      # registers a producer work-item keeps (setmaxnreg's least)
+REGISTERS_PER_SM = 65536
+
+
+def tma_shape(p, info, var):
+    """(rows, cols, stages) of the tensor-map lowering: 128 rows (two consumer
+    warpgroups of 64), 256 cols where the product still has a tile per compute unit,
+    else 128, and as many stages as fit the device's shared memory (at most 6); the
+    knobs "wm", "wn", "stages" override them."""
+    br = var["wm"] or WG_ROWS
+    wide = p.nb * -(-p.nr // br) * -(-p.nc // 256) >= max(info.num_cores, 1)
+    bc = var["wn"] or (256 if wide else 128)
+    room = (info.extra or {}).get("smem_optin", 0) - ATOM - 16 * 6
+    return br, bc, var["stages"] or max(min(6, room // ((br + bc) * WG_K * 2)), 2)
+
+
+def _tma_maps(kernel, p, br, bc):
+    """(map, coordinates) of both operands (tma.operand_map), or None."""
+    from . import tma
+    arg_of = {i: op[3] for i, op in enumerate(kernel.ops)
+              if op[0] == K.DEFINE and op[2] == K.SCOPE_GLOBAL}
+    found = [tma.operand_map(kernel.ops, p, side, kfast, n, arg_of)
+             for side, kfast, n in (("a", p.a_kfast, br), ("b", p.b_kfast, bc))]
+    return None if None in found else found
+
+
+def _consumer_registers(consumers):
+    """Registers per consumer work-item: what the launch gives each of the group's
+    work-items (__launch_bounds__ with one group per SM), plus the producer's share."""
+    threads = 128 * (consumers + 1)
+    launch_regs = min(REGISTERS_PER_SM // threads // 8 * 8, 255)
+    return min((launch_regs * threads - 128 * TMA_PRODUCER_REGS) // (128 * consumers)
+               // 8 * 8, 240)
+
+
+def tma_usable(kernel, p, info, var):
+    """True when `usable`'s plan can copy both operands through tensor maps (the
+    knob "tma", strides of 16-byte multiples, the stages' shared memory)."""
+    if not var["tma"] or not (info.extra or {}).get("tma"):
+        return False
+    br, bc, n_stages = tma_shape(p, info, var)
+    # (the accumulators and about 48 registers of addresses and epilogue)
+    if n_stages < 2 or _consumer_registers(br // 64) < bc // 2 + 48:
+        return False
+    need = smem_bytes(br, bc, n_stages) + 16 * n_stages
+    return need <= (info.extra or {}).get("smem_optin", 0) and \
+        _tma_maps(kernel, p, br, bc) is not None
+
+
+def lower_wgmma_tma(kernel, dl, info, name, p, var):
+    """The `GPUKernel` of plan `p` (see `tma_usable`) with warp-specialized groups: br /
+    64 consumer warpgroups each multiply 64 rows by all bc cols of a stage as
+    `lower_wgmma`'s do, and one producer warpgroup, whose first work-item alone copies
+    each K step's boxes through the operands' tensor maps (tma.py). Each stage has two
+    mbarriers: "full" counts the copies' bytes (the consumers wait on it), "empty" the
+    consumer warps that finished reading it (the producer waits on it before copying
+    the step STAGES later). The producer gives its registers to the consumers
+    (setmaxnreg): a 64 x 256 accumulator is 128 registers per work-item."""
+    from . import tma
+    ops = kernel.ops
+    br, bc, n_stages = tma_shape(p, info, var)
+    consumers = br // 64
+    threads = 128 * (consumers + 1)
+    bk = WG_K
+    a_bytes, b_bytes = br * bk * 2, bc * bk * 2
+    stage_bytes = a_bytes + b_bytes
+    fr = Frame(kernel, dl, p, br, bc, bk, threads)
+    nkt = -(-p.nk // bk)
+    nacc = bc // 2
+    (map_a, at_a), (map_b, at_b) = _tma_maps(kernel, p, br, bc)
+    consumer_regs = _consumer_registers(consumers)
+
+    def bar(kind, s):
+        return f"(zyx_bars + {8 * (0 if kind == 'full' else n_stages)}u + 8u * ({s}))"
+
+    def copies(param, at, kfast, origin, extent, offset):
+        """Statements copying one operand's boxes of step zyx_kn into zyx_buf."""
+        if kfast:
+            return ["      " + tma.copy_call(f"zyx_buf + {offset}u", param, ["zyx_kn"] + at,
+                                             bar("full", "zyx_s"))]
+        return ["      " + tma.copy_call(f"zyx_buf + {offset + blk * WG_K * ROW_BYTES}u", param,
+                                         [f"{origin} + {blk * 64}"] + at, bar("full", "zyx_s"))
+                for blk in range(extent // 64)]
+
+    fence_acc = (f"  for (int q = 0; q < {nacc}; q++) "
+                 f"asm volatile(\"\" : \"+f\"(zyx_d[q]) :: \"memory\");")
+    body = ["  extern __shared__ __align__(1024) unsigned char zyx_smem[];"] + fr.head + [
+        f"  const unsigned zyx_base = ((unsigned)__cvta_generic_to_shared(zyx_smem) + "
+        f"{ATOM - 1}u) & ~{ATOM - 1}u;",
+        f"  const unsigned zyx_bars = zyx_base + {n_stages * stage_bytes}u;",
+        "  const int zyx_lane = (int)(zyx_tid % 32);",
+        "  const int zyx_wg = (int)(zyx_tid / 128);",
+        "  const int zyx_w4 = (int)((zyx_tid / 32) % 4);",
+        "  if (zyx_tid == 0) {",
+        f"    for (int s = 0; s < {n_stages}; s++) {{",
+        f"      zyx_bar_init({bar('full', 's')}, 1u);",
+        f"      zyx_bar_init({bar('empty', 's')}, {4 * consumers}u);",
+        "    }",
+        '    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");',
+        "  }",
+        f"  {dl.barrier()};",
+        f"  if (zyx_wg == {consumers}) {{",
+        f'    asm volatile("setmaxnreg.dec.sync.aligned.u32 {TMA_PRODUCER_REGS};");',
+        f"    if (zyx_tid == {128 * consumers}) {{",
+        f"    for (int zyx_kt = 0; zyx_kt < {nkt}; zyx_kt++) {{",
+        f"      const int zyx_s = zyx_kt % {n_stages};",
+        f"      if (zyx_kt >= {n_stages}) "
+        f"zyx_bar_wait({bar('empty', 'zyx_s')}, (unsigned)((zyx_kt / {n_stages} + 1) & 1));",
+        f"      const unsigned zyx_buf = zyx_base + zyx_s * {stage_bytes}u;",
+        f"      const int zyx_kn = zyx_kt * {bk};",
+        f"      zyx_bar_expect({bar('full', 'zyx_s')}, {stage_bytes}u);"]
+    body += copies("zyx_mapa", at_a, p.a_kfast, "zyx_r0", br, 0)
+    body += copies("zyx_mapb", at_b, p.b_kfast, "zyx_c0", bc, a_bytes)
+    body += ["    }", "    }", "  } else {",
+             f'    asm volatile("setmaxnreg.inc.sync.aligned.u32 {consumer_regs};");',
+             f"  float zyx_d[{nacc}];",
+             "  #pragma unroll",
+             f"  for (int q = 0; q < {nacc}; q++) zyx_d[q] = 0.0f;",
+             f"  for (int zyx_kt = 0; zyx_kt < {nkt}; zyx_kt++) {{",
+             f"    const int zyx_s = zyx_kt % {n_stages};",
+             f"    zyx_bar_wait({bar('full', 'zyx_s')}, (unsigned)((zyx_kt / {n_stages}) & 1));",
+             f"    const unsigned zyx_cur = zyx_base + zyx_s * {stage_bytes}u;",
+             "    #pragma unroll",
+             "  " + fence_acc,
+             '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
+             "    #pragma unroll",
+             f"    for (int zyx_ks = 0; zyx_ks < {bk // 16}; zyx_ks++) {{",
+             f"      zyx_wgmma(zyx_d, {_descriptor('zyx_cur', p.a_kfast, 'zyx_wg * 64')}, "
+             f"{_descriptor(f'(zyx_cur + {a_bytes}u)', p.b_kfast, None)});",
+             "    }",
+             '    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
+             # the products of the step before are done: its stage may be copied over
+             '    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");',
+             "    #pragma unroll",
+             "  " + fence_acc,
+             "    if (zyx_kt > 0 && zyx_lane == 0) "
+             f"zyx_bar_arrive({bar('empty', f'(zyx_kt + {n_stages - 1}) % {n_stages}')});",
+             "  }",
+             '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
+             "  #pragma unroll",
+             fence_acc]
+    body += fr.epilogue(dl, ops, p, _outputs(bc)) + ["  }"]
+    prelude = (_HELPERS + tma.HELPERS +
+               _wgmma_function(_PTX[p.narrow.name], bc, not p.a_kfast, not p.b_kfast))
+    maps = ["const __grid_constant__ zyx_tmap zyx_mapa",
+            "const __grid_constant__ zyx_tmap zyx_mapb"]
+    g = fr.kernel(kernel, dl, name, body, "wgmma",
+                  {"rows": br, "cols": bc, "k": bk, "stages": n_stages, "tma": 1,
+                   "mma": _PTX[p.narrow.name]}, prelude=prelude, extra_params=maps,
+                  bounds=f"__launch_bounds__({threads}, 1) ")
+    g.launches[0].shared = smem_bytes(br, bc, n_stages) + 16 * n_stages
+    g.launches[0].maps = [map_a, map_b]
+    return g
+
+
+def _outputs(bc):
+    """(row, col, accumulator) of each of a consumer work-item's outputs: accumulator
+    4j + q at row lane / 4 (+8 for q >= 2) of its warp's 16, col 8j + 2 (lane % 4) (+1
+    for odd q), as mma.sync's m16n8 blocks."""
+    return [(f"zyx_r0 + zyx_wg * 64 + zyx_w4 * 16 + {(q >> 1) * 8} + (zyx_lane >> 2)",
+             f"zyx_c0 + {j * 8 + (q & 1)} + (zyx_lane & 3) * 2", f"zyx_d[{4 * j + q}]")
+            for j in range(bc // 8) for q in range(4)]
+
+
 def lower_wgmma(kernel, dl, info, name, p, var):
     """The `GPUKernel` of plan `p` (see `usable`) on Hopper warpgroup products (module
-    docstring); `var`: gemm's knobs ("wm", "wn", "stages": see `shape`)."""
+    docstring); `var`: gemm's knobs ("wm", "wn", "stages": see `shape`). Plans whose
+    operands tensor maps can copy go to `lower_wgmma_tma`."""
+    if tma_usable(kernel, p, info, var):
+        return lower_wgmma_tma(kernel, dl, info, name, p, var)
     ops = kernel.ops
     br, bc, n_stages = shape(p, info, var)
     bk = WG_K
@@ -285,12 +454,7 @@ def lower_wgmma(kernel, dl, info, name, p, var):
              '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
              "  #pragma unroll",
              fence_acc]
-    # accumulator 4j + q: row lane / 4 (+8 for q >= 2) of the warp's 16, col 8j + 2 (lane
-    # % 4) (+1 for odd q), as mma.sync's m16n8 blocks
-    outputs = [(f"zyx_r0 + zyx_wg * 64 + zyx_w4 * 16 + {(q >> 1) * 8} + (zyx_lane >> 2)",
-                f"zyx_c0 + {j * 8 + (q & 1)} + (zyx_lane & 3) * 2", f"zyx_d[{4 * j + q}]")
-               for j in range(bc // 8) for q in range(4)]
-    body += fr.epilogue(dl, ops, p, outputs)
+    body += fr.epilogue(dl, ops, p, _outputs(bc))
     # the instruction's transpose bits: 0 reads a K-major tile, 1 an MN-major one
     prelude = _HELPERS + _wgmma_function(_PTX[p.narrow.name], bc, not p.a_kfast,
                                          not p.b_kfast)

@@ -1,0 +1,171 @@
+"""Hopper's tensor memory accelerator (TMA) for the GPU lowerings: tensor maps that a
+launch passes as kernel parameters, the analysis that finds one for a product's operand,
+and the device helpers (mbarriers, bulk tensor copies) a kernel copies through them.
+
+A tensor map describes a strided tensor in global memory (up to 5 dimensions, the first
+contiguous) and the box one copy moves into shared memory, laid out with the 128-byte
+swizzle wgmma's descriptors read. One thread issues a box copy; the copy engine moves it
+and counts its bytes on an mbarrier that the readers wait on, so the copies need neither
+the readers' registers nor their instructions (wgmma.lower_wgmma_tma). Boxes reaching
+past a dimension's end are filled with zeros: ragged products need no tests.
+
+A map holds its tensor's address, so the driver encodes it on the host at launch time
+(`TensorMap`, gpudriver's launch path, `CUDADriver.encode_tensor_map`), again only when
+the buffer moved. The address must be 16-byte aligned and every stride a multiple of 16
+bytes (the copy engine also faults on a box whose start is not 16-byte aligned: a map
+cannot start below the tensor and shift its coordinates). Strides and the offset in the
+buffer are known when the kernel is lowered (`operand_map` refuses the others); the
+buffer's address is not (a DLPack tensor may start anywhere): a launch whose buffer is
+misaligned runs the kernel lowered without maps instead (gpudriver).
+"""
+from __future__ import annotations
+
+from .._core import kernel as K
+
+MAX_RANK = 5
+MAX_BOX = 256
+# cuTensorMapEncodeTiled's enums (cuda.h)
+DATA_TYPES = {"float16": 6, "bfloat16": 9}
+SWIZZLE_128B = 3
+L2_PROMOTION_256B = 3
+MAP_BYTES = 128            # sizeof(CUtensorMap); 64-byte aligned
+
+
+class TensorMap:
+    """A tensor map a launch passes after the kernel's buffer parameters: `arg`, the
+    kernel argument whose buffer it maps; `offset`, the byte offset of element 0 from the
+    buffer's address; `dtype`, its name (DATA_TYPES); `dims`, extents fastest first;
+    `strides`, bytes between steps of dims[1:]; `box`, the extents one copy moves."""
+    __slots__ = ("arg", "offset", "dtype", "itemsize", "dims", "strides", "box")
+
+    def __init__(self, arg, offset, dtype, itemsize, dims, strides, box):
+        self.arg, self.offset, self.dtype, self.itemsize = arg, offset, dtype, itemsize
+        self.dims, self.strides, self.box = list(dims), list(strides), list(box)
+
+    def aligned(self, address):
+        """True when the buffer at `address` can be mapped (element 0 16-byte aligned)."""
+        return (address + self.offset) & 15 == 0
+
+    def __repr__(self):
+        return (f"TensorMap(arg {self.arg}, {self.dtype}, dims {self.dims}, strides "
+                f"{self.strides}, box {self.box})")
+
+
+def _linear(ops, coefs, ids):
+    """The stride of a flat position over `ids` (outermost first) when the index is
+    linear in it (each id's coefficient is the next inner one's times that one's
+    length), else None."""
+    lengths = [ops[i][3] if ops[i][0] == K.INDEX else ops[i][2] for i in ids]
+    c = [coefs[i] for i in ids]
+    if any(c[j] != c[j + 1] * lengths[j + 1] for j in range(len(c) - 1)):
+        return None
+    return c[-1]
+
+
+def operand_map(ops, p, side, kfast, box_side, arg_of):
+    """(TensorMap, coordinates) of gemm plan `p`'s operand `side` ("a": rows, "b": cols)
+    copied in boxes of 64 values along its contiguous direction (K when `kfast`, else
+    its rows or cols) by `box_side` rows (cols) or 64 K; None where TMA cannot copy it:
+    not a plain global load, an index not affine in the rows (cols), K and batch
+    positions, or not linear in the flat ones, a stride that is not a multiple of 16
+    bytes, more than 5 dimensions. `arg_of`: buffer DEFINE ssa -> kernel argument.
+    The coordinates are C expressions of the box's origin after the fastest one (the
+    kernel adds its K step or block to that one): the side's and the batch's."""
+    from .gpu import _coefficient, _eval_index
+    val = p.a if side == "a" else p.b
+    op = ops[val]
+    if op[0] != K.LOAD or op[4] >= 0 or ops[op[2]][2] != K.SCOPE_GLOBAL:
+        return None
+    dtype = op[1]
+    if dtype.name not in DATA_TYPES:
+        return None
+    ids = p.rows if side == "a" else p.cols
+    variables = [i for i, o in enumerate(ops) if o[0] in (K.INDEX, K.LOOP)]
+    coefs = {v: _coefficient(ops, op[3], v, {}) for v in variables}
+    if any(c is None for c in coefs.values()):
+        return None
+    start = _eval_index(ops, op[3], {v: 0 for v in variables})
+    if start is None or start < 0 or start * dtype.itemsize % 16:
+        return None
+    side_stride, k_stride = _linear(ops, coefs, ids), _linear(ops, coefs, p.loops)
+    if not side_stride or not k_stride:
+        return None
+    extent = p.nr if side == "a" else p.nc
+    origin = "zyx_r0" if side == "a" else "zyx_c0"
+    if kfast:
+        if k_stride != 1:
+            return None
+        dims, strides, box = [p.nk, extent], [side_stride], [64, box_side]
+    else:
+        if side_stride != 1:
+            return None
+        dims, strides, box = [extent, p.nk], [k_stride], [64, 64]
+    coords = [origin if kfast else "zyx_kn"]
+    for b in p.batch:
+        if coefs[b]:
+            dims.append(ops[b][3])
+            strides.append(coefs[b])
+            box.append(1)
+            coords.append(f"i{b}")
+    size = dtype.itemsize
+    strides = [s * size for s in strides]
+    if (len(dims) > MAX_RANK or box_side > MAX_BOX or any(s % 16 or s <= 0 for s in strides)
+            or max(strides) >= 1 << 40 or max(dims) >= 1 << 31):
+        return None
+    return TensorMap(arg_of[op[2]], start * size, dtype.name, size, dims, strides, box), coords
+
+
+# the device side: mbarriers and box copies (inline PTX, sm_90)
+HELPERS = r"""
+struct __align__(64) zyx_tmap { unsigned long long v[16]; };
+static __device__ __forceinline__ void zyx_bar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void zyx_bar_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void zyx_bar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+static __device__ __forceinline__ void zyx_bar_wait(unsigned bar, unsigned parity) {
+  asm volatile("{\n.reg .pred p;\nZYX_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               "@!p bra ZYX_WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+static __device__ __forceinline__ void zyx_tma2(unsigned dst, const zyx_tmap* map,
+                                                int c0, int c1, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(bar)
+               : "memory");
+}
+static __device__ __forceinline__ void zyx_tma3(unsigned dst, const zyx_tmap* map,
+                                                int c0, int c1, int c2, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+               : "memory");
+}
+static __device__ __forceinline__ void zyx_tma4(unsigned dst, const zyx_tmap* map,
+                                                int c0, int c1, int c2, int c3, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(bar) : "memory");
+}
+static __device__ __forceinline__ void zyx_tma5(unsigned dst, const zyx_tmap* map, int c0,
+                                                int c1, int c2, int c3, int c4, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(c4), "r"(bar) : "memory");
+}
+"""
+
+
+def copy_call(dst, map_param, coords, bar):
+    """The C statement copying the box at `coords` (C expressions, fastest first) of the
+    map parameter `map_param` into shared address `dst`, completing on mbarrier `bar`."""
+    cs = ", ".join(f"(int)({c})" for c in coords)
+    return f"zyx_tma{len(coords)}({dst}, &{map_param}, {cs}, {bar});"
