@@ -247,6 +247,41 @@ def test_matmul_torch(benchmark, dtype, precision):
     _run(benchmark, lambda: a @ b, _tsync, {"flops": 2 * MM ** 3}, rounds=5)
 
 
+# -- attention in bfloat16, written out (scores, softmax, @ values) on both sides ----------
+
+ATTN = (8, 16, 1024, 64)     # batch, heads, sequence, head dim
+
+
+def _attention(q, k, v, softmax):
+    return softmax((q @ k.transpose(-1, -2)) * ATTN[3] ** -0.5) @ v
+
+
+def _attention_flops():
+    b, h, n, d = ATTN
+    return 4 * b * h * n * n * d
+
+
+@needs_gpu
+@pytest.mark.benchmark(group="attention 8x16x1024x64 bf16")
+def test_attention_zyx(benchmark, gpu):
+    q, k, v = (zyx.randn(*ATTN).cast("bfloat16").realize() for _ in range(3))
+    out = _attention(q, k, v, lambda s: s.softmax(-1)).float().numpy()[0, 0]
+    qn, kn, vn = (x.float().numpy()[0, 0].astype(np.float64) for x in (q, k, v))
+    sc = qn @ kn.T * ATTN[3] ** -0.5
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, (p / p.sum(-1, keepdims=True)) @ vn, atol=3e-2)
+    _run(benchmark, lambda: _attention(q, k, v, lambda s: s.softmax(-1)).realize(),
+         _zsync(gpu), {"flops": _attention_flops()}, rounds=7)
+
+
+@needs_torch_cuda
+@pytest.mark.benchmark(group="attention 8x16x1024x64 bf16")
+def test_attention_torch(benchmark):
+    q, k, v = (torch.randn(*ATTN, device="cuda").to(torch.bfloat16) for _ in range(3))
+    _run(benchmark, lambda: _attention(q, k, v, lambda s: torch.softmax(s, -1)), _tsync,
+         {"flops": _attention_flops()}, rounds=7)
+
+
 # -- convolution (issue 13: ResNet-style 3x3, batch 64, 64 -> 64 channels, 56 x 56) ---------
 
 CONV = (64, 64, 56, 3)     # batch, channels in = out, height = width, kernel

@@ -336,8 +336,8 @@ def test_wgmma_kernels_compile_to_cubins(dtype, spec, compiler, monkeypatch):
         launch = g.launches[0]
         # (6 stages of 128 x 256 do not fit: those keep cp.async)
         fits = spec != "stages=6" or wgmma.tma_shape(p, _HOPPER, var)[1] == 128
-        assert wgmma.tma_usable(k, p, _HOPPER, var) == ("tma=0" not in spec and fits)
-        if not wgmma.tma_usable(k, p, _HOPPER, var):
+        assert wgmma.tma_usable(k.ops, p, _HOPPER, var) == ("tma=0" not in spec and fits)
+        if not wgmma.tma_usable(k.ops, p, _HOPPER, var):
             assert (br, bc, n_stages) == wgmma.shape(p, _HOPPER, var)
             assert launch.shared == wgmma.smem_bytes(br, bc, n_stages) > 48 << 10
             assert launch.local_size == 2 * br       # a warpgroup per 64 rows
@@ -361,6 +361,29 @@ def test_wgmma_kernels_compile_to_cubins(dtype, spec, compiler, monkeypatch):
     monkeypatch.setenv(gemm.GEMM_ENV, spec + ",wgmma=0")
     k = _untiled_kernel(_mma_products(dtype)["nn"]())
     assert lower(k, CUDADialect(), _HOPPER, "zyx_k", {"gemm": (128, 128)}).strategy == "mma"
+
+
+def test_wgmma_takes_products_of_at_most_64_cols_through_tensor_maps(compiler):
+    """Attention's probabilities @ values (64 cols, batched over two axes: 4-dimensional
+    maps) on Hopper: 128 x 64 tiles of m64n64 warpgroup products fed through tensor
+    maps; without maps ("tma=0" or a driver without them) they stay on mma.sync."""
+    def t(*s):
+        return zyx.Tensor(np.ones(s, np.float32)).cast("bfloat16").realize()
+    k = _untiled_kernel(t(2, 3, 200, 72) @ t(2, 3, 72, 64))
+    g = lower(k, CUDADialect(), _HOPPER, "zyx_k", {"gemm": (128, 64)})
+    assert g.strategy == "wgmma" and g.variant["cols"] == 64 and g.variant["tma"] == 1
+    assert "m64n64k16.f32.bf16.bf16" in g.source and "zyx_tma4(" in g.source
+    assert [len(m.dims) for m in g.launches[0].maps] == [4, 4]
+    assert compiler.binary(g.source)[:4] == b"\x7fELF"
+    no_maps = dataclasses.replace(_HOPPER, extra=dict(_HOPPER.extra, tma=False))
+    assert lower(k, CUDADialect(), no_maps, "zyx_k", {"gemm": (128, 64)}).strategy == "mma"
+    with_env = gemm.variant("tma=0")
+    assert not wgmma_usable(k, (128, 64), with_env)
+
+
+def wgmma_usable(k, tile, var):
+    from zyx.backends import wgmma
+    return wgmma.usable(gemm.plan(k.ops), k.ops, CUDADialect(), _HOPPER, tile, var)
 
 
 def test_wgmma_shape_choice():
@@ -1206,6 +1229,8 @@ def _tensor_core_checks(dtype, found, want, spec):
     (x, rx), (y, ry), (z, rz) = t(3, 64, 40), t(3, 40, 96), t(96)
     check((x @ y + z).relu(), np.maximum(rx @ ry + rz, 0), 40)
     check(x @ y[1], rx @ ry[1], 40)             # one operand broadcast over the batch
+    (s, rs), (vv, rvv) = t(2, 3, 200, 72), t(2, 3, 72, 64)
+    check(s @ vv, rs @ rvv, 72)                 # 64 cols (attention's values)
     (u, ru), (v, rv) = t(33, 9000), t(9000, 65)
     check(u @ v, ru @ rv, 9000)
     (img, rimg), (w, rw) = t(2, 8, 12, 12), t(16, 8, 3, 3)

@@ -92,12 +92,15 @@ def usable(p, ops, dl, info, tile, var):
     """True when plan `p` with gemm tile `tile` can take this lowering: a float16 or
     bfloat16 product of two plain, unmasked global loads that `gemm.vector_lanes` copies
     16 bytes at a time, no block totals, a 128 x 128 tile chosen (the product fills the
-    device with them), and a device compiled for sm_90a with the dynamic shared memory
-    the stages need."""
+    device with them; 128 x 64 where the product has at most 64 cols and tensor maps
+    can copy it, as attention's probabilities @ values), and a device compiled for
+    sm_90a with the dynamic shared memory the stages need."""
     if not var["wgmma"] or p.narrow is None or p.masks or not getattr(dl, "mma_ptx", False):
         return False
     extra = info.extra or {}
-    if extra.get("arch") != "sm_90a" or tuple(tile[:2]) != (WG_ROWS, 128):
+    narrow_cols = tuple(tile[:2]) == (WG_ROWS, 64) and p.nc <= 64
+    if extra.get("arch") != "sm_90a" or (tuple(tile[:2]) != (WG_ROWS, 128) and
+                                         not narrow_cols):
         return False
     if p.block and var["fold"] and p.nk > PLAIN_K:
         return False
@@ -107,6 +110,8 @@ def usable(p, ops, dl, info, tile, var):
             return False
         if vector_lanes(ops, p, side, kfast, p.narrow) != 8:
             return False
+    if narrow_cols:         # (the cp.async version's tiles have 128 cols or more)
+        return tma_usable(ops, p, info, var)
     br, bc, n_stages = shape(p, info, var)
     return smem_bytes(br, bc, n_stages) <= extra.get("smem_optin", 0)
 
@@ -221,21 +226,21 @@ REGISTERS_PER_SM = 65536
 def tma_shape(p, info, var):
     """(rows, cols, stages) of the tensor-map lowering: 128 rows (two consumer
     warpgroups of 64), 256 cols where the product still has a tile per compute unit,
-    else 128, and as many stages as fit the device's shared memory (at most 6); the
-    knobs "wm", "wn", "stages" override them."""
+    else 128 (64 for products of at most 64 cols), and as many stages as fit the
+    device's shared memory (at most 6); the knobs "wm", "wn", "stages" override them."""
     br = var["wm"] or WG_ROWS
     wide = p.nb * -(-p.nr // br) * -(-p.nc // 256) >= max(info.num_cores, 1)
-    bc = var["wn"] or (256 if wide else 128)
+    bc = var["wn"] or (64 if p.nc <= 64 else 256 if wide else 128)
     room = (info.extra or {}).get("smem_optin", 0) - ATOM - 16 * 6
     return br, bc, var["stages"] or max(min(6, room // ((br + bc) * WG_K * 2)), 2)
 
 
-def _tma_maps(kernel, p, br, bc):
+def _tma_maps(ops, p, br, bc):
     """(map, coordinates) of both operands (tma.operand_map), or None."""
     from . import tma
-    arg_of = {i: op[3] for i, op in enumerate(kernel.ops)
+    arg_of = {i: op[3] for i, op in enumerate(ops)
               if op[0] == K.DEFINE and op[2] == K.SCOPE_GLOBAL}
-    found = [tma.operand_map(kernel.ops, p, side, kfast, n, arg_of)
+    found = [tma.operand_map(ops, p, side, kfast, n, arg_of)
              for side, kfast, n in (("a", p.a_kfast, br), ("b", p.b_kfast, bc))]
     return None if None in found else found
 
@@ -249,7 +254,7 @@ def _consumer_registers(consumers):
                // 8 * 8, 240)
 
 
-def tma_usable(kernel, p, info, var):
+def tma_usable(ops, p, info, var):
     """True when `usable`'s plan can copy both operands through tensor maps (the
     knob "tma", strides of 16-byte multiples, the stages' shared memory)."""
     if not var["tma"] or not (info.extra or {}).get("tma"):
@@ -260,7 +265,7 @@ def tma_usable(kernel, p, info, var):
         return False
     need = smem_bytes(br, bc, n_stages) + 16 * n_stages
     return need <= (info.extra or {}).get("smem_optin", 0) and \
-        _tma_maps(kernel, p, br, bc) is not None
+        _tma_maps(ops, p, br, bc) is not None
 
 
 def lower_wgmma_tma(kernel, dl, info, name, p, var):
@@ -283,7 +288,7 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     fr = Frame(kernel, dl, p, br, bc, bk, threads)
     nkt = -(-p.nk // bk)
     nacc = bc // 2
-    (map_a, at_a), (map_b, at_b) = _tma_maps(kernel, p, br, bc)
+    (map_a, at_a), (map_b, at_b) = _tma_maps(ops, p, br, bc)
     consumer_regs = _consumer_registers(consumers)
 
     def bar(kind, s):
@@ -382,7 +387,7 @@ def lower_wgmma(kernel, dl, info, name, p, var):
     """The `GPUKernel` of plan `p` (see `usable`) on Hopper warpgroup products (module
     docstring); `var`: gemm's knobs ("wm", "wn", "stages": see `shape`). Plans whose
     operands tensor maps can copy go to `lower_wgmma_tma`."""
-    if tma_usable(kernel, p, info, var):
+    if tma_usable(kernel.ops, p, info, var):
         return lower_wgmma_tma(kernel, dl, info, name, p, var)
     ops = kernel.ops
     br, bc, n_stages = shape(p, info, var)
