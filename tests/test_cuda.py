@@ -381,6 +381,42 @@ def test_wgmma_takes_products_of_at_most_64_cols_through_tensor_maps(compiler):
     assert not wgmma_usable(k, (128, 64), with_env)
 
 
+def test_window_plan_of_a_channels_last_convolution(compiler, monkeypatch):
+    """A 16-bit convolution over a channels-last image on Hopper: the plan's sides
+    exchanged (the window on the rows), the window's map walking pixels with its taps
+    folded into the pixel coordinate, the weights' map with a dimension per tap, the
+    consumers zeroing rows outside the image; the cubin compiles. "tma=0", float32 and
+    NCHW windows keep the other lowerings."""
+    import zyx.nn.functional as F
+    from zyx.backends import wgmma
+    monkeypatch.setattr(F, "GPU_IMAGE_MIN", 0)
+    monkeypatch.setattr(F, "_channels_last_input", lambda x, cg: True)
+
+    def conv(dtype):
+        x = zyx.Tensor(np.ones((4, 32, 30, 30), np.float32)).cast(dtype).realize()
+        w = zyx.Tensor(np.ones((64, 32, 3, 3), np.float32)).cast(dtype).realize()
+        return _untiled_kernels(F.conv2d(x, w, padding=1))[-1]
+    k = conv("bfloat16")
+    p = gemm.plan(k.ops)
+    q = wgmma.window_plan(p, k.ops, CUDADialect(), _HOPPER, gemm.variant(""))
+    assert q is not None and q.rows == p.cols and q.a == p.b and q.nc == 64
+    g = lower(k, CUDADialect(), _HOPPER, "zyx_k", None)
+    assert g.strategy == "wgmma" and g.variant["tma"] == 1 and g.variant["cols"] == 64
+    window, weights = g.launches[0].maps
+    assert window.dims == [32, 4 * 30 * 30] and window.strides == [64]
+    assert len(weights.dims) == 4 and weights.box == [64, 64, 1, 1]
+    assert "zyx_zero16(zyx_cur + zyx_fo" in g.source and "bar.sync %0, 128" in g.source
+    assert compiler.binary(g.source)[:4] == b"\x7fELF"
+    assert wgmma.window_plan(p, k.ops, CUDADialect(), _HOPPER, gemm.variant("tma=0")) is None
+    f32 = conv("float32")
+    assert wgmma.window_plan(gemm.plan(f32.ops), f32.ops, CUDADialect(), _HOPPER,
+                             gemm.variant("")) is None
+    monkeypatch.setattr(F, "_channels_last_input", lambda x, cg: False)
+    nchw = conv("bfloat16")
+    assert wgmma.window_plan(gemm.plan(nchw.ops), nchw.ops, CUDADialect(), _HOPPER,
+                             gemm.variant("")) is None
+
+
 def wgmma_usable(k, tile, var):
     from zyx.backends import wgmma
     return wgmma.usable(gemm.plan(k.ops), k.ops, CUDADialect(), _HOPPER, tile, var)
@@ -934,18 +970,22 @@ def test_operand_maps_of_products():
         p = gemm.plan(k.ops)
         arg_of = {i: op[3] for i, op in enumerate(k.ops)
                   if op[0] == K.DEFINE and op[2] == K.SCOPE_GLOBAL}
-        return p, [tma.operand_map(k.ops, p, side, kfast, 128, arg_of)
-                   for side, kfast in (("a", p.a_kfast), ("b", p.b_kfast))]
+        groups = tma.k_groups(k.ops, p)
+        if groups is None:
+            return p, [None, None]
+        found = [tma.operand_map(k.ops, p, side, kfast, 128, arg_of, groups)
+                 for side, kfast in (("a", p.a_kfast), ("b", p.b_kfast))]
+        return p, [f[:2] if f else None for f in found]
     p, ((ma, at_a), (mb, at_b)) = maps(t(200, 72) @ t(72, 136))
     assert (ma.dims, ma.strides, ma.box, ma.offset) == ([72, 200], [144], [64, 128], 0)
     assert (mb.dims, mb.strides, mb.box) == ([136, 72], [272], [64, 64])
-    assert at_a == ["zyx_r0"] and at_b == ["zyx_kn"]
+    assert at_a == ["zyx_kn", "zyx_r0"] and at_b == ["zyx_c0", "zyx_kn"]
     _, ((ma, _), (mb, _)) = maps(t(72, 200).T @ t(136, 72).T)
     assert (ma.dims, ma.strides, ma.box) == ([200, 72], [400], [64, 64])
     assert (mb.dims, mb.strides, mb.box) == ([72, 136], [144], [64, 128])
     p, ((ma, at_a), (mb, at_b)) = maps(t(3, 64, 40) @ t(3, 40, 96))
     assert (ma.dims, ma.strides, ma.box) == ([40, 64, 3], [80, 64 * 80], [64, 128, 1])
-    assert at_a == ["zyx_r0", f"i{p.batch[0]}"]
+    assert at_a == ["zyx_kn", "zyx_r0", f"i{p.batch[0]}"]
     assert (mb.dims, mb.strides) == ([96, 40, 3], [192, 40 * 192])
     _, ((ma, _), (mb, _)) = maps(t(200, 80)[:, 8:80] @ t(72, 136))     # a view at byte 16
     assert (ma.dims, ma.strides, ma.offset) == ([72, 200], [160], 16)
@@ -1271,9 +1311,47 @@ def test_channels_last_convolutions_against_numpy(dtype, precision, cuda_runtime
                 ref = _conv2d_ref(x.cast("float64").numpy(), w.cast("float64").numpy(), pad)
                 got = F.conv2d(x, w, padding=pad).cast("float64").numpy()
                 np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * 4)
-            assert sum(g.strategy in ("gemm", "mma") for g in found) >= 3
+            hopper = zyx._RT.resolve("cuda").info().extra.get("arch") == "sm_90a"
+            if dtype == "bfloat16" and hopper:      # windows through tensor maps
+                assert sum(bool(g.launches[0].maps) for g in found) >= 3
+            else:
+                assert sum(g.strategy in ("gemm", "mma") for g in found) >= 3
     finally:
         zyx.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("spec", ["", "tma=0"])
+def test_window_products_through_tensor_maps_against_numpy(dtype, spec, cuda_runtime,
+                                                           monkeypatch):
+    """16-bit convolutions over a channels-last image on Hopper: the window copied
+    through a tensor map whose pixel coordinate moves with the window's row and col,
+    rows outside the image zeroed by the consumers (wgmma.window_plan): 3x3 and 5x5
+    windows, 24 channels (a 64-wide channel box half past the end), 8 output channels
+    (a 64-wide box past them), a bias and relu after, against float64 products of the
+    same values. "tma=0" keeps the mma.sync lowering. Skipped without compute
+    capability 8.0; the window maps are checked on sm_90a only."""
+    from gpu_cases import _conv2d_ref
+    import zyx.nn.functional as F
+    monkeypatch.setattr(F, "GPU_IMAGE_MIN", 0)
+    rng = np.random.default_rng(11)
+
+    def t(*shape, scale=1.0):
+        v = zyx.Tensor((rng.standard_normal(shape) * scale).astype(np.float32))
+        v = v.cast(dtype).realize()
+        return v, v.cast("float64").numpy()
+    with _tensor_core_device(cuda_runtime, monkeypatch, (64, 64), spec) as found:
+        for (n, cin, h, wd), (cout, k), pad in (((2, 32, 13, 11), (48, 3), 1),
+                                                ((3, 24, 9, 9), (8, 5), 2),
+                                                ((1, 16, 20, 6), (64, 3), 1)):
+            (x, rx), (w, rw), (b, rb) = t(n, cin, h, wd), t(cout, cin, k, k, scale=0.2), \
+                t(cout)
+            got = F.conv2d(x, w, b, padding=pad).relu().cast("float64").numpy()
+            ref = np.maximum(_conv2d_ref(rx, rw, pad) + rb[:, None, None], 0)
+            np.testing.assert_allclose(got, ref, rtol=2e-2, atol=4e-2)
+        hopper = zyx._RT.resolve("cuda").info().extra.get("arch") == "sm_90a"
+        mapped = [g for g in found if g.launches[0].maps]
+        assert len(mapped) == (3 if hopper and not spec else 0), spec
 
 
 def _tf32(x):

@@ -876,6 +876,9 @@ def lower_gemm(kernel, dl, info, name, p, tile, var=None):
     var = var if var is not None else variant()
     if var["mma"] and wgmma.usable(p, kernel.ops, dl, info, tile, var):
         return wgmma.lower_wgmma(kernel, dl, info, name, p, var)
+    window = wgmma.window_plan(p, kernel.ops, dl, info, var)
+    if window is not None:
+        return wgmma.lower_wgmma_tma(kernel, dl, info, name, window, var)
     if var["mma"] and mma.usable(p, dl, info):
         return mma.lower_mma(kernel, dl, info, name, p, tile, var)
     ops = kernel.ops

@@ -62,45 +62,125 @@ def _linear(ops, coefs, ids):
     return c[-1]
 
 
-def operand_map(ops, p, side, kfast, box_side, arg_of):
-    """(TensorMap, coordinates) of gemm plan `p`'s operand `side` ("a": rows, "b": cols)
-    copied in boxes of 64 values along its contiguous direction (K when `kfast`, else
-    its rows or cols) by `box_side` rows (cols) or 64 K; None where TMA cannot copy it:
-    not a plain global load, an index not affine in the rows (cols), K and batch
-    positions, or not linear in the flat ones, a stride that is not a multiple of 16
-    bytes, more than 5 dimensions. `arg_of`: buffer DEFINE ssa -> kernel argument.
-    The coordinates are C expressions of the box's origin after the fastest one (the
-    kernel adds its K step or block to that one): the side's and the batch's."""
-    from .gpu import _coefficient, _eval_index
-    val = p.a if side == "a" else p.b
-    op = ops[val]
-    if op[0] != K.LOAD or op[4] >= 0 or ops[op[2]][2] != K.SCOPE_GLOBAL:
+def source(ops, val):
+    """(LOAD ssa, [bool tests]) of an operand TMA can copy: a global load, guarded or
+    not, or `where(test, load, 0)` of one (a padded window: the kernel zeroes the rows
+    whose test fails, `lower_wgmma_tma`); None else."""
+    op, tests = ops[val], []
+    if op[0] == K.WHERE and ops[op[4]][0] == K.CONST and ops[op[4]][2] == 0:
+        tests.append(op[2])
+        val = op[3]
+        op = ops[val]
+    if op[0] != K.LOAD or ops[op[2]][2] != K.SCOPE_GLOBAL:
         return None
+    if op[4] >= 0 and op[4] not in tests:
+        tests.append(op[4])
+    return val, tests
+
+
+def _coefficients(ops, index):
+    """INDEX/LOOP ssa -> coefficient of the affine `index`, or None."""
+    from .gpu import _coefficient
+    variables = [i for i, o in enumerate(ops) if o[0] in (K.INDEX, K.LOOP)]
+    coefs = {v: _coefficient(ops, index, v, {}) for v in variables}
+    return None if any(c is None for c in coefs.values()) else coefs
+
+
+def k_groups(ops, p):
+    """(G, T): the product's reduce loops split into a channel group G (outermost first),
+    whose flat position both operands read linearly, starting from the loop with the
+    smallest coefficient in the operand copied K fastest (a matmul: all its loops), and
+    the other loops T, "taps" (a convolution's window rows and cols), which
+    `operand_map` folds into a window's side or gives dimensions of their own. None
+    where an operand's index is not affine."""
+    coefs = []
+    for val in (p.a, p.b):
+        found = source(ops, val)
+        c = _coefficients(ops, ops[found[0]][3]) if found else None
+        if c is None:
+            return None
+        coefs.append(c)
+    ref = coefs[0] if p.a_kfast or not p.b_kfast else coefs[1]
+    order = sorted(p.loops, key=lambda lp: (ref[lp], -p.loops.index(lp)))
+    if ref[order[0]] < 1:
+        return None
+    group = [order[0]]
+    for lp in order[1:]:
+        inner = group[0]
+        if all(c[lp] == c[inner] * ops[inner][2] and c[lp] for c in coefs):
+            group.insert(0, lp)
+        else:
+            break
+    return group, [lp for lp in p.loops if lp not in group]
+
+
+def operand_map(ops, p, side, kfast, box_side, arg_of, groups, fold=False):
+    """(TensorMap, coordinates, tests) of gemm plan `p`'s operand `side` ("a": rows,
+    "b": cols) copied in boxes of 64 values along its contiguous direction (the channel
+    group G of `groups` = k_groups(...) when `kfast`, else its rows or cols) by
+    `box_side` rows (cols) or 64 of G; None where TMA cannot copy it: not a (guarded)
+    global load, an index not affine in the positions or not linear in the flat side
+    and G ones, a stride or offset that is not a multiple of 16 bytes, more than 5
+    dimensions. `arg_of`: buffer DEFINE ssa -> kernel argument. The coordinates are C
+    expressions, fastest first, of the box at channel offset zyx_kn and the taps' loop
+    variables (r{ssa}); an MN-major box's first one is its side origin (the kernel adds
+    64 per block). A tap whose coefficient is a multiple of the side's stride is folded
+    into the side coordinate where `fold` (a window: an image row or col moves the side
+    by whole pixels), else it takes a dimension. `tests`: the operand's bool tests (a
+    padded window's, `source`) the kernel must apply to the copied rows."""
+    from .gpu import _eval_index
+    val = p.a if side == "a" else p.b
+    found = source(ops, val)
+    if found is None:
+        return None
+    op = ops[found[0]]
+    tests = found[1]
     dtype = op[1]
     if dtype.name not in DATA_TYPES:
         return None
+    coefs = _coefficients(ops, op[3])
+    if coefs is None:
+        return None
+    start = _eval_index(ops, op[3], {v: 0 for v in coefs})
+    g, taps = groups
     ids = p.rows if side == "a" else p.cols
-    variables = [i for i, o in enumerate(ops) if o[0] in (K.INDEX, K.LOOP)]
-    coefs = {v: _coefficient(ops, op[3], v, {}) for v in variables}
-    if any(c is None for c in coefs.values()):
+    other = p.cols if side == "a" else p.rows
+    if start is None or any(coefs[i] for i in other):
         return None
-    start = _eval_index(ops, op[3], {v: 0 for v in variables})
-    if start is None or start < 0 or start * dtype.itemsize % 16:
+    side_stride, g_stride = _linear(ops, coefs, ids), _linear(ops, coefs, g)
+    if not side_stride or not g_stride:
         return None
-    side_stride, k_stride = _linear(ops, coefs, ids), _linear(ops, coefs, p.loops)
-    if not side_stride or not k_stride:
-        return None
+    g_len = 1
+    for lp in g:
+        g_len *= ops[lp][2]
     extent = p.nr if side == "a" else p.nc
     origin = "zyx_r0" if side == "a" else "zyx_c0"
+    folded = [t for t in taps if coefs[t] and fold and kfast and coefs[t] % side_stride == 0]
+    if folded:
+        # the side coordinate moves by whole rows (pixels): the map starts at the row
+        # holding element 0 and spans the buffer's rows; rows past the kernel's (its
+        # tests) read whatever is there or zeros
+        shift, start = divmod(start, side_stride)
+        extent = (ops[op[2]][5] - start) // side_stride
+        origin = f"{origin} + {shift}" + "".join(
+            f" + {coefs[t] // side_stride} * r{t}" for t in folded)
+    if start < 0 or start * dtype.itemsize % 16:
+        return None
     if kfast:
-        if k_stride != 1:
+        if g_stride != 1:
             return None
-        dims, strides, box = [p.nk, extent], [side_stride], [64, box_side]
+        dims, strides, box, coords = [g_len, extent], [side_stride], [64, box_side], \
+            ["zyx_kn", origin]
     else:
-        if side_stride != 1:
+        if side_stride != 1 or folded:
             return None
-        dims, strides, box = [extent, p.nk], [k_stride], [64, 64]
-    coords = [origin if kfast else "zyx_kn"]
+        dims, strides, box, coords = [extent, g_len], [g_stride], [64, 64], [origin, "zyx_kn"]
+    for t in taps:
+        if coefs[t] and t not in folded:
+            dims.append(ops[t][2])
+            strides.append(coefs[t])
+            box.append(1)
+            coords.append(f"r{t}")
     for b in p.batch:
         if coefs[b]:
             dims.append(ops[b][3])
@@ -110,9 +190,10 @@ def operand_map(ops, p, side, kfast, box_side, arg_of):
     size = dtype.itemsize
     strides = [s * size for s in strides]
     if (len(dims) > MAX_RANK or box_side > MAX_BOX or any(s % 16 or s <= 0 for s in strides)
-            or max(strides) >= 1 << 40 or max(dims) >= 1 << 31):
+            or max(strides) >= 1 << 40 or max(dims) >= 1 << 31 or min(dims) < 1):
         return None
-    return TensorMap(arg_of[op[2]], start * size, dtype.name, size, dims, strides, box), coords
+    return (TensorMap(arg_of[op[2]], start * size, dtype.name, size, dims, strides, box),
+            coords, tests)
 
 
 # the device side: mbarriers and box copies (inline PTX, sm_90)

@@ -236,13 +236,40 @@ def tma_shape(p, info, var):
 
 
 def _tma_maps(ops, p, br, bc):
-    """(map, coordinates) of both operands (tma.operand_map), or None."""
+    """(k_groups, [(map, coordinates, tests) of a and b]) through tma.operand_map, or
+    None. Only the rows side (a) may have tests (a window: the consumers that multiply
+    those rows zero the ones whose test fails), and only its taps fold into its side."""
     from . import tma
+    from .gemm import _deps
+    groups = tma.k_groups(ops, p)
+    if groups is None or not groups[0]:
+        return None
     arg_of = {i: op[3] for i, op in enumerate(ops)
               if op[0] == K.DEFINE and op[2] == K.SCOPE_GLOBAL}
-    found = [tma.operand_map(ops, p, side, kfast, n, arg_of)
+    found = [tma.operand_map(ops, p, side, kfast, n, arg_of, groups, fold=side == "a")
              for side, kfast, n in (("a", p.a_kfast, br), ("b", p.b_kfast, bc))]
-    return None if None in found else found
+    if None in found or found[1][2]:
+        return None
+    if found[0][2]:      # tests of the rows and taps only, on a K-major tile
+        deps = _deps(ops)
+        allowed = set(p.rows) | set(groups[1]) | set(p.batch)
+        if not p.a_kfast or any(deps.get(t) is None or not deps[t] <= allowed
+                                for t in found[0][2]):
+            return None
+    return groups, found
+
+
+def swapped(p):
+    """Plan `p` with its sides exchanged (rows <-> cols, a <-> b): the same sums, the
+    operand with tests (a convolution's window) on the rows, which the warpgroups'
+    64-row products read and the consumers can fix."""
+    from .gemm import GemmPlan
+    q = GemmPlan()
+    for name in GemmPlan.__slots__:
+        setattr(q, name, getattr(p, name))
+    q.rows, q.cols, q.a, q.b = p.cols, p.rows, p.b, p.a
+    q.nr, q.nc, q.a_kfast, q.b_kfast = p.nc, p.nr, p.b_kfast, p.a_kfast
+    return q
 
 
 def _consumer_registers(consumers):
@@ -268,6 +295,27 @@ def tma_usable(ops, p, info, var):
         _tma_maps(ops, p, br, bc) is not None
 
 
+def window_plan(p, ops, dl, info, var):
+    """The plan, sides exchanged (`swapped`), of a 16-bit product whose cols operand has
+    tests (a convolution's padded window over a channels-last image) when tensor maps
+    can copy it on the rows side (`tma_usable`) and its 128-row tiles fill the device;
+    None else."""
+    if (not var["wgmma"] or not var["mma"] or p.narrow is None or p.masks
+            or not getattr(dl, "mma_ptx", False)
+            or (info.extra or {}).get("arch") != "sm_90a"
+            or (p.block and var["fold"] and p.nk > PLAIN_K)):
+        return None
+    from . import tma
+    found = tma.source(ops, p.b)
+    if found is None or not found[1]:
+        return None
+    q = swapped(p)
+    br, bc, _ = tma_shape(q, info, var)
+    if q.nb * -(-q.nr // br) * -(-q.nc // bc) < max(info.num_cores, 1):
+        return None
+    return q if tma_usable(ops, q, info, var) else None
+
+
 def lower_wgmma_tma(kernel, dl, info, name, p, var):
     """The `GPUKernel` of plan `p` (see `tma_usable`) with warp-specialized groups: br /
     64 consumer warpgroups each multiply 64 rows by all bc cols of a stage as
@@ -276,7 +324,11 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     mbarriers: "full" counts the copies' bytes (the consumers wait on it), "empty" the
     consumer warps that finished reading it (the producer waits on it before copying
     the step STAGES later). The producer gives its registers to the consumers
-    (setmaxnreg): a 64 x 256 accumulator is 128 registers per work-item."""
+    (setmaxnreg): a 64 x 256 accumulator is 128 registers per work-item.
+    K steps walk the taps (tma.k_groups' T: a convolution's window positions) and, for
+    each, the channel group in chunks of 64. Rows of a window whose test fails at a
+    step (padding) are zeroed by the consumers that multiply them before their
+    products (the box read the neighbouring pixels there)."""
     from . import tma
     ops = kernel.ops
     br, bc, n_stages = tma_shape(p, info, var)
@@ -286,21 +338,38 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     a_bytes, b_bytes = br * bk * 2, bc * bk * 2
     stage_bytes = a_bytes + b_bytes
     fr = Frame(kernel, dl, p, br, bc, bk, threads)
-    nkt = -(-p.nk // bk)
+    (g_loops, taps), ((map_a, at_a, tests), (map_b, at_b, _)) = _tma_maps(ops, p, br, bc)
+    g_len = 1
+    for lp in g_loops:
+        g_len *= ops[lp][2]
+    chunks = -(-g_len // bk)
+    n_taps = 1
+    for lp in taps:
+        n_taps *= ops[lp][2]
+    nkt = chunks * n_taps
     nacc = bc // 2
-    (map_a, at_a), (map_b, at_b) = _tma_maps(ops, p, br, bc)
     consumer_regs = _consumer_registers(consumers)
+    names = dict(fr.names)
 
     def bar(kind, s):
         return f"(zyx_bars + {8 * (0 if kind == 'full' else n_stages)}u + 8u * ({s}))"
 
-    def copies(param, at, kfast, origin, extent, offset):
-        """Statements copying one operand's boxes of step zyx_kn into zyx_buf."""
+    def step(ind):
+        """Statements naming K step zyx_kt's channel offset zyx_kn and tap variables."""
+        out = [f"{ind}const int zyx_kn = (zyx_kt % {chunks}) * {bk};"]
+        if taps:
+            out.append(f"{ind}const int zyx_tap = zyx_kt / {chunks};")
+            out += _decode(names, ops, taps, "zyx_tap", "int", ind)
+        return out
+
+    def copies(param, at, kfast, extent, offset):
+        """Statements copying one operand's boxes of step zyx_kt into zyx_buf."""
         if kfast:
-            return ["      " + tma.copy_call(f"zyx_buf + {offset}u", param, ["zyx_kn"] + at,
+            return ["      " + tma.copy_call(f"zyx_buf + {offset}u", param, at,
                                              bar("full", "zyx_s"))]
         return ["      " + tma.copy_call(f"zyx_buf + {offset + blk * WG_K * ROW_BYTES}u", param,
-                                         [f"{origin} + {blk * 64}"] + at, bar("full", "zyx_s"))
+                                         [f"{at[0]} + {blk * 64}"] + at[1:],
+                                         bar("full", "zyx_s"))
                 for blk in range(extent // 64)]
 
     fence_acc = (f"  for (int q = 0; q < {nacc}; q++) "
@@ -327,20 +396,37 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
         f"      const int zyx_s = zyx_kt % {n_stages};",
         f"      if (zyx_kt >= {n_stages}) "
         f"zyx_bar_wait({bar('empty', 'zyx_s')}, (unsigned)((zyx_kt / {n_stages} + 1) & 1));",
-        f"      const unsigned zyx_buf = zyx_base + zyx_s * {stage_bytes}u;",
-        f"      const int zyx_kn = zyx_kt * {bk};",
+        f"      const unsigned zyx_buf = zyx_base + zyx_s * {stage_bytes}u;"] + step("      ") + [
         f"      zyx_bar_expect({bar('full', 'zyx_s')}, {stage_bytes}u);"]
-    body += copies("zyx_mapa", at_a, p.a_kfast, "zyx_r0", br, 0)
-    body += copies("zyx_mapb", at_b, p.b_kfast, "zyx_c0", bc, a_bytes)
+    body += copies("zyx_mapa", at_a, p.a_kfast, br, 0)
+    body += copies("zyx_mapb", at_b, p.b_kfast, bc, a_bytes)
     body += ["    }", "    }", "  } else {",
              f'    asm volatile("setmaxnreg.inc.sync.aligned.u32 {consumer_regs};");',
              f"  float zyx_d[{nacc}];",
              "  #pragma unroll",
-             f"  for (int q = 0; q < {nacc}; q++) zyx_d[q] = 0.0f;",
-             f"  for (int zyx_kt = 0; zyx_kt < {nkt}; zyx_kt++) {{",
+             f"  for (int q = 0; q < {nacc}; q++) zyx_d[q] = 0.0f;"]
+    fix = []
+    if tests:
+        # two work-items per row of this warpgroup's 64, 64 bytes each; the row's
+        # positions decoded once
+        body += ["  const int zyx_fr = zyx_wg * 64 + (int)(zyx_tid % 128) / 2;",
+                 "  const unsigned zyx_fo = (unsigned)zyx_fr * 128u + "
+                 "(unsigned)(zyx_tid % 2) * 64u;"]
+        body += _decode(names, ops, p.rows, "(zyx_r0 + zyx_fr)", fr.it, "  ")
+        fix = ["    {"] + step("      ")
+        fix += _values(dl, ops, tests, names, fr.narrow, "      ")
+        ok = " && ".join(f"({names.get(t, f'v{t}')})" for t in tests)
+        fix += [f"      if (!({ok})) {{",
+                "        #pragma unroll",
+                "        for (int q = 0; q < 4; q++) zyx_zero16(zyx_cur + zyx_fo + 16u * q);",
+                "      }",
+                '      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");',
+                '      asm volatile("bar.sync %0, 128;" :: "r"(1 + zyx_wg) : "memory");',
+                "    }"]
+    body += [f"  for (int zyx_kt = 0; zyx_kt < {nkt}; zyx_kt++) {{",
              f"    const int zyx_s = zyx_kt % {n_stages};",
              f"    zyx_bar_wait({bar('full', 'zyx_s')}, (unsigned)((zyx_kt / {n_stages}) & 1));",
-             f"    const unsigned zyx_cur = zyx_base + zyx_s * {stage_bytes}u;",
+             f"    const unsigned zyx_cur = zyx_base + zyx_s * {stage_bytes}u;"] + fix + [
              "    #pragma unroll",
              "  " + fence_acc,
              '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
