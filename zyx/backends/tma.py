@@ -100,7 +100,8 @@ def k_groups(ops, p):
         if c is None:
             return None
         coefs.append(c)
-    ref = coefs[0] if p.a_kfast or not p.b_kfast else coefs[1]
+    # (the reference: an operand with a reduce loop stepping by one value, a first)
+    ref = next((c for c in coefs if min(c[lp] for lp in p.loops) == 1), coefs[0])
     order = sorted(p.loops, key=lambda lp: (ref[lp], -p.loops.index(lp)))
     if ref[order[0]] < 1:
         return None
@@ -112,6 +113,13 @@ def k_groups(ops, p):
         else:
             break
     return group, [lp for lp in p.loops if lp not in group]
+
+
+def k_major(ops, val, inner):
+    """True when operand `val` steps by one value along reduce loop `inner`."""
+    from .gpu import _coefficient
+    found = source(ops, val)
+    return found is not None and _coefficient(ops, ops[found[0]][3], inner, {}) == 1
 
 
 def operand_map(ops, p, side, kfast, box_side, arg_of, groups, fold=False):

@@ -236,8 +236,8 @@ def tma_shape(p, info, var):
 
 
 def _tma_maps(ops, p, br, bc):
-    """(k_groups, [(map, coordinates, tests) of a and b]) through tma.operand_map, or
-    None. Only the rows side (a) may have tests (a window: the consumers that multiply
+    """(k_groups, [(map, coordinates, tests) of a and b] through tma.operand_map, [a, b
+    K-major]), or None. Only the rows side (a) may have tests (a window: the consumers that multiply
     those rows zero the ones whose test fails), and only its taps fold into its side."""
     from . import tma
     from .gemm import _deps
@@ -246,17 +246,20 @@ def _tma_maps(ops, p, br, bc):
         return None
     arg_of = {i: op[3] for i, op in enumerate(ops)
               if op[0] == K.DEFINE and op[2] == K.SCOPE_GLOBAL}
-    found = [tma.operand_map(ops, p, side, kfast, n, arg_of, groups, fold=side == "a")
-             for side, kfast, n in (("a", p.a_kfast, br), ("b", p.b_kfast, bc))]
+    # K-major where the channel group's innermost loop steps by one value (the plan's
+    # a_kfast/b_kfast follow its own loop order, which may end in a tap)
+    kfast = [tma.k_major(ops, val, groups[0][-1]) for val in (p.a, p.b)]
+    found = [tma.operand_map(ops, p, side, kf, n, arg_of, groups, fold=side == "a")
+             for side, kf, n in (("a", kfast[0], br), ("b", kfast[1], bc))]
     if None in found or found[1][2]:
         return None
     if found[0][2]:      # tests of the rows and taps only, on a K-major tile
         deps = _deps(ops)
         allowed = set(p.rows) | set(groups[1]) | set(p.batch)
-        if not p.a_kfast or any(deps.get(t) is None or not deps[t] <= allowed
-                                for t in found[0][2]):
+        if not kfast[0] or any(deps.get(t) is None or not deps[t] <= allowed
+                               for t in found[0][2]):
             return None
-    return groups, found
+    return groups, found, kfast
 
 
 def swapped(p):
@@ -338,7 +341,10 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     a_bytes, b_bytes = br * bk * 2, bc * bk * 2
     stage_bytes = a_bytes + b_bytes
     fr = Frame(kernel, dl, p, br, bc, bk, threads)
-    (g_loops, taps), ((map_a, at_a, tests), (map_b, at_b, _)) = _tma_maps(ops, p, br, bc)
+    (g_loops, taps), ((map_a, at_a, tests), (map_b, at_b, _)), kfast = \
+        _tma_maps(ops, p, br, bc)
+    p = swapped(swapped(p))          # (a copy) with the maps' layouts
+    p.a_kfast, p.b_kfast = kfast
     g_len = 1
     for lp in g_loops:
         g_len *= ops[lp][2]
