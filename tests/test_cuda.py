@@ -385,8 +385,9 @@ def test_window_plan_of_a_channels_last_convolution(compiler, monkeypatch):
     """A 16-bit convolution over a channels-last image on Hopper: the plan's sides
     exchanged (the window on the rows), the window's map walking pixels with its taps
     folded into the pixel coordinate, the weights' map with a dimension per tap, the
-    consumers zeroing rows outside the image; the cubin compiles. "tma=0", float32 and
-    NCHW windows keep the other lowerings."""
+    consumers zeroing rows outside the image; the cubin compiles. "tma=0", float32 at
+    "highest" and NCHW windows keep the other lowerings; TF32 takes it with K-major
+    weights."""
     import zyx.nn.functional as F
     from zyx.backends import wgmma
     monkeypatch.setattr(F, "GPU_IMAGE_MIN", 0)
@@ -411,6 +412,27 @@ def test_window_plan_of_a_channels_last_convolution(compiler, monkeypatch):
     f32 = conv("float32")
     assert wgmma.window_plan(gemm.plan(f32.ops), f32.ops, CUDADialect(), _HOPPER,
                              gemm.variant("")) is None
+    # TF32 ("high"): K-major weights (F._window_weights), k8 products without transpose
+    # bits, as must a plain product with both operands K-major; a @ b keeps mma.sync
+    monkeypatch.setattr(F, "_window_weights", lambda x, w: True)
+    zyx.set_float32_matmul_precision("high")
+    try:
+        g = lower(conv("float32"), CUDADialect(), _HOPPER, "zyx_k", None)
+        assert g.strategy == "wgmma" and g.variant["mma"] == "tf32"
+        assert "m64n64k8.f32.tf32.tf32" in g.source and "p, 1, 1;" in g.source
+        assert [m.box[0] for m in g.launches[0].maps] == [32, 32]
+        assert compiler.binary(g.source)[:4] == b"\x7fELF"
+        a = zyx.Tensor(np.ones((256, 96), np.float32)).realize()
+        b = zyx.Tensor(np.ones((384, 96), np.float32)).realize()
+        g = lower(_untiled_kernel(a @ b.T), CUDADialect(), _HOPPER, "zyx_k",
+                  {"gemm": (128, 128)})
+        assert g.strategy == "wgmma" and g.variant["mma"] == "tf32"
+        assert compiler.binary(g.source)[:4] == b"\x7fELF"
+        c = zyx.Tensor(np.ones((96, 384), np.float32)).realize()
+        assert lower(_untiled_kernel(a @ c), CUDADialect(), _HOPPER, "zyx_k",
+                     {"gemm": (128, 128)}).strategy == "mma"
+    finally:
+        zyx.set_float32_matmul_precision("highest")
     monkeypatch.setattr(F, "_channels_last_input", lambda x, cg: False)
     nchw = conv("bfloat16")
     assert wgmma.window_plan(gemm.plan(nchw.ops), nchw.ops, CUDADialect(), _HOPPER,
@@ -1312,7 +1334,7 @@ def test_channels_last_convolutions_against_numpy(dtype, precision, cuda_runtime
                 got = F.conv2d(x, w, padding=pad).cast("float64").numpy()
                 np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * 4)
             hopper = zyx._RT.resolve("cuda").info().extra.get("arch") == "sm_90a"
-            if dtype == "bfloat16" and hopper:
+            if hopper and (dtype == "bfloat16" or precision == "high"):
                 # windows through tensor maps where the output keeps the image's size
                 # (pad 1), not where a wider pad makes it larger or no test pads it
                 assert sum(bool(g.launches[0].maps) for g in found) == 1
@@ -1322,39 +1344,45 @@ def test_channels_last_convolutions_against_numpy(dtype, precision, cuda_runtime
         zyx.set_float32_matmul_precision(before)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "tf32"])
 @pytest.mark.parametrize("spec", ["", "tma=0"])
 def test_window_products_through_tensor_maps_against_numpy(dtype, spec, cuda_runtime,
                                                            monkeypatch):
-    """16-bit convolutions over a channels-last image on Hopper: the window copied
-    through a tensor map whose pixel coordinate moves with the window's row and col,
-    rows outside the image zeroed by the consumers (wgmma.window_plan): 3x3 and 5x5
-    windows, 24 channels (a 64-wide channel box past the end, the plan's K order ending
-    in a window column), 16 and 48 output channels (a 64-wide box past them), a bias and
-    relu after, against float64 products of the
-    same values. "tma=0" keeps the mma.sync lowering. Skipped without compute
-    capability 8.0; the window maps are checked on sm_90a only."""
+    """16-bit (and, "tf32", float32 with precision "high") convolutions over a
+    channels-last image on Hopper: the window copied through a tensor map whose pixel
+    coordinate moves with the window's row and col, rows outside the image zeroed by the
+    consumers (wgmma.window_plan): 3x3 and 5x5 windows, 24 channels (a 128-byte channel
+    box past the end, the plan's K order ending in a window column), 16 and 48 output
+    channels (a box past them), a bias and relu after, against float64 products of the
+    same values. "tma=0" keeps the mma.sync lowering. Skipped without compute capability
+    8.0; the window maps are checked on sm_90a only."""
     from gpu_cases import _conv2d_ref
     import zyx.nn.functional as F
     monkeypatch.setattr(F, "GPU_IMAGE_MIN", 0)
     rng = np.random.default_rng(11)
+    before = zyx.get_float32_matmul_precision()
+    if dtype == "tf32":
+        zyx.set_float32_matmul_precision("high")
 
     def t(*shape, scale=1.0):
         v = zyx.Tensor((rng.standard_normal(shape) * scale).astype(np.float32))
-        v = v.cast(dtype).realize()
+        v = v.cast("float32" if dtype == "tf32" else dtype).realize()
         return v, v.cast("float64").numpy()
-    with _tensor_core_device(cuda_runtime, monkeypatch, (64, 64), spec) as found:
-        for (n, cin, h, wd), (cout, k), pad in (((2, 32, 13, 11), (48, 3), 1),
-                                                ((3, 24, 9, 9), (16, 5), 2),
-                                                ((2, 16, 20, 6), (64, 3), 1)):
-            (x, rx), (w, rw), (b, rb) = t(n, cin, h, wd), t(cout, cin, k, k, scale=0.2), \
-                t(cout)
-            got = F.conv2d(x, w, b, padding=pad).relu().cast("float64").numpy()
-            ref = np.maximum(_conv2d_ref(rx, rw, pad) + rb[:, None, None], 0)
-            np.testing.assert_allclose(got, ref, rtol=2e-2, atol=4e-2)
-        hopper = zyx._RT.resolve("cuda").info().extra.get("arch") == "sm_90a"
-        mapped = [g for g in found if g.launches[0].maps]
-        assert len(mapped) == (3 if hopper and not spec else 0), spec
+    try:
+        with _tensor_core_device(cuda_runtime, monkeypatch, (64, 64), spec) as found:
+            for (n, cin, h, wd), (cout, k), pad in (((2, 32, 13, 11), (48, 3), 1),
+                                                    ((3, 24, 9, 9), (16, 5), 2),
+                                                    ((2, 16, 20, 6), (64, 3), 1)):
+                (x, rx), (w, rw), (b, rb) = t(n, cin, h, wd), \
+                    t(cout, cin, k, k, scale=0.2), t(cout)
+                got = F.conv2d(x, w, b, padding=pad).relu().cast("float64").numpy()
+                ref = np.maximum(_conv2d_ref(rx, rw, pad) + rb[:, None, None], 0)
+                np.testing.assert_allclose(got, ref, rtol=2e-2, atol=4e-2)
+            hopper = zyx._RT.resolve("cuda").info().extra.get("arch") == "sm_90a"
+            mapped = [g for g in found if g.launches[0].maps]
+            assert len(mapped) == (3 if hopper and not spec else 0), spec
+    finally:
+        zyx.set_float32_matmul_precision(before)
 
 
 def _tf32(x):
@@ -1362,6 +1390,13 @@ def _tf32(x):
     (no infinities or NaNs here)."""
     b = np.asarray(x, np.float32).view(np.uint32)
     return ((b + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def _tf32_truncated(x):
+    """float32 values cut to TF32's 10 mantissa bits (what the tensor cores read of a
+    float32 stored in shared memory)."""
+    b = np.asarray(x, np.float32).view(np.uint32)
+    return (b & np.uint32(0xFFFFE000)).view(np.float32)
 
 
 @pytest.mark.parametrize("want,spec", [((128, 128), ""), ((64, 128), "double=1"),
@@ -1383,8 +1418,12 @@ def test_tf32_products_against_numpy(want, spec, cuda_runtime, monkeypatch, tf32
             return zyx.Tensor(x), x
 
         def check(got, a, b, k, product=np.matmul):
+            # (mma.sync rounds operands to nearest; warpgroup products fed by tensor
+            # maps on Hopper read their TF32 bits: the reference the result is closer to)
             out = got.numpy().astype(np.float64)
-            ref = product(_tf32(a).astype(np.float64), _tf32(b).astype(np.float64))
+            refs = [product(r(a).astype(np.float64), r(b).astype(np.float64))
+                    for r in (_tf32, _tf32_truncated)]
+            ref = min(refs, key=lambda r: np.abs(out - r).max())
             exact = product(a.astype(np.float64), b.astype(np.float64))
             tol = 1e-5 * (np.sqrt(k) + 1)
             np.testing.assert_allclose(out, ref, rtol=1e-5, atol=tol)
@@ -1405,6 +1444,6 @@ def test_tf32_products_against_numpy(want, spec, cuda_runtime, monkeypatch, tf32
         check(u @ v, ru, rv, 9000)
         (img, rimg), (w, rw) = t(2, 8, 12, 12), t(16, 8, 3, 3)
         check(F.conv2d(img, w, padding=1), rimg, rw, 72, lambda i, k: _conv2d_ref(i, k, 1))
-    assert sum(g.strategy == "mma" and g.variant["mma"] == "tf32" for g in found) >= 8, \
-        [(g.strategy, g.variant) for g in found]
+    assert sum(g.strategy in ("mma", "wgmma") and g.variant["mma"] == "tf32"
+               for g in found) >= 8, [(g.strategy, g.variant) for g in found]
     assert all(far), far        # TF32 was used: float32 products would not match this close

@@ -25,10 +25,11 @@ from .._core import kernel as K
 MAX_RANK = 5
 MAX_BOX = 256
 # cuTensorMapEncodeTiled's enums (cuda.h)
-DATA_TYPES = {"float16": 6, "bfloat16": 9}
+DATA_TYPES = {"float16": 6, "bfloat16": 9, "float32": 7}
 SWIZZLE_128B = 3
 L2_PROMOTION_256B = 3
 MAP_BYTES = 128            # sizeof(CUtensorMap); 64-byte aligned
+ROW_BYTES = 128            # a box's contiguous extent: one row of the 128-byte swizzle
 
 
 class TensorMap:
@@ -89,17 +90,21 @@ def _coefficients(ops, index):
 def k_groups(ops, p):
     """(G, T): the product's reduce loops split into a channel group G (outermost first),
     whose flat position both operands read linearly, starting from the loop with the
-    smallest coefficient in the operand copied K fastest (a matmul: all its loops), and
-    the other loops T, "taps" (a convolution's window rows and cols), which
-    `operand_map` folds into a window's side or gives dimensions of their own. None
-    where an operand's index is not affine."""
-    coefs = []
+    smallest coefficient in the operand copied K fastest (a matmul: all its loops; no
+    loop a padding test depends on), and the other loops T, "taps" (a convolution's
+    window rows and cols), which `operand_map` folds into a window's side or gives
+    dimensions of their own. None where an operand's index is not affine."""
+    from .gemm import _deps
+    coefs, tested = [], set()
+    deps = _deps(ops)
     for val in (p.a, p.b):
         found = source(ops, val)
         c = _coefficients(ops, ops[found[0]][3]) if found else None
         if c is None:
             return None
         coefs.append(c)
+        for t in found[1]:
+            tested |= set(deps.get(t) or ())
     # (the reference: an operand with a reduce loop stepping by one value, a first)
     ref = next((c for c in coefs if min(c[lp] for lp in p.loops) == 1), coefs[0])
     order = sorted(p.loops, key=lambda lp: (ref[lp], -p.loops.index(lp)))
@@ -108,7 +113,9 @@ def k_groups(ops, p):
     group = [order[0]]
     for lp in order[1:]:
         inner = group[0]
-        if all(c[lp] == c[inner] * ops[inner][2] and c[lp] for c in coefs):
+        # (a loop a test depends on stays a tap: the test is applied per K step)
+        if lp not in tested and all(c[lp] == c[inner] * ops[inner][2] and c[lp]
+                                    for c in coefs):
             group.insert(0, lp)
         else:
             break
@@ -124,9 +131,9 @@ def k_major(ops, val, inner):
 
 def operand_map(ops, p, side, kfast, box_side, arg_of, groups, fold=False):
     """(TensorMap, coordinates, tests) of gemm plan `p`'s operand `side` ("a": rows,
-    "b": cols) copied in boxes of 64 values along its contiguous direction (the channel
+    "b": cols) copied in boxes of 128 bytes along its contiguous direction (the channel
     group G of `groups` = k_groups(...) when `kfast`, else its rows or cols) by
-    `box_side` rows (cols) or 64 of G; None where TMA cannot copy it: not a (guarded)
+    `box_side` rows (cols) or 64 of G (16-bit values only); None where TMA cannot copy it: not a (guarded)
     global load, an index not affine in the positions or not linear in the flat side
     and G ones, a stride or offset that is not a multiple of 16 bytes, more than 5
     dimensions. `arg_of`: buffer DEFINE ssa -> kernel argument. The coordinates are C
@@ -177,10 +184,10 @@ def operand_map(ops, p, side, kfast, box_side, arg_of, groups, fold=False):
     if kfast:
         if g_stride != 1:
             return None
-        dims, strides, box, coords = [g_len, extent], [side_stride], [64, box_side], \
-            ["zyx_kn", origin]
+        dims, strides, box, coords = [g_len, extent], [side_stride], \
+            [ROW_BYTES // dtype.itemsize, box_side], ["zyx_kn", origin]
     else:
-        if side_stride != 1 or folded:
+        if side_stride != 1 or folded or dtype.itemsize != 2:
             return None
         dims, strides, box, coords = [extent, g_len], [g_stride], [64, 64], [origin, "zyx_kn"]
     for t in taps:

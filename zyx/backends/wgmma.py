@@ -32,13 +32,23 @@ from __future__ import annotations
 
 from .._core import kernel as K
 from .gemm import PLAIN_K, Frame, _decode, _values, vector_lanes
+from .mma import tf32
+
 
 WG_ROWS = 128           # rows of a product's tile that picks this lowering (gemm's tile)
 WG_K = 64               # K per stage: one 128-byte swizzled row of 16-bit values
 ROW_BYTES = 128         # bytes of one swizzled row
 ATOM = 1024             # 8 swizzled rows: the swizzle's period, and the tiles' alignment
 
-_PTX = {"float16": "f16", "bfloat16": "bf16"}
+_PTX = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}
+
+
+def _operand_type(p):
+    """(PTX type, bytes per value) the product's operands enter wgmma as: 16-bit
+    values, or float32 ones as TF32 (mma.tf32: the precision setting allows it; the
+    tensor cores read their TF32 bits, no rounding to nearest as mma.py's cvt.rna)."""
+    d = p.narrow or p.dtype
+    return _PTX[d.name], d.itemsize
 
 _HELPERS = r"""
 static __device__ __forceinline__ void zyx_copy16(unsigned dst, const void* src) {
@@ -94,8 +104,10 @@ def usable(p, ops, dl, info, tile, var):
     16 bytes at a time, no block totals, a 128 x 128 tile chosen (the product fills the
     device with them; 128 x 64 where the product has at most 64 cols and tensor maps
     can copy it, as attention's probabilities @ values), and a device compiled for
-    sm_90a with the dynamic shared memory the stages need."""
-    if not var["wgmma"] or p.narrow is None or p.masks or not getattr(dl, "mma_ptx", False):
+    sm_90a with the dynamic shared memory the stages need. A float32 product allowed
+    TF32 (mma.tf32) takes it through tensor maps only, both operands K-major."""
+    if (not var["wgmma"] or (p.narrow is None and not tf32(p)) or p.masks
+            or not getattr(dl, "mma_ptx", False)):
         return False
     extra = info.extra or {}
     narrow_cols = tuple(tile[:2]) == (WG_ROWS, 64) and p.nc <= 64
@@ -104,14 +116,15 @@ def usable(p, ops, dl, info, tile, var):
         return False
     if p.block and var["fold"] and p.nk > PLAIN_K:
         return False
+    if any(ops[v][0] != K.LOAD or ops[v][4] >= 0 for v in (p.a, p.b)):
+        return False
+    if narrow_cols or p.narrow is None:
+        # (the cp.async version has 16-bit tiles of 128 cols or more)
+        return tma_usable(ops, p, info, var)
     for side, kfast in (("a", p.a_kfast), ("b", p.b_kfast)):
         op = ops[p.a if side == "a" else p.b]
-        if op[0] != K.LOAD or op[4] >= 0 or op[1] is not p.narrow:
+        if op[1] is not p.narrow or vector_lanes(ops, p, side, kfast, p.narrow) != 8:
             return False
-        if vector_lanes(ops, p, side, kfast, p.narrow) != 8:
-            return False
-    if narrow_cols:         # (the cp.async version's tiles have 128 cols or more)
-        return tma_usable(ops, p, info, var)
     br, bc, n_stages = shape(p, info, var)
     return smem_bytes(br, bc, n_stages) <= extra.get("smem_optin", 0)
 
@@ -187,15 +200,17 @@ class _Copies:
 
 
 def _wgmma_function(t, bc, trans_a, trans_b):
-    """The inline-PTX m64n{bc}k16 product accumulating into float d[bc / 2]."""
+    """The inline-PTX m64n{bc}k16 product (k8 for TF32, whose operands must both be
+    K-major: no transpose bits) accumulating into float d[bc / 2]."""
     n = bc // 2
+    k, trans = (8, "") if t == "tf32" else (16, f", {int(trans_a)}, {int(trans_b)}")
     regs = ", ".join(f"%{i}" for i in range(n))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
     return (f"static __device__ __forceinline__ void zyx_wgmma(float* d, unsigned long long a,"
             f" unsigned long long b) {{\n"
             f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 2}, 0;\\n"\n'
-            f'    "wgmma.mma_async.sync.aligned.m64n{bc}k16.f32.{t}.{t} {{{regs}}}, '
-            f'%{n}, %{n + 1}, p, 1, 1, {int(trans_a)}, {int(trans_b)};\\n}}\\n"\n'
+            f'    "wgmma.mma_async.sync.aligned.m64n{bc}k{k}.f32.{t}.{t} {{{regs}}}, '
+            f'%{n}, %{n + 1}, p, 1, 1{trans};\\n}}\\n"\n'
             f'    : {outs}\n'
             f'    : "l"(a), "l"(b), "r"(1) : "memory");\n}}\n')
 
@@ -294,8 +309,11 @@ def tma_usable(ops, p, info, var):
     if n_stages < 2 or _consumer_registers(br // 64) < bc // 2 + 48:
         return False
     need = smem_bytes(br, bc, n_stages) + 16 * n_stages
-    return need <= (info.extra or {}).get("smem_optin", 0) and \
-        _tma_maps(ops, p, br, bc) is not None
+    if need > (info.extra or {}).get("smem_optin", 0):
+        return False
+    found = _tma_maps(ops, p, br, bc)
+    # (TF32 products read both operands K-major: wgmma has no transpose for them)
+    return found is not None and (p.narrow is not None or all(found[2]))
 
 
 def window_plan(p, ops, dl, info, var):
@@ -303,7 +321,7 @@ def window_plan(p, ops, dl, info, var):
     tests (a convolution's padded window over a channels-last image) when tensor maps
     can copy it on the rows side (`tma_usable`) and its 128-row tiles fill the device;
     None else."""
-    if (not var["wgmma"] or not var["mma"] or p.narrow is None or p.masks
+    if (not var["wgmma"] or not var["mma"] or (p.narrow is None and not tf32(p)) or p.masks
             or not getattr(dl, "mma_ptx", False)
             or (info.extra or {}).get("arch") != "sm_90a"
             or (p.block and var["fold"] and p.nk > PLAIN_K)):
@@ -337,8 +355,9 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     br, bc, n_stages = tma_shape(p, info, var)
     consumers = br // 64
     threads = 128 * (consumers + 1)
-    bk = WG_K
-    a_bytes, b_bytes = br * bk * 2, bc * bk * 2
+    ptx, size = _operand_type(p)
+    bk = ROW_BYTES // size          # values per K step: one swizzled row
+    a_bytes, b_bytes = br * ROW_BYTES, bc * ROW_BYTES
     stage_bytes = a_bytes + b_bytes
     fr = Frame(kernel, dl, p, br, bc, bk, threads)
     (g_loops, taps), ((map_a, at_a, tests), (map_b, at_b, _)), kfast = \
@@ -373,7 +392,7 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
         if kfast:
             return ["      " + tma.copy_call(f"zyx_buf + {offset}u", param, at,
                                              bar("full", "zyx_s"))]
-        return ["      " + tma.copy_call(f"zyx_buf + {offset + blk * WG_K * ROW_BYTES}u", param,
+        return ["      " + tma.copy_call(f"zyx_buf + {offset + blk * 64 * ROW_BYTES}u", param,
                                          [f"{at[0]} + {blk * 64}"] + at[1:],
                                          bar("full", "zyx_s"))
                 for blk in range(extent // 64)]
@@ -437,7 +456,8 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
              "  " + fence_acc,
              '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
              "    #pragma unroll",
-             f"    for (int zyx_ks = 0; zyx_ks < {bk // 16}; zyx_ks++) {{",
+             # (4 products of 32 bytes of K each: k16 of 16-bit values, k8 of TF32)
+             f"    for (int zyx_ks = 0; zyx_ks < {ROW_BYTES // 32}; zyx_ks++) {{",
              f"      zyx_wgmma(zyx_d, {_descriptor('zyx_cur', p.a_kfast, 'zyx_wg * 64')}, "
              f"{_descriptor(f'(zyx_cur + {a_bytes}u)', p.b_kfast, None)});",
              "    }",
@@ -454,12 +474,12 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
              fence_acc]
     body += fr.epilogue(dl, ops, p, _outputs(bc)) + ["  }"]
     prelude = (_HELPERS + tma.HELPERS +
-               _wgmma_function(_PTX[p.narrow.name], bc, not p.a_kfast, not p.b_kfast))
+               _wgmma_function(ptx, bc, not p.a_kfast, not p.b_kfast))
     maps = ["const __grid_constant__ zyx_tmap zyx_mapa",
             "const __grid_constant__ zyx_tmap zyx_mapb"]
     g = fr.kernel(kernel, dl, name, body, "wgmma",
                   {"rows": br, "cols": bc, "k": bk, "stages": n_stages, "tma": 1,
-                   "mma": _PTX[p.narrow.name]}, prelude=prelude, extra_params=maps,
+                   "mma": ptx}, prelude=prelude, extra_params=maps,
                   bounds=f"__launch_bounds__({threads}, 1) ")
     g.launches[0].shared = smem_bytes(br, bc, n_stages) + 16 * n_stages
     g.launches[0].maps = [map_a, map_b]

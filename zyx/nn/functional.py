@@ -272,12 +272,29 @@ def _channels_last_input(x, cg):
     return RT.device_of(x._id).info().own_tiles is not None
 
 
+def _window_weights(x, w):
+    """Whether a convolution reading a channels-last image (`_channels_last_input`)
+    reads its weights through a stored copy with the input channels innermost,
+    (cout, *k, cin): on a GPU whose lowering copies windows through tensor maps into
+    warpgroup products (backends/wgmma.py `window_plan`: CUDA sm_90a), for 16-bit
+    weights or float32 ones the precision setting lets run on TF32, whose products
+    read both operands K-major."""
+    from ..backends.mma import float32_precision
+    from ..runtime import RT
+    extra = RT.device_of(w._id).info().extra or {}
+    if extra.get("arch") != "sm_90a" or not extra.get("tma"):
+        return False
+    return w.dtype in (dt.float16, dt.bfloat16) or (
+        w.dtype is dt.float32 and float32_precision() != "highest")
+
+
 def _conv_forward(x, w, pads, s, d, g, nd, channels_last, image_last=False):
     """The convolution as one windowed reduce over a pad/reshape/expand view of x (no
     copy): (n, g, cout/g, *o, cg, *k) products summed over (cg, *k). `channels_last`:
     read w through a stored copy with the output channels innermost
-    (`_channels_last_weights`); `image_last`: read x through a stored copy with its
-    channels innermost (`_channels_last_input`)."""
+    (`_channels_last_weights`), or with "k" the input channels innermost
+    (`_window_weights`); `image_last`: read x through a stored copy with its channels
+    innermost (`_channels_last_input`)."""
     n, cin = x.shape[:2]
     cout, cg = w.shape[:2]
     k = w.shape[2:]
@@ -292,7 +309,11 @@ def _conv_forward(x, w, pads, s, d, g, nd, channels_last, image_last=False):
     win = win.permute([0, 1, 2] + list(range(4, 4 + nd)) + [3] + list(range(4 + nd, 4 + 2 * nd)))
     full = (n, g, cout // g) + o + (cg,) + k
     win = win.expand(full)
-    if channels_last:
+    if channels_last == "k":
+        # w from a stored copy (cout, *k, cg): K-major rows for warpgroup products
+        w = _stored(w.permute([0] + list(range(2, 2 + nd)) + [1]))
+        w = w.permute([0, nd + 1] + list(range(1, nd + 1)))
+    elif channels_last:
         # w from a stored copy with the output channels innermost: vector lanes over them
         perm = list(range(1, 2 + nd)) + [0]
         w = _stored(w.permute(perm)).permute([nd + 1] + list(range(nd + 1)))
@@ -313,6 +334,8 @@ def _conv_recorded(x, w, pads, s, d, g, nd):
     width = _window_count(x.shape[-1] + sum(pads[-1]), w.shape[-1], s[-1], d[-1])
     cl = _channels_last_weights(w, w.shape[0] // g, width)
     il = _channels_last_input(x, w.shape[1])
+    if il and _window_weights(x, w):
+        cl = "k"
     out, = _CONV_TEMPLATES.run(
         _graph, ("conv", pads, s, d, g, nd, cl, il), [x, w],
         lambda x, w: [_conv_forward(x, w, pads, s, d, g, nd, cl, il)], Tensor._wrap)
