@@ -40,7 +40,7 @@ def _workloads(zyx, torch):
         out[f"matmul {mm} {d}"] = (lambda a=a, b=b: a @ b,
                                    (lambda ta=ta, tb=tb: ta @ tb) if torch else None,
                                    2 * mm ** 3)
-        if d == "bfloat16":    # a linear layer's product: both operands contiguous along K
+        if d in ("bfloat16", "float32"):    # a linear layer's: both contiguous along K
             out[f"matmul {mm} {d} a @ b.T"] = (
                 lambda a=a, b=b: a @ b.T,
                 (lambda ta=ta, tb=tb: ta @ tb.T) if torch else None, 2 * mm ** 3)

@@ -409,12 +409,12 @@ def test_window_plan_of_a_channels_last_convolution(compiler, monkeypatch):
     assert "zyx_zero16(zyx_cur + zyx_fo" in g.source and "bar.sync %0, 128" in g.source
     assert compiler.binary(g.source)[:4] == b"\x7fELF"
     assert wgmma.window_plan(p, k.ops, CUDADialect(), _HOPPER, gemm.variant("tma=0")) is None
-    f32 = conv("float32")
+    f32 = conv("float32")       # (float32 at "highest": only the FMA tiles take it)
     assert wgmma.window_plan(gemm.plan(f32.ops), f32.ops, CUDADialect(), _HOPPER,
-                             gemm.variant("")) is None
+                             gemm.variant("fma=0")) is None
     # TF32 ("high"): K-major weights (F._window_weights), k8 products without transpose
     # bits, as must a plain product with both operands K-major; a @ b keeps mma.sync
-    monkeypatch.setattr(F, "_window_weights", lambda x, w: True)
+    monkeypatch.setattr(F, "_window_weights", lambda x, w, out_size: True)
     zyx.set_float32_matmul_precision("high")
     try:
         g = lower(conv("float32"), CUDADialect(), _HOPPER, "zyx_k", None)
@@ -433,6 +433,16 @@ def test_window_plan_of_a_channels_last_convolution(compiler, monkeypatch):
                      {"gemm": (128, 128)}).strategy == "mma"
     finally:
         zyx.set_float32_matmul_precision("highest")
+    # float32 at "highest": FMA tiles fed by the same maps, 256 x 64, rows across lanes
+    # (the NCHW output is contiguous along the pixels); "fma=0": the float tiles
+    g = lower(conv("float32"), CUDADialect(), _HOPPER, "zyx_k", None)
+    assert g.strategy == "tmafma" and (g.variant["rows"], g.variant["cols"]) == (256, 64)
+    assert "fmaf(" in g.source and "wgmma.mma_async" not in g.source
+    assert "zyx_r1 = zyx_lane;" in g.source and "bar.sync 1, 256;" in g.source
+    assert g.launches[0].local_size == 384
+    assert compiler.binary(g.source)[:4] == b"\x7fELF"
+    monkeypatch.setenv(gemm.GEMM_ENV, "fma=0")
+    assert lower(conv("float32"), CUDADialect(), _HOPPER, "zyx_k", None).strategy != "tmafma"
     monkeypatch.setattr(F, "_channels_last_input", lambda x, cg: False)
     nchw = conv("bfloat16")
     assert wgmma.window_plan(gemm.plan(nchw.ops), nchw.ops, CUDADialect(), _HOPPER,
@@ -1344,7 +1354,7 @@ def test_channels_last_convolutions_against_numpy(dtype, precision, cuda_runtime
         zyx.set_float32_matmul_precision(before)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "tf32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "tf32", "fma"])
 @pytest.mark.parametrize("spec", ["", "tma=0"])
 def test_window_products_through_tensor_maps_against_numpy(dtype, spec, cuda_runtime,
                                                            monkeypatch):
@@ -1354,8 +1364,9 @@ def test_window_products_through_tensor_maps_against_numpy(dtype, spec, cuda_run
     consumers (wgmma.window_plan): 3x3 and 5x5 windows, 24 channels (a 128-byte channel
     box past the end, the plan's K order ending in a window column), 16 and 48 output
     channels (a box past them), a bias and relu after, against float64 products of the
-    same values. "tma=0" keeps the mma.sync lowering. Skipped without compute capability
-    8.0; the window maps are checked on sm_90a only."""
+    same values; "fma": float32 at "highest" (FMA tiles, exact float32 products), plus a
+    product a @ b.T. "tma=0" keeps the other lowerings. Skipped without compute capability 8.0; the window maps are checked on
+    sm_90a only."""
     from gpu_cases import _conv2d_ref
     import zyx.nn.functional as F
     monkeypatch.setattr(F, "GPU_IMAGE_MIN", 0)
@@ -1364,9 +1375,11 @@ def test_window_products_through_tensor_maps_against_numpy(dtype, spec, cuda_run
     if dtype == "tf32":
         zyx.set_float32_matmul_precision("high")
 
+    tol = 1e-4 if dtype == "fma" else 2e-2
+
     def t(*shape, scale=1.0):
         v = zyx.Tensor((rng.standard_normal(shape) * scale).astype(np.float32))
-        v = v.cast("float32" if dtype == "tf32" else dtype).realize()
+        v = v.cast("float32" if dtype in ("tf32", "fma") else dtype).realize()
         return v, v.cast("float64").numpy()
     try:
         with _tensor_core_device(cuda_runtime, monkeypatch, (64, 64), spec) as found:
@@ -1377,10 +1390,19 @@ def test_window_products_through_tensor_maps_against_numpy(dtype, spec, cuda_run
                     t(cout, cin, k, k, scale=0.2), t(cout)
                 got = F.conv2d(x, w, b, padding=pad).relu().cast("float64").numpy()
                 ref = np.maximum(_conv2d_ref(rx, rw, pad) + rb[:, None, None], 0)
-                np.testing.assert_allclose(got, ref, rtol=2e-2, atol=4e-2)
+                np.testing.assert_allclose(got, ref, rtol=tol, atol=2 * tol)
             hopper = zyx._RT.resolve("cuda").info().extra.get("arch") == "sm_90a"
             mapped = [g for g in found if g.launches[0].maps]
-            assert len(mapped) == (3 if hopper and not spec else 0), spec
+            # (the FMA tiles' 256 rows fill the 2 SMs with the first convolution only)
+            want = 1 if dtype == "fma" else 3
+            assert len(mapped) == (want if hopper and "tma=0" not in spec else 0), spec
+        if dtype == "fma":      # a plain product with both operands K-major, 128 x 128
+            with _tensor_core_device(cuda_runtime, monkeypatch, (128, 128), spec) as found:
+                (a, ra), (b, rb) = t(300, 96), t(200, 96)
+                np.testing.assert_allclose((a @ b.T).numpy(), ra @ rb.T, rtol=1e-5,
+                                           atol=1e-4)
+                assert [g.strategy for g in found if g.strategy != "elementwise"] == \
+                    ["tmafma" if hopper and "tma=0" not in spec else "gemm"]
     finally:
         zyx.set_float32_matmul_precision(before)
 

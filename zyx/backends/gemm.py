@@ -64,7 +64,7 @@ COMPUTED_TILE = 64 * 64
 
 GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1, "mma": 1, "vector": 1, "double": 2,
                 "mk": 0, "krun": 8, "korder": 1, "fk": 0, "wgmma": 1, "wm": 0,
-                "wn": 0, "stages": 0, "tma": 1}
+                "wn": 0, "stages": 0, "tma": 1, "fma": 1}
 
 
 def enabled():
@@ -93,7 +93,10 @@ def variant(spec=None):
     "wn=128|256": rows and cols per group of those; "stages=N": their K steps in
     shared memory (3-6); the three default to 0, wgmma.py's choice; "tma=0": their
     operands copied by every work-item with cp.async instead of by one thread through
-    tensor maps (tma.py). Read at each lowering.
+    tensor maps (tma.py); "fma=0": float32 products ("highest") whose operands are both
+    K-major on the float tiles instead of through tensor maps into FMA tiles (wgmma.py:
+    a @ b.T, linear layers, channels-last convolutions on Hopper). Read at each
+    lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec

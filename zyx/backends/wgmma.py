@@ -43,6 +43,12 @@ ATOM = 1024             # 8 swizzled rows: the swizzle's period, and the tiles' 
 _PTX = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}
 
 
+def fma_products(p):
+    """True when plan `p` is a float32 product computed in float32 ("highest"): the
+    tensor-map lowering then multiplies with FMA instructions (`lower_wgmma_tma`)."""
+    return p.narrow is None and p.dtype.name == "float32" and not tf32(p)
+
+
 def _operand_type(p):
     """(PTX type, bytes per value) the product's operands enter wgmma as: 16-bit
     values, or float32 ones as TF32 (mma.tf32: the precision setting allows it; the
@@ -106,8 +112,8 @@ def usable(p, ops, dl, info, tile, var):
     can copy it, as attention's probabilities @ values), and a device compiled for
     sm_90a with the dynamic shared memory the stages need. A float32 product allowed
     TF32 (mma.tf32) takes it through tensor maps only, both operands K-major."""
-    if (not var["wgmma"] or (p.narrow is None and not tf32(p)) or p.masks
-            or not getattr(dl, "mma_ptx", False)):
+    if (not var["wgmma"] or p.masks or not getattr(dl, "mma_ptx", False) or
+            (p.narrow is None and not tf32(p) and not (fma_products(p) and var["fma"]))):
         return False
     extra = info.extra or {}
     narrow_cols = tuple(tile[:2]) == (WG_ROWS, 64) and p.nc <= 64
@@ -243,9 +249,13 @@ def tma_shape(p, info, var):
     warpgroups of 64), 256 cols where the product still has a tile per compute unit,
     else 128 (64 for products of at most 64 cols), and as many stages as fit the
     device's shared memory (at most 6); the knobs "wm", "wn", "stages" override them."""
-    br = var["wm"] or WG_ROWS
-    wide = p.nb * -(-p.nr // br) * -(-p.nc // 256) >= max(info.num_cores, 1)
-    bc = var["wn"] or (64 if p.nc <= 64 else 256 if wide else 128)
+    if fma_products(p):     # float32 FMA tiles: 8 x 8 per consumer work-item
+        bc = 64 if p.nc <= 64 else 128
+        br = 256 if bc == 64 else 128
+    else:
+        br = var["wm"] or WG_ROWS
+        wide = p.nb * -(-p.nr // br) * -(-p.nc // 256) >= max(info.num_cores, 1)
+        bc = var["wn"] or (64 if p.nc <= 64 else 256 if wide else 128)
     room = (info.extra or {}).get("smem_optin", 0) - ATOM - 16 * 6
     return br, bc, var["stages"] or max(min(6, room // ((br + bc) * WG_K * 2)), 2)
 
@@ -306,13 +316,16 @@ def tma_usable(ops, p, info, var):
         return False
     br, bc, n_stages = tma_shape(p, info, var)
     # (the accumulators and about 48 registers of addresses and epilogue)
-    if n_stages < 2 or _consumer_registers(br // 64) < bc // 2 + 48:
+    consumers = 2 if fma_products(p) else br // 64
+    need_regs = 176 if fma_products(p) else bc // 2 + 48
+    if n_stages < 2 or _consumer_registers(consumers) < need_regs:
         return False
     need = smem_bytes(br, bc, n_stages) + 16 * n_stages
     if need > (info.extra or {}).get("smem_optin", 0):
         return False
     found = _tma_maps(ops, p, br, bc)
-    # (TF32 products read both operands K-major: wgmma has no transpose for them)
+    # (TF32 products read both operands K-major: wgmma has no transpose for them; the
+    # FMA tiles read rows of K too)
     return found is not None and (p.narrow is not None or all(found[2]))
 
 
@@ -321,7 +334,8 @@ def window_plan(p, ops, dl, info, var):
     tests (a convolution's padded window over a channels-last image) when tensor maps
     can copy it on the rows side (`tma_usable`) and its 128-row tiles fill the device;
     None else."""
-    if (not var["wgmma"] or not var["mma"] or (p.narrow is None and not tf32(p)) or p.masks
+    if (not var["wgmma"] or not var["mma"] or p.masks
+            or (p.narrow is None and not tf32(p) and not (fma_products(p) and var["fma"]))
             or not getattr(dl, "mma_ptx", False)
             or (info.extra or {}).get("arch") != "sm_90a"
             or (p.block and var["fold"] and p.nk > PLAIN_K)):
@@ -353,7 +367,8 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     from . import tma
     ops = kernel.ops
     br, bc, n_stages = tma_shape(p, info, var)
-    consumers = br // 64
+    fma = fma_products(p)
+    consumers = 2 if fma else br // 64
     threads = 128 * (consumers + 1)
     ptx, size = _operand_type(p)
     bk = ROW_BYTES // size          # values per K step: one swizzled row
@@ -426,32 +441,55 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     body += copies("zyx_mapa", at_a, p.a_kfast, br, 0)
     body += copies("zyx_mapb", at_b, p.b_kfast, bc, a_bytes)
     body += ["    }", "    }", "  } else {",
-             f'    asm volatile("setmaxnreg.inc.sync.aligned.u32 {consumer_regs};");',
-             f"  float zyx_d[{nacc}];",
-             "  #pragma unroll",
-             f"  for (int q = 0; q < {nacc}; q++) zyx_d[q] = 0.0f;"]
+             f'    asm volatile("setmaxnreg.inc.sync.aligned.u32 {consumer_regs};");']
+    if fma:
+        layout = _fma_layout(ops, p, br, bc)
+        body += _fma_setup(layout, a_bytes)
+    else:
+        body += [f"  float zyx_d[{nacc}];",
+                 "  #pragma unroll",
+                 f"  for (int q = 0; q < {nacc}; q++) zyx_d[q] = 0.0f;"]
     fix = []
+    rows_shared = fma and layout[1] != 1
     if tests:
-        # two work-items per row of this warpgroup's 64, 64 bytes each; the row's
-        # positions decoded once
-        body += ["  const int zyx_fr = zyx_wg * 64 + (int)(zyx_tid % 128) / 2;",
+        # the rows of this warpgroup (it alone reads them), each by `per_row`
+        # work-items; the row's positions decoded once
+        rows = br // consumers
+        per_row = 128 // rows
+        part = ROW_BYTES // per_row
+        body += [f"  const int zyx_fr = zyx_wg * {rows} + (int)(zyx_tid % 128) / {per_row};",
                  "  const unsigned zyx_fo = (unsigned)zyx_fr * 128u + "
-                 "(unsigned)(zyx_tid % 2) * 64u;"]
+                 f"(unsigned)(zyx_tid % {per_row}) * {part}u;"]
         body += _decode(names, ops, p.rows, "(zyx_r0 + zyx_fr)", fr.it, "  ")
         fix = ["    {"] + step("      ")
         fix += _values(dl, ops, tests, names, fr.narrow, "      ")
         ok = " && ".join(f"({names.get(t, f'v{t}')})" for t in tests)
         fix += [f"      if (!({ok})) {{",
                 "        #pragma unroll",
-                "        for (int q = 0; q < 4; q++) zyx_zero16(zyx_cur + zyx_fo + 16u * q);",
+                f"        for (int q = 0; q < {part // 16}; q++) "
+                "zyx_zero16(zyx_cur + zyx_fo + 16u * q);",
                 "      }",
                 '      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");',
+                # (the warpgroup's own rows; rows across lanes: both warpgroups' rows)
+                '      asm volatile("bar.sync 1, 256;" ::: "memory");' if rows_shared else
                 '      asm volatile("bar.sync %0, 128;" :: "r"(1 + zyx_wg) : "memory");',
                 "    }"]
     body += [f"  for (int zyx_kt = 0; zyx_kt < {nkt}; zyx_kt++) {{",
              f"    const int zyx_s = zyx_kt % {n_stages};",
              f"    zyx_bar_wait({bar('full', 'zyx_s')}, (unsigned)((zyx_kt / {n_stages}) & 1));",
-             f"    const unsigned zyx_cur = zyx_base + zyx_s * {stage_bytes}u;"] + fix + [
+             f"    const unsigned zyx_cur = zyx_base + zyx_s * {stage_bytes}u;"] + fix
+    if fma:
+        # (the stage's reads are generic-proxy loads and its next copy an async-proxy
+        # write: the fence orders them before the release)
+        body += _fma_products(layout) + [
+            '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");',
+            "    __syncwarp();",
+            f"    if (zyx_lane == 0) zyx_bar_arrive({bar('empty', 'zyx_s')});",
+            "  }"]
+        body += fr.epilogue(dl, ops, p, _fma_outputs(layout)) + ["  }"]
+        return _tma_kernel(fr, kernel, dl, name, body, "tmafma", br, bc, bk, n_stages, "f32",
+                           threads, map_a, map_b, _HELPERS + tma.HELPERS)
+    body += [
              "    #pragma unroll",
              "  " + fence_acc,
              '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
@@ -475,15 +513,93 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     body += fr.epilogue(dl, ops, p, _outputs(bc)) + ["  }"]
     prelude = (_HELPERS + tma.HELPERS +
                _wgmma_function(ptx, bc, not p.a_kfast, not p.b_kfast))
+    return _tma_kernel(fr, kernel, dl, name, body, "wgmma", br, bc, bk, n_stages, ptx,
+                       threads, map_a, map_b, prelude)
+
+
+def _tma_kernel(fr, kernel, dl, name, body, strategy, br, bc, bk, n_stages, kind, threads,
+                map_a, map_b, prelude):
+    """The GPUKernel of a tensor-map lowering: the maps after the buffers, launch
+    bounds of one group per SM, the stages' dynamic shared memory and barriers."""
     maps = ["const __grid_constant__ zyx_tmap zyx_mapa",
             "const __grid_constant__ zyx_tmap zyx_mapb"]
-    g = fr.kernel(kernel, dl, name, body, "wgmma",
+    g = fr.kernel(kernel, dl, name, body, strategy,
                   {"rows": br, "cols": bc, "k": bk, "stages": n_stages, "tma": 1,
-                   "mma": ptx}, prelude=prelude, extra_params=maps,
+                   "mma": kind}, prelude=prelude, extra_params=maps,
                   bounds=f"__launch_bounds__({threads}, 1) ")
     g.launches[0].shared = smem_bytes(br, bc, n_stages) + 16 * n_stages
     g.launches[0].maps = [map_a, map_b]
     return g
+
+
+# float32 FMA tiles fed by tensor maps: the two consumer warpgroups' 256 work-items hold
+# 8 x 8 outputs each, rows r1 + RS i and cols c1 + CS j. A stage's 32 K are 8 chunks of
+# 4; each chunk is one 16-byte read per row and col, 256 FMAs. Two layouts, both
+# without bank conflicts (a quarter warp's 8 reads fall in 8 swizzle phases or are one
+# broadcast):
+# - cols across lanes (bc / 8 of them, CS = bc / 8; rows r1 = 8 ty, RS = 1): a row-major
+#   output's lanes store neighbouring values (matmuls);
+# - rows across lanes (256 x 64 tiles: r1 = lane, RS = 32; c1 = warp, CS = 8): an
+#   output contiguous along the rows (a convolution's NCHW pixels, its plan's sides
+#   exchanged) is stored 128 bytes per warp instead of 4 bytes per lane.
+
+def _fma_layout(ops, p, br, bc):
+    """(r1, RS, c1, CS) of `lower_wgmma_tma`'s FMA tiles (see above)."""
+    from .gpu import _coefficient
+    if (br, bc) == (256, 64) and _coefficient(ops, ops[p.store][3], p.rows[-1], {}) == 1:
+        return "zyx_lane", 32, "(int)(zyx_tid / 32)", 8
+    nct = bc // 8
+    return f"(int)(zyx_tid / {nct}) * 8", 1, f"(int)(zyx_tid % {nct})", nct
+
+
+def _fma_setup(layout, a_bytes):
+    r1, _, c1, _ = layout
+    return [f"  const int zyx_r1 = {r1};",
+            f"  const int zyx_c1 = {c1};",
+            "  const unsigned char* zyx_sp = zyx_smem + (zyx_base - "
+            "(unsigned)__cvta_generic_to_shared(zyx_smem));",
+            "  const unsigned zyx_ao = (unsigned)zyx_r1 * 128u;",
+            f"  const unsigned zyx_bo = {a_bytes}u + (unsigned)zyx_c1 * 128u;",
+            "  const unsigned zyx_ax = (unsigned)(zyx_r1 & 7);",
+            "  const unsigned zyx_bx = (unsigned)(zyx_c1 & 7);",
+            "  float zyx_f[8][8];",
+            "  #pragma unroll",
+            "  for (int i = 0; i < 8; i++)",
+            "    #pragma unroll",
+            "    for (int j = 0; j < 8; j++) zyx_f[i][j] = 0.0f;"]
+
+
+def _fma_products(layout):
+    _, rs, _, cs = layout
+    # a row's swizzle phase: i where the rows are 8 consecutive ones from a multiple of
+    # 8, else the first row's (RS a multiple of 8); a col's likewise (CS is)
+    a_phase = "(unsigned)i" if rs == 1 else "zyx_ax"
+    return ["    const unsigned char* zyx_st = zyx_sp + (zyx_cur - zyx_base);",
+            "    #pragma unroll",
+            "    for (int zyx_q = 0; zyx_q < 8; zyx_q++) {",
+            "      float4 zyx_a[8], zyx_b[8];",
+            "      #pragma unroll",
+            "      for (int i = 0; i < 8; i++) zyx_a[i] = *(const float4*)(zyx_st + zyx_ao + "
+            f"i * {rs * 128}u + (((unsigned)zyx_q ^ {a_phase}) << 4));",
+            "      #pragma unroll",
+            f"      for (int j = 0; j < 8; j++) zyx_b[j] = *(const float4*)(zyx_st + zyx_bo + "
+            f"j * {cs * 128}u + (((unsigned)zyx_q ^ zyx_bx) << 4));",
+            "      #pragma unroll",
+            "      for (int i = 0; i < 8; i++)",
+            "        #pragma unroll",
+            "        for (int j = 0; j < 8; j++) {",
+            "          zyx_f[i][j] = fmaf(zyx_a[i].x, zyx_b[j].x, zyx_f[i][j]);",
+            "          zyx_f[i][j] = fmaf(zyx_a[i].y, zyx_b[j].y, zyx_f[i][j]);",
+            "          zyx_f[i][j] = fmaf(zyx_a[i].z, zyx_b[j].z, zyx_f[i][j]);",
+            "          zyx_f[i][j] = fmaf(zyx_a[i].w, zyx_b[j].w, zyx_f[i][j]);",
+            "        }",
+            "    }"]
+
+
+def _fma_outputs(layout):
+    _, rs, _, cs = layout
+    return [(f"zyx_r0 + zyx_r1 + {rs * i}", f"zyx_c0 + zyx_c1 + {cs * j}", f"zyx_f[{i}][{j}]")
+            for i in range(8) for j in range(8)]
 
 
 def _outputs(bc):

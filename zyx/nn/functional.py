@@ -272,20 +272,25 @@ def _channels_last_input(x, cg):
     return RT.device_of(x._id).info().own_tiles is not None
 
 
-def _window_weights(x, w):
+def _window_weights(x, w, out_size):
     """Whether a convolution reading a channels-last image (`_channels_last_input`)
     reads its weights through a stored copy with the input channels innermost,
     (cout, *k, cin): on a GPU whose lowering copies windows through tensor maps into
     warpgroup products (backends/wgmma.py `window_plan`: CUDA sm_90a), for 16-bit
-    weights or float32 ones the precision setting lets run on TF32, whose products
-    read both operands K-major."""
+    weights or float32 ones the precision setting lets run on TF32 (or, with the gemm
+    knob "fma=1", float32 FMA tiles), whose products read both operands K-major.
+    Only for outputs of the image's size (`out_size` == x's): the window's flat pixel
+    position is then the image's plus a constant per tap."""
+    from ..backends import gemm
     from ..backends.mma import float32_precision
     from ..runtime import RT
     extra = RT.device_of(w._id).info().extra or {}
-    if extra.get("arch") != "sm_90a" or not extra.get("tma"):
+    if extra.get("arch") != "sm_90a" or not extra.get("tma") or \
+            tuple(out_size) != tuple(x.shape[2:]):
         return False
     return w.dtype in (dt.float16, dt.bfloat16) or (
-        w.dtype is dt.float32 and float32_precision() != "highest")
+        w.dtype is dt.float32 and (float32_precision() != "highest" or
+                                   bool(gemm.variant()["fma"])))
 
 
 def _conv_forward(x, w, pads, s, d, g, nd, channels_last, image_last=False):
@@ -334,8 +339,11 @@ def _conv_recorded(x, w, pads, s, d, g, nd):
     width = _window_count(x.shape[-1] + sum(pads[-1]), w.shape[-1], s[-1], d[-1])
     cl = _channels_last_weights(w, w.shape[0] // g, width)
     il = _channels_last_input(x, w.shape[1])
-    if il and _window_weights(x, w):
-        cl = "k"
+    if il:
+        out_size = [_window_count(x.shape[2 + i] + sum(pads[i]), w.shape[2 + i], s[i], d[i])
+                    for i in range(nd)]
+        if _window_weights(x, w, out_size):
+            cl = "k"
     out, = _CONV_TEMPLATES.run(
         _graph, ("conv", pads, s, d, g, nd, cl, il), [x, w],
         lambda x, w: [_conv_forward(x, w, pads, s, d, g, nd, cl, il)], Tensor._wrap)
