@@ -5,8 +5,9 @@ makes for them: `cuda.nvrtc_target`).
 
 mma.py's `mma.sync` keeps a warp busy issuing every 16 x 8 x 16 product and reading its
 fragments from local memory; on a Hopper GPU that reaches about a quarter of cuBLAS's
-bfloat16 matmul. Here, as cuBLAS does there (but without its TMA copies and clusters:
-these reach 0.44x of it, BENCHMARKS.md):
+bfloat16 matmul. Here, as cuBLAS does there (the cp.async version, `lower_wgmma`, reaches
+0.44x of it; operands copied through tensor maps, `lower_wgmma_tma`, 0.80x:
+BENCHMARKS.md):
 - `wgmma.mma_async` (a warpgroup of 4 warps issues a 64 x BC x 16 product that reads both
   operands from shared memory itself, through matrix descriptors, into float registers).
   A group is a warpgroup per 64 rows of its tile: 2 for 128 rows, 4 for 256 (`shape`).
@@ -27,6 +28,15 @@ these reach 0.44x of it, BENCHMARKS.md):
 The plan, the group decoding and the epilogue (the kernel's own ops on each
 accumulator) are gemm's; the accumulators are laid out as mma.sync's (a 16 x 8 block
 per 4 registers), so the epilogue's positions are mma.py's.
+
+Where tensor maps can copy both operands (`tma_usable`, tma.py), `lower_wgmma_tma`
+replaces the copies by one producer warpgroup issuing TMA box copies into the same
+swizzled stages, synchronized through mbarriers; it also takes padded windows over a
+channels-last image (`window_plan`: the plan's sides exchanged, the taps folded into the
+pixel coordinate, the rows whose padding test fails zeroed by the consumers), float32
+products on TF32 (k8, both operands K-major) and float32 products at "highest" on FMA
+tiles (`fma_products`: the consumers multiply 16-byte rows of the stages with FMA
+instructions).
 """
 from __future__ import annotations
 
