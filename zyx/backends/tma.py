@@ -133,10 +133,10 @@ def operand_map(ops, p, side, kfast, box_side, arg_of, groups, fold=False):
     """(TensorMap, coordinates, tests) of gemm plan `p`'s operand `side` ("a": rows,
     "b": cols) copied in boxes of 128 bytes along its contiguous direction (the channel
     group G of `groups` = k_groups(...) when `kfast`, else its rows or cols) by
-    `box_side` rows (cols) or 64 of G (16-bit values only); None where TMA cannot copy it: not a (guarded)
-    global load, an index not affine in the positions or not linear in the flat side
-    and G ones, a stride or offset that is not a multiple of 16 bytes, more than 5
-    dimensions. `arg_of`: buffer DEFINE ssa -> kernel argument. The coordinates are C
+    `box_side` rows (cols) or 64 of G (16-bit values only); None where TMA cannot copy
+    it: not a (guarded) global load, an index not affine in the positions or not linear
+    in the flat side and G ones, a stride or offset that is not a multiple of 16 bytes,
+    more than 5 dimensions. `arg_of`: buffer DEFINE ssa -> kernel argument. The coordinates are C
     expressions, fastest first, of the box at channel offset zyx_kn and the taps' loop
     variables (r{ssa}); an MN-major box's first one is its side origin (the kernel adds
     64 per block). A tap whose coefficient is a multiple of the side's stride is folded

@@ -121,7 +121,8 @@ def usable(p, ops, dl, info, tile, var):
     device with them; 128 x 64 where the product has at most 64 cols and tensor maps
     can copy it, as attention's probabilities @ values), and a device compiled for
     sm_90a with the dynamic shared memory the stages need. A float32 product allowed
-    TF32 (mma.tf32) takes it through tensor maps only, both operands K-major."""
+    TF32 (mma.tf32), or at "highest" with the knob "fma" (FMA tiles), takes it through
+    tensor maps only, both operands K-major."""
     if (not var["wgmma"] or p.masks or not getattr(dl, "mma_ptx", False) or
             (p.narrow is None and not tf32(p) and not (fma_products(p) and var["fma"]))):
         return False
@@ -258,7 +259,9 @@ def tma_shape(p, info, var):
     """(rows, cols, stages) of the tensor-map lowering: 128 rows (two consumer
     warpgroups of 64), 256 cols where the product still has a tile per compute unit,
     else 128 (64 for products of at most 64 cols), and as many stages as fit the
-    device's shared memory (at most 6); the knobs "wm", "wn", "stages" override them."""
+    device's shared memory (at most 6); the knobs "wm", "wn", "stages" override them.
+    FMA tiles (`fma_products`): 256 x 64 for products of at most 64 cols, else 128 x
+    128 (only "stages" applies)."""
     if fma_products(p):     # float32 FMA tiles: 8 x 8 per consumer work-item
         bc = 64 if p.nc <= 64 else 128
         br = 256 if bc == 64 else 128
@@ -272,8 +275,9 @@ def tma_shape(p, info, var):
 
 def _tma_maps(ops, p, br, bc):
     """(k_groups, [(map, coordinates, tests) of a and b] through tma.operand_map, [a, b
-    K-major]), or None. Only the rows side (a) may have tests (a window: the consumers that multiply
-    those rows zero the ones whose test fails), and only its taps fold into its side."""
+    K-major]), or None. Only the rows side (a) may have tests (a window: the consumers
+    that multiply those rows zero the ones whose test fails), and only its taps fold
+    into its side."""
     from . import tma
     from .gemm import _deps
     groups = tma.k_groups(ops, p)
@@ -340,10 +344,10 @@ def tma_usable(ops, p, info, var):
 
 
 def window_plan(p, ops, dl, info, var):
-    """The plan, sides exchanged (`swapped`), of a 16-bit product whose cols operand has
-    tests (a convolution's padded window over a channels-last image) when tensor maps
-    can copy it on the rows side (`tma_usable`) and its 128-row tiles fill the device;
-    None else."""
+    """The plan, sides exchanged (`swapped`), of a 16-bit product (or a float32 one on
+    TF32 or, with the knob "fma", FMA tiles) whose cols operand has tests (a
+    convolution's padded window over a channels-last image) when tensor maps can copy
+    it on the rows side (`tma_usable`) and its tiles fill the device; None else."""
     if (not var["wgmma"] or not var["mma"] or p.masks
             or (p.narrow is None and not tf32(p) and not (fma_products(p) and var["fma"]))
             or not getattr(dl, "mma_ptx", False)
@@ -371,9 +375,11 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     the step STAGES later). The producer gives its registers to the consumers
     (setmaxnreg): a 64 x 256 accumulator is 128 registers per work-item.
     K steps walk the taps (tma.k_groups' T: a convolution's window positions) and, for
-    each, the channel group in chunks of 64. Rows of a window whose test fails at a
-    step (padding) are zeroed by the consumers that multiply them before their
-    products (the box read the neighbouring pixels there)."""
+    each, the channel group in chunks of 128 bytes. Rows of a window whose test fails
+    at a step (padding) are zeroed by the consumers that multiply them before their
+    products (the box read the neighbouring pixels there). float32 products at
+    "highest" (`fma_products`) keep the producer and maps but their two consumer
+    warpgroups multiply with FMA instructions (`_fma_layout`, strategy "tmafma")."""
     from . import tma
     ops = kernel.ops
     br, bc, n_stages = tma_shape(p, info, var)

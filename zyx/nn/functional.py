@@ -277,8 +277,9 @@ def _window_weights(x, w, out_size):
     reads its weights through a stored copy with the input channels innermost,
     (cout, *k, cin): on a GPU whose lowering copies windows through tensor maps into
     warpgroup products (backends/wgmma.py `window_plan`: CUDA sm_90a), for 16-bit
-    weights or float32 ones the precision setting lets run on TF32 (or, with the gemm
-    knob "fma=1", float32 FMA tiles), whose products read both operands K-major.
+    weights, float32 ones the precision setting lets run on TF32, and float32 ones at
+    "highest" (FMA tiles; not with the gemm knob "fma=0"), whose products read both
+    operands K-major.
     Only for outputs of the image's size (`out_size` == x's): the window's flat pixel
     position is then the image's plus a constant per tap."""
     from ..backends import gemm
