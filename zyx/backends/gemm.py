@@ -595,9 +595,10 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
 VEC_BYTES = 16           # the widest load a GPU issues
 
 
-def _vector_source(ops, val):
-    """(LOAD ssa, [bool tests]) of an operand a vector copy can read: a global load,
-    guarded or not, or `where(test, load, 0)` of one (a padded window); None else."""
+def operand_source(ops, val):
+    """(LOAD ssa, [bool tests]) of an operand a vector copy (or a tensor map, tma.py)
+    can read: a global load, guarded or not, or `where(test, load, 0)` of one (a padded
+    window); None else."""
     op, tests = ops[val], []
     if op[0] == K.WHERE and ops[op[4]][0] == K.CONST and ops[op[4]][2] == 0:
         tests.append(op[2])
@@ -616,11 +617,11 @@ def vector_lanes(ops, p, side, kfast, local_dtype):
     index steps by 1 along the copy's fast direction (the innermost reduce loop when
     `kfast`, else the side's innermost output axis), that direction's length a multiple
     of the lanes (a vector never straddles a row or the end), and no guard, or guards
-    that do not depend on that direction (`_vector_source`: a padded window of a
+    that do not depend on that direction (`operand_source`: a padded window of a
     channels-last image, one test for the vector's channels). Alignment is checked where
     the kernel runs (a misaligned vector is read value by value)."""
     from .gpu import _coefficient
-    found = _vector_source(ops, p.a if side == "a" else p.b)
+    found = operand_source(ops, p.a if side == "a" else p.b)
     if found is None or p.masks:
         return 1
     op = ops[found[0]]
@@ -646,7 +647,7 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
     store), else they are stored one by one. `stored` (4-byte lanes only): what each
     lane becomes before it is stored (TF32 rounding), applied at the store."""
     threads = SIDE * SIDE
-    load, tests = _vector_source(ops, p.a if side == "a" else p.b)
+    load, tests = operand_source(ops, p.a if side == "a" else p.b)
     op = ops[load]
     d = op[1]
     word = d if d.itemsize == 4 else dt.uint32       # 16-bit lanes travel in pairs

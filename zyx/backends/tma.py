@@ -21,6 +21,10 @@ misaligned runs the kernel lowered without maps instead (gpudriver).
 from __future__ import annotations
 
 from .._core import kernel as K
+# an operand a map can copy is one a vector copy can read: a (guarded) global load, or
+# a padded window where(test, load, 0), whose failing rows the kernel zeroes
+# (wgmma.lower_wgmma_tma)
+from .gemm import operand_source as source
 
 MAX_RANK = 5
 MAX_BOX = 256
@@ -61,22 +65,6 @@ def _linear(ops, coefs, ids):
     if any(c[j] != c[j + 1] * lengths[j + 1] for j in range(len(c) - 1)):
         return None
     return c[-1]
-
-
-def source(ops, val):
-    """(LOAD ssa, [bool tests]) of an operand TMA can copy: a global load, guarded or
-    not, or `where(test, load, 0)` of one (a padded window: the kernel zeroes the rows
-    whose test fails, `lower_wgmma_tma`); None else."""
-    op, tests = ops[val], []
-    if op[0] == K.WHERE and ops[op[4]][0] == K.CONST and ops[op[4]][2] == 0:
-        tests.append(op[2])
-        val = op[3]
-        op = ops[val]
-    if op[0] != K.LOAD or ops[op[2]][2] != K.SCOPE_GLOBAL:
-        return None
-    if op[4] >= 0 and op[4] not in tests:
-        tests.append(op[4])
-    return val, tests
 
 
 def _coefficients(ops, index):

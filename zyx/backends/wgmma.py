@@ -505,21 +505,9 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
         body += fr.epilogue(dl, ops, p, _fma_outputs(layout)) + ["  }"]
         return _tma_kernel(fr, kernel, dl, name, body, "tmafma", br, bc, bk, n_stages, "f32",
                            threads, map_a, map_b, _HELPERS + tma.HELPERS)
-    body += [
-             "    #pragma unroll",
-             "  " + fence_acc,
-             '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
-             "    #pragma unroll",
-             # (4 products of 32 bytes of K each: k16 of 16-bit values, k8 of TF32)
-             f"    for (int zyx_ks = 0; zyx_ks < {ROW_BYTES // 32}; zyx_ks++) {{",
-             f"      zyx_wgmma(zyx_d, {_descriptor('zyx_cur', p.a_kfast, 'zyx_wg * 64')}, "
-             f"{_descriptor(f'(zyx_cur + {a_bytes}u)', p.b_kfast, None)});",
-             "    }",
-             '    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
-             # the products of the step before are done: its stage may be copied over
-             '    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");',
-             "    #pragma unroll",
-             "  " + fence_acc,
+    # (after the products, those of the step before are done: its stage may be copied
+    # over)
+    body += _step_products(p, a_bytes, fence_acc) + [
              "    if (zyx_kt > 0 && zyx_lane == 0) "
              f"zyx_bar_arrive({bar('empty', f'(zyx_kt + {n_stages - 1}) % {n_stages}')});",
              "  }",
@@ -618,6 +606,26 @@ def _fma_outputs(layout):
             for i in range(8) for j in range(8)]
 
 
+def _step_products(p, a_bytes, fence_acc):
+    """A K step's warpgroup products from the stage at shared address zyx_cur (A at 0,
+    B at `a_bytes`): 4 products of 32 bytes of K each (k16 of 16-bit values, k8 of
+    TF32), committed as one group, then a wait for all but that group (the step
+    before's are done); `fence_acc` keeps the accumulators' registers in place around
+    the asynchronous products."""
+    return ["    #pragma unroll",
+            "  " + fence_acc,
+            '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
+            "    #pragma unroll",
+            f"    for (int zyx_ks = 0; zyx_ks < {ROW_BYTES // 32}; zyx_ks++) {{",
+            f"      zyx_wgmma(zyx_d, {_descriptor('zyx_cur', p.a_kfast, 'zyx_wg * 64')}, "
+            f"{_descriptor(f'(zyx_cur + {a_bytes}u)', p.b_kfast, None)});",
+            "    }",
+            '    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
+            '    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");',
+            "    #pragma unroll",
+            "  " + fence_acc]
+
+
 def _outputs(bc):
     """(row, col, accumulator) of each of a consumer work-item's outputs: accumulator
     4j + q at row lane / 4 (+8 for q >= 2) of its warp's 16, col 8j + 2 (lane % 4) (+1
@@ -686,20 +694,10 @@ def lower_wgmma(kernel, dl, info, name, p, var):
              '    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");',
              f"    {dl.barrier()};"]
     body += ["  " + line for line in issue(f"zyx_kt + {ahead}")]
-    body += [f"    const unsigned zyx_cur = zyx_base + (zyx_kt % {n_stages}) * {stage_bytes}u;",
-             "    #pragma unroll",
-             "  " + fence_acc,
-             '    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");',
-             "    #pragma unroll",
-             f"    for (int zyx_ks = 0; zyx_ks < {bk // 16}; zyx_ks++) {{",
-             f"      zyx_wgmma(zyx_d, {_descriptor('zyx_cur', p.a_kfast, 'zyx_wg * 64')}, "
-             f"{_descriptor(f'(zyx_cur + {a_bytes}u)', p.b_kfast, None)});",
-             "    }",
-             '    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");',
-             '    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");',
-             "    #pragma unroll",
-             "  " + fence_acc,
-             "  }",
+    body.append(f"    const unsigned zyx_cur = zyx_base + (zyx_kt % {n_stages}) * "
+                f"{stage_bytes}u;")
+    body += _step_products(p, a_bytes, fence_acc)
+    body += ["  }",
              '  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");',
              "  #pragma unroll",
              fence_acc]
