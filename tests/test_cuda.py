@@ -443,6 +443,15 @@ def test_window_plan_of_a_channels_last_convolution(compiler, monkeypatch):
     assert compiler.binary(g.source)[:4] == b"\x7fELF"
     monkeypatch.setenv(gemm.GEMM_ENV, "fma=0")
     assert lower(conv("float32"), CUDADialect(), _HOPPER, "zyx_k", None).strategy != "tmafma"
+    # grouped and dilated windows (not checked on a GPU with this lowering) keep mma.sync
+    x = zyx.Tensor(np.ones((4, 32, 30, 30), np.float32)).cast("bfloat16").realize()
+    for w, kw in ((zyx.Tensor(np.ones((64, 16, 3, 3), np.float32)), {"groups": 2}),
+                  (zyx.Tensor(np.ones((64, 32, 3, 3), np.float32)), {"dilation": 2,
+                                                                      "padding": 2})):
+        k = _untiled_kernels(F.conv2d(x, w.cast("bfloat16").realize(),
+                                      **dict({"padding": 1}, **kw)))[-1]
+        assert wgmma.window_plan(gemm.plan(k.ops), k.ops, CUDADialect(), _HOPPER,
+                                 gemm.variant("")) is None, kw
     monkeypatch.setattr(F, "_channels_last_input", lambda x, cg: False)
     nchw = conv("bfloat16")
     assert wgmma.window_plan(gemm.plan(nchw.ops), nchw.ops, CUDADialect(), _HOPPER,

@@ -362,7 +362,23 @@ def window_plan(p, ops, dl, info, var):
     br, bc, _ = tma_shape(q, info, var)
     if q.nb * -(-q.nr // br) * -(-q.nc // bc) < max(info.num_cores, 1):
         return None
+    if not _plain_window(ops, q, found[0]):
+        return None
     return q if tma_usable(ops, q, info, var) else None
+
+
+def _plain_window(ops, q, load):
+    """True for the windows this lowering was checked on a GPU with: one group (no
+    batch position reaching the operands) and each tap moving the window by one pixel
+    row or col (no dilation). Grouped and dilated convolutions keep the other
+    lowerings."""
+    from . import tma
+    coefs = tma._coefficients(ops, ops[load][3])
+    groups = tma.k_groups(ops, q)
+    if coefs is None or groups is None or any(coefs[b] for b in q.batch):
+        return False
+    moves = {coefs[i] for i in q.rows}
+    return all(coefs[t] in moves or coefs[t] == 0 for t in groups[1])
 
 
 def lower_wgmma_tma(kernel, dl, info, name, p, var):

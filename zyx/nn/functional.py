@@ -340,7 +340,7 @@ def _conv_recorded(x, w, pads, s, d, g, nd):
     width = _window_count(x.shape[-1] + sum(pads[-1]), w.shape[-1], s[-1], d[-1])
     cl = _channels_last_weights(w, w.shape[0] // g, width)
     il = _channels_last_input(x, w.shape[1])
-    if il:
+    if il and g == 1 and all(v == 1 for v in d):     # (wgmma._plain_window's windows)
         out_size = [_window_count(x.shape[2 + i] + sum(pads[i]), w.shape[2 + i], s[i], d[i])
                     for i in range(nd)]
         if _window_weights(x, w, out_size):
