@@ -920,20 +920,31 @@ def test_launch_writes_every_launch_its_buffers_and_scratch_in_order():
     assert pool.used_bytes == 4 + 40 * 256 * 4 + 4   # scratch is the program's, not counted
 
 
+class MapEncodingDriver(HostMemoryDriver):
+    """HostMemoryDriver that encodes tensor maps: it records each encoding and writes the
+    buffer's address as the map's first word (what a recorded launch then reads)."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoded = []
+
+    def encode_tensor_map(self, out, spec, address):
+        self.encoded.append((out, spec, address))
+        ctypes.c_uint64.from_address(out).value = address
+
+
+def _mapped_kernel(offset):
+    """(map, GPUKernel "k" of 2 arguments whose launch maps argument 1 at `offset`)."""
+    from zyx.backends.tma import TensorMap
+    m = TensorMap(1, offset, "bfloat16", 2, [72, 200], [144], [64, 128])
+    return m, GPUKernel("k:3", [Launch("k", 4, 384, [("arg", 0), ("arg", 1)], maps=[m])])
+
+
 def test_tensor_map_parameters_are_encoded_when_their_buffer_moves():
     """A launch with tensor maps (tma.py) passes each after the buffers, 64-byte aligned,
     encoded by the driver for its buffer's address: again only when the buffer moved."""
-    from zyx.backends.tma import TensorMap
-    m = TensorMap(1, 16, "bfloat16", 2, [72, 200], [144], [64, 128])
-    gpu = GPUKernel("k:3", [Launch("k", 4, 384, [("arg", 0), ("arg", 1)], maps=[m])])
-
-    class Encoding(HostMemoryDriver):
-        encoded = []
-
-        def encode_tensor_map(self, out, spec, address):
-            self.encoded.append((out, spec, address))
-            ctypes.c_uint64.from_address(out).value = address   # what the fake reads
-    drv = Encoding()
+    m, gpu = _mapped_kernel(16)
+    drv = MapEncodingDriver()
     pool = gpudriver.DriverMemoryPool(drv, "test")
     dev = HandLoweredDevice(drv, pool, gpu)
     prog = dev.compile("kernel-a")
@@ -960,13 +971,8 @@ def test_misaligned_buffers_run_the_kernel_lowered_without_maps():
     (compiled once, kept with the program and released with it); aligned buffers keep
     the mapped kernel."""
     from zyx.backends.tma import TensorMap
-    m = TensorMap(1, 0, "bfloat16", 2, [72, 200], [144], [64, 128])
-    mapped = GPUKernel("k:3", [Launch("k", 4, 384, [("arg", 0), ("arg", 1)], maps=[m])])
+    m, mapped = _mapped_kernel(0)
     plain = GPUKernel("p:2", [Launch("p", 8, 256, [("arg", 0), ("arg", 1)])])
-
-    class Encoding(HostMemoryDriver):
-        def encode_tensor_map(self, out, spec, address):
-            pass
 
     class TwoLowerings(HandLoweredDevice):
         asked = []
@@ -974,7 +980,7 @@ def test_misaligned_buffers_run_the_kernel_lowered_without_maps():
         def render(self, kernel, name="zyx_k", schedule=None):
             self.asked.append(schedule)
             return plain if (schedule or {}).get("gemm_knobs") == {"tma": 0} else mapped
-    drv = Encoding()
+    drv = MapEncodingDriver()
     pool = gpudriver.DriverMemoryPool(drv, "test")
     dev = TwoLowerings(drv, pool, None)
     prog = dev.compile("kernel-a")
