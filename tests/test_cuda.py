@@ -438,7 +438,7 @@ def test_window_plan_of_a_channels_last_convolution(compiler, monkeypatch):
     g = lower(conv("float32"), CUDADialect(), _HOPPER, "zyx_k", None)
     assert g.strategy == "tmafma" and (g.variant["rows"], g.variant["cols"]) == (256, 64)
     assert "fmaf(" in g.source and "wgmma.mma_async" not in g.source
-    assert "zyx_r1 = zyx_lane;" in g.source and "bar.sync 1, 256;" in g.source
+    assert "zyx_a1 = zyx_lane;" in g.source and "bar.sync 1, 256;" in g.source
     assert g.launches[0].local_size == 384
     assert compiler.binary(g.source)[:4] == b"\x7fELF"
     monkeypatch.setenv(gemm.GEMM_ENV, "fma=0")
@@ -461,6 +461,34 @@ def test_window_plan_of_a_channels_last_convolution(compiler, monkeypatch):
 def wgmma_usable(k, tile, var):
     from zyx.backends import wgmma
     return wgmma.usable(gemm.plan(k.ops), k.ops, CUDADialect(), _HOPPER, tile, var)
+
+
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt", "tt"])
+def test_float32_products_take_fma_tiles_in_every_operand_layout(layout, compiler):
+    """float32 products at "highest" on Hopper: FMA tiles fed by tensor maps whichever
+    way each operand is stored. A K-major operand is copied in boxes of 32 K by the
+    tile's side, an MN-major one (`a @ b`'s b) in blocks of 32 rows (cols) by 32 K, and
+    the consumers read it two float4 per K."""
+    from zyx.backends import wgmma
+
+    def t(*s):
+        return zyx.Tensor(np.ones(s, np.float32)).realize()
+    a = t(200, 72) if layout[0] == "n" else t(72, 200).T
+    b = t(72, 136) if layout[1] == "n" else t(136, 72).T
+    k = _untiled_kernel(a @ b)
+    g = lower(k, CUDADialect(), _HOPPER, "zyx_k", {"gemm": (128, 128)})
+    assert g.strategy == "tmafma" and (g.variant["rows"], g.variant["cols"]) == (128, 128)
+    boxes = [m.box for m in g.launches[0].maps]
+    assert boxes == [[32, 128] if layout[0] == "n" else [32, 32],
+                     [32, 32] if layout[1] == "n" else [32, 128]]
+    # an MN-major side: four block copies of 32 rows (cols), read two float4 per K
+    assert g.source.count("&zyx_mapb,") == (4 if layout[1] == "n" else 1)
+    assert g.source.count("&zyx_mapa,") == (4 if layout[0] == "t" else 1)
+    assert ("zyx_bv[2 * kk + 1] =" in g.source) == (layout[1] == "n")
+    assert ("zyx_av[2 * kk + 1] =" in g.source) == (layout[0] == "t")
+    assert "wgmma.mma_async" not in g.source
+    assert compiler.binary(g.source)[:4] == b"\x7fELF"
+    assert wgmma.fma_products(gemm.plan(k.ops))
 
 
 def test_wgmma_shape_choice():
@@ -1042,6 +1070,10 @@ def test_operand_maps_of_products():
     assert found_a is None and found_b is not None
     _, (found_a, _) = maps((t(200, 72) * 2) @ t(72, 136))
     assert found_a is None
+    # float32: a K-major box is 32 values by the side, an MN-major one 32 by 32 K
+    f32 = [zyx.Tensor(np.ones(s, np.float32)).realize() for s in ((200, 72), (72, 136))]
+    _, ((ma, _), (mb, _)) = maps(f32[0] @ f32[1])
+    assert (ma.box, mb.box, mb.dims, mb.strides) == ([32, 128], [32, 32], [136, 72], [544])
 
 
 def test_programs_of_one_source_share_a_module_until_the_last_is_released():
@@ -1381,8 +1413,8 @@ def test_window_products_through_tensor_maps_against_numpy(dtype, spec, cuda_run
     box past the end, the plan's K order ending in a window column), 16 and 48 output
     channels (a box past them), a bias and relu after, against float64 products of the
     same values; "fma": float32 at "highest" (FMA tiles, exact float32 products), plus a
-    product a @ b.T. "tma=0" keeps the other lowerings. Skipped without compute capability 8.0; the window maps are checked on
-    sm_90a only."""
+    product in each operand layout. "tma=0" keeps the other lowerings. Skipped without
+    compute capability 8.0; the window maps are checked on sm_90a only."""
     from gpu_cases import _conv2d_ref
     import zyx.nn.functional as F
     monkeypatch.setattr(F, "GPU_IMAGE_MIN", 0)
@@ -1412,13 +1444,15 @@ def test_window_products_through_tensor_maps_against_numpy(dtype, spec, cuda_run
             # (the FMA tiles' 256 rows fill the 2 SMs with the first convolution only)
             want = 1 if dtype == "fma" else 3
             assert len(mapped) == (want if hopper and "tma=0" not in spec else 0), spec
-        if dtype == "fma":      # a plain product with both operands K-major, 128 x 128
+        if dtype == "fma":      # plain products in each operand layout, 128 x 128
             with _tensor_core_device(cuda_runtime, monkeypatch, (128, 128), spec) as found:
                 (a, ra), (b, rb) = t(300, 96), t(200, 96)
-                np.testing.assert_allclose((a @ b.T).numpy(), ra @ rb.T, rtol=1e-5,
-                                           atol=1e-4)
+                (at, rat), (bt, rbt) = t(96, 300), t(96, 200)
+                for got, want in ((a @ b.T, ra @ rb.T), (a @ bt, ra @ rbt),
+                                  (at.T @ bt, rat.T @ rbt), (at.T @ b.T, rat.T @ rb.T)):
+                    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-4)
                 assert [g.strategy for g in found if g.strategy != "elementwise"] == \
-                    ["tmafma" if hopper and "tma=0" not in spec else "gemm"]
+                    ["tmafma" if hopper and "tma=0" not in spec else "gemm"] * 4
     finally:
         zyx.set_float32_matmul_precision(before)
 

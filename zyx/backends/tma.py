@@ -121,13 +121,13 @@ def operand_map(ops, p, side, kfast, box_side, arg_of, groups, fold=False):
     """(TensorMap, coordinates, tests) of gemm plan `p`'s operand `side` ("a": rows,
     "b": cols) copied in boxes of 128 bytes along its contiguous direction (the channel
     group G of `groups` = k_groups(...) when `kfast`, else its rows or cols) by
-    `box_side` rows (cols) or 64 of G (16-bit values only); None where TMA cannot copy
+    `box_side` rows (cols), or (MN-major) by as many of G as a row holds; None where TMA cannot copy
     it: not a (guarded) global load, an index not affine in the positions or not linear
     in the flat side and G ones, a stride or offset that is not a multiple of 16 bytes,
     more than 5 dimensions. `arg_of`: buffer DEFINE ssa -> kernel argument. The coordinates are C
     expressions, fastest first, of the box at channel offset zyx_kn and the taps' loop
     variables (r{ssa}); an MN-major box's first one is its side origin (the kernel adds
-    64 per block). A tap whose coefficient is a multiple of the side's stride is folded
+    a row's values per block). A tap whose coefficient is a multiple of the side's stride is folded
     into the side coordinate where `fold` (a window: an image row or col moves the side
     by whole pixels), else it takes a dimension. `tests`: the operand's bool tests (a
     padded window's, `source`) the kernel must apply to the copied rows."""
@@ -175,9 +175,11 @@ def operand_map(ops, p, side, kfast, box_side, arg_of, groups, fold=False):
         dims, strides, box, coords = [g_len, extent], [side_stride], \
             [ROW_BYTES // dtype.itemsize, box_side], ["zyx_kn", origin]
     else:
-        if side_stride != 1 or folded or dtype.itemsize != 2:
+        if side_stride != 1 or folded:
             return None
-        dims, strides, box, coords = [extent, g_len], [g_stride], [64, 64], [origin, "zyx_kn"]
+        vals = ROW_BYTES // dtype.itemsize
+        dims, strides, box, coords = [extent, g_len], [g_stride], [vals, vals], \
+            [origin, "zyx_kn"]
     for t in taps:
         if coefs[t] and t not in folded:
             dims.append(ops[t][2])

@@ -339,8 +339,8 @@ def tma_usable(ops, p, info, var):
         return False
     found = _tma_maps(ops, p, br, bc)
     # (TF32 products read both operands K-major: wgmma has no transpose for them; the
-    # FMA tiles read rows of K too)
-    return found is not None and (p.narrow is not None or all(found[2]))
+    # FMA tiles read either layout)
+    return found is not None and (p.narrow is not None or all(found[2]) or fma_products(p))
 
 
 def window_plan(p, ops, dl, info, var):
@@ -439,10 +439,12 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
         if kfast:
             return ["      " + tma.copy_call(f"zyx_buf + {offset}u", param, at,
                                              bar("full", "zyx_s"))]
-        return ["      " + tma.copy_call(f"zyx_buf + {offset + blk * 64 * ROW_BYTES}u", param,
-                                         [f"{at[0]} + {blk * 64}"] + at[1:],
+        # (MN-major: blocks of one 128-byte row of rows (cols) by bk K)
+        vals = ROW_BYTES // size
+        return ["      " + tma.copy_call(f"zyx_buf + {offset + blk * bk * ROW_BYTES}u", param,
+                                         [f"{at[0]} + {blk * vals}"] + at[1:],
                                          bar("full", "zyx_s"))
-                for blk in range(extent // 64)]
+                for blk in range(extent // vals)]
 
     fence_acc = (f"  for (int q = 0; q < {nacc}; q++) "
                  f"asm volatile(\"\" : \"+f\"(zyx_d[q]) :: \"memory\");")
@@ -476,13 +478,14 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
              f'    asm volatile("setmaxnreg.inc.sync.aligned.u32 {consumer_regs};");']
     if fma:
         layout = _fma_layout(ops, p, br, bc)
-        body += _fma_setup(layout, a_bytes)
+        body += _fma_setup(layout)
     else:
         body += [f"  float zyx_d[{nacc}];",
                  "  #pragma unroll",
                  f"  for (int q = 0; q < {nacc}; q++) zyx_d[q] = 0.0f;"]
     fix = []
-    rows_shared = fma and layout[1] != 1
+    # (rows read by both consumer warpgroups: the FMA tiles' rows across lanes)
+    rows_shared = fma and layout[0].steps != tuple(range(8))
     if tests:
         # the rows of this warpgroup (it alone reads them), each by `per_row`
         # work-items; the row's positions decoded once
@@ -520,7 +523,7 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
             "  }"]
         body += fr.epilogue(dl, ops, p, _fma_outputs(layout)) + ["  }"]
         return _tma_kernel(fr, kernel, dl, name, body, "tmafma", br, bc, bk, n_stages, "f32",
-                           threads, map_a, map_b, _HELPERS + tma.HELPERS)
+                           threads, map_a, map_b, _HELPERS + tma.HELPERS + _FMA_HELPERS)
     # (after the products, those of the step before are done: its stage may be copied
     # over)
     body += _step_products(p, a_bytes, fence_acc) + [
@@ -553,73 +556,139 @@ def _tma_kernel(fr, kernel, dl, name, body, strategy, br, bc, bk, n_stages, kind
 
 
 # float32 FMA tiles fed by tensor maps: the two consumer warpgroups' 256 work-items hold
-# 8 x 8 outputs each, rows r1 + RS i and cols c1 + CS j. A stage's 32 K are 8 chunks of
-# 4; each chunk is one 16-byte read per row and col, 256 FMAs. Two layouts, both
-# without bank conflicts (a quarter warp's 8 reads fall in 8 swizzle phases or are one
+# 8 x 8 outputs each, at 8 rows and 8 cols of the tile (`_FmaSide`). A stage's 32 K are
+# 8 chunks of 4; per chunk each side is eight 16-byte reads: of a K-major side one per
+# row (col) holding 4 K, of an MN-major side (`a @ b`'s b: 32-value blocks of K rows,
+# tma.operand_map) two per K holding 4 neighbouring rows (cols). Layouts, all without
+# bank conflicts (a quarter warp's 8 reads fall in 8 swizzle chunks or are one
 # broadcast):
-# - cols across lanes (bc / 8 of them, CS = bc / 8; rows r1 = 8 ty, RS = 1): a row-major
+# - cols across lanes (bc / 8 lanes of a row group): a K-major col side at lane + bc / 8
+#   j, an MN-major one at 4 lane + {0..3} + {0, bc / 2}; a K-major row side at 8 u + i,
+#   an MN-major one at 4 u + {0..3} + {0, br / 2} (u: the row group). A row-major
 #   output's lanes store neighbouring values (matmuls);
-# - rows across lanes (256 x 64 tiles: r1 = lane, RS = 32; c1 = warp, CS = 8): an
-#   output contiguous along the rows (a convolution's NCHW pixels, its plan's sides
-#   exchanged) is stored 128 bytes per warp instead of 4 bytes per lane.
+# - rows across lanes (256 x 64 tiles, both sides K-major: rows lane + 32 i, cols warp +
+#   8 j): an output contiguous along the rows (a convolution's NCHW pixels, its plan's
+#   sides exchanged) is stored 128 bytes per warp instead of 4 bytes per lane.
+
+_FMA_HELPERS = r"""
+static __device__ __forceinline__ float zyx_part(float4 v, int c) {
+  return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
+}
+"""
+
+
+class _FmaSide:
+    """One side of the FMA tiles: the work-item's first row (col) `origin` (a C
+    expression) and its 8 offsets `steps`, `kfast` (K-major), the tile's shared offset
+    `region` in a stage and its name `tag` ("a" or "b")."""
+
+    def __init__(self, tag, origin, steps, kfast, region):
+        self.tag, self.origin, self.steps, self.kfast = tag, origin, steps, kfast
+        self.region = region
+
+    def setup(self):
+        """Statements before the K loop: the work-item's shared offsets."""
+        t = self.tag
+        if self.kfast:
+            out = [f"  const unsigned zyx_{t}o = {self.region}u + "
+                   f"(unsigned)zyx_{t}1 * {ROW_BYTES}u;"]
+            if self.steps != tuple(range(8)):
+                out.append(f"  const unsigned zyx_{t}x = (unsigned)(zyx_{t}1 & 7);")
+            return out
+        # (two reads of 4 values per K: blocks of 32 values by 32 K, chunk (index % 32) / 4)
+        out = []
+        for h in (0, 1):
+            idx = f"(zyx_{t}1 + {self.steps[4 * h]})"
+            out += [f"  const unsigned zyx_{t}o{h} = {self.region}u + (unsigned)({idx} / 32) * "
+                    f"{32 * ROW_BYTES}u;",
+                    f"  const unsigned zyx_{t}c{h} = (unsigned)(({idx} % 32) / 4);"]
+        return out
+
+    def reads(self):
+        """Statements reading K chunk zyx_q (4 K) of the stage at zyx_st into
+        zyx_{tag}v[8]."""
+        t = self.tag
+        if self.kfast:
+            # the row's swizzle phase: i where the rows are 8 from a multiple of 8, else
+            # the first row's (the steps are multiples of 8)
+            phase = "(unsigned)i" if self.steps == tuple(range(8)) else f"zyx_{t}x"
+            return ["      #pragma unroll",
+                    f"      for (int i = 0; i < 8; i++) zyx_{t}v[i] = *(const float4*)(zyx_st + "
+                    f"zyx_{t}o + i * {(self.steps[1] - self.steps[0]) * ROW_BYTES}u + "
+                    f"(((unsigned)zyx_q ^ {phase}) << 4));"]
+        return ["      #pragma unroll",
+                "      for (int kk = 0; kk < 4; kk++) {",
+                "        const unsigned k = (unsigned)(zyx_q * 4 + kk);",
+                f"        zyx_{t}v[2 * kk] = *(const float4*)(zyx_st + zyx_{t}o0 + k * "
+                f"{ROW_BYTES}u + ((zyx_{t}c0 ^ (k & 7u)) << 4));",
+                f"        zyx_{t}v[2 * kk + 1] = *(const float4*)(zyx_st + zyx_{t}o1 + k * "
+                f"{ROW_BYTES}u + ((zyx_{t}c1 ^ (k & 7u)) << 4));",
+                "      }"]
+
+    def value(self, i):
+        """C expression of the value at offset `i` (a C variable) and K kk of the chunk."""
+        if self.kfast:
+            return f"zyx_part(zyx_{self.tag}v[{i}], kk)"
+        return f"zyx_part(zyx_{self.tag}v[2 * kk + {i} / 4], {i} % 4)"
+
 
 def _fma_layout(ops, p, br, bc):
-    """(r1, RS, c1, CS) of `lower_wgmma_tma`'s FMA tiles (see above)."""
+    """(rows side, cols side) of `lower_wgmma_tma`'s FMA tiles (see above)."""
     from .gpu import _coefficient
-    if (br, bc) == (256, 64) and _coefficient(ops, ops[p.store][3], p.rows[-1], {}) == 1:
-        return "zyx_lane", 32, "(int)(zyx_tid / 32)", 8
+    a_bytes = br * ROW_BYTES
+    if ((br, bc) == (256, 64) and p.a_kfast and p.b_kfast and
+            _coefficient(ops, ops[p.store][3], p.rows[-1], {}) == 1):
+        return (_FmaSide("a", "zyx_lane", tuple(range(0, 256, 32)), True, 0),
+                _FmaSide("b", "(int)(zyx_tid / 32)", tuple(range(0, 64, 8)), True, a_bytes))
     nct = bc // 8
-    return f"(int)(zyx_tid / {nct}) * 8", 1, f"(int)(zyx_tid % {nct})", nct
+    lane, group = f"(int)(zyx_tid % {nct})", f"(int)(zyx_tid / {nct})"
+
+    def side(tag, index, extent, kfast, region, spread):
+        if kfast:
+            return _FmaSide(tag, index if spread else f"{index} * 8",
+                            tuple(range(0, 8 * nct, nct)) if spread else tuple(range(8)),
+                            True, region)
+        half = extent // 2
+        return _FmaSide(tag, f"{index} * 4", (0, 1, 2, 3, half, half + 1, half + 2, half + 3),
+                        False, region)
+    return (side("a", group, br, p.a_kfast, 0, False),
+            side("b", lane, bc, p.b_kfast, a_bytes, True))
 
 
-def _fma_setup(layout, a_bytes):
-    r1, _, c1, _ = layout
-    return [f"  const int zyx_r1 = {r1};",
-            f"  const int zyx_c1 = {c1};",
-            "  const unsigned char* zyx_sp = zyx_smem + (zyx_base - "
-            "(unsigned)__cvta_generic_to_shared(zyx_smem));",
-            "  const unsigned zyx_ao = (unsigned)zyx_r1 * 128u;",
-            f"  const unsigned zyx_bo = {a_bytes}u + (unsigned)zyx_c1 * 128u;",
-            "  const unsigned zyx_ax = (unsigned)(zyx_r1 & 7);",
-            "  const unsigned zyx_bx = (unsigned)(zyx_c1 & 7);",
-            "  float zyx_f[8][8];",
-            "  #pragma unroll",
-            "  for (int i = 0; i < 8; i++)",
-            "    #pragma unroll",
-            "    for (int j = 0; j < 8; j++) zyx_f[i][j] = 0.0f;"]
+def _fma_setup(layout):
+    rows, cols = layout
+    return ([f"  const int zyx_a1 = {rows.origin};",
+             f"  const int zyx_b1 = {cols.origin};",
+             "  const unsigned char* zyx_sp = zyx_smem + (zyx_base - "
+             "(unsigned)__cvta_generic_to_shared(zyx_smem));"] + rows.setup() + cols.setup() +
+            ["  float zyx_f[8][8];",
+             "  #pragma unroll",
+             "  for (int i = 0; i < 8; i++)",
+             "    #pragma unroll",
+             "    for (int j = 0; j < 8; j++) zyx_f[i][j] = 0.0f;"])
 
 
 def _fma_products(layout):
-    _, rs, _, cs = layout
-    # a row's swizzle phase: i where the rows are 8 consecutive ones from a multiple of
-    # 8, else the first row's (RS a multiple of 8); a col's likewise (CS is)
-    a_phase = "(unsigned)i" if rs == 1 else "zyx_ax"
-    return ["    const unsigned char* zyx_st = zyx_sp + (zyx_cur - zyx_base);",
-            "    #pragma unroll",
-            "    for (int zyx_q = 0; zyx_q < 8; zyx_q++) {",
-            "      float4 zyx_a[8], zyx_b[8];",
-            "      #pragma unroll",
-            "      for (int i = 0; i < 8; i++) zyx_a[i] = *(const float4*)(zyx_st + zyx_ao + "
-            f"i * {rs * 128}u + (((unsigned)zyx_q ^ {a_phase}) << 4));",
-            "      #pragma unroll",
-            f"      for (int j = 0; j < 8; j++) zyx_b[j] = *(const float4*)(zyx_st + zyx_bo + "
-            f"j * {cs * 128}u + (((unsigned)zyx_q ^ zyx_bx) << 4));",
-            "      #pragma unroll",
-            "      for (int i = 0; i < 8; i++)",
-            "        #pragma unroll",
-            "        for (int j = 0; j < 8; j++) {",
-            "          zyx_f[i][j] = fmaf(zyx_a[i].x, zyx_b[j].x, zyx_f[i][j]);",
-            "          zyx_f[i][j] = fmaf(zyx_a[i].y, zyx_b[j].y, zyx_f[i][j]);",
-            "          zyx_f[i][j] = fmaf(zyx_a[i].z, zyx_b[j].z, zyx_f[i][j]);",
-            "          zyx_f[i][j] = fmaf(zyx_a[i].w, zyx_b[j].w, zyx_f[i][j]);",
-            "        }",
-            "    }"]
+    rows, cols = layout
+    return (["    const unsigned char* zyx_st = zyx_sp + (zyx_cur - zyx_base);",
+             "    #pragma unroll",
+             "    for (int zyx_q = 0; zyx_q < 8; zyx_q++) {",
+             "      float4 zyx_av[8], zyx_bv[8];"] + rows.reads() + cols.reads() +
+            ["      #pragma unroll",
+             "      for (int i = 0; i < 8; i++)",
+             "        #pragma unroll",
+             "        for (int j = 0; j < 8; j++)",
+             "          #pragma unroll",
+             "          for (int kk = 0; kk < 4; kk++)",
+             f"            zyx_f[i][j] = fmaf({rows.value('i')}, {cols.value('j')}, "
+             "zyx_f[i][j]);",
+             "    }"])
 
 
 def _fma_outputs(layout):
-    _, rs, _, cs = layout
-    return [(f"zyx_r0 + zyx_r1 + {rs * i}", f"zyx_c0 + zyx_c1 + {cs * j}", f"zyx_f[{i}][{j}]")
-            for i in range(8) for j in range(8)]
+    rows, cols = layout
+    return [(f"zyx_r0 + zyx_a1 + {rows.steps[i]}", f"zyx_c0 + zyx_b1 + {cols.steps[j]}",
+             f"zyx_f[{i}][{j}]") for i in range(8) for j in range(8)]
 
 
 def _step_products(p, a_bytes, fence_acc):
