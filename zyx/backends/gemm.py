@@ -93,9 +93,9 @@ def variant(spec=None):
     "wn=128|256": rows and cols per group of those; "stages=N": their K steps in
     shared memory (3-6); the three default to 0, wgmma.py's choice; "tma=0": their
     operands copied by every work-item with cp.async instead of by one thread through
-    tensor maps (tma.py); "fma=0": float32 products ("highest") whose operands are both
-    K-major on the float tiles instead of through tensor maps into FMA tiles (wgmma.py:
-    a @ b.T, linear layers, channels-last convolutions on Hopper). Read at each
+    tensor maps (tma.py); "fma=0": float32 products ("highest") on the float tiles
+    instead of through tensor maps into FMA tiles (wgmma.py: matmuls, linear layers,
+    channels-last convolutions on Hopper). Read at each
     lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant

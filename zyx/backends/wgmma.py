@@ -35,8 +35,8 @@ swizzled stages, synchronized through mbarriers; it also takes padded windows ov
 channels-last image (`window_plan`: the plan's sides exchanged, the taps folded into the
 pixel coordinate, the rows whose padding test fails zeroed by the consumers), float32
 products on TF32 (k8, both operands K-major) and float32 products at "highest" on FMA
-tiles (`fma_products`: the consumers multiply 16-byte rows of the stages with FMA
-instructions).
+tiles (`fma_products`: the consumers multiply 16-byte reads of the stages with FMA
+instructions, either operand K-major or MN-major).
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def usable(p, ops, dl, info, tile, var):
     can copy it, as attention's probabilities @ values), and a device compiled for
     sm_90a with the dynamic shared memory the stages need. A float32 product allowed
     TF32 (mma.tf32), or at "highest" with the knob "fma" (FMA tiles), takes it through
-    tensor maps only, both operands K-major."""
+    tensor maps only, TF32 with both operands K-major."""
     if (not var["wgmma"] or p.masks or not getattr(dl, "mma_ptx", False) or
             (p.narrow is None and not tf32(p) and not (fma_products(p) and var["fma"]))):
         return False
