@@ -12,6 +12,7 @@ and the ratio to torch's time measured the same way. Results are checked against
 default variant's. ZYX_SWEEP_DEVICE picks the device (default cuda); ZYX_SWEEP_MM and
 ZYX_SWEEP_BATCH shrink the workloads for a try on a CPU OpenCL device; ZYX_SWEEP_ONLY
 (words separated by commas) keeps the workloads whose names contain one of them.
+ZYX_FLOAT32_MATMUL_PRECISION=high runs float32 on TF32 on both sides (zyx and torch).
 """
 import os
 import sys
@@ -68,6 +69,10 @@ def main(variants):
         torch = torch if torch.cuda.is_available() else None
     except ImportError:
         torch = None
+    if torch is not None:
+        # float32 on TF32 on both sides where ZYX_FLOAT32_MATMUL_PRECISION allows it
+        tf32 = zyx.get_float32_matmul_precision() != "highest"
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     name = os.environ.get("ZYX_SWEEP_DEVICE", "cuda")
     zyx.set_default_device(name)
     dev = zyx._RT.resolve(name)

@@ -491,6 +491,49 @@ def test_float32_products_take_fma_tiles_in_every_operand_layout(layout, compile
     assert wgmma.fma_products(gemm.plan(k.ops))
 
 
+@pytest.mark.parametrize("layout,k", [("nn", 72), ("tn", 70), ("tt", 72)])
+def test_tf32_products_copy_mn_major_operands_k_major_first(layout, k, compiler, monkeypatch):
+    """TF32 warpgroup products read both operands K-major: an MN-major one (`a @ b`'s b)
+    is copied K-major into a scratch buffer by a first launch (kcopy.py, rows padded to
+    a multiple of 4 values: "tn" copies both operands of 70 K), and the product's map
+    reads that copy. Products with too few rows on the other side, and the knob
+    kcopy=0, keep mma.sync."""
+    from zyx.backends import kcopy
+
+    def t(*s):
+        return zyx.Tensor(np.ones(s, np.float32)).realize()
+    m, n = 600, 700
+    a = t(m, k) if layout[0] == "n" else t(k, m).T
+    b = t(k, n) if layout[1] == "n" else t(n, k).T
+    before = zyx.get_float32_matmul_precision()
+    zyx.set_float32_matmul_precision("high")
+    try:
+        kern = _untiled_kernel(a @ b)
+        g = lower(kern, CUDADialect(), _HOPPER, "zyx_k", {"gemm": (128, 128)})
+        copies = [layout[0] == "t", layout[1] == "n"]
+        assert g.strategy == "wgmma" and g.variant["mma"] == "tf32"
+        assert g.variant.get("kcopy", 0) == sum(copies)
+        *first, product = g.launches
+        assert [ln.entry for ln in first] == [f"zyx_k_kcopy{j}" for j in range(sum(copies))]
+        assert product.args[-sum(copies):] == [("scratch", j) for j in range(sum(copies))]
+        # a copy: K (padded to 72 values) fastest, then the side; 32-value boxes of K
+        for mp, side, copied in zip(product.maps, (m, n), copies):
+            assert mp.scratch == copied and mp.box[0] == 32
+            if copied:
+                assert mp.dims == [k, side] and mp.strides == [72 * 4]
+        assert g.scratch == [72 * s * 4 for s, c in zip((m, n), copies) if c]
+        assert compiler.binary(g.source)[:4] == b"\x7fELF"
+        monkeypatch.setenv(gemm.GEMM_ENV, "kcopy=0")
+        assert lower(kern, CUDADialect(), _HOPPER, "zyx_k",
+                     {"gemm": (128, 128)}).strategy == "mma"
+        monkeypatch.delenv(gemm.GEMM_ENV)
+        small = _untiled_kernel(t(kcopy.MIN_OTHER - 8, k) @ t(k, n))
+        assert lower(small, CUDADialect(), _HOPPER, "zyx_k",
+                     {"gemm": (128, 128)}).strategy == "mma"
+    finally:
+        zyx.set_float32_matmul_precision(before)
+
+
 def test_wgmma_shape_choice():
     """256 x 128 tiles with 4 stages where a product has two of them per SM, else 128 x
     128 with 3 (two groups per SM); the knobs override them."""
@@ -991,6 +1034,31 @@ def test_tensor_map_parameters_are_encoded_when_their_buffer_moves():
     # a driver that cannot encode maps refuses the program when it is made
     with pytest.raises(BackendError, match="tensor maps"):
         HandLoweredDevice(HostMemoryDriver(), pool, gpu).compile("kernel-b")
+
+
+def test_tensor_maps_of_scratch_buffers_are_encoded_for_the_scratch():
+    """A map of the program's scratch buffer (kcopy.py: a K-major copy made by a first
+    launch) is encoded for that buffer, passed to the product's launch after its own
+    buffers; the copy's launch runs first."""
+    from zyx.backends.tma import TensorMap
+    m = TensorMap(0, 0, "float32", 4, [96, 200], [384], [32, 128], scratch=True)
+    gpu = GPUKernel("copy:2 k:4", [Launch("copy", 2, 256, [("scratch", 0), ("arg", 1)]),
+                            Launch("k", 4, 384, [("arg", 0), ("arg", 1), ("scratch", 0)],
+                                   maps=[m])], scratch=[96 * 200 * 4])
+    drv = MapEncodingDriver()
+    pool = gpudriver.DriverMemoryPool(drv, "test")
+    dev = HandLoweredDevice(drv, pool, gpu)
+    prog = dev.compile("kernel-a")
+    out, _ = pool.allocate(64)
+    a, _ = pool.allocate(1000)
+    dev.launch(prog, pool, [out, a], [])
+    dev.launch(prog, pool, [out, a], [])
+    scratch = prog.scratch[0]
+    (_, spec, address), = drv.encoded         # once: the scratch buffer stays
+    assert spec is m and address == scratch
+    assert [ln[0] for ln in drv.launched] == ["copy", "k", "copy", "k"]
+    assert drv.launched[0][3] == [scratch, a.handle]
+    assert drv.launched[1][3] == [out.handle, a.handle, scratch, scratch]
 
 
 def test_misaligned_buffers_run_the_kernel_lowered_without_maps():
@@ -1516,6 +1584,16 @@ def test_tf32_products_against_numpy(want, spec, cuda_runtime, monkeypatch, tf32
         check(u @ v, ru, rv, 9000)
         (img, rimg), (w, rw) = t(2, 8, 12, 12), t(16, 8, 3, 3)
         check(F.conv2d(img, w, padding=1), rimg, rw, 72, lambda i, k: _conv2d_ref(i, k, 1))
+        # (on Hopper with 128 x 128 tiles: MN-major operands copied K-major first,
+        # kcopy.py; both of them at 70 K, rows padded; a batch)
+        (p, rp), (q, rq), (pt, rpt) = t(600, 72), t(72, 520), t(70, 600)
+        check(p @ q, rp, rq, 72)
+        check(pt.T @ q[:70], rpt.T, rq[:70], 70)
+        (x3, rx3), (y3, ry3) = t(3, 520, 40), t(3, 40, 600)
+        check(x3 @ y3, rx3, ry3, 40)
+        hopper = zyx._RT.resolve("cuda").info().extra.get("arch") == "sm_90a"
     assert sum(g.strategy in ("mma", "wgmma") and g.variant["mma"] == "tf32"
                for g in found) >= 8, [(g.strategy, g.variant) for g in found]
+    copied = [g.variant["kcopy"] for g in found if (g.variant or {}).get("kcopy")]
+    assert copied == ([1, 2, 1] if hopper and want == (128, 128) else []), copied
     assert all(far), far        # TF32 was used: float32 products would not match this close

@@ -64,7 +64,7 @@ COMPUTED_TILE = 64 * 64
 
 GEMM_DEFAULT = {"fold": 1, "prefetch": 1, "hoist": 1, "mma": 1, "vector": 1, "double": 2,
                 "mk": 0, "krun": 8, "korder": 1, "fk": 0, "wgmma": 1, "wm": 0,
-                "wn": 0, "stages": 0, "tma": 1, "fma": 1}
+                "wn": 0, "stages": 0, "tma": 1, "fma": 1, "kcopy": 1}
 
 
 def enabled():
@@ -95,7 +95,9 @@ def variant(spec=None):
     operands copied by every work-item with cp.async instead of by one thread through
     tensor maps (tma.py); "fma=0": float32 products ("highest") on the float tiles
     instead of through tensor maps into FMA tiles (wgmma.py: matmuls, linear layers,
-    channels-last convolutions on Hopper). Read at each
+    channels-last convolutions on Hopper); "kcopy=0": TF32 products with an MN-major
+    operand (`a @ b`) on mma.sync instead of warpgroup products reading a K-major copy
+    of it (kcopy.py). Read at each
     lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant

@@ -438,7 +438,7 @@ class _PreparedLaunch:
             encode = getattr(driver, "encode_tensor_map", None)
             if encode is None:
                 raise BackendError(f"{type(driver).__name__} cannot encode tensor maps")
-            self.maps = [_MapParameter(launch.args.index(("arg", m.arg)), m, encode)
+            self.maps = [_MapParameter(launch.args.index(m.source), m, encode)
                          for m in launch.maps]
         self.params = np.array([base + 8 * j for j in range(n)] +
                                [m.address for m in self.maps], np.uint64)
@@ -578,7 +578,9 @@ class DriverDevice:
                 values[j] = args[i].ptr if i >= 0 else scratch[-1 - i]
                 j += 1
             if pl.maps and not all([m.bind(int(values[m.slot])) for m in pl.maps]):
-                # (only single-launch programs (gemm's) have maps: nothing ran yet)
+                # (a program with maps runs nothing before their launch but a copy into
+                # its own scratch (kcopy.py): starting over runs nothing twice that
+                # the user sees)
                 return self.launch(self._unmapped(program), pool, args)
             pl.call()
         return None     # one in-order stream: whatever comes next runs after

@@ -38,21 +38,28 @@ ROW_BYTES = 128            # a box's contiguous extent: one row of the 128-byte 
 
 class TensorMap:
     """A tensor map a launch passes after the kernel's buffer parameters: `arg`, the
-    kernel argument whose buffer it maps; `offset`, the byte offset of element 0 from the
-    buffer's address; `dtype`, its name (DATA_TYPES); `dims`, extents fastest first;
-    `strides`, bytes between steps of dims[1:]; `box`, the extents one copy moves."""
-    __slots__ = ("arg", "offset", "dtype", "itemsize", "dims", "strides", "box")
+    kernel argument whose buffer it maps (with `scratch`, the program's scratch buffer
+    of that index: kcopy.py); `offset`, the byte offset of element 0 from the buffer's
+    address; `dtype`, its name (DATA_TYPES); `dims`, extents fastest first; `strides`,
+    bytes between steps of dims[1:]; `box`, the extents one copy moves."""
+    __slots__ = ("arg", "offset", "dtype", "itemsize", "dims", "strides", "box", "scratch")
 
-    def __init__(self, arg, offset, dtype, itemsize, dims, strides, box):
+    def __init__(self, arg, offset, dtype, itemsize, dims, strides, box, scratch=False):
         self.arg, self.offset, self.dtype, self.itemsize = arg, offset, dtype, itemsize
         self.dims, self.strides, self.box = list(dims), list(strides), list(box)
+        self.scratch = scratch
+
+    @property
+    def source(self):
+        """The launch argument holding the mapped buffer (gpu.Launch.args' form)."""
+        return ("scratch" if self.scratch else "arg", self.arg)
 
     def aligned(self, address):
         """True when the buffer at `address` can be mapped (element 0 16-byte aligned)."""
         return (address + self.offset) & 15 == 0
 
     def __repr__(self):
-        return (f"TensorMap(arg {self.arg}, {self.dtype}, dims {self.dims}, strides "
+        return (f"TensorMap({self.source}, {self.dtype}, dims {self.dims}, strides "
                 f"{self.strides}, box {self.box})")
 
 

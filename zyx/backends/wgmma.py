@@ -338,9 +338,26 @@ def tma_usable(ops, p, info, var):
     if need > (info.extra or {}).get("smem_optin", 0):
         return False
     found = _tma_maps(ops, p, br, bc)
-    # (TF32 products read both operands K-major: wgmma has no transpose for them; the
-    # FMA tiles read either layout)
-    return found is not None and (p.narrow is not None or all(found[2]) or fma_products(p))
+    # (TF32 products read both operands K-major, wgmma has no transpose for them: an
+    # MN-major one is copied K-major first; the FMA tiles read either layout)
+    return found is not None and (p.narrow is not None or all(found[2]) or fma_products(p)
+                                  or _k_copies(p, found, var) is not None)
+
+
+def _k_copies(p, found, var):
+    """The sides ("a", "b") of a TF32 plan whose MN-major operand is copied K-major by a
+    first launch (kcopy.py), found = _tma_maps(...); None where one cannot be: a window
+    (taps), tests, too few rows (cols) on the other side, the knob "kcopy" off."""
+    from . import kcopy
+    (_, taps), maps, kfast = found
+    sides = [s for s, kf in zip("ab", kfast) if not kf]
+    if not var["kcopy"] or not tf32(p) or taps:
+        return None
+    for s in sides:
+        m, _, tests = maps[0 if s == "a" else 1]
+        if tests or not kcopy.usable(m, p.nc if s == "a" else p.nr):
+            return None
+    return sides
 
 
 def window_plan(p, ops, dl, info, var):
@@ -407,8 +424,21 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     a_bytes, b_bytes = br * ROW_BYTES, bc * ROW_BYTES
     stage_bytes = a_bytes + b_bytes
     fr = Frame(kernel, dl, p, br, bc, bk, threads)
-    (g_loops, taps), ((map_a, at_a, tests), (map_b, at_b, _)), kfast = \
-        _tma_maps(ops, p, br, bc)
+    found = _tma_maps(ops, p, br, bc)
+    (g_loops, taps), ((map_a, at_a, tests), (map_b, at_b, _)), kfast = found
+    # TF32 with an MN-major operand: a first launch copies it K-major (kcopy.py)
+    k_copies = [] if fma or p.narrow is not None or all(kfast) else _k_copies(p, found, var)
+    copied = []
+    for j, side in enumerate(k_copies):
+        from . import kcopy
+        m, at = (map_a, at_a) if side == "a" else (map_b, at_b)
+        new, at, nbytes = kcopy.copied(m, at, br if side == "a" else bc, j)
+        copied.append((m, nbytes))
+        if side == "a":
+            map_a, at_a = new, at
+        else:
+            map_b, at_b = new, at
+        kfast = (True, kfast[1]) if side == "a" else (kfast[0], True)
     p = swapped(swapped(p))          # (a copy) with the maps' layouts
     p.a_kfast, p.b_kfast = kfast
     g_len = 1
@@ -537,21 +567,32 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     prelude = (_HELPERS + tma.HELPERS +
                _wgmma_function(ptx, bc, not p.a_kfast, not p.b_kfast))
     return _tma_kernel(fr, kernel, dl, name, body, "wgmma", br, bc, bk, n_stages, ptx,
-                       threads, map_a, map_b, prelude)
+                       threads, map_a, map_b, prelude, copied)
 
 
 def _tma_kernel(fr, kernel, dl, name, body, strategy, br, bc, bk, n_stages, kind, threads,
-                map_a, map_b, prelude):
+                map_a, map_b, prelude, copied=()):
     """The GPUKernel of a tensor-map lowering: the maps after the buffers, launch
-    bounds of one group per SM, the stages' dynamic shared memory and barriers."""
+    bounds of one group per SM, the stages' dynamic shared memory and barriers.
+    `copied`: (MN-major map, bytes) of each operand a first launch copies K-major into
+    scratch buffer j (kcopy.py); the product's launch takes that buffer as a parameter
+    after its own (its map is encoded from it) and "kcopy" in its variant."""
+    from . import kcopy
+    params = [f"const float* __restrict__ zyx_kcopy{j}" for j in range(len(copied))]
     maps = ["const __grid_constant__ zyx_tmap zyx_mapa",
             "const __grid_constant__ zyx_tmap zyx_mapb"]
-    g = fr.kernel(kernel, dl, name, body, strategy,
-                  {"rows": br, "cols": bc, "k": bk, "stages": n_stages, "tma": 1,
-                   "mma": kind}, prelude=prelude, extra_params=maps,
-                  bounds=f"__launch_bounds__({threads}, 1) ")
+    variant = {"rows": br, "cols": bc, "k": bk, "stages": n_stages, "tma": 1, "mma": kind}
+    if copied:
+        variant["kcopy"] = len(copied)
+    g = fr.kernel(kernel, dl, name, body, strategy, variant, prelude=prelude,
+                  extra_params=params + maps, bounds=f"__launch_bounds__({threads}, 1) ")
     g.launches[0].shared = smem_bytes(br, bc, n_stages) + 16 * n_stages
     g.launches[0].maps = [map_a, map_b]
+    g.launches[0].args += [("scratch", j) for j in range(len(copied))]
+    for j, (m, nbytes) in enumerate(copied):
+        g.source += kcopy.source(f"{name}_kcopy{j}", m)
+        g.launches.insert(j, kcopy.launch(f"{name}_kcopy{j}", m, j))
+        g.scratch.append(nbytes)
     return g
 
 
