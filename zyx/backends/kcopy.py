@@ -7,8 +7,8 @@ first launch that copies such an operand into a scratch buffer of the program, K
 fastest, through 32 x 32 tiles in shared memory (reads and writes both along
 contiguous addresses), and the product's tensor map then reads that copy. The copy
 moves 8 bytes per value of the operand against 2 x M FLOPs per value of the product,
-so it is made only for products of at least MIN_OTHER rows (cols) on the other side
-(H200: TF32 4096 `a @ b` 1.22 -> see BENCHMARKS.md).
+so it is made only for products of at least MIN_OTHER rows (cols) on the other side.
+H200, TF32 `a @ b` 4096: 1.213 ms on mma.sync, 0.445 ms so (torch 0.352).
 
 The copy's rows are padded to a multiple of 4 values (a tensor map's strides are
 multiples of 16 bytes); the padding is never read (the map's K extent ends before it).
