@@ -4,13 +4,15 @@ workloads a user would try (ResNet stages, strided and 1x1 convolutions, smaller
 larger matmuls), in float32 ("highest" on both sides), TF32 (both allowed it) and
 bfloat16.
 
-    python3 benches/gpu_shapes.py            (from the repository root, on a GPU machine)
+    python3 benches/gpu_shapes.py [variant ...]    (from the repository root, on a GPU)
 
 Each row: the median seconds per realization over rounds of 10 and one synchronize (the
 host's enqueue included, as bench_gpu.py measures), torch's the same way, the ratio
 torch time / zyx time (above 1: zyx faster) and the largest difference from torch's
-result relative to its largest value. ZYX_SHAPES_ONLY (words separated by commas)
-keeps the rows whose names contain one of them.
+result relative to its largest value. A variant is a ZYX_GPU_GEMM value (gemm.py
+`variant`; "default" for none, the default): each gets a row per workload, its programs
+lowered afresh. ZYX_SHAPES_ONLY (words separated by commas) keeps the rows whose names
+contain one of them.
 """
 import os
 import sys
@@ -55,31 +57,39 @@ def _cases(zyx, torch):
     return out
 
 
-def main():
+def main(variants):
     import numpy as np
     import torch
     import zyx
+    from zyx.backends import gemm
     zyx.set_default_device("cuda")
+    dev = zyx._RT.resolve("cuda")
     only = [w for w in os.environ.get("ZYX_SHAPES_ONLY", "").split(",") if w]
-    print(f"device: {zyx._RT.resolve('cuda').info().name}; median of {ROUNDS} rounds of 10")
-    print("| workload | zyx ms | torch ms | torch / zyx | max diff / max |")
-    print("|---|---|---|---|---|")
+    print(f"device: {dev.info().name}; median of {ROUNDS} rounds of 10")
+    print("| workload | variant | zyx ms | torch ms | torch / zyx | max diff / max |")
+    print("|---|---|---|---|---|---|")
     for name, (zstep, tstep, precision) in _cases(zyx, torch).items():
         if only and not any(w in name for w in only):
             continue
         zyx.set_float32_matmul_precision(precision)
         tf32 = precision != "highest"
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-        got = zstep().float().numpy()
         want = tstep().float().cpu().numpy()
-        diff = np.abs(got - want).max() / (np.abs(want).max() + 1e-30)
-        t = per_run(lambda: zstep().realize(), lambda: zyx.synchronize("cuda"),
-                    rounds=ROUNDS)
         tt = per_run(tstep, torch.cuda.synchronize, rounds=ROUNDS)
-        print(f"| {name} | {t * 1e3:.3f} | {tt * 1e3:.3f} | {tt / t:.2f}x | {diff:.1e} |",
-              flush=True)
+        for variant in variants:
+            os.environ[gemm.GEMM_ENV] = "" if variant == "default" else variant
+            for cache in ("_programs", "_by_source"):
+                getattr(dev, cache, {}).clear()
+            zyx._RT.plans.clear()
+            got = zstep().float().numpy()
+            diff = np.abs(got - want).max() / (np.abs(want).max() + 1e-30)
+            t = per_run(lambda: zstep().realize(), lambda: zyx.synchronize("cuda"),
+                        rounds=ROUNDS)
+            print(f"| {name} | {variant} | {t * 1e3:.3f} | {tt * 1e3:.3f} | {tt / t:.2f}x | "
+                  f"{diff:.1e} |", flush=True)
+    os.environ.pop(gemm.GEMM_ENV, None)
     zyx.set_float32_matmul_precision("highest")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or ["default"])

@@ -257,8 +257,9 @@ REGISTERS_PER_SM = 65536
 
 def tma_shape(p, info, var):
     """(rows, cols, stages) of the tensor-map lowering: 128 rows (two consumer
-    warpgroups of 64), 256 cols where the product still has a tile per compute unit,
-    else 128 (64 for products of at most 64 cols), and as many stages as fit the
+    warpgroups of 64), 256 cols where the product has more than 128 and still a tile
+    per compute unit, else 128 (64 for products of at most 64 cols; a product of 128
+    cols on 256-col tiles multiplied half zeros), and as many stages as fit the
     device's shared memory (at most 6); the knobs "wm", "wn", "stages" override them.
     FMA tiles (`fma_products`): 256 x 64 for products of at most 64 cols, else 128 x
     128 (only "stages" applies)."""
@@ -268,7 +269,7 @@ def tma_shape(p, info, var):
     else:
         br = var["wm"] or WG_ROWS
         wide = p.nb * -(-p.nr // br) * -(-p.nc // 256) >= max(info.num_cores, 1)
-        bc = var["wn"] or (64 if p.nc <= 64 else 256 if wide else 128)
+        bc = var["wn"] or (64 if p.nc <= 64 else 256 if wide and p.nc > 128 else 128)
     room = (info.extra or {}).get("smem_optin", 0) - ATOM - 16 * 6
     return br, bc, var["stages"] or max(min(6, room // ((br + bc) * WG_K * 2)), 2)
 
