@@ -18,6 +18,8 @@
 #           and layer_norm (ZYX_GPU_GROUP), PyTorch beside them
 #   gemm    benches/gpu_gemm_sweep.py: the gemm lowering's variants and tiles (ZYX_GPU_GEMM,
 #           GEMM_VARIANTS: space-separated, default the script's) on matmul and conv2d
+#   shapes  benches/gpu_shapes.py: matmuls and convolutions beyond issue 13's shapes against
+#           torch (SHAPES_VARIANTS: space-separated ZYX_GPU_GEMM values or "plain-input")
 #   tune    benches/bench_tuning.py on CUDA: the MNIST convnet step with heuristic and with
 #           autotuned schedules, and the time the search took; then tests/test_tuning.py
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
@@ -81,6 +83,10 @@ EOF
     gemm)
         $PY benches/gpu_gemm_sweep.py ${GEMM_VARIANTS:-} >"$OUT/gemm.txt" 2>&1
         cat "$OUT/gemm.txt"
+        ;;
+    shapes)
+        $PY benches/gpu_shapes.py ${SHAPES_VARIANTS:-} >"$OUT/shapes.txt" 2>&1
+        grep "^|" "$OUT/shapes.txt"
         ;;
     rows)
         $PY benches/gpu_rows_sweep.py >"$OUT/rows.txt" 2>&1

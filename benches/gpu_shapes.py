@@ -10,8 +10,9 @@ Each row: the median seconds per realization over rounds of 10 and one synchroni
 host's enqueue included, as bench_gpu.py measures), torch's the same way, the ratio
 torch time / zyx time (above 1: zyx faster) and the largest difference from torch's
 result relative to its largest value. A variant is a ZYX_GPU_GEMM value (gemm.py
-`variant`; "default" for none, the default): each gets a row per workload, its programs
-lowered afresh. ZYX_SHAPES_ONLY (words separated by commas) keeps the rows whose names
+`variant`; "default" for none, the default; "plain-input": convolutions without the
+channels-last copy of their input, F.GPU_CHANNELS_LAST_INPUT): each gets a row per
+workload, its programs lowered afresh. ZYX_SHAPES_ONLY (words separated by commas) keeps the rows whose names
 contain one of them.
 """
 import os
@@ -61,6 +62,7 @@ def main(variants):
     import numpy as np
     import torch
     import zyx
+    import zyx.nn.functional as F
     from zyx.backends import gemm
     zyx.set_default_device("cuda")
     dev = zyx._RT.resolve("cuda")
@@ -77,7 +79,9 @@ def main(variants):
         want = tstep().float().cpu().numpy()
         tt = per_run(tstep, torch.cuda.synchronize, rounds=ROUNDS)
         for variant in variants:
-            os.environ[gemm.GEMM_ENV] = "" if variant == "default" else variant
+            # ("plain-input": convolutions read x as it is, no channels-last copy)
+            F.GPU_CHANNELS_LAST_INPUT = variant != "plain-input"
+            os.environ[gemm.GEMM_ENV] = "" if variant in ("default", "plain-input") else variant
             for cache in ("_programs", "_by_source"):
                 getattr(dev, cache, {}).clear()
             zyx._RT.plans.clear()
@@ -88,6 +92,7 @@ def main(variants):
             print(f"| {name} | {variant} | {t * 1e3:.3f} | {tt * 1e3:.3f} | {tt / t:.2f}x | "
                   f"{diff:.1e} |", flush=True)
     os.environ.pop(gemm.GEMM_ENV, None)
+    F.GPU_CHANNELS_LAST_INPUT = True
     zyx.set_float32_matmul_precision("highest")
 
 
