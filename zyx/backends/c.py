@@ -30,7 +30,7 @@ import weakref
 from .. import dtype as dt
 from .._core import kernel as K
 from ..errors import BackendError
-from . import DeviceInfo, cache_dir, warn
+from . import DeviceInfo, cache_dir, padtaps, warn
 from .cfamily import CDialect, alu_operands, render_body
 from .host import HostMemoryPool
 from .hoist import hoist_invariants
@@ -600,6 +600,9 @@ class CDevice:
             kernel = hoist_invariants(kernel)
         if FLAG_NAN:
             kernel = flag_nan_reductions(kernel)
+        bounds = {}
+        if padtaps.ENABLED:
+            kernel, bounds = padtaps.narrow_padding_taps(kernel)
         ops = kernel.ops
         has_loops = any(op[0] == K.LOOP for op in ops)
         idx_work = 1
@@ -707,7 +710,8 @@ class CDevice:
                 return "#pragma omp simd"
             return ""
 
-        r, names = render_body(kernel, dl, loop_pragma)
+        frame = padtaps.BoundsFrame(bounds, loop_pragma, ops) if bounds else None
+        r, names = render_body(kernel, dl, loop_pragma, frame)
         params = []
         for argno, d, ro in sorted(r.params):
             const = "const " if ro else ""
@@ -775,7 +779,7 @@ class CDevice:
                 "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n"), kind
 
     def prelude(self):
-        return (("" if not self.mvec else _simd_decls()) + _PRELUDE +
+        return (("" if not self.mvec else _simd_decls()) + _PRELUDE + padtaps.HELPERS +
                 ("int omp_get_num_threads(void);\n" + _NAN_REDUCTIONS if self.openmp else ""))
 
     def compile(self, kernel):

@@ -377,7 +377,7 @@ def _conv_backward(out, gy, arg, srcs, need):
         gw = (win * gv)._reduce(K.R_SUM, (0,) + tuple(range(4, 4 + nd)), False)
         gw = gw.reshape((cout, cg) + k)
     if need[0]:
-        t = _conv_transposend(gy, w, None, s, 0, 0, g, d, nd, "conv backward", True)
+        t = _conv_transposend(gy, w, None, s, 0, 0, g, d, nd, "conv backward")
         crop = []
         for ti, xi, (pb, pa) in zip(t.shape[2:], x.shape[2:], pads):
             # t spans the padded input's first ti positions: pad it to the padded extent
@@ -402,13 +402,21 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _convnd(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")
 
 
+def _gpu_tiles(x):
+    """True when x's device lowers products with its own tiles (a GPU backend)."""
+    from ..runtime import RT
+    return RT.device_of(x._id).info().own_tiles is not None
+
+
 def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, dilation, nd, what,
-                      store_input=False):
+                      store_input=True):
     """Transposed convolution as a plain one: insert stride-1 zeros between input elements,
     pad by dilation*(k-1)-padding (plus output_padding on the far side), then convolve with
-    the flipped, channel-swapped weights. `store_input`: that padded input gets a buffer of
-    its own, so the convolution's loads need no range check per tap and what computes x
-    (a ReLU's backward) runs once instead of once per tap."""
+    the flipped, channel-swapped weights. `store_input`: that input gets a buffer of its
+    own, so what computes x (a ReLU's backward) runs once instead of once per tap: on the
+    CPU padded along its last axis only (the C backend skips the taps of the other axes
+    that read only padding: conv_transpose2d of (128, 64, 8, 8) by a 3x3 kernel, see
+    BENCHMARKS.md), on GPUs padded whole (the loads need no range check per tap)."""
     x, w = _t(x), _t(weight)
     x, squeeze = _batched(x, nd, what)
     if w.ndim != nd + 2:
@@ -436,10 +444,18 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
         x = x._pad(((0, 0), (0, 0)) + sum((((0, 0), (0, ss - 1)) for ss in s), ()))
         x = x.reshape((n, cin) + tuple(i * ss for i, ss in zip(ins, s)))
         x = x.shrink([(0, n), (0, cin)] + [(0, (i - 1) * ss + 1) for i, ss in zip(ins, s)])
-    x = x._pad([(0, 0), (0, 0)] + [(dd * (kk - 1) - pp, dd * (kk - 1) - pp + oo)
-                                   for kk, dd, pp, oo in zip(k, d, p, op)])
-    if store_input:
-        x = _stored(x)
+    pads = [(dd * (kk - 1) - pp, dd * (kk - 1) - pp + oo) for kk, dd, pp, oo in zip(k, d, p, op)]
+    if store_input and not _gpu_tiles(x):
+        # CPU: stored padded along its last axis only (the axis a tile's vector lanes
+        # usually walk: loads there need no guard); the other axes' padding is read
+        # through guards whose taps the C backend skips (backends/padtaps.py)
+        x = _stored(x._pad([(0, 0)] * (nd + 1) + pads[-1:]))
+        x = x._pad([(0, 0), (0, 0)] + pads[:-1] + [(0, 0)])
+    else:
+        # (GPU lowerings read the padded input stored whole: no range check per tap)
+        x = x._pad([(0, 0), (0, 0)] + pads)
+        if store_input:
+            x = _stored(x)
     cg = cin // g
     wt = w.reshape((g, cg, cog) + k).permute([0, 2, 1] + list(range(3, 3 + nd)))
     wt = wt.reshape((g * cog, cg) + k).flip(tuple(range(2, 2 + nd)))
