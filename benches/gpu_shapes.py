@@ -12,8 +12,8 @@ torch time / zyx time (above 1: zyx faster) and the largest difference from torc
 result relative to its largest value. A variant is a ZYX_GPU_GEMM value (gemm.py
 `variant`; "default" for none, the default; "plain-input": convolutions without the
 channels-last copy of their input, F.GPU_CHANNELS_LAST_INPUT): each gets a row per
-workload, its programs lowered afresh. ZYX_SHAPES_ONLY (words separated by commas) keeps the rows whose names
-contain one of them.
+workload, its programs lowered afresh. ZYX_SHAPES_ONLY (words separated by commas)
+keeps the rows whose names contain one of them.
 """
 import os
 import sys

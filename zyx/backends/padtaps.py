@@ -39,25 +39,26 @@ def narrow_padding_taps(kernel):
     ops = kernel.ops
     loops, end_of = _structure(ops)
     deps = _loop_deps(ops)
+    keys = _Keys(ops)
     bounds = {}          # LOOP -> ([lower], [upper]) C expressions
-    held = {}            # LOOP -> comparisons true inside it
+    held = {}            # LOOP -> comparisons (their keys) true inside it
     for i, op in enumerate(ops):
         guard = _guard(ops, op)
         if guard is None:
             continue
         for t in _conjuncts(ops, guard):
             lp = _home(deps[t], loops[i])
-            if lp is None or t in held.get(lp, ()) or end_of[lp] == lp + 1:
+            if lp is None or keys[t] in held.get(lp, ()) or end_of[lp] == lp + 1:
                 continue
-            if not any(ops[j][0] == K.LOOP for j in range(lp + 1, end_of[lp])):
-                continue       # (a lane loop: left as the tile lowered it)
+            if not _holds_nest(ops, lp, end_of):
+                continue       # (a tile's lane or rows loop: left as the tile lowered it)
             bound = _bound(ops, t, lp)
-            if bound is None or not _sums_vanish(ops, lp, end_of[lp], t):
+            if bound is None or not _sums_vanish(ops, lp, end_of[lp], keys[t], keys):
                 continue
             side, expr = bound
             lo, hi = bounds.setdefault(lp, ([], []))
             (lo if side == "lo" else hi).append(expr)
-            held.setdefault(lp, set()).add(t)
+            held.setdefault(lp, set()).add(keys[t])
     if not bounds:
         return kernel, {}
     out = list(ops)
@@ -73,7 +74,7 @@ def narrow_padding_taps(kernel):
         guard = _guard(ops, op)
         if guard is not None:
             true = set().union(*(held.get(lp, ()) for lp in loops[i]))
-            if set(_conjuncts(ops, guard)) <= true:
+            if {keys[t] for t in _conjuncts(ops, guard)} <= true:
                 if op[0] == K.WHERE:
                     alias[i] = op[3]
                 else:
@@ -121,6 +122,35 @@ class BoundsFrame(Frame):
         if inside:
             out.append(ind + "  " + inside)
         return out
+
+
+class _Keys:
+    """ssa -> a key equal for equal expression trees (the kernelizer may compute one
+    comparison twice, once per guard)."""
+
+    def __init__(self, ops):
+        self.ops = ops
+        self.memo = {}
+
+    def __getitem__(self, i):
+        k = self.memo.get(i)
+        if k is None:
+            op = self.ops[i]
+            c = op[0]
+            if c in (K.CONST, K.CAST, K.UNARY, K.BINARY, K.WHERE, K.MAD):
+                k = (c, op[1].name) + tuple(self[op[p]] if p in REFS[c] and op[p] >= 0
+                                            else op[p] for p in range(2, len(op)))
+            else:
+                k = ("ssa", i)
+            self.memo[i] = k
+        return k
+
+
+def _holds_nest(ops, lp, end_of):
+    """True when loop `lp` holds a loop that holds a loop (a tap loop around a tile's
+    rows and lanes; not the rows loop itself, which gcc unrolls, nor the lanes)."""
+    return any(ops[j][0] == K.LOOP and any(ops[q][0] == K.LOOP for q in range(j + 1, end_of[j]))
+               for j in range(lp + 1, end_of[lp]))
 
 
 def _structure(ops):
@@ -241,7 +271,7 @@ def _linear(ops, i, lp):
     return None
 
 
-def _sums_vanish(ops, lp, end, t):
+def _sums_vanish(ops, lp, end, t, keys):
     """True when the body of loop `lp` only adds to sum accumulators defined before it
     terms that are zero whenever comparison `t` fails (no other stores, branches or
     barriers): skipping those iterations changes no sum."""
@@ -255,12 +285,12 @@ def _sums_vanish(ops, lp, end, t):
         d = ops[op[2]]
         if d[2] != K.SCOPE_REGISTER or op[2] > lp or d[6] != K.R_SUM:
             return False
-        if not _adds_vanishing(ops, op, t):
+        if not _adds_vanishing(ops, op, t, keys):
             return False
     return True
 
 
-def _adds_vanishing(ops, store, t):
+def _adds_vanishing(ops, store, t, keys):
     """True when STORE `store` writes acc + term (or a MAD onto acc) with a term that is
     zero when `t` fails."""
     v = ops[store[4]]
@@ -271,23 +301,27 @@ def _adds_vanishing(ops, store, t):
         return o[0] == K.LOAD and o[2] == acc and o[3] == store[3]
     if v[0] == K.BINARY and v[2] == K.B_ADD:
         if is_acc(v[3]):
-            return _vanishes(ops, v[4], t)
+            return _vanishes(ops, v[4], t, keys)
         if is_acc(v[4]):
-            return _vanishes(ops, v[3], t)
+            return _vanishes(ops, v[3], t, keys)
         return False
     if v[0] == K.MAD and is_acc(v[4]):
-        return _vanishes(ops, v[2], t) or _vanishes(ops, v[3], t)
+        return _vanishes(ops, v[2], t, keys) or _vanishes(ops, v[3], t, keys)
     return False
 
 
-def _vanishes(ops, i, t):
-    """True when value `i` is zero whenever comparison `t` fails."""
+def _vanishes(ops, i, t, keys):
+    """True when value `i` is zero whenever comparison `t` (a key) fails."""
     op = ops[i]
     guard = _guard(ops, op)
-    if guard is not None and t in _conjuncts(ops, guard):
-        return True
+    if guard is not None:
+        if any(keys[c] == t for c in _conjuncts(ops, guard)):
+            return True
+        # (a select of a guarded load: zero where the load's guard fails too)
+        if op[0] == K.WHERE and _vanishes(ops, op[3], t, keys):
+            return True
     if op[0] == K.BINARY and op[2] == K.B_MUL:
-        return _vanishes(ops, op[3], t) or _vanishes(ops, op[4], t)
+        return _vanishes(ops, op[3], t, keys) or _vanishes(ops, op[4], t, keys)
     if op[0] == K.CAST and op[1].is_float:
-        return _vanishes(ops, op[2], t)
+        return _vanishes(ops, op[2], t, keys)
     return False
