@@ -4,7 +4,8 @@ Run:  python -m pytest benches/bench_conv.py --benchmark-only
 
 Shapes (N, C, H, K, O): the MNIST convnet's second conv (128, 32, 24, 5, 32) and a 3x3
 one (128, 32, 10, 3, 64); forward alone, and forward + backward (input and weight
-gradients) as a training step computes them."""
+gradients) as a training step computes them; and conv_transpose2d of the 3x3 one's output
+gradient (what its input gradient computes)."""
 import numpy as np
 import pytest
 
@@ -31,6 +32,32 @@ def test_conv_forward_zyx(benchmark, name):
     ref = torch.nn.functional.conv2d(torch.from_numpy(xn), torch.from_numpy(wn)).numpy()
     np.testing.assert_allclose(F.conv2d(x, w).numpy(), ref, rtol=1e-3, atol=1e-3)
     benchmark(lambda: F.conv2d(x, w).realize())
+
+
+def _transposed_data():
+    """(128, 64, 8, 8) gradient and the (64, 32, 3, 3) weight of the 3x3 shape."""
+    rng = np.random.default_rng(1)
+    return (rng.standard_normal((128, 64, 8, 8), dtype=np.float32),
+            rng.standard_normal((64, 32, 3, 3), dtype=np.float32) * 0.1)
+
+
+def test_conv_transpose_zyx(benchmark):
+    benchmark.group = "conv_transpose2d n128c64h8k3o32"
+    gn, wn = _transposed_data()
+    g, w = zyx.tensor(gn).realize(), zyx.tensor(wn).realize()
+    torch = need_torch()
+    ref = torch.nn.functional.conv_transpose2d(torch.from_numpy(gn), torch.from_numpy(wn))
+    np.testing.assert_allclose(F.conv_transpose2d(g, w).numpy(), ref.numpy(), rtol=1e-3,
+                               atol=1e-3)
+    benchmark(lambda: F.conv_transpose2d(g, w).realize())
+
+
+def test_conv_transpose_torch(benchmark):
+    benchmark.group = "conv_transpose2d n128c64h8k3o32"
+    torch = need_torch()
+    gn, wn = _transposed_data()
+    g, w = torch.from_numpy(gn), torch.from_numpy(wn)
+    benchmark(lambda: torch.nn.functional.conv_transpose2d(g, w))
 
 
 @pytest.mark.parametrize("templates", [True, False])
