@@ -430,8 +430,8 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     # TF32 with an MN-major operand: a first launch copies it K-major (kcopy.py)
     k_copies = [] if fma or p.narrow is not None or all(kfast) else _k_copies(p, found, var)
     copied = []
+    from . import kcopy
     for j, side in enumerate(k_copies):
-        from . import kcopy
         m, at = (map_a, at_a) if side == "a" else (map_b, at_b)
         new, at, nbytes = kcopy.copied(m, at, br if side == "a" else bc, j)
         copied.append((m, nbytes))

@@ -409,9 +409,9 @@ def _tile_rows(n):
 
 
 def _lazy_last_axis(w, channels, batch, out):
-    """Whether a CPU transposed convolution with `channels` output channels per group, batch
-    `batch` and output sizes `out` pads its input's last axis lazily (through guards
-    the C backend can narrow) instead of in the stored copy: where the kernelizer's
+    """Whether a CPU transposed convolution with `channels` output channels per group,
+    batch `batch` and output sizes `out` pads its input's last axis lazily (through
+    guards the C backend can narrow) instead of in the stored copy: where the kernelizer's
     tile will put its lanes on the channels (`_channels_last_weights`) and its rows on
     another axis than the last (that axis takes fewer rows; ties go to the last). A
     proxy of the kernelizer's choice: with the last axis in the tile, its guards sit in
@@ -434,9 +434,10 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
     pad by dilation*(k-1)-padding (plus output_padding on the far side), then convolve with
     the flipped, channel-swapped weights. `store_input`: that input gets a buffer of its
     own, so what computes x (a ReLU's backward) runs once instead of once per tap: on the
-    CPU padded along its last axis only (the C backend skips the taps of the other axes
-    that read only padding: conv_transpose2d of (128, 64, 8, 8) by a 3x3 kernel, see
-    BENCHMARKS.md), on GPUs padded whole (the loads need no range check per tap)."""
+    CPU unpadded, the padding read through guards whose taps the C backend skips
+    (`_lazy_last_axis` says where the last axis' padding is stored instead), on GPUs
+    padded whole (the loads need no range check per tap). conv_transpose2d of (128, 64,
+    8, 8) by a 3x3 kernel on the CPU: 6.4 -> 1.75 ms (BENCHMARKS.md)."""
     x, w = _t(x), _t(weight)
     x, squeeze = _batched(x, nd, what)
     if w.ndim != nd + 2:
@@ -472,9 +473,9 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
         # stored
         out = [x.shape[2 + i] + sum(pads[i]) - dd * (kk - 1) for i, (kk, dd) in
                enumerate(zip(k, d))]
-        last = [(0, 0)] if _lazy_last_axis(w, w.shape[1], n, out) else pads[-1:]
-        x = _stored(x._pad([(0, 0)] * (nd + 1) + last))
-        x = x._pad([(0, 0), (0, 0)] + pads[:-1] + [pads[-1] if last == [(0, 0)] else (0, 0)])
+        lazy = _lazy_last_axis(w, w.shape[1], n, out)
+        x = _stored(x._pad([(0, 0)] * (nd + 1) + [(0, 0) if lazy else pads[-1]]))
+        x = x._pad([(0, 0), (0, 0)] + pads[:-1] + [pads[-1] if lazy else (0, 0)])
     else:
         # (GPU lowerings read the padded input stored whole: no range check per tap)
         x = x._pad([(0, 0), (0, 0)] + pads)
