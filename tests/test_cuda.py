@@ -1030,16 +1030,24 @@ def _mapped_kernel(offset):
     return m, GPUKernel("k:3", [Launch("k", 4, 384, [("arg", 0), ("arg", 1)], maps=[m])])
 
 
+def _map_device(gpu, device=HandLoweredDevice):
+    """(driver, pool, device, program, out, a): a `device` class on a MapEncodingDriver
+    lowering every kernel to `gpu`, its program, a 64-byte output `out` and a 1000-byte
+    buffer `a`."""
+    drv = MapEncodingDriver()
+    pool = gpudriver.DriverMemoryPool(drv, "test")
+    dev = device(drv, pool, gpu)
+    prog = dev.compile("kernel-a")
+    out, _ = pool.allocate(64)
+    a, _ = pool.allocate(1000)
+    return drv, pool, dev, prog, out, a
+
+
 def test_tensor_map_parameters_are_encoded_when_their_buffer_moves():
     """A launch with tensor maps (tma.py) passes each after the buffers, 64-byte aligned,
     encoded by the driver for its buffer's address: again only when the buffer moved."""
     m, gpu = _mapped_kernel(16)
-    drv = MapEncodingDriver()
-    pool = gpudriver.DriverMemoryPool(drv, "test")
-    dev = HandLoweredDevice(drv, pool, gpu)
-    prog = dev.compile("kernel-a")
-    out, _ = pool.allocate(64)
-    a, _ = pool.allocate(1000)
+    drv, pool, dev, prog, out, a = _map_device(gpu)
     dev.launch(prog, pool, [out, a], [])
     dev.launch(prog, pool, [out, a], [])
     (where, spec, address), = drv.encoded
@@ -1064,12 +1072,7 @@ def test_tensor_maps_of_scratch_buffers_are_encoded_for_the_scratch():
     gpu = GPUKernel("copy:2 k:4", [Launch("copy", 2, 256, [("scratch", 0), ("arg", 1)]),
                             Launch("k", 4, 384, [("arg", 0), ("arg", 1), ("scratch", 0)],
                                    maps=[m])], scratch=[96 * 200 * 4])
-    drv = MapEncodingDriver()
-    pool = gpudriver.DriverMemoryPool(drv, "test")
-    dev = HandLoweredDevice(drv, pool, gpu)
-    prog = dev.compile("kernel-a")
-    out, _ = pool.allocate(64)
-    a, _ = pool.allocate(1000)
+    drv, pool, dev, prog, out, a = _map_device(gpu)
     dev.launch(prog, pool, [out, a], [])
     dev.launch(prog, pool, [out, a], [])
     scratch = prog.scratch[0]
@@ -1095,12 +1098,7 @@ def test_misaligned_buffers_run_the_kernel_lowered_without_maps():
         def render(self, kernel, name="zyx_k", schedule=None):
             self.asked.append(schedule)
             return plain if (schedule or {}).get("gemm_knobs") == {"tma": 0} else mapped
-    drv = MapEncodingDriver()
-    pool = gpudriver.DriverMemoryPool(drv, "test")
-    dev = TwoLowerings(drv, pool, None)
-    prog = dev.compile("kernel-a")
-    out, _ = pool.allocate(64)
-    a, _ = pool.allocate(1000)
+    drv, pool, dev, prog, out, a = _map_device(None, TwoLowerings)
 
     class View:                  # a borrowed buffer 2 bytes into a block
         ptr = a.ptr + 2

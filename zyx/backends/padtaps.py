@@ -137,7 +137,7 @@ class _Keys:
         if k is None:
             op = self.ops[i]
             c = op[0]
-            if c in (K.CONST, K.CAST, K.UNARY, K.BINARY, K.WHERE, K.MAD):
+            if c in _PURE:
                 k = (c, op[1].name) + tuple(self[op[p]] if p in REFS[c] and op[p] >= 0
                                             else op[p] for p in range(2, len(op)))
             else:
