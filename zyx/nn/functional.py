@@ -377,7 +377,7 @@ def _conv_backward(out, gy, arg, srcs, need):
         gw = (win * gv)._reduce(K.R_SUM, (0,) + tuple(range(4, 4 + nd)), False)
         gw = gw.reshape((cout, cg) + k)
     if need[0]:
-        t = _conv_transposend(gy, w, None, s, 0, 0, g, d, nd, "conv backward")
+        t = _conv_transposend(gy, w, None, s, 0, 0, g, d, nd, "conv backward", True)
         crop = []
         for ti, xi, (pb, pa) in zip(t.shape[2:], x.shape[2:], pads):
             # t spans the padded input's first ti positions: pad it to the padded extent
@@ -429,15 +429,16 @@ def _gpu_tiles(x):
 
 
 def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, dilation, nd, what,
-                      store_input=True):
+                      store_input=None):
     """Transposed convolution as a plain one: insert stride-1 zeros between input elements,
     pad by dilation*(k-1)-padding (plus output_padding on the far side), then convolve with
-    the flipped, channel-swapped weights. `store_input`: that input gets a buffer of its
-    own, so what computes x (a ReLU's backward) runs once instead of once per tap: on the
-    CPU unpadded, the padding read through guards whose taps the C backend skips
-    (`_lazy_last_axis` says where the last axis' padding is stored instead), on GPUs
-    padded whole (the loads need no range check per tap). conv_transpose2d of (128, 64,
-    8, 8) by a 3x3 kernel on the CPU: 6.4 -> 1.75 ms (BENCHMARKS.md)."""
+    the flipped, channel-swapped weights. `store_input` (None: on the CPU only; the input
+    gradient passes True): that input gets a buffer of its own, so what computes x (a
+    ReLU's backward) runs once instead of once per tap: on the CPU unpadded, the padding
+    read through guards whose taps the C backend skips (`_lazy_last_axis` says where the
+    last axis' padding is stored instead), on GPUs padded whole (the loads need no range
+    check per tap). conv_transpose2d of (128, 64, 8, 8) by a 3x3 kernel on the CPU: 6.4
+    -> 1.75 ms (BENCHMARKS.md)."""
     x, w = _t(x), _t(weight)
     x, squeeze = _batched(x, nd, what)
     if w.ndim != nd + 2:
@@ -466,7 +467,10 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
         x = x.reshape((n, cin) + tuple(i * ss for i, ss in zip(ins, s)))
         x = x.shrink([(0, n), (0, cin)] + [(0, (i - 1) * ss + 1) for i, ss in zip(ins, s)])
     pads = [(dd * (kk - 1) - pp, dd * (kk - 1) - pp + oo) for kk, dd, pp, oo in zip(k, d, p, op)]
-    if store_input and not _gpu_tiles(x):
+    gpu = _gpu_tiles(x)
+    if store_input is None:
+        store_input = not gpu
+    if store_input and not gpu:
         # CPU: stored before its padding, read through guards whose taps the C backend
         # skips (backends/padtaps.py), except along the last axis where a tile's lanes or
         # rows would walk it (its guards would sit in the vector loop): that padding is
