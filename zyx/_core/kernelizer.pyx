@@ -1391,6 +1391,18 @@ def _lane_rows_axis(b, tuple shape, list axes, out_var, int rows):
 CHANNEL_LANES = True   # conv-like kernels: lanes over an earlier axis (see below)
 
 
+def channel_lane_rows(n, two_vectors):
+    """The rows a channel-lanes tile (`_choose_channel_lanes`) takes along an output axis
+    of length n: the most of its choices that divide n, 0 for none. Registers: R x J/vec
+    accumulators, J/vec weight vectors and a broadcast, so fewer rows with two vectors of
+    lanes. nn.functional asks it too (`_lazy_last_axis`)."""
+    cdef list choices = [8, 6, 5, 4, 3, 2] if two_vectors else [12, 10, 8, 6, 5, 4, 3, 2]
+    for c in choices:
+        if n % c == 0:
+            return c
+    return 0
+
+
 def _choose_channel_lanes(b, tuple shape, list axes, Py_ssize_t axis, int vector_bytes,
                           Py_ssize_t r):
     """Lanes along an output axis before the last (a convolution's output channels, whose
@@ -1418,8 +1430,6 @@ def _choose_channel_lanes(b, tuple shape, list axes, Py_ssize_t axis, int vector
         return None
     lv = b.out_vars[lane]
     J = 2 * vec if shape[lane] % (2 * vec) == 0 else vec
-    # (registers: R x J/vec accumulators, J/vec weight vectors and a broadcast)
-    cdef list choices = [8, 6, 5, 4, 3, 2] if J > vec else [12, 10, 8, 6, 5, 4, 3, 2]
     best, best_rows = None, 0
     for a in axes:
         v = b.out_vars.get(a)
@@ -1439,7 +1449,7 @@ def _choose_channel_lanes(b, tuple shape, list axes, Py_ssize_t axis, int vector
                 varies = True
         else:
             if reused and varies:
-                rows = next((c for c in choices if shape[a] % c == 0), 0)
+                rows = channel_lane_rows(shape[a], J > vec)
                 if rows >= best_rows:          # ties: the later axis
                     best, best_rows = a, rows
     if best is None or best_rows < 2:

@@ -402,12 +402,6 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _convnd(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")
 
 
-def _tile_rows(n):
-    """The rows a CPU channel-lanes tile takes along an axis of length n (the
-    kernelizer's `_choose_channel_lanes`, two vectors of lanes)."""
-    return next((c for c in (8, 6, 5, 4, 3, 2) if n % c == 0), 0)
-
-
 def _lazy_last_axis(w, channels, batch, out):
     """Whether a CPU transposed convolution with `channels` output channels per group,
     batch `batch` and output sizes `out` pads its input's last axis lazily (through
@@ -417,9 +411,11 @@ def _lazy_last_axis(w, channels, batch, out):
     proxy of the kernelizer's choice: with the last axis in the tile, its guards sit in
     the vector loop (conv2d K5's input gradient 39 -> 56 ms); left to the narrowing
     (K3's, the last axis an index of the kernel) 5.25 -> 4.87 ms."""
+    from .._core.kernelizer import channel_lane_rows
     if not _channels_last_weights(w, channels, out[-1]):
         return False
-    return _tile_rows(out[-1]) < max(_tile_rows(s) for s in [batch] + list(out[:-1]))
+    rows = [channel_lane_rows(s, True) for s in [batch] + list(out)]
+    return rows[-1] < max(rows[:-1])
 
 
 def _gpu_tiles(x):
