@@ -97,8 +97,7 @@ def variant(spec=None):
     instead of through tensor maps into FMA tiles (wgmma.py: matmuls, linear layers,
     channels-last convolutions on Hopper); "kcopy=0": TF32 products with an MN-major
     operand (`a @ b`) on mma.sync instead of warpgroup products reading a K-major copy
-    of it (kcopy.py). Read at each
-    lowering.
+    of it (kcopy.py). Read at each lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
     from .gpu import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec

@@ -19,7 +19,8 @@ from __future__ import annotations
 from .._core import kernel as K
 from .._core.passes import REFS, reorder
 
-_PURE = frozenset((K.CONST, K.CAST, K.UNARY, K.BINARY, K.WHERE, K.MAD))
+# ops whose value depends only on their operands (padtaps.py walks them too)
+PURE = frozenset((K.CONST, K.CAST, K.UNARY, K.BINARY, K.WHERE, K.MAD))
 
 
 def hoist_invariants(kernel):
@@ -106,7 +107,7 @@ def _lane_loops(ops):
 
 def _pure(ops, op):
     c = op[0]
-    if c in _PURE:
+    if c in PURE:
         return True
     if c == K.LOAD:
         d = ops[op[2]]

@@ -26,11 +26,9 @@ from __future__ import annotations
 from .._core import kernel as K
 from .._core.passes import REFS
 from .cfamily import Frame
+from .hoist import PURE
 
 ENABLED = True
-
-_PURE = (K.CONST, K.CAST, K.UNARY, K.BINARY, K.WHERE, K.MAD)
-
 
 def narrow_padding_taps(kernel):
     """(kernel, {LOOP ssa: (lower, upper) C expressions}): `kernel` with the guards the
@@ -137,7 +135,7 @@ class _Keys:
         if k is None:
             op = self.ops[i]
             c = op[0]
-            if c in _PURE:
+            if c in PURE:
                 k = (c, op[1].name) + tuple(self[op[p]] if p in REFS[c] and op[p] >= 0
                                             else op[p] for p in range(2, len(op)))
             else:
@@ -175,7 +173,7 @@ def _loop_deps(ops):
             out[i] = frozenset((i,))
         elif c in (K.CONST, K.INDEX):
             out[i] = frozenset()
-        elif c in _PURE:
+        elif c in PURE:
             acc = frozenset()
             for p in REFS[c]:
                 j = op[p]
