@@ -63,7 +63,8 @@ def _workloads(zyx, torch):
 
 def main(variants):
     import zyx
-    from zyx.backends import gemm, gpudriver, opencl
+    from zyx.backends import gpudriver, opencl
+    from zyx.codegen.gpu import gemm
     try:
         import torch
         torch = torch if torch.cuda.is_available() else None

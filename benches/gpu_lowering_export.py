@@ -8,8 +8,9 @@ import sys
 import numpy as np
 
 import zyx
-from zyx.backends import DeviceInfo, gpu
-from zyx.backends.cfamily import CDialect
+from zyx.codegen.target import DeviceInfo
+from zyx.codegen.gpu import dispatch as gpu
+from zyx.codegen.cstyle import CDialect
 from zyx._core.kernelizer import kernelize
 from zyx._core.passes import optimize
 

@@ -63,7 +63,7 @@ def main(variants):
     import torch
     import zyx
     import zyx.nn.functional as F
-    from zyx.backends import gemm
+    from zyx.codegen.gpu import gemm
     zyx.set_default_device("cuda")
     dev = zyx._RT.resolve("cuda")
     only = [w for w in os.environ.get("ZYX_SHAPES_ONLY", "").split(",") if w]

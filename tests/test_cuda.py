@@ -23,10 +23,12 @@ import pytest
 
 import zyx
 from zyx._core import kernel as K
-from zyx.backends import DeviceInfo, gemm, gpudriver
+from zyx.backends import gpudriver
+from zyx.codegen.target import DeviceInfo
+from zyx.codegen.gpu import gemm
 from zyx.backends.binary_cache import BinaryCache
-from zyx.backends.cfamily import CUDADialect
-from zyx.backends.gpu import GPUKernel, Launch, lower
+from zyx.codegen.cstyle import CUDADialect
+from zyx.codegen.gpu.dispatch import GPUKernel, Launch, lower
 from zyx.errors import AllocationError, BackendError
 
 from gpu_cases import *  # noqa: F401,F403  (numerical cases, run on the CUDA device)
@@ -113,7 +115,7 @@ def _ew_graphs():
 @pytest.mark.parametrize("variant", ["", "items=1,vec=1", "items=2,vec=8,local=512",
                                      "items=16,vec=2,local=128,waves=4"])
 def test_elementwise_variants_compile_to_cubins(variant, compiler, monkeypatch):
-    from zyx.backends import gpu
+    from zyx.codegen.gpu import dispatch as gpu
     monkeypatch.setenv(gpu.EW_ENV, variant)
     want_vec = gpu.elementwise_variant(variant)["vec"]
     for name, build in _ew_graphs().items():
@@ -153,7 +155,7 @@ def _group_graphs():
 @pytest.mark.parametrize("variant", ["", "warp=0", "cache=0", "local=1024", "local=64",
                                      "local=32,warp=1"])
 def test_group_variants_compile_to_cubins(variant, compiler, monkeypatch):
-    from zyx.backends import gpu
+    from zyx.codegen.gpu import dispatch as gpu
     monkeypatch.setenv(gpu.GROUP_ENV, variant)
     var = gpu.group_variant(variant)
     for name, build in _group_graphs().items():
@@ -240,7 +242,7 @@ def _untiled_kernels(t):
     """The kernels of `t` as a GPU device makes them: no register tiles."""
     from zyx._core.kernelizer import kernelize
     from zyx._core.passes import optimize
-    from zyx.backends.gpu import GPU_SUM_BLOCK
+    from zyx.codegen.gpu.dispatch import GPU_SUM_BLOCK
     g = zyx._RT.graph
     order, _ = g.collect([t._id])
     steps, _ = kernelize(g, order, [t._id], 64, False, GPU_SUM_BLOCK)
@@ -272,7 +274,7 @@ def _mma_products(dtype):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("want", [t[:2] for t in gemm.TILES])
 def test_tensor_core_kernels_compile_to_cubins(dtype, want, compiler, monkeypatch):
-    from zyx.backends.cfamily import HIPDialect, OpenCLDialect
+    from zyx.codegen.cstyle import HIPDialect, OpenCLDialect
     turing = dataclasses.replace(_H100_CC, extra={"cc": (7, 5)})
     specs = ("", "mk=64,double=1", "mk=16,vector=0")
     for n, (name, build) in enumerate(_mma_products(dtype).items()):
@@ -316,7 +318,7 @@ def test_wgmma_kernels_compile_to_cubins(dtype, spec, compiler, monkeypatch):
     by a producer warpgroup (two maps on the launch) unless "tma=0" or the device has no
     tensor maps. Computed operands, block totals, smaller tiles, sm_90 (no "a"), too
     little shared memory and wgmma=0 stay on mma.sync."""
-    from zyx.backends import wgmma
+    from zyx.codegen.gpu.nvidia import wgmma
     monkeypatch.setenv(gemm.GEMM_ENV, spec)
     var = gemm.variant()
     bits = {"nn": "0, 1", "tn": "1, 1", "nt": "0, 0", "tt": "1, 0", "epilogue": "0, 1"}
@@ -389,7 +391,7 @@ def test_window_plan_of_a_channels_last_convolution(compiler, monkeypatch):
     "highest" and NCHW windows keep the other lowerings; TF32 takes it with K-major
     weights."""
     import zyx.nn.functional as F
-    from zyx.backends import wgmma
+    from zyx.codegen.gpu.nvidia import wgmma
     monkeypatch.setattr(F, "GPU_IMAGE_MIN", 0)
     monkeypatch.setattr(F, "_channels_last_input", lambda x, cg: True)
 
@@ -459,7 +461,7 @@ def test_window_plan_of_a_channels_last_convolution(compiler, monkeypatch):
 
 
 def wgmma_usable(k, tile, var):
-    from zyx.backends import wgmma
+    from zyx.codegen.gpu.nvidia import wgmma
     return wgmma.usable(gemm.plan(k.ops), k.ops, CUDADialect(), _HOPPER, tile, var)
 
 
@@ -469,7 +471,7 @@ def test_float32_products_take_fma_tiles_in_every_operand_layout(layout, compile
     way each operand is stored. A K-major operand is copied in boxes of 32 K by the
     tile's side, an MN-major one (`a @ b`'s b) in blocks of 32 rows (cols) by 32 K, and
     the consumers read it two float4 per K."""
-    from zyx.backends import wgmma
+    from zyx.codegen.gpu.nvidia import wgmma
 
     def t(*s):
         return zyx.Tensor(np.ones(s, np.float32)).realize()
@@ -498,7 +500,7 @@ def test_tf32_products_copy_mn_major_operands_k_major_first(layout, k, compiler,
     a multiple of 4 values: "tn" copies both operands of 70 K), and the product's map
     reads that copy. Products with too few rows on the other side, and the knob
     kcopy=0, keep mma.sync."""
-    from zyx.backends import kcopy
+    from zyx.codegen.gpu.nvidia import kcopy
 
     def t(*s):
         return zyx.Tensor(np.ones(s, np.float32)).realize()
@@ -537,7 +539,7 @@ def test_tf32_products_copy_mn_major_operands_k_major_first(layout, k, compiler,
 def test_wgmma_shape_choice():
     """256 x 128 tiles with 4 stages where a product has two of them per SM, else 128 x
     128 with 3 (two groups per SM); the knobs override them."""
-    from zyx.backends import wgmma
+    from zyx.codegen.gpu.nvidia import wgmma
     k = _untiled_kernel(zyx.Tensor(np.ones((1024, 64), np.float32)).cast("bfloat16") @
                         zyx.Tensor(np.ones((64, 1024), np.float32)).cast("bfloat16"))
     p = gemm.plan(k.ops)
@@ -557,7 +559,7 @@ def test_tensor_map_tiles_are_256_cols_only_for_products_of_more_than_128():
     """The tensor-map lowering's 128 x 256 tiles where the product has more than 128
     cols and a tile per SM; a product of 128 cols keeps 128-col tiles (256 would
     multiply half zeros: H200, conv2d 64x128x28x28 bfloat16 0.107 -> 0.076 ms)."""
-    from zyx.backends import wgmma
+    from zyx.codegen.gpu.nvidia import wgmma
     many = dataclasses.replace(_HOPPER, num_cores=132)
 
     def plan(rows, cols):
@@ -593,7 +595,7 @@ def test_tf32_kernels_compile_to_cubins(want, compiler, monkeypatch, tf32_precis
     cvt.rna, both local layouts of each operand (ldmatrix for K-fastest tiles, word reads
     for rows-fastest ones), computed operands, an epilogue, block totals, a convolution;
     float32 tiles again with "highest", and never outside CUDA C on sm_80+."""
-    from zyx.backends.cfamily import HIPDialect, OpenCLDialect
+    from zyx.codegen.cstyle import HIPDialect, OpenCLDialect
     import zyx.nn.functional as F
     turing = dataclasses.replace(_H100_CC, extra={"cc": (7, 5)})
 
@@ -1025,7 +1027,7 @@ class MapEncodingDriver(HostMemoryDriver):
 
 def _mapped_kernel(offset):
     """(map, GPUKernel "k" of 2 arguments whose launch maps argument 1 at `offset`)."""
-    from zyx.backends.tma import TensorMap
+    from zyx.codegen.gpu.nvidia.tma import TensorMap
     m = TensorMap(1, offset, "bfloat16", 2, [72, 200], [144], [64, 128])
     return m, GPUKernel("k:3", [Launch("k", 4, 384, [("arg", 0), ("arg", 1)], maps=[m])])
 
@@ -1067,7 +1069,7 @@ def test_tensor_maps_of_scratch_buffers_are_encoded_for_the_scratch():
     """A map of the program's scratch buffer (kcopy.py: a K-major copy made by a first
     launch) is encoded for that buffer, passed to the product's launch after its own
     buffers; the copy's launch runs first."""
-    from zyx.backends.tma import TensorMap
+    from zyx.codegen.gpu.nvidia.tma import TensorMap
     m = TensorMap(0, 0, "float32", 4, [96, 200], [384], [32, 128], scratch=True)
     gpu = GPUKernel("copy:2 k:4", [Launch("copy", 2, 256, [("scratch", 0), ("arg", 1)]),
                             Launch("k", 4, 384, [("arg", 0), ("arg", 1), ("scratch", 0)],
@@ -1088,7 +1090,7 @@ def test_misaligned_buffers_run_the_kernel_lowered_without_maps():
     start a tensor map: that launch runs the kernel lowered with the gemm knob tma=0
     (compiled once, kept with the program and released with it); aligned buffers keep
     the mapped kernel."""
-    from zyx.backends.tma import TensorMap
+    from zyx.codegen.gpu.nvidia.tma import TensorMap
     m, mapped = _mapped_kernel(0)
     plain = GPUKernel("p:2", [Launch("p", 8, 256, [("arg", 0), ("arg", 1)])])
 
@@ -1120,7 +1122,7 @@ def test_operand_maps_of_products():
     """tma.operand_map: the map of each operand layout of a product (contiguous
     dimension first, the batch's after the side's), and None where TMA cannot copy it:
     a row stride that is not a multiple of 16 bytes, a computed operand."""
-    from zyx.backends import tma
+    from zyx.codegen.gpu.nvidia import tma
 
     def t(*s):
         return zyx.Tensor(np.ones(s, np.float32)).cast("bfloat16").realize()

@@ -793,7 +793,7 @@ def test_c_backend_uses_zyx_expf_only_where_a_low_constant_reaches_the_exp(monke
         order, _ = g.collect([t._id])
         steps, _ = kernelize(g, order, [t._id], 64)
         (k,) = [s.kernel for s in steps if s.kernel is not None]
-        from zyx.backends.cfamily import render_body
+        from zyx.codegen.cstyle import render_body
         r, _ = render_body(k, cb._CBackendDialect())
         return "\n".join(r.lines)
     masked, plain = zyx.where(m, float("-inf"), x).exp(), (x * 2).exp()
@@ -958,7 +958,7 @@ def test_row_stash_keeps_values_only_between_sibling_loops():
     is a later value that reads something computed between the loops."""
     from zyx import dtype as dt
     from zyx._core import kernel as K
-    from zyx.backends.rowstash import stash_row_values
+    from zyx.codegen.cpu.rowstash import stash_row_values
     f32 = dt.float32
 
     def kernel(split_parent, between):
@@ -1005,7 +1005,7 @@ def test_hoist_moves_loop_invariant_values_out_of_their_loops():
     times stay where they are."""
     from zyx import dtype as dt
     from zyx._core import kernel as K
-    from zyx.backends.hoist import hoist_invariants
+    from zyx.codegen.cpu.hoist import hoist_invariants
     f32, IDX = dt.float32, K.IDX
 
     def kernel(inner_len, in_if):
@@ -1081,7 +1081,7 @@ def test_c_backend_long_max_min_keep_nan_in_a_flag(on_cpu, monkeypatch):
     NaN-keeping combiner. Values as numpy's with the rewrite on and off: rows with NaN
     first, last or alone, infinities, -0.0, and softmax/log_softmax over such rows."""
     from zyx.backends import c as cb
-    from zyx.backends import nanflag
+    from zyx.codegen.cpu import nanflag
     rng = np.random.default_rng(9)
     xn = rng.standard_normal((9, 300)).astype(np.float32)
     xn[1, 0] = np.nan

@@ -14,8 +14,10 @@ import zyx.nn.functional as F
 from zyx._core import kernel as K
 from zyx._core.kernelizer import kernelize
 from zyx._core.passes import optimize
-from zyx.backends import DeviceInfo, gemm, gpu
-from zyx.backends.cfamily import CUDADialect, OpenCLDialect
+from zyx.codegen.target import DeviceInfo
+from zyx.codegen.gpu import gemm
+from zyx.codegen.gpu import dispatch as gpu
+from zyx.codegen.cstyle import CUDADialect, OpenCLDialect
 
 from conftest import only_backend
 

@@ -15,8 +15,9 @@ from zyx import dtype as zdt
 from zyx._core import kernel as K
 from zyx._core.kernelizer import kernelize
 from zyx._core.passes import optimize
-from zyx.backends import DeviceInfo, gpu
-from zyx.backends.cfamily import OpenCLDialect
+from zyx.codegen.target import DeviceInfo
+from zyx.codegen.gpu import dispatch as gpu
+from zyx.codegen.cstyle import OpenCLDialect
 
 from conftest import only_backend
 
@@ -336,7 +337,7 @@ def test_elementwise_variants_broadcasts_and_strided_loads(ew_variant, lowered):
     # neighbours would be far apart)
     close(zyx.Tensor(b).T * 2 + 1, b.T * 2 + 1, rtol=1e-6)
     assert lowered[-1].strategy == "transpose"
-    from zyx.backends import transpose
+    from zyx.codegen.gpu import transpose
     transpose.ENABLED = False
     try:
         close(zyx.Tensor(b).T * 3 + 1, b.T * 3 + 1, rtol=1e-6)
@@ -424,7 +425,7 @@ def test_permuted_copies_go_through_a_local_tile(dtype, lowered):
 
 def test_transpose_plan_needs_long_sides():
     """Sides under transpose.MIN_SIDE (a 3-channel image) stay elementwise."""
-    from zyx.backends import transpose
+    from zyx.codegen.gpu import transpose
     from zyx.nn.functional import _stored
     x = zyx.Tensor(np.zeros((2, 3, 40, 40), np.float32))
     (k,) = kernels_of(_stored(x.permute(0, 2, 3, 1)))

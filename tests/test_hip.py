@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 import zyx
-from zyx.backends.cfamily import CUDA_PRELUDE, HIP_PRELUDE, CUDADialect, HIPDialect
-from zyx.backends.gpu import lower
+from zyx.codegen.cstyle import CUDA_PRELUDE, HIP_PRELUDE, CUDADialect, HIPDialect
+from zyx.codegen.gpu.dispatch import lower
 from zyx.errors import BackendError, NoBackendAvailable
 
 from gpu_cases import *  # noqa: F401,F403  (numerical cases, run on the HIP device)
@@ -46,7 +46,7 @@ def test_hip_source_is_the_cuda_source_but_the_prelude(name):
 
 
 def test_hip_warp_combines_use_maskless_shuffles_over_64_lanes():
-    from zyx.backends import DeviceInfo
+    from zyx.codegen.target import DeviceInfo
     mi300 = DeviceInfo(name="MI300X", max_local_threads=1024, warp_size=64, num_cores=304,
                        register_tiles=False)
     x = zyx.Tensor(np.random.default_rng(0).standard_normal((64, 4096)).astype(np.float32))

@@ -6,7 +6,7 @@ import pytest
 
 import zyx
 import zyx.nn.functional as F
-from zyx.backends import padtaps
+from zyx.codegen.cpu import padtaps
 
 
 @pytest.fixture

@@ -513,7 +513,7 @@ class Runtime:
     def set_float32_matmul_precision(self, precision):
         """zyx.set_float32_matmul_precision: the setting the GPU lowerings read; plans and
         compiled GPU programs made under another setting are dropped."""
-        from .backends import mma
+        from .codegen.gpu.nvidia import mma
         with self.lock:
             if precision == mma.float32_precision():
                 return

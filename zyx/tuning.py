@@ -146,7 +146,7 @@ def lowering_key(kernel):
     products may run on TF32 (zyx.set_float32_matmul_precision), that setting: the
     fastest schedule of one need not be the fastest of the other ("highest" keeps the
     name it always had)."""
-    from .backends.mma import float32_precision
+    from .codegen.gpu.nvidia.mma import float32_precision
     key = kernel_key("lowering", kernel)
     precision = float32_precision()
     return key if precision == "highest" else f"{key}:{precision}"

@@ -15,7 +15,7 @@ MemoryPool interface (all backends):
     pool_to_host(src: Buffer, dst: ndarray, wait_events)   (blocking)
     sync_events(events), release_events(events), free_bytes
 Device interface:
-    info() -> DeviceInfo, compile(kernel) -> program,
+    info() -> DeviceInfo (zyx.codegen.target), compile(kernel) -> program,
     launch(program, pool, args: list[Buffer], wait_events) -> event, release(program)
 Events are opaque backend objects (None means "already complete").
 """
@@ -30,38 +30,11 @@ import stat
 import sys
 import tempfile
 import warnings
-from dataclasses import dataclass, field
 
 from ..errors import BackendError, NoBackendAvailable
 
 # Tried in this order; the first device found is the default when several have equal compute.
 BACKENDS = ("c", "opencl", "cuda", "hip", "vulkan", "wgpu", "dummy")
-
-
-@dataclass
-class DeviceInfo:
-    """What optimization passes and the scheduler know about a device."""
-    name: str = "unknown"
-    compute: float = 1e9                  # FLOP/s estimate used to rank devices
-    max_global_work_dims: tuple = (2**31 - 1, 65535, 65535)
-    max_local_threads: int = 1
-    max_local_work_dims: tuple = (1, 1, 1)
-    local_mem_size: int = 0
-    preferred_vector_size: int = 16       # bytes
-    warp_size: int = 1
-    num_cores: int = 1
-    dtypes: tuple = ()                    # supported dtype names; empty = all
-    tensor_cores: bool = False
-    # CPU register tiles of reduce kernels (kernelizer.choose_upcast's "lanes"/"unroll");
-    # GPU devices set False: gpu.lower spreads outputs over work-items instead
-    register_tiles: bool = True
-    tile_min_outputs: int = 0             # fewest outputs of a kernel given register tiles
-    window_tiles: bool = True             # tiles of short windows too (convolutions)
-    sum_block: int = 0                    # float sum block (kernelizer; 0: its SUM_BLOCK)
-    # (kernel ops) -> True where the backend tiles the kernel itself (GPU gemm tiles):
-    # kernelize leaves it without register tiles
-    own_tiles: object = None
-    extra: dict = field(default_factory=dict)
 
 
 class Buffer:

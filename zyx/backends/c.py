@@ -30,12 +30,14 @@ import weakref
 from .. import dtype as dt
 from .._core import kernel as K
 from ..errors import BackendError
-from . import DeviceInfo, cache_dir, padtaps, warn
-from .cfamily import CDialect, alu_operands, render_body
+from ..codegen.cpu import padtaps
+from ..codegen.target import DeviceInfo
+from . import cache_dir, warn
+from ..codegen.cstyle import CDialect, alu_operands, render_body
 from .host import HostMemoryPool
-from .hoist import hoist_invariants
-from .nanflag import NAN_MAX, NAN_MIN, flag_nan_reductions
-from .rowstash import stash_row_values
+from ..codegen.cpu.hoist import hoist_invariants
+from ..codegen.cpu.nanflag import NAN_MAX, NAN_MIN, flag_nan_reductions
+from ..codegen.cpu.rowstash import stash_row_values
 
 PARALLEL_MIN_WORK = 1 << 15   # below this many iterations threads cost more than they give
 SIMD_COLLAPSE = True          # elementwise kernels: one simd loop over the last two index

@@ -22,9 +22,10 @@ import sys
 import numpy as np
 
 from ..errors import BackendError
-from . import DeviceInfo, tma
-from .gpu import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
-from .cfamily import CUDADialect
+from ..codegen.gpu.nvidia import tma
+from ..codegen.target import DeviceInfo
+from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
+from ..codegen.cstyle import CUDADialect
 from .gpudriver import (DeviceOutOfMemory, DriverDevice, DriverMemoryPool,
                         ResultTupleDriver, device_ids, ensure_current)
 from .rtc import NVRTC_NAMES, RuntimeCompiler

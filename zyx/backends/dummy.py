@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import AllocationError
-from . import Buffer, DeviceInfo, MemoryPool
+from ..codegen.target import DeviceInfo
+from . import Buffer, MemoryPool
 
 
 class DummyMemoryPool(MemoryPool):

@@ -38,8 +38,8 @@ import numpy as np
 
 from ..errors import AllocationError, BackendError
 from . import Buffer, MemoryPool
-from .gpu import lower, own_tiles, schedule_candidates
-from .tma import MAP_BYTES
+from ..codegen.gpu.dispatch import lower, own_tiles, schedule_candidates
+from ..codegen.gpu.nvidia.tma import MAP_BYTES
 
 # Host<->device copies go through two pinned staging slots (a page-locked copy runs at
 # the bus's speed, a pageable one is staged by the driver anyway, synchronously). Copies

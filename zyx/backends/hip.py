@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BackendError
-from . import DeviceInfo
-from .gpu import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
-from .cfamily import HIPDialect
+from ..codegen.target import DeviceInfo
+from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
+from ..codegen.cstyle import HIPDialect
 from .gpudriver import (DeviceOutOfMemory, DriverDevice, DriverMemoryPool,
                         ResultTupleDriver, device_ids, ensure_current)
 from .rtc import HIPRTC_NAMES, RuntimeCompiler

@@ -18,10 +18,11 @@ import numpy as np
 from .. import dtype as dt
 from .._core import kernel as K
 from ..errors import AllocationError, BackendError, DTypeError
-from . import Buffer, DeviceInfo, MemoryPool
+from ..codegen.target import DeviceInfo
+from . import Buffer, MemoryPool
 from .binary_cache import BinaryCache, cache_key
-from .cfamily import OpenCLDialect
-from .gpu import (GPU_SUM_BLOCK, WORK_GROUP, lower, own_tiles, register_tiles,
+from ..codegen.cstyle import OpenCLDialect
+from ..codegen.gpu.dispatch import (GPU_SUM_BLOCK, WORK_GROUP, lower, own_tiles, register_tiles,
                   schedule_candidates, tile_min_outputs)
 
 # Below the C backend's estimate (2e10 FLOP/s per core) for any core count: the C backend

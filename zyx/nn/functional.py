@@ -282,8 +282,8 @@ def _window_weights(x, w, out_size):
     operands K-major.
     Only for outputs of the image's size (`out_size` == x's): the window's flat pixel
     position is then the image's plus a constant per tap."""
-    from ..backends import gemm
-    from ..backends.mma import float32_precision
+    from ..codegen.gpu import gemm
+    from ..codegen.gpu.nvidia.mma import float32_precision
     from ..runtime import RT
     extra = RT.device_of(w._id).info().extra or {}
     if extra.get("arch") != "sm_90a" or not extra.get("tma") or \

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import os
 
-from .. import dtype as dt
-from .._core import kernel as K
-from .gemm import PLAIN_K, Frame, Slots, buffers, k_loop, vector_lanes
+from .... import dtype as dt
+from ...._core import kernel as K
+from ..gemm import PLAIN_K, Frame, Slots, buffers, k_loop, vector_lanes
 
 MMA_K = 32                  # K step per local tile where both operands are 16-byte
                             # copies (two m16n8k16 steps), else half (knob "mk")

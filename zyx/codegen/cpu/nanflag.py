@@ -18,9 +18,9 @@ original form: there the flag would cost more than the chain.
 """
 from __future__ import annotations
 
-from .. import dtype as dt
-from .._core import kernel as K
-from .._core.passes import splice
+from ... import dtype as dt
+from ..._core import kernel as K
+from ..._core.passes import splice
 
 MIN_LOOP = 64                 # shortest loop whose max/min reduction is rewritten
 NAN_MAX, NAN_MIN = 16, 17     # reduce ops of rewritten accumulators (NaN kept by a flag)

@@ -40,8 +40,8 @@ instructions, either operand K-major or MN-major).
 """
 from __future__ import annotations
 
-from .._core import kernel as K
-from .gemm import PLAIN_K, Frame, _decode, _values, vector_lanes
+from ...._core import kernel as K
+from ..gemm import PLAIN_K, Frame, _decode, _values, vector_lanes
 from .mma import tf32
 
 
@@ -157,7 +157,7 @@ class _Copies:
     position and computes the index as the kernel does."""
 
     def __init__(self, dl, ops, p, fr, side, tile_len, kfast, region, threads):
-        from .gpu import _coefficient
+        from ..dispatch import _coefficient
         val = p.a if side == "a" else p.b
         op = ops[val]
         ids = p.rows if side == "a" else p.cols
@@ -280,7 +280,7 @@ def _tma_maps(ops, p, br, bc):
     that multiply those rows zero the ones whose test fails), and only its taps fold
     into its side."""
     from . import tma
-    from .gemm import _deps
+    from ..gemm import _deps
     groups = tma.k_groups(ops, p)
     if groups is None or not groups[0]:
         return None
@@ -306,7 +306,7 @@ def swapped(p):
     """Plan `p` with its sides exchanged (rows <-> cols, a <-> b): the same sums, the
     operand with tests (a convolution's window) on the rows, which the warpgroups'
     64-row products read and the consumers can fix."""
-    from .gemm import GemmPlan
+    from ..gemm import GemmPlan
     q = GemmPlan()
     for name in GemmPlan.__slots__:
         setattr(q, name, getattr(p, name))
@@ -676,7 +676,7 @@ class _FmaSide:
 
 def _fma_layout(ops, p, br, bc):
     """(rows side, cols side) of `lower_wgmma_tma`'s FMA tiles (see above)."""
-    from .gpu import _coefficient
+    from ..dispatch import _coefficient
     a_bytes = br * ROW_BYTES
     if ((br, bc) == (256, 64) and p.a_kfast and p.b_kfast and
             _coefficient(ops, ops[p.store][3], p.rows[-1], {}) == 1):

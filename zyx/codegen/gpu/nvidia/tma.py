@@ -20,11 +20,11 @@ misaligned runs the kernel lowered without maps instead (gpudriver).
 """
 from __future__ import annotations
 
-from .._core import kernel as K
+from ...._core import kernel as K
 # an operand a map can copy is one a vector copy can read: a (guarded) global load, or
 # a padded window where(test, load, 0), whose failing rows the kernel zeroes
 # (wgmma.lower_wgmma_tma)
-from .gemm import operand_source as source
+from ..gemm import operand_source as source
 
 MAX_RANK = 5
 MAX_BOX = 256
@@ -76,7 +76,7 @@ def _linear(ops, coefs, ids):
 
 def _coefficients(ops, index):
     """INDEX/LOOP ssa -> coefficient of the affine `index`, or None."""
-    from .gpu import _coefficient
+    from ..dispatch import _coefficient
     variables = [i for i, o in enumerate(ops) if o[0] in (K.INDEX, K.LOOP)]
     coefs = {v: _coefficient(ops, index, v, {}) for v in variables}
     return None if any(c is None for c in coefs.values()) else coefs
@@ -89,7 +89,7 @@ def k_groups(ops, p):
     loop a padding test depends on), and the other loops T, "taps" (a convolution's
     window rows and cols), which `operand_map` folds into a window's side or gives
     dimensions of their own. None where an operand's index is not affine."""
-    from .gemm import _deps
+    from ..gemm import _deps
     coefs, tested = [], set()
     deps = _deps(ops)
     for val in (p.a, p.b):
@@ -119,7 +119,7 @@ def k_groups(ops, p):
 
 def k_major(ops, val, inner):
     """True when operand `val` steps by one value along reduce loop `inner`."""
-    from .gpu import _coefficient
+    from ..dispatch import _coefficient
     found = source(ops, val)
     return found is not None and _coefficient(ops, ops[found[0]][3], inner, {}) == 1
 
@@ -138,7 +138,7 @@ def operand_map(ops, p, side, kfast, box_side, arg_of, groups, fold=False):
     into the side coordinate where `fold` (a window: an image row or col moves the side
     by whole pixels), else it takes a dimension. `tests`: the operand's bool tests (a
     padded window's, `source`) the kernel must apply to the copied rows."""
-    from .gpu import _eval_index
+    from ..dispatch import _eval_index
     val = p.a if side == "a" else p.b
     found = source(ops, val)
     if found is None:

@@ -16,8 +16,8 @@ nothing is evaluated that the kernel would not have evaluated.
 """
 from __future__ import annotations
 
-from .._core import kernel as K
-from .._core.passes import REFS, reorder
+from ..._core import kernel as K
+from ..._core.passes import REFS, reorder
 
 # ops whose value depends only on their operands (padtaps.py walks them too)
 PURE = frozenset((K.CONST, K.CAST, K.UNARY, K.BINARY, K.WHERE, K.MAD))

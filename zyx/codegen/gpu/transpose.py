@@ -17,8 +17,8 @@ Past the ends of A or B nothing is computed or stored.
 """
 from __future__ import annotations
 
-from .._core import kernel as K
-from .cfamily import Frame as BodyFrame, INDEX32, render_body
+from ..._core import kernel as K
+from ..cstyle import Frame as BodyFrame, INDEX32, render_body
 from .gemm import _decode, _values
 
 ENABLED = True     # False: such kernels stay elementwise (for comparisons)
@@ -35,7 +35,7 @@ class TransposePlan:
 
 def plan(ops):
     """The kernel's `TransposePlan`, or None (module docstring)."""
-    from .gpu import _coefficient
+    from .dispatch import _coefficient
     if not ENABLED or any(op[0] in (K.LOOP, K.IF_OP, K.BARRIER) for op in ops):
         return None
     stores = [i for i, op in enumerate(ops)
@@ -82,7 +82,7 @@ class _TileFrame(BodyFrame):
 
 def lower_transpose(kernel, dl, info, name, p):
     """The `GPUKernel` of `kernel` with plan `p` (module docstring)."""
-    from .gpu import GPUKernel, Launch, _params, narrow_index
+    from .dispatch import GPUKernel, Launch, _params, narrow_index
     ops = kernel.ops
     ta, tb = -(-p.la // TILE), -(-p.lb // TILE)
     groups = p.nothers * ta * tb

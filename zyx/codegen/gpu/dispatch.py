@@ -59,12 +59,12 @@ import os
 
 import numpy as np
 
-from .. import dtype as dt
-from .._core import kernel as K
-from . import DeviceInfo
+from ... import dtype as dt
+from ..._core import kernel as K
+from ..target import DeviceInfo
 from . import gemm, transpose
-from .cfamily import INDEX32, Frame, alu, render_body
-from .cfamily import alu_operands as _operands
+from ..cstyle import INDEX32, Frame, alu, render_body
+from ..cstyle import alu_operands as _operands
 
 # Iterations per float32 block of a float sum on GPU devices (DeviceInfo.sum_block; the
 # CPU's SUM_BLOCK is 4096 because SIMD lanes split a block 16 ways): a work-item of the

@@ -38,9 +38,9 @@ from __future__ import annotations
 
 import os
 
-from .. import dtype as dt
-from .._core import kernel as K
-from .cfamily import INDEX32, alu_operands, literal, value_line
+from ... import dtype as dt
+from ..._core import kernel as K
+from ..cstyle import INDEX32, alu_operands, literal, value_line
 
 GEMM_ENV = "ZYX_GPU_GEMM"
 SIDE = 16              # work-items along each side of a group: 16 x 16 = 256
@@ -99,7 +99,7 @@ def variant(spec=None):
     operand (`a @ b`) on mma.sync instead of warpgroup products reading a K-major copy
     of it (kcopy.py). Read at each lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
-    from .gpu import _read_variant
+    from .dispatch import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
     if spec.strip() in ("0", "1"):
         spec = ""
@@ -190,7 +190,7 @@ def closure(ops, roots):
 
 def _chain(ops, root, ends):
     """The loops of the nest at `root` following single child loops down."""
-    from .gpu import child_loops
+    from .dispatch import child_loops
     chain = [root]
     while True:
         kids = child_loops(ops, chain[-1], ends)
@@ -309,7 +309,7 @@ def plan(ops):
     # convolution window) gives runs of a few values, while a side contiguous along its
     # own innermost axis (an image row) gives a warp 128 consecutive bytes: that side
     # is copied rows (cols) fastest)
-    from .gpu import contiguous_loads
+    from .dispatch import contiguous_loads
     var = variant()
     run = var["krun"]
     nk = 1
@@ -621,7 +621,7 @@ def vector_lanes(ops, p, side, kfast, local_dtype):
     that do not depend on that direction (`operand_source`: a padded window of a
     channels-last image, one test for the vector's channels). Alignment is checked where
     the kernel runs (a misaligned vector is read value by value)."""
-    from .gpu import _coefficient
+    from .dispatch import _coefficient
     found = operand_source(ops, p.a if side == "a" else p.b)
     if found is None or p.masks:
         return 1
@@ -792,8 +792,8 @@ class Frame:
     zyx_c0 in rows and cols, its batch variables, zyx_tid."""
 
     def __init__(self, kernel, dl, p, br, bc, bk, threads):
-        from .gpu import narrow_index
-        from .cfamily import Rendered
+        from .dispatch import narrow_index
+        from ..cstyle import Rendered
         ops = self.ops = kernel.ops
         self.groups_r, self.groups_c = -(-p.nr // br), -(-p.nc // bc)
         self.groups = p.nb * self.groups_r * self.groups_c
@@ -860,7 +860,7 @@ class Frame:
         """The `GPUKernel` of statements `body` (one launch of the frame's groups);
         `extra_params`: declarations after the buffers' (tensor maps), `bounds`: a
         `__launch_bounds__` clause."""
-        from .gpu import GPUKernel, Launch, _params
+        from .dispatch import GPUKernel, Launch, _params
         params = _params(kernel, dl, self.rendered) + list(extra_params)
         src = (f"{dl.kernel_prefix} {bounds}{name}({', '.join(params)}) "
                "{\n" + "\n".join(body) + "\n}\n")
@@ -877,7 +877,7 @@ def lower_gemm(kernel, dl, info, name, p, tile, var=None):
     `var`: `variant()`'s knobs (None: the environment's). 16-bit products on devices
     with matrix instructions go to `wgmma.lower_wgmma` (Hopper, plain loads) or
     `mma.lower_mma`."""
-    from . import mma, wgmma
+    from .nvidia import mma, wgmma
     var = var if var is not None else variant()
     if var["mma"] and wgmma.usable(p, kernel.ops, dl, info, tile, var):
         return wgmma.lower_wgmma(kernel, dl, info, name, p, var)

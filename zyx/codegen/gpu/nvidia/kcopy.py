@@ -94,7 +94,7 @@ def source(name, m):
 
 def launch(name, m, scratch):
     """The Launch of `source(name, m)` writing scratch buffer `scratch`."""
-    from .gpu import Launch
+    from ..dispatch import Launch
     side, k = m.dims[:2]
     groups = -(-side // TILE) * -(-k // TILE)
     for d in m.dims[2:]:

@@ -23,9 +23,9 @@ padding, do.
 """
 from __future__ import annotations
 
-from .._core import kernel as K
-from .._core.passes import REFS
-from .cfamily import Frame
+from ..._core import kernel as K
+from ..._core.passes import REFS
+from ..cstyle import Frame
 from .hoist import PURE
 
 ENABLED = True

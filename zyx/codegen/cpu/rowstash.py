@@ -14,8 +14,8 @@ loops (the sum) can appear in the earlier loop, so a match is always the same nu
 """
 from __future__ import annotations
 
-from .._core import kernel as K
-from .._core.passes import REFS, splice
+from ..._core import kernel as K
+from ..._core.passes import REFS, splice
 
 STASH_MAX_BYTES = 16384     # a stack buffer per stashed value (a row of 4096 floats)
 COSTLY = frozenset((K.U_EXP, K.U_EXP2, K.U_LOG, K.U_LOG2, K.U_SIN, K.U_COS, K.U_TANH,
