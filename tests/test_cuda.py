@@ -25,10 +25,12 @@ import zyx
 from zyx._core import kernel as K
 from zyx.backends import gpudriver
 from zyx.codegen.target import DeviceInfo
+from zyx.codegen.gpu.nvidia import products
 from zyx.codegen.gpu import gemm
 from zyx.backends.binary_cache import BinaryCache
 from zyx.codegen.cstyle import CUDADialect
-from zyx.codegen.gpu.dispatch import GPUKernel, Launch, lower
+from zyx.codegen.gpu.dispatch import lower
+from zyx.codegen.gpu.program import GPUKernel, Launch
 from zyx.errors import AllocationError, BackendError
 
 from gpu_cases import *  # noqa: F401,F403  (numerical cases, run on the CUDA device)
@@ -115,9 +117,9 @@ def _ew_graphs():
 @pytest.mark.parametrize("variant", ["", "items=1,vec=1", "items=2,vec=8,local=512",
                                      "items=16,vec=2,local=128,waves=4"])
 def test_elementwise_variants_compile_to_cubins(variant, compiler, monkeypatch):
-    from zyx.codegen.gpu import dispatch as gpu
-    monkeypatch.setenv(gpu.EW_ENV, variant)
-    want_vec = gpu.elementwise_variant(variant)["vec"]
+    from zyx.codegen.gpu import elementwise
+    monkeypatch.setenv(elementwise.EW_ENV, variant)
+    want_vec = elementwise.elementwise_variant(variant)["vec"]
     for name, build in _ew_graphs().items():
         (k,) = kernels_of(build())
         if name == "transposed":     # a local tile by default (transpose.py): asked by name
@@ -155,9 +157,9 @@ def _group_graphs():
 @pytest.mark.parametrize("variant", ["", "warp=0", "cache=0", "local=1024", "local=64",
                                      "local=32,warp=1"])
 def test_group_variants_compile_to_cubins(variant, compiler, monkeypatch):
-    from zyx.codegen.gpu import dispatch as gpu
-    monkeypatch.setenv(gpu.GROUP_ENV, variant)
-    var = gpu.group_variant(variant)
+    from zyx.codegen.gpu import reduce
+    monkeypatch.setenv(reduce.GROUP_ENV, variant)
+    var = reduce.group_variant(variant)
     for name, build in _group_graphs().items():
         for k in kernels_of(build()):
             g = lower(k, CUDADialect(), _H100, "zyx_k")
@@ -167,7 +169,7 @@ def test_group_variants_compile_to_cubins(variant, compiler, monkeypatch):
             shuffled = "__shfl_xor_sync(0xffffffffu" in g.source
             assert shuffled == (var["warp"] == 1 and name != "any"), name
             if name == "softmax":      # cached when a work-item's share fits its registers
-                fits = 4096 // g.variant["local"] <= gpu.ROW_CACHE_ITEMS
+                fits = 4096 // g.variant["local"] <= reduce.ROW_CACHE_ITEMS
                 assert (g.source.count("g1[") == 1) == (var["cache"] == 1 and fits)
 
 
@@ -232,10 +234,12 @@ def test_nan_and_infinity_literals_compile(compiler):
         assert compiler.binary(src)[:4] == b"\x7fELF"
 
 
-# an H100 as the CUDA backend describes it, with its compute capability: 16-bit products
-# go to tensor cores (backends/mma.py)
+# an H100 as the CUDA backend describes it, with its compute capability and NVIDIA's
+# product lowerings: 16-bit products go to tensor cores (codegen/gpu/nvidia/mma.py)
 _H100_CC = DeviceInfo(name="H100", max_local_threads=1024, warp_size=32, num_cores=2,
-                      local_mem_size=48 * 1024, register_tiles=False, extra={"cc": (9, 0)})
+                      local_mem_size=48 * 1024, register_tiles=False, extra={"cc": (9, 0)},
+                      product_lowerings=(products.lower_product,),
+                      k_major_windows=products.k_major_windows)
 
 
 def _untiled_kernels(t):
@@ -417,24 +421,21 @@ def test_window_plan_of_a_channels_last_convolution(compiler, monkeypatch):
     # TF32 ("high"): K-major weights (F._window_weights), k8 products without transpose
     # bits, as must a plain product with both operands K-major; a @ b keeps mma.sync
     monkeypatch.setattr(F, "_window_weights", lambda x, w, out_size: True)
-    zyx.set_float32_matmul_precision("high")
-    try:
-        g = lower(conv("float32"), CUDADialect(), _HOPPER, "zyx_k", None)
-        assert g.strategy == "wgmma" and g.variant["mma"] == "tf32"
-        assert "m64n64k8.f32.tf32.tf32" in g.source and "p, 1, 1;" in g.source
-        assert [m.box[0] for m in g.launches[0].maps] == [32, 32]
-        assert compiler.binary(g.source)[:4] == b"\x7fELF"
-        a = zyx.Tensor(np.ones((256, 96), np.float32)).realize()
-        b = zyx.Tensor(np.ones((384, 96), np.float32)).realize()
-        g = lower(_untiled_kernel(a @ b.T), CUDADialect(), _HOPPER, "zyx_k",
-                  {"gemm": (128, 128)})
-        assert g.strategy == "wgmma" and g.variant["mma"] == "tf32"
-        assert compiler.binary(g.source)[:4] == b"\x7fELF"
-        c = zyx.Tensor(np.ones((96, 384), np.float32)).realize()
-        assert lower(_untiled_kernel(a @ c), CUDADialect(), _HOPPER, "zyx_k",
-                     {"gemm": (128, 128)}).strategy == "mma"
-    finally:
-        zyx.set_float32_matmul_precision("highest")
+    hopper_tf32 = dataclasses.replace(_HOPPER, float32_precision="high")
+    g = lower(conv("float32"), CUDADialect(), hopper_tf32, "zyx_k", None)
+    assert g.strategy == "wgmma" and g.variant["mma"] == "tf32"
+    assert "m64n64k8.f32.tf32.tf32" in g.source and "p, 1, 1;" in g.source
+    assert [m.box[0] for m in g.launches[0].maps] == [32, 32]
+    assert compiler.binary(g.source)[:4] == b"\x7fELF"
+    a = zyx.Tensor(np.ones((256, 96), np.float32)).realize()
+    b = zyx.Tensor(np.ones((384, 96), np.float32)).realize()
+    g = lower(_untiled_kernel(a @ b.T), CUDADialect(), hopper_tf32, "zyx_k",
+              {"gemm": (128, 128)})
+    assert g.strategy == "wgmma" and g.variant["mma"] == "tf32"
+    assert compiler.binary(g.source)[:4] == b"\x7fELF"
+    c = zyx.Tensor(np.ones((96, 384), np.float32)).realize()
+    assert lower(_untiled_kernel(a @ c), CUDADialect(), hopper_tf32, "zyx_k",
+                 {"gemm": (128, 128)}).strategy == "mma"
     # float32 at "highest": FMA tiles fed by the same maps, 256 x 64, rows across lanes
     # (the NCHW output is contiguous along the pixels); "fma=0": the float tiles
     g = lower(conv("float32"), CUDADialect(), _HOPPER, "zyx_k", None)
@@ -490,7 +491,7 @@ def test_float32_products_take_fma_tiles_in_every_operand_layout(layout, compile
     assert ("zyx_av[2 * kk + 1] =" in g.source) == (layout[0] == "t")
     assert "wgmma.mma_async" not in g.source
     assert compiler.binary(g.source)[:4] == b"\x7fELF"
-    assert wgmma.fma_products(gemm.plan(k.ops))
+    assert wgmma.fma_products(gemm.plan(k.ops), _HOPPER)
 
 
 @pytest.mark.parametrize("layout,k", [("nn", 72), ("tn", 70), ("tt", 72)])
@@ -507,33 +508,29 @@ def test_tf32_products_copy_mn_major_operands_k_major_first(layout, k, compiler,
     m, n = 600, 700
     a = t(m, k) if layout[0] == "n" else t(k, m).T
     b = t(k, n) if layout[1] == "n" else t(n, k).T
-    before = zyx.get_float32_matmul_precision()
-    zyx.set_float32_matmul_precision("high")
-    try:
-        kern = _untiled_kernel(a @ b)
-        g = lower(kern, CUDADialect(), _HOPPER, "zyx_k", {"gemm": (128, 128)})
-        copies = [layout[0] == "t", layout[1] == "n"]
-        assert g.strategy == "wgmma" and g.variant["mma"] == "tf32"
-        assert g.variant.get("kcopy", 0) == sum(copies)
-        *first, product = g.launches
-        assert [ln.entry for ln in first] == [f"zyx_k_kcopy{j}" for j in range(sum(copies))]
-        assert product.args[-sum(copies):] == [("scratch", j) for j in range(sum(copies))]
-        # a copy: K (padded to 72 values) fastest, then the side; 32-value boxes of K
-        for mp, side, copied in zip(product.maps, (m, n), copies):
-            assert mp.scratch == copied and mp.box[0] == 32
-            if copied:
-                assert mp.dims == [k, side] and mp.strides == [72 * 4]
-        assert g.scratch == [72 * s * 4 for s, c in zip((m, n), copies) if c]
-        assert compiler.binary(g.source)[:4] == b"\x7fELF"
-        monkeypatch.setenv(gemm.GEMM_ENV, "kcopy=0")
-        assert lower(kern, CUDADialect(), _HOPPER, "zyx_k",
-                     {"gemm": (128, 128)}).strategy == "mma"
-        monkeypatch.delenv(gemm.GEMM_ENV)
-        small = _untiled_kernel(t(kcopy.MIN_OTHER - 8, k) @ t(k, n))
-        assert lower(small, CUDADialect(), _HOPPER, "zyx_k",
-                     {"gemm": (128, 128)}).strategy == "mma"
-    finally:
-        zyx.set_float32_matmul_precision(before)
+    hopper_tf32 = dataclasses.replace(_HOPPER, float32_precision="high")
+    kern = _untiled_kernel(a @ b)
+    g = lower(kern, CUDADialect(), hopper_tf32, "zyx_k", {"gemm": (128, 128)})
+    copies = [layout[0] == "t", layout[1] == "n"]
+    assert g.strategy == "wgmma" and g.variant["mma"] == "tf32"
+    assert g.variant.get("kcopy", 0) == sum(copies)
+    *first, product = g.launches
+    assert [ln.entry for ln in first] == [f"zyx_k_kcopy{j}" for j in range(sum(copies))]
+    assert product.args[-sum(copies):] == [("scratch", j) for j in range(sum(copies))]
+    # a copy: K (padded to 72 values) fastest, then the side; 32-value boxes of K
+    for mp, side, copied in zip(product.maps, (m, n), copies):
+        assert mp.scratch == copied and mp.box[0] == 32
+        if copied:
+            assert mp.dims == [k, side] and mp.strides == [72 * 4]
+    assert g.scratch == [72 * s * 4 for s, c in zip((m, n), copies) if c]
+    assert compiler.binary(g.source)[:4] == b"\x7fELF"
+    monkeypatch.setenv(gemm.GEMM_ENV, "kcopy=0")
+    assert lower(kern, CUDADialect(), hopper_tf32, "zyx_k",
+                 {"gemm": (128, 128)}).strategy == "mma"
+    monkeypatch.delenv(gemm.GEMM_ENV)
+    small = _untiled_kernel(t(kcopy.MIN_OTHER - 8, k) @ t(k, n))
+    assert lower(small, CUDADialect(), hopper_tf32, "zyx_k",
+                 {"gemm": (128, 128)}).strategy == "mma"
 
 
 def test_wgmma_shape_choice():
@@ -590,14 +587,15 @@ def tf32_precision():
 
 
 @pytest.mark.parametrize("want", [t[:2] for t in gemm.TILES])
-def test_tf32_kernels_compile_to_cubins(want, compiler, monkeypatch, tf32_precision):
+def test_tf32_kernels_compile_to_cubins(want, compiler, monkeypatch):
     """float32 products with precision "high": TF32 mma.sync with operands rounded by
     cvt.rna, both local layouts of each operand (ldmatrix for K-fastest tiles, word reads
     for rows-fastest ones), computed operands, an epilogue, block totals, a convolution;
     float32 tiles again with "highest", and never outside CUDA C on sm_80+."""
     from zyx.codegen.cstyle import HIPDialect, OpenCLDialect
     import zyx.nn.functional as F
-    turing = dataclasses.replace(_H100_CC, extra={"cc": (7, 5)})
+    tf32 = dataclasses.replace(_H100_CC, float32_precision="high")
+    turing = dataclasses.replace(tf32, extra={"cc": (7, 5)})
 
     def t(*s):
         return zyx.Tensor(np.ones(s, np.float32)).realize()
@@ -609,17 +607,15 @@ def test_tf32_kernels_compile_to_cubins(want, compiler, monkeypatch, tf32_precis
         assert ks, name
         k = ks[-1]
         monkeypatch.setenv(gemm.GEMM_ENV, specs[n % 3])
-        g = lower(k, CUDADialect(), _H100_CC, "zyx_k", {"gemm": want})
+        g = lower(k, CUDADialect(), tf32, "zyx_k", {"gemm": want})
         assert g.strategy == "mma" and g.variant["mma"] == "tf32", name
         assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in g.source
         assert "cvt.rna.tf32.f32" in g.source and "zyx_tf32(" in g.source
         assert compiler.binary(g.source)[:4] == b"\x7fELF", name
-        for dl, info in ((HIPDialect(), _H100_CC), (OpenCLDialect(), _H100_CC),
+        for dl, info in ((HIPDialect(), tf32), (OpenCLDialect(), tf32),
                          (CUDADialect(), turing)):
             assert lower(k, dl, info, "zyx_k", {"gemm": want}).strategy == "gemm", name
-        zyx.set_float32_matmul_precision("highest")
         assert lower(k, CUDADialect(), _H100_CC, "zyx_k", {"gemm": want}).strategy == "gemm"
-        zyx.set_float32_matmul_precision("high")
 
 
 def test_float32_matmul_precision_setting():
@@ -632,6 +628,8 @@ def test_float32_matmul_precision_setting():
     zyx.set_float32_matmul_precision("medium")
     try:
         assert zyx.get_float32_matmul_precision() == "medium"
+        # the setting reaches code generation through every device's DeviceInfo
+        assert all(d.info().float32_precision == "medium" for d in zyx._RT.devices)
         assert not zyx._RT.plans          # plans made under the old setting are dropped
         np.testing.assert_array_equal((x @ x).numpy(), np.full((4, 4), 4, np.float32))
     finally:

@@ -17,6 +17,9 @@ from zyx._core.kernelizer import kernelize
 from zyx._core.passes import optimize
 from zyx.codegen.target import DeviceInfo
 from zyx.codegen.gpu import dispatch as gpu
+from zyx.codegen.gpu import reduce
+from zyx.codegen.gpu import elementwise
+from zyx.codegen.gpu import analysis
 from zyx.codegen.cstyle import OpenCLDialect
 
 from conftest import only_backend
@@ -146,7 +149,7 @@ def test_row_kernels_run_as_one_group_per_row(width, group, lowered, monkeypatch
     # row splits evenly into a few elements per work-item (1024 over 128, 4096 over 512)
     # the first loop keeps them in registers and the later loops read them there.
     import zyx.nn.functional as F
-    monkeypatch.setenv(gpu.GROUP_ENV, group)
+    monkeypatch.setenv(reduce.GROUP_ENV, group)
     a = (rng().standard_normal((37, width)) * 4).astype(np.float32)
     a[0] = -np.inf
     a[1] = 3.0
@@ -185,7 +188,7 @@ def test_row_kernel_store_loop_is_split_and_unguarded():
     rows = zyx.Tensor(np.ones((16, 4096), np.float32)).reshape(16, 1, 4096) \
         .expand(16, 1024, 4096).reshape(16384, 4096)
     (k,) = kernels_of(rows.softmax(-1))
-    nests = gpu.reduce_nests(k.ops)
+    nests = analysis.reduce_nests(k.ops)
     assert [n.stores for n in nests] == [False] * (len(nests) - 1) + [True]
     g = gpu.lower(k, dl, H100, schedule={"group": {"cache": 0}})
     assert g.strategy == "group" and len(g.launches) == 1
@@ -208,7 +211,7 @@ def test_row_kernel_store_loop_is_split_and_unguarded():
     st = max(i for i, op in enumerate(ops) if op[0] == K.STORE)
     row = next(i for i, op in enumerate(ops) if op[0] == K.INDEX)
     ops[st] = ops[st][:3] + (row,) + ops[st][4:]
-    assert gpu.reduce_nests(ops) is None
+    assert analysis.reduce_nests(ops) is None
 
 
 def test_argmax_argmin(lowered):
@@ -294,7 +297,7 @@ EW_VARIANTS = ["", "items=1,vec=1", "items=4,vec=1", "items=2,vec=8,local=64",
 
 @pytest.fixture(params=EW_VARIANTS)
 def ew_variant(request, monkeypatch, lowered):
-    monkeypatch.setenv(gpu.EW_ENV, request.param)
+    monkeypatch.setenv(elementwise.EW_ENV, request.param)
     return request.param
 
 
@@ -314,7 +317,7 @@ def test_elementwise_variants_ragged_tails(n, ew_variant, lowered):
     g, var = _ew(lowered)
     assert var["tile"] == var["local"] * var["items"] * var["vec"]
     assert g.launches[0].groups * var["tile"] >= n or var["waves"]
-    if n > 1 and gpu.elementwise_variant(ew_variant)["vec"] > 1:
+    if n > 1 and elementwise.elementwise_variant(ew_variant)["vec"] > 1:
         assert var["vec"] > 1 and var["vector_accesses"] == 2     # x in, result out
     if n % var["tile"]:
         assert f"zyx_base + {var['tile']} <= {n}" in g.source    # the guarded tail
@@ -324,7 +327,7 @@ def test_elementwise_variants_broadcasts_and_strided_loads(ew_variant, lowered):
     b = rng().standard_normal((37, 132)).astype(np.float32)
     c = rng().standard_normal(132).astype(np.float32)
     d = rng().standard_normal((37, 1)).astype(np.float32)
-    vec = gpu.elementwise_variant(ew_variant)["vec"] > 1
+    vec = elementwise.elementwise_variant(ew_variant)["vec"] > 1
     # a row broadcast (same element along the row) and a bias (neighbouring elements):
     # the contiguous operand and the result are vectors, the others read per element
     close(zyx.Tensor(b) + zyx.Tensor(c) * zyx.Tensor(d), b + c * d, rtol=1e-6)
@@ -439,7 +442,7 @@ def test_transpose_plan_needs_long_sides():
 def test_elementwise_vector_types_and_both_index_widths(opencl_device, monkeypatch):
     # rendered (and built by the OpenCL compiler), not run: 2**32 outputs need 64-bit index
     # math; the vector types follow each buffer's storage type (16 bytes at most)
-    monkeypatch.setenv(gpu.EW_ENV, "items=2,vec=8")
+    monkeypatch.setenv(elementwise.EW_ENV, "items=2,vec=8")
     dl = OpenCLDialect()
     big = zyx.Tensor(np.ones(2 ** 16, np.float16)).reshape(1, 2 ** 16).expand(2 ** 16, 2 ** 16)
     small = zyx.Tensor(np.ones((64, 2 ** 12), np.float16))
@@ -460,13 +463,13 @@ def test_elementwise_vector_types_and_both_index_widths(opencl_device, monkeypat
 
 
 def test_elementwise_variant_is_read_from_the_environment(monkeypatch):
-    assert gpu.elementwise_variant("") == gpu.EW_DEFAULT
-    assert gpu.elementwise_variant("items=2, vec=8,waves=3") == dict(
-        gpu.EW_DEFAULT, items=2, vec=8, waves=3)
+    assert elementwise.elementwise_variant("") == elementwise.EW_DEFAULT
+    assert elementwise.elementwise_variant("items=2, vec=8,waves=3") == dict(
+        elementwise.EW_DEFAULT, items=2, vec=8, waves=3)
     for bad in ("items=3", "vec=32", "local=0", "foo=1", "items", "items=x"):
         with pytest.raises(ValueError, match="ZYX_GPU_EW"):
-            gpu.elementwise_variant(bad)
-    monkeypatch.setenv(gpu.EW_ENV, "items=1,vec=2,local=512")
+            elementwise.elementwise_variant(bad)
+    monkeypatch.setenv(elementwise.EW_ENV, "items=1,vec=2,local=512")
     x = zyx.Tensor(np.ones(2 ** 22, np.float32))
     (k,) = kernels_of(x * 2)
     g = gpu.lower(k, OpenCLDialect(), H100)
@@ -477,7 +480,7 @@ def test_elementwise_variant_is_read_from_the_environment(monkeypatch):
 
 
 def test_elementwise_steps_shrink_for_big_kernels_and_small_outputs(monkeypatch):
-    monkeypatch.setenv(gpu.EW_ENV, "items=8,vec=4")
+    monkeypatch.setenv(elementwise.EW_ENV, "items=8,vec=4")
     dl = OpenCLDialect()
     x = zyx.Tensor(np.ones(2 ** 26, np.float32))
     (k,) = kernels_of(x * 2)
@@ -490,7 +493,7 @@ def test_elementwise_steps_shrink_for_big_kernels_and_small_outputs(monkeypatch)
     for j in range(200):
         y = (y * 1.0001 + j).sin()
     k = max(kernels_of(y), key=lambda k: len(k.ops))
-    monkeypatch.setattr(gpu, "EW_MAX_OPS", 12 * len(k.ops))    # (bounded inlining: <100)
+    monkeypatch.setattr(elementwise, "EW_MAX_OPS", 12 * len(k.ops))    # (bounded inlining: <100)
     v = gpu.lower(k, dl, H100).variant
     assert v["items"] == 2 and v["vec"] == 4
 
@@ -536,15 +539,15 @@ def test_index_ranges_of_affine_div_mod():
            (K.BINARY, K.IDX, K.B_MUL, 0, 2), (K.BINARY, K.IDX, K.B_ADD, 3, 1),
            (K.CONST, K.IDX, 7), (K.BINARY, K.IDX, K.B_MOD, 4, 5),
            (K.BINARY, K.IDX, K.B_DIV, 4, 5)]
-    idx = gpu.index_math(ops)
+    idx = analysis.index_math(ops)
     assert idx == {0, 1, 3, 4, 6, 7}
-    rng_ = gpu.index_ranges(ops, idx)
+    rng_ = analysis.index_ranges(ops, idx)
     assert rng_[4] == (0, 999 * 7000000 + 6999999)
     assert rng_[6] == (0, 6)
     assert rng_[7] == (0, (999 * 7000000 + 6999999) // 7)
-    assert gpu.narrow_index(ops, [1024]) == frozenset()    # 7e9 > 2**31
+    assert analysis.narrow_index(ops, [1024]) == frozenset()    # 7e9 > 2**31
     ops[0] = (K.INDEX, K.IDX, 0, 100)
-    assert gpu.narrow_index(ops, [1024]) == frozenset(idx)    # 7e8 fits
+    assert analysis.narrow_index(ops, [1024]) == frozenset(idx)    # 7e8 fits
 
 
 def test_h100_strategies_rendered():
@@ -650,7 +653,7 @@ def test_unsupported_nest_falls_back_to_serial():
            (K.CONST, K.IDX, 0),
            (K.STORE, None, 0, 12, 11)]
     k = K.Kernel(ops, [(f, 1, False), (f, 4096, True)])
-    assert gpu.reduce_nests(ops) is None
+    assert analysis.reduce_nests(ops) is None
     assert gpu.lower(k, OpenCLDialect(), H100).strategy == "serial"
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import zyx
+from zyx.codegen.target import DeviceInfo
 import zyx.nn.functional as F
 from zyx import tuning
 
@@ -295,6 +296,10 @@ class _StubDevice:
         self.schedules = {}
         self.released = []
         self.clock = clock
+        self._info = DeviceInfo(name="stub")
+
+    def info(self):
+        return self._info
 
     def schedule_candidates(self, kernel):
         return [("default", None), ("broken", {"x": 1}), ("fast", {"x": 2}), ("slow", {"x": 3})]
@@ -348,12 +353,6 @@ def test_lowering_key_names_the_float32_precision():
     from test_cuda import _untiled_kernel
     k = _untiled_kernel(zyx.Tensor(np.ones((64, 32), np.float32)) @
                         zyx.Tensor(np.ones((32, 48), np.float32)))
-    before = zyx.get_float32_matmul_precision()
-    try:
-        zyx.set_float32_matmul_precision("highest")
-        plain = tuning.lowering_key(k)
-        assert plain == tuning.kernel_key("lowering", k)
-        zyx.set_float32_matmul_precision("high")
-        assert tuning.lowering_key(k) == plain + ":high"
-    finally:
-        zyx.set_float32_matmul_precision(before)
+    plain = tuning.lowering_key(k, DeviceInfo(float32_precision="highest"))
+    assert plain == tuning.kernel_key("lowering", k)
+    assert tuning.lowering_key(k, DeviceInfo(float32_precision="high")) == plain + ":high"

@@ -166,8 +166,7 @@ def set_float32_matmul_precision(precision: "str") -> None:
 
 def get_float32_matmul_precision() -> "str":
     """The current `set_float32_matmul_precision` value."""
-    from .codegen.gpu.nvidia import mma
-    return mma.float32_precision()
+    return _RT.float32_matmul_precision
 
 
 def set_debug(mask: "int") -> None:

@@ -22,7 +22,9 @@ from ._core.graph import Graph, CONST, LEAF, PAD, RESHAPE
 from ._core import scheduler
 from ._core import valuecheck
 from .backends import initialize_backends, load_config, warn
+from .backends.disk import DiskMemoryPool
 from .backends.host import HostMemoryPool
+from .codegen.target import FLOAT32_PRECISIONS
 from .device import BACKEND_TYPES, Device
 from .errors import BackendError, IndexOutOfRangeError, ZyxError
 
@@ -34,6 +36,13 @@ DEBUG_DEVICES, DEBUG_SCHEDULE, DEBUG_IR, DEBUG_SOURCE, DEBUG_MEMORY, DEBUG_COMPI
 # is unloaded once no other plan shares it (the disk cache keeps it for the next time), so
 # this also bounds the libraries mapped: ~35 KB each, 5,000 shapes mapped 180 MB.
 MAX_PLANS = 1024
+
+
+def _float32_precision(value, source):
+    """`value` when it is one of FLOAT32_PRECISIONS, else ValueError naming `source`."""
+    if value not in FLOAT32_PRECISIONS:
+        raise ValueError(f"{source} must be one of {FLOAT32_PRECISIONS}, got {value!r}")
+    return value
 
 
 def _env_debug():
@@ -146,6 +155,10 @@ class Runtime:
         self.lock = threading.RLock()
         self._local = threading.local()     # per thread: .pending (see `pending`)
         self.max_plans = MAX_PLANS
+        # zyx.set_float32_matmul_precision; written into every device's DeviceInfo
+        self.float32_matmul_precision = _float32_precision(
+            os.environ.get("ZYX_FLOAT32_MATMUL_PRECISION", "").strip() or "highest",
+            "ZYX_FLOAT32_MATMUL_PRECISION")
         self.growing_sizes = True   # config "growing_sizes": bounds.py's plans at a bound
         self.checks = Checks()  # value checks (indices, divisors) run with the realization
         self.rng = np.random.Generator(np.random.PCG64(0))
@@ -171,6 +184,8 @@ class Runtime:
         self._ranked = self._rank_devices(preferred_index)
         self._names = self._name_devices()
         self._pool_device = {id(d.pool): d for d in self.devices}
+        for d in self.devices:
+            d.info().float32_precision = self.float32_matmul_precision
         self.default = None
         self._multi = False
         self._drop_plans()     # their programs are unloaded with them
@@ -368,6 +383,12 @@ class Runtime:
         self._ensure()
         return sum(p.used_bytes for p in self.pools)
 
+    @staticmethod
+    def open_file(path):
+        """A memory pool over the bytes of the file at `path` (mapped lazily, read-only):
+        zyx.io's loaders make leaves of `pool.view(offset, nbytes)` buffers in it."""
+        return DiskMemoryPool(path)
+
     def from_numpy(self, arr: np.ndarray, dtype, device=None) -> int:
         """A leaf holding a copy of `arr`, on `device` (a backend device; default device
         when None)."""
@@ -513,13 +534,14 @@ class Runtime:
     def set_float32_matmul_precision(self, precision):
         """zyx.set_float32_matmul_precision: the setting the GPU lowerings read; plans and
         compiled GPU programs made under another setting are dropped."""
-        from .codegen.gpu.nvidia import mma
+        precision = _float32_precision(precision, "float32 matmul precision")
         with self.lock:
-            if precision == mma.float32_precision():
+            if precision == self.float32_matmul_precision:
                 return
-            mma.set_float32_precision(precision)
+            self.float32_matmul_precision = precision
             self._drop_plans()
             for d in self.devices or ():
+                d.info().float32_precision = precision
                 forget = getattr(d, "forget_programs", None)
                 if forget is not None:
                     forget()

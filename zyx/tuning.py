@@ -141,14 +141,13 @@ def kernel_key(kind, kernel):
     return kind + ":" + hashlib.sha256(repr(kernel.key).encode()).hexdigest()[:32]
 
 
-def lowering_key(kernel):
+def lowering_key(kernel, info):
     """The stored name of `kernel`'s lowering schedule: its content and, where float32
     products may run on TF32 (zyx.set_float32_matmul_precision), that setting: the
     fastest schedule of one need not be the fastest of the other ("highest" keeps the
     name it always had)."""
-    from .codegen.gpu.nvidia.mma import float32_precision
     key = kernel_key("lowering", kernel)
-    precision = float32_precision()
+    precision = info.float32_precision
     return key if precision == "highest" else f"{key}:{precision}"
 
 
@@ -206,7 +205,7 @@ class Tuner:
         if len(cands) < 2:
             return
         labels = [label for label, _ in cands]
-        key = lowering_key(kernel)
+        key = lowering_key(kernel, dev.info())
         best = self.store.get(key, labels)
         if best is not None:
             self.stats["schedules_reused"] += 1

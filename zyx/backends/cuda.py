@@ -22,7 +22,7 @@ import sys
 import numpy as np
 
 from ..errors import BackendError
-from ..codegen.gpu.nvidia import tma
+from ..codegen.gpu.nvidia import products, tma
 from ..codegen.target import DeviceInfo
 from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from ..codegen.cstyle import CUDADialect
@@ -330,6 +330,8 @@ class CUDADevice(DriverDevice):
             warp_size=d.attribute("WARP_SIZE", 32),
             num_cores=sms,
             tensor_cores=self.cc[0] >= 7,
+            product_lowerings=(products.lower_product,),
+            k_major_windows=products.k_major_windows,
             extra={"cc": self.cc, "arch": self.compiler.target,
                    # the most shared memory a function may ask for (wgmma's stages)
                    "smem_optin": d.attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", 0),

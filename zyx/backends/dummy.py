@@ -52,9 +52,10 @@ class DummyDevice:
         self.compiled = 0        # how many (zyx.stats' compiler_runs, as other devices)
         self.launched = 0
         self._programs = {}
+        self._info = DeviceInfo(name="dummy", compute=1.0)
 
     def info(self):
-        return DeviceInfo(name="dummy", compute=1.0)
+        return self._info
 
     def compile(self, kernel):
         prog = self._programs.get(kernel)

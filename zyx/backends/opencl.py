@@ -22,8 +22,8 @@ from ..codegen.target import DeviceInfo
 from . import Buffer, MemoryPool
 from .binary_cache import BinaryCache, cache_key
 from ..codegen.cstyle import OpenCLDialect
-from ..codegen.gpu.dispatch import (GPU_SUM_BLOCK, WORK_GROUP, lower, own_tiles, register_tiles,
-                  schedule_candidates, tile_min_outputs)
+from ..codegen.gpu.dispatch import (GPU_SUM_BLOCK, WORK_GROUP, lower, own_tiles,
+                                    register_tiles, schedule_candidates, tile_min_outputs)
 
 # Below the C backend's estimate (2e10 FLOP/s per core) for any core count: the C backend
 # computes on the same CPU faster than PoCL's generic code, so it must stay the default.

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# zyx.set_float32_matmul_precision's values, as PyTorch's setting of that name
+FLOAT32_PRECISIONS = ("highest", "high", "medium")
+
 
 @dataclass
 class DeviceInfo:
@@ -33,4 +36,19 @@ class DeviceInfo:
     # (kernel ops) -> True where the backend tiles the kernel itself (GPU gemm tiles):
     # kernelize leaves it without register tiles
     own_tiles: object = None
+    # "highest", "high" or "medium" (zyx.set_float32_matmul_precision): whether float32
+    # products may run on TF32 tensor cores; written by the runtime
+    float32_precision: str = "highest"
+    # (kernel, dialect, info, name, gemm plan, tile, gemm knobs) -> GPUKernel or None,
+    # tried in order before gemm's float tiles: the device's matrix-instruction products
+    # (the CUDA backend: codegen/gpu/nvidia/products.lower_product)
+    product_lowerings: tuple = ()
+    # (info, dtype) -> bool: convolution windows of that dtype are read K-major (None: no)
+    k_major_windows: object = None
     extra: dict = field(default_factory=dict)
+
+    def reads_windows_k_major(self, dtype):
+        """Whether this device's lowering copies a convolution's windows of `dtype` into
+        products that read both operands K-major (so nn.functional stores the weights
+        with the input channels innermost)."""
+        return self.k_major_windows is not None and bool(self.k_major_windows(self, dtype))

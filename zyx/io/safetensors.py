@@ -7,7 +7,7 @@ byte buffer that follows the header) plus an optional ``"__metadata__"`` string 
 raw little-endian tensor bytes. The header is padded with spaces so the data starts 8-byte
 aligned.
 
-Loading maps the file through a `DiskMemoryPool` and makes one LEAF node per tensor whose
+Loading maps the file through a disk pool (`Runtime.open_file`) and makes one LEAF node per tensor whose
 buffer is a view of the mapping; a tensor's bytes are read only when a kernel (or `numpy()`)
 needs them. The whole header is validated before any tensor is made, so a truncated or
 corrupt file raises `SafetensorsError` and loads nothing.
@@ -24,7 +24,6 @@ from typing import Mapping
 import numpy as np
 
 from .. import dtype as dt
-from ..backends.disk import DiskMemoryPool
 from ..errors import ZyxError
 from ..runtime import RT
 
@@ -279,7 +278,7 @@ def _parse_header(pool):
 def read_header(path):
     """(entries, metadata) of a safetensors file without making tensors: entries maps each
     name to (dtype, shape). Raises SafetensorsError on a corrupt header."""
-    entries, metadata, _ = _parse_header(DiskMemoryPool(path))
+    entries, metadata, _ = _parse_header(RT.open_file(path))
     return {name: (d, shape) for name, d, shape, _, _ in entries}, metadata
 
 
@@ -291,10 +290,10 @@ def load_metadata(path) -> dict:
 def load(path) -> dict:
     """Open a safetensors file lazily: a dict name -> Tensor in header order.
 
-    Each Tensor is a LEAF whose buffer lives in the file's DiskMemoryPool; its bytes are read
+    Each Tensor is a LEAF whose buffer lives in the file's disk pool; its bytes are read
     the first time a kernel uses it (then it lives in the device pool) or `numpy()` reads it."""
     from ..tensor import Tensor
-    pool = DiskMemoryPool(path)
+    pool = RT.open_file(path)
     entries, _, data_start = _parse_header(pool)
     out = {}
     for name, d, shape, begin, end in entries:

@@ -276,22 +276,16 @@ def _window_weights(x, w, out_size):
     """Whether a convolution reading a channels-last image (`_channels_last_input`)
     reads its weights through a stored copy with the input channels innermost,
     (cout, *k, cin): on a GPU whose lowering copies windows through tensor maps into
-    warpgroup products (backends/wgmma.py `window_plan`: CUDA sm_90a), for 16-bit
+    warpgroup products (DeviceInfo.reads_windows_k_major: CUDA sm_90a,
+    codegen/gpu/nvidia/products.py), for 16-bit
     weights, float32 ones the precision setting lets run on TF32, and float32 ones at
     "highest" (FMA tiles; not with the gemm knob "fma=0"), whose products read both
     operands K-major.
     Only for outputs of the image's size (`out_size` == x's): the window's flat pixel
     position is then the image's plus a constant per tap."""
-    from ..codegen.gpu import gemm
-    from ..codegen.gpu.nvidia.mma import float32_precision
     from ..runtime import RT
-    extra = RT.device_of(w._id).info().extra or {}
-    if extra.get("arch") != "sm_90a" or not extra.get("tma") or \
-            tuple(out_size) != tuple(x.shape[2:]):
-        return False
-    return w.dtype in (dt.float16, dt.bfloat16) or (
-        w.dtype is dt.float32 and (float32_precision() != "highest" or
-                                   bool(gemm.variant()["fma"])))
+    return tuple(out_size) == tuple(x.shape[2:]) and \
+        RT.device_of(w._id).info().reads_windows_k_major(w.dtype)
 
 
 def _conv_forward(x, w, pads, s, d, g, nd, channels_last, image_last=False):

@@ -40,7 +40,9 @@ import os
 
 from ... import dtype as dt
 from ..._core import kernel as K
-from ..cstyle import INDEX32, alu_operands, literal, value_line
+from ..cstyle import INDEX32, Rendered, alu_operands, literal, value_line
+from .analysis import child_loops, coefficient, contiguous_loads, narrow_index
+from .program import GPUKernel, Launch, kernel_params, read_variant
 
 GEMM_ENV = "ZYX_GPU_GEMM"
 SIDE = 16              # work-items along each side of a group: 16 x 16 = 256
@@ -99,11 +101,10 @@ def variant(spec=None):
     operand (`a @ b`) on mma.sync instead of warpgroup products reading a K-major copy
     of it (kcopy.py). Read at each lowering.
     Totals are kept only for products over more than PLAIN_K terms either way."""
-    from .dispatch import _read_variant
     spec = os.environ.get(GEMM_ENV, "") if spec is None else spec
     if spec.strip() in ("0", "1"):
         spec = ""
-    out = _read_variant(GEMM_ENV, GEMM_DEFAULT, {}, spec)
+    out = read_variant(GEMM_ENV, GEMM_DEFAULT, {}, spec)
     if out["mk"] not in (0, 8, 16, 32, 64):
         raise ValueError(f"{GEMM_ENV}={spec!r}: mk must be 8 (TF32 only), 16, 32 or 64 "
                          f"(0: automatic)")
@@ -140,7 +141,7 @@ class GemmPlan:
 _NARROW = (dt.float16, dt.bfloat16)
 
 
-def _deps(ops):
+def index_deps(ops):
     """ssa -> frozenset of INDEX/LOOP ids it depends on, or None for values that read a
     register (accumulators) or come from DEFINE ops."""
     deps = {}
@@ -190,7 +191,6 @@ def closure(ops, roots):
 
 def _chain(ops, root, ends):
     """The loops of the nest at `root` following single child loops down."""
-    from .dispatch import child_loops
     chain = [root]
     while True:
         kids = child_loops(ops, chain[-1], ends)
@@ -264,7 +264,7 @@ def plan(ops):
             block *= ops[loop][2]
     elif acc > root or len(regs) != 1:
         return None
-    deps = _deps(ops)
+    deps = index_deps(ops)
     masks = []
     while ops[x][0] == K.WHERE and ops[ops[x][4]][0] == K.CONST and ops[ops[x][4]][2] == 0:
         masks.append(ops[x][2])
@@ -309,7 +309,6 @@ def plan(ops):
     # convolution window) gives runs of a few values, while a side contiguous along its
     # own innermost axis (an image row) gives a warp 128 consecutive bytes: that side
     # is copied rows (cols) fastest)
-    from .dispatch import contiguous_loads
     var = variant()
     run = var["krun"]
     nk = 1
@@ -403,7 +402,7 @@ def wanted(ops, info):
     return p is not None and choose_tile(p, info) is not None
 
 
-def _decode(names, ops, ids, flat, itype, ind):
+def decode_flat(names, ops, ids, flat, itype, ind):
     """Statements naming INDEX (or LOOP) ids from a flat row-major position `flat`."""
     lines, stride = [], 1
     for k, i in enumerate(reversed(ids)):
@@ -416,7 +415,7 @@ def _decode(names, ops, ids, flat, itype, ind):
     return lines[::-1]
 
 
-def _values(dl, ops, roots, names, narrow, ind, skip=()):
+def value_lines(dl, ops, roots, names, narrow, ind, skip=()):
     """Statements computing `roots` (their closure) with `names` for variables; each call
     site is its own C block, so the v{i} names may repeat."""
     lines = []
@@ -465,11 +464,11 @@ def _slot_names(ops, p, side, names, it, s, kk, mm, k0, ragged_test, hoist, befo
     if hoist:
         hn = {i: f"zyx_h{side}{s}_{names[i]}" for i in ids}
         before.append(f"  const int zyx_h{side}{s} = {inside};")
-        before += _decode(hn, ops, ids, f"({origin} + {mm})", it, "  ")
+        before += decode_flat(hn, ops, ids, f"({origin} + {mm})", it, "  ")
         inside = f"zyx_h{side}{s}"
         bind = [f"{ind}const {it} {names[i]} = zyx_h{side}{s}_{names[i]};" for i in ids]
     else:
-        bind = _decode(names, ops, ids, f"({origin} + {mm})", it, ind)
+        bind = decode_flat(names, ops, ids, f"({origin} + {mm})", it, ind)
     k_mode = "all"
     if shared is not None and shared.lines is not None:
         k_mode = shared.k_mode
@@ -482,7 +481,7 @@ def _slot_names(ops, p, side, names, it, s, kk, mm, k0, ragged_test, hoist, befo
         length = ops[inner][2]
         return inside, bind + [f"{ind}const {it} {names[inner]} = "
                                f"(({k0}) % {length}) + {kk};"]
-    return inside, bind + _decode(names, ops, p.loops, f"({k0} + {kk})", it, ind)
+    return inside, bind + decode_flat(names, ops, p.loops, f"({k0} + {kk})", it, ind)
 
 
 class _Shared:
@@ -511,22 +510,22 @@ class _Shared:
             return
         ind = "      "
         if kfast:
-            lines = _decode(self.names, ops, p.loops, f"({k0} + {kk})", it, ind)
+            lines = decode_flat(self.names, ops, p.loops, f"({k0} + {kk})", it, ind)
             varying = set(ids)
             self.k_mode = "none"
         else:
             origin = "zyx_r0" if side == "a" else "zyx_c0"
-            lines = _decode(self.names, ops, ids, f"({origin} + {mm})", it, ind)
+            lines = decode_flat(self.names, ops, ids, f"({origin} + {mm})", it, ind)
             self.rows_named = True
             inner = p.loops[-1]
             if len(p.loops) > 1 and ops[inner][2] % bk == 0:
-                lines += _decode(self.names, ops, p.loops[:-1],
+                lines += decode_flat(self.names, ops, p.loops[:-1],
                                  f"({k0} / {ops[inner][2]})", it, ind)
                 varying = {inner}
                 self.k_mode = "inner"
             else:
                 varying = set(p.loops)
-        deps = _deps(ops)
+        deps = index_deps(ops)
         loaded, hoisted = set(), []
         for j in closure(ops, roots):
             op = ops[j]
@@ -577,11 +576,11 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
         compute += ["    {", f"      {reg} = {zero};",
                     f"      if ({inside} && {k0} + {kk} < {p.nk}) {{"] + bind
         if slots.raw is not None:
-            compute += _values(dl, ops, [val] + masks, local_names, narrow, ind,
+            compute += value_lines(dl, ops, [val] + masks, local_names, narrow, ind,
                                skip=shared.skip | {val})
             compute.append(ind + value_line(slots.raw, ops, val, local_names, narrow))
         else:
-            compute += _values(dl, ops, [val] + masks, local_names, narrow, ind,
+            compute += value_lines(dl, ops, [val] + masks, local_names, narrow, ind,
                                skip=shared.skip)
         v = local_names[val]
         for m in masks:
@@ -621,7 +620,6 @@ def vector_lanes(ops, p, side, kfast, local_dtype):
     that do not depend on that direction (`operand_source`: a padded window of a
     channels-last image, one test for the vector's channels). Alignment is checked where
     the kernel runs (a misaligned vector is read value by value)."""
-    from .dispatch import _coefficient
     found = operand_source(ops, p.a if side == "a" else p.b)
     if found is None or p.masks:
         return 1
@@ -631,10 +629,10 @@ def vector_lanes(ops, p, side, kfast, local_dtype):
     lanes = VEC_BYTES // op[1].itemsize
     var = p.loops[-1] if kfast else (p.rows if side == "a" else p.cols)[-1]
     length = ops[var][2] if kfast else ops[var][3]
-    if length % lanes or _coefficient(ops, op[3], var, {}) != 1:
+    if length % lanes or coefficient(ops, op[3], var, {}) != 1:
         return 1
     if found[1]:
-        deps = _deps(ops)
+        deps = index_deps(ops)
         if any(var in (deps.get(t) or {var}) for t in found[1]):
             return 1
     return lanes
@@ -682,10 +680,10 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
         compute += bind
         done = shared.skip
         if tests:
-            compute += _values(dl, ops, tests, local_names, narrow, ind, skip=done)
+            compute += value_lines(dl, ops, tests, local_names, narrow, ind, skip=done)
             compute.append(f"{ind}if ({' && '.join(local_names[t] for t in tests)}) {{")
             done = done | frozenset(closure(ops, tests))
-        compute += _values(dl, ops, [op[3]], local_names, narrow, ind, skip=done)
+        compute += value_lines(dl, ops, [op[3]], local_names, narrow, ind, skip=done)
         ptr = f"({local_names[op[2]]} + {local_names[op[3]]})"
         compute.append(f"{ind}const {gq}{st}* zyx_v = {ptr};")
         compute.append(f"{ind}if ({dl.aligned('zyx_v', VEC_BYTES)}) {{")
@@ -792,8 +790,6 @@ class Frame:
     zyx_c0 in rows and cols, its batch variables, zyx_tid."""
 
     def __init__(self, kernel, dl, p, br, bc, bk, threads):
-        from .dispatch import narrow_index
-        from ..cstyle import Rendered
         ops = self.ops = kernel.ops
         self.groups_r, self.groups_c = -(-p.nr // br), -(-p.nc // bc)
         self.groups = p.nb * self.groups_r * self.groups_c
@@ -820,7 +816,7 @@ class Frame:
                      f"  const {it} zyx_r0 = ((zyx_grp / {gc}) % {self.groups_r}) * {br};",
                      f"  const {it} zyx_c0 = (zyx_grp % {gc}) * {bc};"]
         if p.batch:
-            self.head += _decode(names, ops, p.batch, f"(zyx_grp / {gc * self.groups_r})",
+            self.head += decode_flat(names, ops, p.batch, f"(zyx_grp / {gc * self.groups_r})",
                                  it, "  ")
 
     def epilogue(self, dl, ops, p, outputs):
@@ -839,13 +835,13 @@ class Frame:
                    f"    const {it} zyx_y = {col};",
                    f"    if (zyx_x < {p.nr} && zyx_y < {p.nc}) {{"]
             local_names = dict(names)
-            blk += _decode(local_names, ops, p.rows, "zyx_x", it, ind)
-            blk += _decode(local_names, ops, p.cols, "zyx_y", it, ind)
+            blk += decode_flat(local_names, ops, p.rows, "zyx_x", it, ind)
+            blk += decode_flat(local_names, ops, p.cols, "zyx_y", it, ind)
             for q in sorted(res_loads):
                 d = ops[q][1]
                 local_names[q] = f"v{q}"
                 blk.append(f"{ind}const {dl.ctype(d)} v{q} = ({dl.ctype(d)}){acc};")
-            blk += _values(dl, ops, [st[3], st[4]], local_names, narrow, ind, skip=res_loads)
+            blk += value_lines(dl, ops, [st[3], st[4]], local_names, narrow, ind, skip=res_loads)
             vi = local_names[st[3]]
             if narrow and ops[st[3]][0] == K.CONST:
                 vi = literal(dl, dt.int32, ops[st[3]][2])
@@ -860,8 +856,7 @@ class Frame:
         """The `GPUKernel` of statements `body` (one launch of the frame's groups);
         `extra_params`: declarations after the buffers' (tensor maps), `bounds`: a
         `__launch_bounds__` clause."""
-        from .dispatch import GPUKernel, Launch, _params
-        params = _params(kernel, dl, self.rendered) + list(extra_params)
+        params = kernel_params(kernel, dl, self.rendered) + list(extra_params)
         src = (f"{dl.kernel_prefix} {bounds}{name}({', '.join(params)}) "
                "{\n" + "\n".join(body) + "\n}\n")
         args = [("arg", i) for i in range(len(kernel.args))]
@@ -874,18 +869,14 @@ class Frame:
 
 def lower_gemm(kernel, dl, info, name, p, tile, var=None):
     """The `GPUKernel` of plan `p` with tile (rows, cols, K step) (module docstring);
-    `var`: `variant()`'s knobs (None: the environment's). 16-bit products on devices
-    with matrix instructions go to `wgmma.lower_wgmma` (Hopper, plain loads) or
-    `mma.lower_mma`."""
-    from .nvidia import mma, wgmma
+    `var`: `variant()`'s knobs (None: the environment's). The device's own product
+    lowerings (`DeviceInfo.product_lowerings`: matrix instructions, e.g. NVIDIA's tensor
+    cores) are tried first; the float tiles below take what none of them takes."""
     var = var if var is not None else variant()
-    if var["mma"] and wgmma.usable(p, kernel.ops, dl, info, tile, var):
-        return wgmma.lower_wgmma(kernel, dl, info, name, p, var)
-    window = wgmma.window_plan(p, kernel.ops, dl, info, var)
-    if window is not None:
-        return wgmma.lower_wgmma_tma(kernel, dl, info, name, window, var)
-    if var["mma"] and mma.usable(p, dl, info):
-        return mma.lower_mma(kernel, dl, info, name, p, tile, var)
+    for lower_product in info.product_lowerings:
+        g = lower_product(kernel, dl, info, name, p, tile, var)
+        if g is not None:
+            return g
     ops = kernel.ops
     br, bc, bk = tile
     bk = var["fk"] or bk

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from ..._core import kernel as K
 from ..cstyle import Frame as BodyFrame, INDEX32, render_body
-from .gemm import _decode, _values
+from .gemm import decode_flat, value_lines
+from .analysis import coefficient, narrow_index
+from .program import GPUKernel, Launch, kernel_params
 
 ENABLED = True     # False: such kernels stay elementwise (for comparisons)
 TILE = 32          # elements per tile side
@@ -35,7 +37,6 @@ class TransposePlan:
 
 def plan(ops):
     """The kernel's `TransposePlan`, or None (module docstring)."""
-    from .dispatch import _coefficient
     if not ENABLED or any(op[0] in (K.LOOP, K.IF_OP, K.BARRIER) for op in ops):
         return None
     stores = [i for i, op in enumerate(ops)
@@ -45,18 +46,18 @@ def plan(ops):
         return None
     st = ops[stores[0]]
     b = max(index, key=lambda i: ops[i][2])
-    if st[3] < 0 or _coefficient(ops, st[3], b, {}) != 1 or ops[b][3] < MIN_SIDE:
+    if st[3] < 0 or coefficient(ops, st[3], b, {}) != 1 or ops[b][3] < MIN_SIDE:
         return None
     loads = [op for op in ops if op[0] == K.LOAD and ops[op[2]][2] == K.SCOPE_GLOBAL
              and op[3] >= 0]
-    steps = [_coefficient(ops, op[3], b, {}) for op in loads]
+    steps = [coefficient(ops, op[3], b, {}) for op in loads]
     if 1 in steps:
         return None          # a load already coalesced along B: the tile would stride it
     for op, step_b in zip(loads, steps):
         if step_b is None or step_b in (0, -1):
             continue
         for a in index:
-            if a != b and ops[a][3] >= MIN_SIDE and _coefficient(ops, op[3], a, {}) == 1:
+            if a != b and ops[a][3] >= MIN_SIDE and coefficient(ops, op[3], a, {}) == 1:
                 p = TransposePlan()
                 p.store, p.a, p.b = stores[0], a, b
                 p.others = [j for j in index if j not in (a, b)]
@@ -82,7 +83,6 @@ class _TileFrame(BodyFrame):
 
 def lower_transpose(kernel, dl, info, name, p):
     """The `GPUKernel` of `kernel` with plan `p` (module docstring)."""
-    from .dispatch import GPUKernel, Launch, _params, narrow_index
     ops = kernel.ops
     ta, tb = -(-p.la // TILE), -(-p.lb // TILE)
     groups = p.nothers * ta * tb
@@ -100,7 +100,7 @@ def lower_transpose(kernel, dl, info, name, p):
                f"    if (zyx_a < {p.la} && zyx_b < {p.lb}) {{",
                f"      const {it} {names[p.a]} = zyx_a;",
                f"      const {it} {names[p.b]} = zyx_b;"]
-        return out + _decode(names, ops, p.others, "zyx_o", it, "      ")
+        return out + decode_flat(names, ops, p.others, "zyx_o", it, "      ")
 
     body = [f"  {dl.local_qualifier}{dl.storage_type(d)} zyx_tile[{TILE * (TILE + 1)}];",
             f"  const {it} zyx_tid = ({it}){dl.local_id(0)};",
@@ -120,11 +120,11 @@ def lower_transpose(kernel, dl, info, name, p):
         e = f"(zyx_tid + {s * THREADS})"
         local = dict(names)
         body += ["  {"] + position(f"{e} / {TILE}", f"{e} % {TILE}")
-        body += _values(dl, ops, [st[3]], local, narrow, "      ")
+        body += value_lines(dl, ops, [st[3]], local, narrow, "      ")
         body.append(f"      {names[st[2]]}[{local[st[3]]}] = "
                     f"zyx_tile[({e} % {TILE}) * {TILE + 1} + {e} / {TILE}];")
         body += ["    }", "  }"]
-    src = (f"{dl.kernel_prefix} {name}({', '.join(_params(kernel, dl, r))}) {{\n" +
+    src = (f"{dl.kernel_prefix} {name}({', '.join(kernel_params(kernel, dl, r))}) {{\n" +
            "\n".join(body) + "\n}\n")
     args = [("arg", i) for i in range(len(kernel.args))]
     g = GPUKernel(dl.prelude + src, [Launch(name, groups, THREADS, args)], (), "transpose",

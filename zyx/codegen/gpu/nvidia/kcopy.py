@@ -16,6 +16,7 @@ multiples of 16 bytes); the padding is never read (the map's K extent ends befor
 from __future__ import annotations
 
 from .tma import TensorMap
+from ..program import Launch
 
 MIN_OTHER = 512         # rows (cols) of the other side that make the copy worth its cost
 TILE = 32               # the copy's square tile (values)
@@ -94,7 +95,6 @@ def source(name, m):
 
 def launch(name, m, scratch):
     """The Launch of `source(name, m)` writing scratch buffer `scratch`."""
-    from ..dispatch import Launch
     side, k = m.dims[:2]
     groups = -(-side // TILE) * -(-k // TILE)
     for d in m.dims[2:]:

@@ -30,7 +30,6 @@ keep their float totals the same way.
 """
 from __future__ import annotations
 
-import os
 
 from .... import dtype as dt
 from ...._core import kernel as K
@@ -46,28 +45,6 @@ MIN_CC = (8, 0)             # m16n8k16 with bf16, m16n8k8 with tf32 need sm_80
 
 _PTX_TYPE = {dt.float16: "f16", dt.bfloat16: "bf16"}
 _ROUND = {dt.float16: "zyx_f2h", dt.bfloat16: "zyx_f2bf"}
-PRECISIONS = ("highest", "high", "medium")
-_precision = ["highest"]
-
-
-def float32_precision():
-    """How float32 products may be computed (`zyx.set_float32_matmul_precision`):
-    "highest" in float32; "high" or "medium" on TF32 tensor cores where the device has
-    them (CUDA, compute capability 8.0 and later)."""
-    return _precision[0]
-
-
-def set_float32_precision(precision, source="float32 matmul precision"):
-    """Set what `float32_precision` returns (Runtime.set_float32_matmul_precision also
-    drops what was compiled under the old value)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"{source} must be one of {PRECISIONS}, got {precision!r}")
-    _precision[0] = precision
-
-
-set_float32_precision(os.environ.get("ZYX_FLOAT32_MATMUL_PRECISION", "highest").strip()
-                      or "highest", "ZYX_FLOAT32_MATMUL_PRECISION")
-
 # ldmatrix wants a shared-window address: __cvta_generic_to_shared gives it (NVRTC
 # declares it without a header). ldmatrix is volatile: it reads memory the compiler does
 # not see, so it must stay between the barriers; mma only reads registers, and the
@@ -103,16 +80,17 @@ static __device__ __forceinline__ void zyx_mma_{t}(float* c, const unsigned* a,
 """
 
 
-def tf32(p):
-    """True when plan `p` is a float32 product the precision setting lets run on TF32."""
-    return p.narrow is None and p.dtype is dt.float32 and _precision[0] != "highest"
+def tf32(p, info):
+    """True when plan `p` is a float32 product the precision setting of the device
+    (`info.float32_precision`, zyx.set_float32_matmul_precision) lets run on TF32."""
+    return p.narrow is None and p.dtype is dt.float32 and info.float32_precision != "highest"
 
 
 def usable(p, dl, info):
     """True when plan `p` is a 16-bit product (or a float32 one allowed TF32) and the
     dialect and device have the matrix instructions this module writes (CUDA C on
     compute capability >= 8.0)."""
-    if (p.narrow is None and not tf32(p)) or not getattr(dl, "mma_ptx", False):
+    if (p.narrow is None and not tf32(p, info)) or not getattr(dl, "mma_ptx", False):
         return False
     cc = (info.extra or {}).get("cc")
     return cc is not None and tuple(cc) >= MIN_CC

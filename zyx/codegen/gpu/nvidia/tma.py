@@ -25,6 +25,8 @@ from ...._core import kernel as K
 # a padded window where(test, load, 0), whose failing rows the kernel zeroes
 # (wgmma.lower_wgmma_tma)
 from ..gemm import operand_source as source
+from ..gemm import index_deps
+from ..analysis import coefficient, eval_index
 
 MAX_RANK = 5
 MAX_BOX = 256
@@ -76,9 +78,8 @@ def _linear(ops, coefs, ids):
 
 def _coefficients(ops, index):
     """INDEX/LOOP ssa -> coefficient of the affine `index`, or None."""
-    from ..dispatch import _coefficient
     variables = [i for i, o in enumerate(ops) if o[0] in (K.INDEX, K.LOOP)]
-    coefs = {v: _coefficient(ops, index, v, {}) for v in variables}
+    coefs = {v: coefficient(ops, index, v, {}) for v in variables}
     return None if any(c is None for c in coefs.values()) else coefs
 
 
@@ -89,9 +90,8 @@ def k_groups(ops, p):
     loop a padding test depends on), and the other loops T, "taps" (a convolution's
     window rows and cols), which `operand_map` folds into a window's side or gives
     dimensions of their own. None where an operand's index is not affine."""
-    from ..gemm import _deps
     coefs, tested = [], set()
-    deps = _deps(ops)
+    deps = index_deps(ops)
     for val in (p.a, p.b):
         found = source(ops, val)
         c = _coefficients(ops, ops[found[0]][3]) if found else None
@@ -119,9 +119,8 @@ def k_groups(ops, p):
 
 def k_major(ops, val, inner):
     """True when operand `val` steps by one value along reduce loop `inner`."""
-    from ..dispatch import _coefficient
     found = source(ops, val)
-    return found is not None and _coefficient(ops, ops[found[0]][3], inner, {}) == 1
+    return found is not None and coefficient(ops, ops[found[0]][3], inner, {}) == 1
 
 
 def operand_map(ops, p, side, kfast, box_side, arg_of, groups, fold=False):
@@ -138,7 +137,6 @@ def operand_map(ops, p, side, kfast, box_side, arg_of, groups, fold=False):
     into the side coordinate where `fold` (a window: an image row or col moves the side
     by whole pixels), else it takes a dimension. `tests`: the operand's bool tests (a
     padded window's, `source`) the kernel must apply to the copied rows."""
-    from ..dispatch import _eval_index
     val = p.a if side == "a" else p.b
     found = source(ops, val)
     if found is None:
@@ -151,7 +149,7 @@ def operand_map(ops, p, side, kfast, box_side, arg_of, groups, fold=False):
     coefs = _coefficients(ops, op[3])
     if coefs is None:
         return None
-    start = _eval_index(ops, op[3], {v: 0 for v in coefs})
+    start = eval_index(ops, op[3], {v: 0 for v in coefs})
     g, taps = groups
     ids = p.rows if side == "a" else p.cols
     other = p.cols if side == "a" else p.rows

@@ -41,8 +41,11 @@ instructions, either operand K-major or MN-major).
 from __future__ import annotations
 
 from ...._core import kernel as K
-from ..gemm import PLAIN_K, Frame, _decode, _values, vector_lanes
+from ..gemm import PLAIN_K, Frame, decode_flat, value_lines, vector_lanes
 from .mma import tf32
+from . import kcopy, tma
+from ..analysis import coefficient
+from ..gemm import GemmPlan, index_deps
 
 
 WG_ROWS = 128           # rows of a product's tile that picks this lowering (gemm's tile)
@@ -53,10 +56,10 @@ ATOM = 1024             # 8 swizzled rows: the swizzle's period, and the tiles' 
 _PTX = {"float16": "f16", "bfloat16": "bf16", "float32": "tf32"}
 
 
-def fma_products(p):
+def fma_products(p, info):
     """True when plan `p` is a float32 product computed in float32 ("highest"): the
     tensor-map lowering then multiplies with FMA instructions (`lower_wgmma_tma`)."""
-    return p.narrow is None and p.dtype.name == "float32" and not tf32(p)
+    return p.narrow is None and p.dtype.name == "float32" and not tf32(p, info)
 
 
 def _operand_type(p):
@@ -124,7 +127,8 @@ def usable(p, ops, dl, info, tile, var):
     TF32 (mma.tf32), or at "highest" with the knob "fma" (FMA tiles), takes it through
     tensor maps only, TF32 with both operands K-major."""
     if (not var["wgmma"] or p.masks or not getattr(dl, "mma_ptx", False) or
-            (p.narrow is None and not tf32(p) and not (fma_products(p) and var["fma"]))):
+            (p.narrow is None and not tf32(p, info)
+             and not (fma_products(p, info) and var["fma"]))):
         return False
     extra = info.extra or {}
     narrow_cols = tuple(tile[:2]) == (WG_ROWS, 64) and p.nc <= 64
@@ -157,14 +161,13 @@ class _Copies:
     position and computes the index as the kernel does."""
 
     def __init__(self, dl, ops, p, fr, side, tile_len, kfast, region, threads):
-        from ..dispatch import _coefficient
         val = p.a if side == "a" else p.b
         op = ops[val]
         ids = p.rows if side == "a" else p.cols
         extent = p.nr if side == "a" else p.nc
         origin = "zyx_r0" if side == "a" else "zyx_c0"
         per_row = (WG_K if kfast else tile_len) // 8      # chunks along the fast direction
-        coef = [_coefficient(ops, op[3], lp, {}) for lp in p.loops]
+        coef = [coefficient(ops, op[3], lp, {}) for lp in p.loops]
         lengths = [ops[lp][2] for lp in p.loops]
         linear = None not in coef and all(coef[i] == coef[i + 1] * lengths[i + 1]
                                           for i in range(len(coef) - 1))
@@ -175,9 +178,9 @@ class _Copies:
         def address(names, mm, k, ind):
             """Statements naming the operand's row (col) `mm` and flat K `k` and
             computing its index; the address is names[op[2]] + names[op[3]]."""
-            return (_decode(names, ops, ids, f"({origin} + {mm})", fr.it, ind) +
-                    _decode(names, ops, p.loops, k, fr.it, ind) +
-                    _values(dl, ops, [op[3]], names, fr.narrow, ind))
+            return (decode_flat(names, ops, ids, f"({origin} + {mm})", fr.it, ind) +
+                    decode_flat(names, ops, p.loops, k, fr.it, ind) +
+                    value_lines(dl, ops, [op[3]], names, fr.narrow, ind))
         for s in range(tile_len * WG_K // 8 // threads):
             e = f"(zyx_tid + {s * threads})"
             if kfast:
@@ -263,7 +266,7 @@ def tma_shape(p, info, var):
     device's shared memory (at most 6); the knobs "wm", "wn", "stages" override them.
     FMA tiles (`fma_products`): 256 x 64 for products of at most 64 cols, else 128 x
     128 (only "stages" applies)."""
-    if fma_products(p):     # float32 FMA tiles: 8 x 8 per consumer work-item
+    if fma_products(p, info):     # float32 FMA tiles: 8 x 8 per consumer work-item
         bc = 64 if p.nc <= 64 else 128
         br = 256 if bc == 64 else 128
     else:
@@ -279,8 +282,6 @@ def _tma_maps(ops, p, br, bc):
     K-major]), or None. Only the rows side (a) may have tests (a window: the consumers
     that multiply those rows zero the ones whose test fails), and only its taps fold
     into its side."""
-    from . import tma
-    from ..gemm import _deps
     groups = tma.k_groups(ops, p)
     if groups is None or not groups[0]:
         return None
@@ -294,7 +295,7 @@ def _tma_maps(ops, p, br, bc):
     if None in found or found[1][2]:
         return None
     if found[0][2]:      # tests of the rows and taps only, on a K-major tile
-        deps = _deps(ops)
+        deps = index_deps(ops)
         allowed = set(p.rows) | set(groups[1]) | set(p.batch)
         if not kfast[0] or any(deps.get(t) is None or not deps[t] <= allowed
                                for t in found[0][2]):
@@ -306,7 +307,6 @@ def swapped(p):
     """Plan `p` with its sides exchanged (rows <-> cols, a <-> b): the same sums, the
     operand with tests (a convolution's window) on the rows, which the warpgroups'
     64-row products read and the consumers can fix."""
-    from ..gemm import GemmPlan
     q = GemmPlan()
     for name in GemmPlan.__slots__:
         setattr(q, name, getattr(p, name))
@@ -331,8 +331,8 @@ def tma_usable(ops, p, info, var):
         return False
     br, bc, n_stages = tma_shape(p, info, var)
     # (the accumulators and about 48 registers of addresses and epilogue)
-    consumers = 2 if fma_products(p) else br // 64
-    need_regs = 176 if fma_products(p) else bc // 2 + 48
+    consumers = 2 if fma_products(p, info) else br // 64
+    need_regs = 176 if fma_products(p, info) else bc // 2 + 48
     if n_stages < 2 or _consumer_registers(consumers) < need_regs:
         return False
     need = smem_bytes(br, bc, n_stages) + 16 * n_stages
@@ -341,18 +341,18 @@ def tma_usable(ops, p, info, var):
     found = _tma_maps(ops, p, br, bc)
     # (TF32 products read both operands K-major, wgmma has no transpose for them: an
     # MN-major one is copied K-major first; the FMA tiles read either layout)
-    return found is not None and (p.narrow is not None or all(found[2]) or fma_products(p)
-                                  or _k_copies(p, found, var) is not None)
+    return found is not None and (p.narrow is not None or all(found[2])
+                                  or fma_products(p, info)
+                                  or _k_copies(p, found, var, info) is not None)
 
 
-def _k_copies(p, found, var):
+def _k_copies(p, found, var, info):
     """The sides ("a", "b") of a TF32 plan whose MN-major operand is copied K-major by a
     first launch (kcopy.py), found = _tma_maps(...); None where one cannot be: a window
     (taps), tests, too few rows (cols) on the other side, the knob "kcopy" off."""
-    from . import kcopy
     (_, taps), maps, kfast = found
     sides = [s for s, kf in zip("ab", kfast) if not kf]
-    if not var["kcopy"] or not tf32(p) or taps:
+    if not var["kcopy"] or not tf32(p, info) or taps:
         return None
     for s in sides:
         m, _, tests = maps[0 if s == "a" else 1]
@@ -367,12 +367,12 @@ def window_plan(p, ops, dl, info, var):
     convolution's padded window over a channels-last image) when tensor maps can copy
     it on the rows side (`tma_usable`) and its tiles fill the device; None else."""
     if (not var["wgmma"] or not var["mma"] or p.masks
-            or (p.narrow is None and not tf32(p) and not (fma_products(p) and var["fma"]))
+            or (p.narrow is None and not tf32(p, info)
+                and not (fma_products(p, info) and var["fma"]))
             or not getattr(dl, "mma_ptx", False)
             or (info.extra or {}).get("arch") != "sm_90a"
             or (p.block and var["fold"] and p.nk > PLAIN_K)):
         return None
-    from . import tma
     found = tma.source(ops, p.b)
     if found is None or not found[1]:
         return None
@@ -390,7 +390,6 @@ def _plain_window(ops, q, load):
     batch position reaching the operands) and each tap moving the window by one pixel
     row or col (no dilation). Grouped and dilated convolutions keep the other
     lowerings."""
-    from . import tma
     coefs = tma._coefficients(ops, ops[load][3])
     groups = tma.k_groups(ops, q)
     if coefs is None or groups is None or any(coefs[b] for b in q.batch):
@@ -414,10 +413,9 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     products (the box read the neighbouring pixels there). float32 products at
     "highest" (`fma_products`) keep the producer and maps but their two consumer
     warpgroups multiply with FMA instructions (`_fma_layout`, strategy "tmafma")."""
-    from . import tma
     ops = kernel.ops
     br, bc, n_stages = tma_shape(p, info, var)
-    fma = fma_products(p)
+    fma = fma_products(p, info)
     consumers = 2 if fma else br // 64
     threads = 128 * (consumers + 1)
     ptx, size = _operand_type(p)
@@ -428,9 +426,8 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
     found = _tma_maps(ops, p, br, bc)
     (g_loops, taps), ((map_a, at_a, tests), (map_b, at_b, _)), kfast = found
     # TF32 with an MN-major operand: a first launch copies it K-major (kcopy.py)
-    k_copies = [] if fma or p.narrow is not None or all(kfast) else _k_copies(p, found, var)
+    k_copies = [] if fma or p.narrow is not None or all(kfast) else _k_copies(p, found, var, info)
     copied = []
-    from . import kcopy
     for j, side in enumerate(k_copies):
         m, at = (map_a, at_a) if side == "a" else (map_b, at_b)
         new, at, nbytes = kcopy.copied(m, at, br if side == "a" else bc, j)
@@ -462,7 +459,7 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
         out = [f"{ind}const int zyx_kn = (zyx_kt % {chunks}) * {bk};"]
         if taps:
             out.append(f"{ind}const int zyx_tap = zyx_kt / {chunks};")
-            out += _decode(names, ops, taps, "zyx_tap", "int", ind)
+            out += decode_flat(names, ops, taps, "zyx_tap", "int", ind)
         return out
 
     def copies(param, at, kfast, extent, offset):
@@ -526,9 +523,9 @@ def lower_wgmma_tma(kernel, dl, info, name, p, var):
         body += [f"  const int zyx_fr = zyx_wg * {rows} + (int)(zyx_tid % 128) / {per_row};",
                  "  const unsigned zyx_fo = (unsigned)zyx_fr * 128u + "
                  f"(unsigned)(zyx_tid % {per_row}) * {part}u;"]
-        body += _decode(names, ops, p.rows, "(zyx_r0 + zyx_fr)", fr.it, "  ")
+        body += decode_flat(names, ops, p.rows, "(zyx_r0 + zyx_fr)", fr.it, "  ")
         fix = ["    {"] + step("      ")
-        fix += _values(dl, ops, tests, names, fr.narrow, "      ")
+        fix += value_lines(dl, ops, tests, names, fr.narrow, "      ")
         ok = " && ".join(f"({names.get(t, f'v{t}')})" for t in tests)
         fix += [f"      if (!({ok})) {{",
                 "        #pragma unroll",
@@ -578,7 +575,6 @@ def _tma_kernel(fr, kernel, dl, name, body, strategy, br, bc, bk, n_stages, kind
     `copied`: (MN-major map, bytes) of each operand a first launch copies K-major into
     scratch buffer j (kcopy.py); the product's launch takes that buffer as a parameter
     after its own (its map is encoded from it) and "kcopy" in its variant."""
-    from . import kcopy
     params = [f"const float* __restrict__ zyx_kcopy{j}" for j in range(len(copied))]
     maps = ["const __grid_constant__ zyx_tmap zyx_mapa",
             "const __grid_constant__ zyx_tmap zyx_mapb"]
@@ -676,10 +672,9 @@ class _FmaSide:
 
 def _fma_layout(ops, p, br, bc):
     """(rows side, cols side) of `lower_wgmma_tma`'s FMA tiles (see above)."""
-    from ..dispatch import _coefficient
     a_bytes = br * ROW_BYTES
     if ((br, bc) == (256, 64) and p.a_kfast and p.b_kfast and
-            _coefficient(ops, ops[p.store][3], p.rows[-1], {}) == 1):
+            coefficient(ops, ops[p.store][3], p.rows[-1], {}) == 1):
         return (_FmaSide("a", "zyx_lane", tuple(range(0, 256, 32)), True, 0),
                 _FmaSide("b", "(int)(zyx_tid / 32)", tuple(range(0, 64, 8)), True, a_bytes))
     nct = bc // 8
