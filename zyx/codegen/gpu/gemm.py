@@ -543,6 +543,18 @@ class _Shared:
         return ["    {"] + self.lines + compute + ["    }"]
 
 
+def _slot_walk(count, threads, kfast, per_row, lanes):
+    """The copy slots of a work-item over `count` copies of `lanes` values, `per_row` per
+    local row: (slot, flat copy index `e`, K position, row-or-col position, whether the
+    last slot is ragged), the K position the faster one where `kfast`."""
+    for s in range(-(-count // threads)):
+        e = f"(zyx_tid + {s * threads})"
+        fast = f"({e} % {per_row})" if lanes == 1 else f"(({e} % {per_row}) * {lanes})"
+        slow = f"({e} / {per_row})"
+        kk, mm = (fast, slow) if kfast else (slow, fast)
+        yield s, e, kk, mm, count % threads != 0
+
+
 def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, k0,
                 hoist, slots):
     """Statements computing this work-item's share of one operand tile at K origin `k0`
@@ -560,14 +572,8 @@ def _copy_slots(dl, ops, p, side, names, narrow, it, zero, tile_len, bk, kfast, 
     shared = _Shared(dl, ops, p, side, names, narrow, it, k0, kfast, bk,
                      bk if kfast else tile_len, f"(zyx_tid % {bk})",
                      f"(zyx_tid % {tile_len})", [val] + masks)
-    for s in range(-(-per // threads)):
-        e = f"(zyx_tid + {s * threads})"
-        if kfast:
-            kk, mm = f"({e} % {bk})", f"({e} / {bk})"
-        else:
-            kk, mm = f"({e} / {tile_len})", f"({e} % {tile_len})"
+    for s, e, kk, mm, ragged in _slot_walk(per, threads, kfast, bk if kfast else tile_len, 1):
         reg = f"zyx_p{side}{s}"
-        ragged = per % threads != 0
         local_names = dict(shared.names)
         ind = "        "
         inside, bind = _slot_names(ops, p, side, names, it, s, kk, mm, k0,
@@ -662,14 +668,8 @@ def _vector_slots(dl, ops, p, side, names, narrow, it, tile_len, bk, kfast, k0, 
     shared = _Shared(dl, ops, p, side, names, narrow, it, k0, kfast, bk, per_row,
                      f"((zyx_tid % {per_row}) * {lanes})",
                      f"((zyx_tid % {per_row}) * {lanes})", [op[3]] + tests)
-    for s in range(-(-nvec // threads)):
-        e = f"(zyx_tid + {s * threads})"
-        if kfast:
-            kk, mm = f"(({e} % {per_row}) * {lanes})", f"({e} / {per_row})"
-        else:
-            kk, mm = f"({e} / {per_row})", f"(({e} % {per_row}) * {lanes})"
+    for s, e, kk, mm, ragged in _slot_walk(nvec, threads, kfast, per_row, lanes):
         reg = f"zyx_p{side}{s}"
-        ragged = nvec % threads != 0
         local_names = dict(shared.names)
         ind = "        "
         inside, bind = _slot_names(ops, p, side, names, it, s, kk, mm, k0,
