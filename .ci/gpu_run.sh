@@ -11,6 +11,9 @@
 #   cuda    the whole test suite with the CUDA device as the default device
 #   opencl  the whole test suite with OpenCL (NVIDIA's) as the default device
 #   bench   benches/bench_gpu.py through benches/report.py (markdown table)
+#   base    the same benchmarks (BENCH_K too) on another checkout, for before/after
+#           figures in one run: BASE_TREE names a folder holding it (e.g. made here with
+#           `mkdir -p .base && git archive REV | tar -x -C .base`, carried), built in place
 #   opencl-cache  test_fusion, test_backend_trust, test_opencl with OpenCL as the default
 #   profile benches/gpu_launch_profile.py: where a tiny realization's host time goes (CUDA)
 #   sweep   benches/gpu_elementwise_sweep.py: the elementwise lowering's variants (ZYX_GPU_EW)
@@ -79,6 +82,15 @@ EOF
         $PY benches/report.py benches/bench_gpu.py ${BENCH_K:+-k "$BENCH_K"} \
             >"$OUT/bench.md" 2>"$OUT/bench.err"
         cat "$OUT/bench.md"
+        ;;
+    base)
+        [ -f "${BASE_TREE:-}/setup.py" ] || { echo "base: BASE_TREE must name a checkout"; exit 2; }
+        (cd "$BASE_TREE" && $PY setup.py build_ext --inplace -q) >"$OUT/base-build.log" 2>&1 \
+            || { tail -30 "$OUT/base-build.log"; exit 1; }
+        # this checkout's benchmark scripts, the other checkout's zyx (first on the path)
+        PYTHONPATH=$(cd "$BASE_TREE" && pwd):$PYTHONPATH $PY benches/report.py \
+            benches/bench_gpu.py ${BENCH_K:+-k "$BENCH_K"} >"$OUT/bench-base.md" 2>"$OUT/bench-base.err"
+        cat "$OUT/bench-base.md"
         ;;
     gemm)
         $PY benches/gpu_gemm_sweep.py ${GEMM_VARIANTS:-} >"$OUT/gemm.txt" 2>&1
