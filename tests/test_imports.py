@@ -13,8 +13,8 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 # Cython files are not Python: their imports are read by pattern (`from a import b`,
 # `from a cimport b`, `import a`, `cimport a`), at any indentation.
-_PYX_FROM = re.compile(r"^\s*from\s+(\.*[\w.]*)\s+c?import\s+\(?([^#\n]*)", re.M)
-_PYX_IMPORT = re.compile(r"^\s*c?import\s+([\w., ]+)", re.M)
+_PYX_FROM = re.compile(r"^([ \t]*)from\s+(\.*[\w.]*)\s+c?import\s+(\([^)]*\)|[^#\n]*)", re.M)
+_PYX_IMPORT = re.compile(r"^([ \t]*)c?import\s+([\w., ]+)", re.M)
 
 
 def _modules():
@@ -82,20 +82,19 @@ def _cython_imports(module, path):
     found = []
     for m in _PYX_FROM.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
-        target = m.group(1)
+        target = m.group(2)
         level = len(target) - len(target.lstrip("."))
         src = _absolute(module, False, level, target.lstrip("."))
-        in_function = m.group(0)[:1].isspace()
-        for name in m.group(2).replace(")", "").split(","):
+        for name in m.group(3).strip("()").split(","):
             name = name.strip().split(" as ")[0].strip()
             if name:
-                found.append(Import(src, name, line, in_function))
+                found.append(Import(src, name, line, bool(m.group(1))))
     for m in _PYX_IMPORT.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
-        for name in m.group(1).split(","):
+        for name in m.group(2).split(","):
             name = name.strip().split(" as ")[0].strip()
             if name:
-                found.append(Import(name, None, line, m.group(0)[:1].isspace()))
+                found.append(Import(name, None, line, bool(m.group(1))))
     return found
 
 
