@@ -30,6 +30,7 @@ class Var:
 
 
 class Div:
+    """num // d (floor division by a positive constant)."""
     __slots__ = ("num", "d", "lo", "hi", "key")
 
     def __init__(self, num, d):
@@ -40,7 +41,7 @@ class Div:
         self.key = ("d", num.key, d)
 
     def __eq__(self, other):
-        return type(other) is Div and other.key == self.key
+        return type(other) is type(self) and other.key == self.key
 
     def __hash__(self):
         return hash(self.key)
@@ -49,8 +50,9 @@ class Div:
         return f"({self.num!r} // {self.d})"
 
 
-class Mod:
-    __slots__ = ("num", "d", "lo", "hi", "key")
+class Mod(Div):
+    """num % d (a positive constant d): Div's equality and hash, its own range."""
+    __slots__ = ()
 
     def __init__(self, num, d):
         self.num = num
@@ -58,12 +60,6 @@ class Mod:
         self.lo = 0
         self.hi = d - 1
         self.key = ("m", num.key, d)
-
-    def __eq__(self, other):
-        return type(other) is Mod and other.key == self.key
-
-    def __hash__(self):
-        return hash(self.key)
 
     def __repr__(self):
         return f"({self.num!r} % {self.d})"

@@ -24,6 +24,28 @@ cdef inline bint _bad_signed(int64_t v, int64_t clo, int64_t chi, bint lo_open,
     return not within and not (has_exempt and v == exempt)
 
 
+cdef inline int64_t _signed_at(char* p, Py_ssize_t i, int itemsize):
+    """Value i of signed integer memory of `itemsize` bytes per value."""
+    if itemsize == 8:
+        return (<int64_t*>p)[i]
+    if itemsize == 4:
+        return (<int32_t*>p)[i]
+    if itemsize == 2:
+        return (<int16_t*>p)[i]
+    return (<int8_t*>p)[i]
+
+
+cdef inline uint64_t _unsigned_at(char* p, Py_ssize_t i, int itemsize):
+    """Value i of unsigned integer memory of `itemsize` bytes per value."""
+    if itemsize == 8:
+        return (<uint64_t*>p)[i]
+    if itemsize == 4:
+        return (<uint32_t*>p)[i]
+    if itemsize == 2:
+        return (<uint16_t*>p)[i]
+    return (<uint8_t*>p)[i]
+
+
 def first_bad(obj, int itemsize, bint signed, lo, hi, exempt=None, bint inside=False):
     """Flat position of the first value of the integer array memory `obj` (itemsize bytes
     per value, signed or not) that is bad, or -1. Bad: outside [lo, hi) and not equal to
@@ -47,14 +69,7 @@ def first_bad(obj, int itemsize, bint signed, lo, hi, exempt=None, bint inside=F
                 has_exempt = -(1 << 63) <= exempt < (1 << 63)
                 cex = exempt if has_exempt else 0
             for i in range(n):
-                if itemsize == 8:
-                    v = (<int64_t*>p)[i]
-                elif itemsize == 4:
-                    v = (<int32_t*>p)[i]
-                elif itemsize == 2:
-                    v = (<int16_t*>p)[i]
-                else:
-                    v = (<int8_t*>p)[i]
+                v = _signed_at(p, i, itemsize)
                 if _bad_signed(v, clo, chi, lo_open, hi_open, has_exempt, cex, inside):
                     found = i
                     break
@@ -68,14 +83,7 @@ def first_bad(obj, int itemsize, bint signed, lo, hi, exempt=None, bint inside=F
                 has_exempt = 0 <= exempt < (1 << 64)
                 uex = exempt if has_exempt else 0
             for i in range(n):
-                if itemsize == 8:
-                    u = (<uint64_t*>p)[i]
-                elif itemsize == 4:
-                    u = (<uint32_t*>p)[i]
-                elif itemsize == 2:
-                    u = (<uint16_t*>p)[i]
-                else:
-                    u = (<uint8_t*>p)[i]
+                u = _unsigned_at(p, i, itemsize)
                 within = (lo_open or u >= ulo) and (hi_open or (not hi_empty and u < uhi))
                 if inside:
                     bad = within
