@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 
+from ..files import write_atomic
 from . import cache_dir, warn
 
 
@@ -74,8 +74,8 @@ class BinaryCache:
             return False
         path, sum_path = self.paths(key)
         try:
-            self._write_atomic(sum_path, hashlib.sha256(data).hexdigest().encode())
-            self._write_atomic(path, data)
+            write_atomic(sum_path, hashlib.sha256(data).hexdigest().encode())
+            write_atomic(path, data)
             return True
         except OSError as e:
             self.discard(key)
@@ -90,17 +90,3 @@ class BinaryCache:
                 os.unlink(p)
             except OSError:
                 pass
-
-    @staticmethod
-    def _write_atomic(path, data):
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix="tmp-")   # 0600
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise

@@ -32,6 +32,7 @@ from .._core import kernel as K
 from ..errors import BackendError
 from ..codegen.cpu import padtaps
 from ..codegen.target import DeviceInfo
+from ..files import write_atomic
 from . import cache_dir, warn
 from ..codegen.cstyle import CDialect, alu_operands, render_body
 from .host import HostMemoryPool
@@ -560,19 +561,9 @@ class CDevice:
     def _write_private(self, path, data):
         """Write a small cache file atomically (temp + rename), readable by us only."""
         try:
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix="tmp-")
-        except OSError:
-            return False
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            write_atomic(path, data)
             return True
         except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
             return False
 
     def info(self):
