@@ -34,6 +34,7 @@ from ..codegen.cpu import padtaps
 from ..codegen.target import DeviceInfo
 from ..files import write_atomic
 from . import cache_dir, warn
+from .binary_cache import BinaryCache
 from ..codegen.cstyle import CDialect, alu_operands, render_body
 from .host import HostMemoryPool
 from ..codegen.cpu.hoist import hoist_invariants
@@ -401,9 +402,11 @@ class CDevice:
         self.pool = pool
         self.cc = _find_compiler(cfg)
         self.cache = cache_dir()
-        self.disk_cache = True      # False once the cache directory refused a write
         self.threads = _thread_count(cfg)
-        self.cache_bytes = int(_config_number(cfg, "cache_mb", DEFAULT_CACHE_MB) * 2**20)
+        self.disk = BinaryCache(
+            "c", "so", self.cache, debug=debug,
+            max_bytes=int(_config_number(cfg, "cache_mb", DEFAULT_CACHE_MB) * 2**20),
+            fallback="compiling into private temporary directories without a disk cache")
         self.compile_timeout = float(_config_number(cfg, "compile_timeout_s",
                                                     DEFAULT_COMPILE_TIMEOUT_S))
         self.user_flags = _config_flags(cfg)
@@ -422,7 +425,6 @@ class CDevice:
         self._loaded = weakref.WeakValueDictionary()     # cache key -> _Library in use
         self._omp = None           # the OpenMP runtime, opened once more, never closed
         self._can_unload = True    # False where the OpenMP runtime could not be pinned
-        self._disk_bytes = None    # bytes of libraries in the disk cache (None: not counted)
         self.compiled = 0      # compiler runs (disk-cache misses) in this process
         self._info = DeviceInfo(name=f"C ({os.path.basename(self.cc)}, "
                                      f"{os.cpu_count()} threads{', OpenMP' if self.openmp else ''})",
@@ -954,54 +956,23 @@ class CDevice:
         if _FORKED:
             self._omp.omp_set_num_threads(1)
 
-    def _paths(self, key):
-        return (os.path.join(self.cache, f"c-{key}.so"),
-                os.path.join(self.cache, f"c-{key}.sha256"))
-
     def _load_cached(self, key, symbols):
-        """The cached library of `key` if its bytes hash to the digest written with it;
-        otherwise (replaced, flipped bits, truncated, no digest) it is deleted: loading it
-        would run whatever its constructors do, or die of SIGBUS on a truncated file."""
-        path, sum_path = self._paths(key)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            self._note(f"cannot read cached {path} ({e.strerror}); rebuilding")
+        """The cached library of `key`, its bytes checked against the digest written with
+        it (BinaryCache.verified_path: loading a replaced or damaged one would run whatever
+        its constructors do, or die of SIGBUS on a truncated file); None when absent,
+        damaged or not loadable (then deleted)."""
+        path = self.disk.verified_path(key)
+        if path is None:
             return None
         try:
-            with open(sum_path) as f:
-                expected = f.read().strip()
-        except OSError:
-            expected = None
-        if hashlib.sha256(data).hexdigest() != expected:
-            self._note(f"cached {path} does not match its digest; deleted, rebuilding")
-            self._discard(key)
-            return None
-        try:
-            # (the file could change between hashing and loading only by the hand of
-            # someone who can write the directory, and cache_dir makes sure no one can)
             lib = _Library(path)
         except OSError:
-            self._discard(key)
+            self.disk.discard(key)
             return None
         if not all(hasattr(lib.dll, s) for s in symbols):
-            self._discard(key)
+            self.disk.discard(key)
             return None
-        try:
-            os.utime(path)     # the disk bound drops least recently used libraries first
-        except OSError:
-            pass
         return lib
-
-    def _discard(self, key):
-        for p in self._paths(key):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
 
     def _note(self, message):
         if self.debug & 32:
@@ -1013,28 +984,26 @@ class CDevice:
         full disk) compile in a private temporary directory instead, without disk cache."""
         t0 = time.perf_counter()
         lib = None
-        if self.disk_cache:
+        if self.disk.enabled:
             try:
-                lib = self._compile_in(self.cache, src, key, symbols)
+                lib = self._compile_in(True, src, key, symbols)
             except _CacheUnusable as e:
-                self.disk_cache = False
-                warn(f"zyx: kernel cache {self.cache} is not usable ({e}); compiling into "
-                     f"private temporary directories without a disk cache")
+                self.disk.disable(e)
                 lib = e.lib
         if lib is None:
-            lib = self._compile_in(None, src, key, symbols)
+            lib = self._compile_in(False, src, key, symbols)
         self.compiled += 1
         self._note(f"compiled {key} in {(time.perf_counter() - t0) * 1e3:.1f} ms")
         return lib
 
-    def _compile_in(self, parent, src, key, symbols):
-        """Compile and load in a fresh temporary directory under `parent` (the cache, or
-        None: the system's temp dir), removed afterwards whatever happens; the library is
-        published into the cache only when `parent` is the cache."""
+    def _compile_in(self, cached, src, key, symbols):
+        """Compile and load in a fresh temporary directory, in the cache when `cached` (else
+        the system's temp dir), removed afterwards whatever happens; the library is
+        published into the cache only when `cached`."""
         try:
-            work = tempfile.mkdtemp(prefix="tmp-", dir=parent)
+            work = self.disk.workdir() if cached else tempfile.mkdtemp(prefix="tmp-")
         except OSError as e:
-            if parent is None:
+            if not cached:
                 raise BackendError(f"C backend: cannot create a temporary directory: {e}") \
                     from None
             raise _CacheUnusable(e.strerror) from None
@@ -1047,7 +1016,7 @@ class CDevice:
                     with open(c_path, "w") as f:
                         f.write(text)
             except OSError as e:
-                if parent is None:
+                if not cached:
                     raise BackendError(f"C backend: cannot write {c_paths[0]}: {e}") from None
                 raise _CacheUnusable(e.strerror) from None
             if len(units) == 1:
@@ -1056,21 +1025,17 @@ class CDevice:
             else:
                 rc, out = self._compile_units(c_paths, so_path)
             if rc != 0:
-                if parent is not None:
+                if cached:
                     # maybe the cache's disk is full: tell by trying where it is not
                     # (a real compile error fails there too and is raised from there)
                     raise _CacheUnusable(f"the compiler could not write there: "
                                          f"{out.strip()[-300:]}",
-                                         self._compile_in(None, src, key, symbols))
+                                         self._compile_in(False, src, key, symbols))
                 raise BackendError(f"C compiler failed ({self.cc}):\n{out}\n--- source ---\n"
                                    f"{src if isinstance(src, str) else chr(10).join(src)}")
             lib = self._load_fresh(so_path, symbols, out)
-            if parent is not None:
-                try:
-                    self._publish(key, so_path)
-                except _CacheUnusable as e:
-                    e.lib = lib
-                    raise
+            if cached:   # (a cache refusing it turns itself off, with a warning)
+                self.disk.publish(key, so_path)
             return lib
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -1109,73 +1074,6 @@ class CDevice:
         if missing:
             raise BackendError(f"C backend: the library {self.cc} wrote lacks {missing}")
         return lib
-
-    def _publish(self, key, so_path):
-        """Move a compiled library into the cache: its digest first, then the library, each
-        by an atomic rename, so a reader never sees half a file. 0700/0600 whatever the
-        umask. A cache that refuses (read-only, full) is given up for this process."""
-        path, sum_path = self._paths(key)
-        with open(so_path, "rb") as f:
-            data = f.read()
-        try:
-            os.chmod(so_path, 0o700)
-            if not self._write_private(sum_path, hashlib.sha256(data).hexdigest().encode()):
-                raise OSError("cannot write the digest file")
-            os.replace(so_path, path)
-        except OSError as e:
-            self._discard(key)
-            raise _CacheUnusable(getattr(e, "strerror", None) or str(e)) from None
-        self._bound_disk(len(data))
-
-    def _bound_disk(self, added):
-        """Keep the libraries on disk under `cache_bytes`: past it, delete the least
-        recently used (by access time, which loading sets) down to 3/4 of it."""
-        if self._disk_bytes is None:   # this process's first write: look at the directory
-            self._disk_bytes = sum(size for _, size, _ in self._cached_libraries())
-            self._remove_stale_temporaries()
-        else:
-            self._disk_bytes += added
-        if self._disk_bytes <= self.cache_bytes:
-            return
-        entries = sorted(self._cached_libraries())
-        total = sum(size for _, size, _ in entries)
-        for _, size, name in entries:
-            if total <= self.cache_bytes * 3 // 4:
-                break
-            self._discard(name[2:-3])
-            total -= size
-        self._disk_bytes = total
-        self._remove_stale_temporaries()
-
-    def _cached_libraries(self):
-        """(access time, bytes, file name) of every library in the cache directory."""
-        out = []
-        try:
-            with os.scandir(self.cache) as it:
-                for e in it:
-                    if e.name.startswith("c-") and e.name.endswith(".so"):
-                        try:
-                            st = e.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        out.append((st.st_atime, st.st_size, e.name))
-        except OSError:
-            pass
-        return out
-
-    def _remove_stale_temporaries(self):
-        """Temporary directories left by a process killed while compiling (an hour old)."""
-        limit = time.time() - 3600
-        try:
-            with os.scandir(self.cache) as it:
-                for e in it:
-                    if e.name.startswith("tmp-") and e.stat(follow_symlinks=False).st_mtime < limit:
-                        if e.is_dir(follow_symlinks=False):
-                            shutil.rmtree(e.path, ignore_errors=True)
-                        else:
-                            os.unlink(e.path)
-        except OSError:
-            pass
 
     def launch(self, program, pool, args, wait_events=()):
         program.fn(program.argtype(*[b.ptr for b in args]))
