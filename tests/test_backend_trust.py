@@ -484,8 +484,8 @@ def test_plan_cache_drops_the_least_recently_used_plan(monkeypatch):
 # a plan of many kernels (an MLP training step): big enough to be split in units when the
 # threshold is lowered
 SPLIT_PLAN = """
-import numpy as np, zyx, zyx.backends.c as c
-c.PART_MIN_CHARS = 2000
+import numpy as np, zyx, zyx.backends.c as c, zyx.codegen.cpu.plan as cplan
+cplan.PART_MIN_CHARS = 2000
 units = []
 orig = c.CDevice._compile_units
 def spy(self, c_paths, so_path):
