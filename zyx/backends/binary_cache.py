@@ -113,18 +113,7 @@ class BinaryCache:
         """Publish `data` under `key`: digest first, then the binary, each atomically.
         Returns False (and turns writing off, with a warning) when the directory refuses
         the write."""
-        if not self.enabled:
-            return False
-        path, sum_path = self.paths(key)
-        try:
-            write_atomic(sum_path, hashlib.sha256(data).hexdigest().encode())
-            write_atomic(path, data)
-        except OSError as e:
-            self.discard(key)
-            self.disable(e.strerror or e)
-            return False
-        self._bound(len(data))
-        return True
+        return self._put(key, lambda: data, lambda path: write_atomic(path, data))
 
     def publish(self, key, built):
         """Move the file `built` (written in a `workdir`, so on the cache's file system)
@@ -132,15 +121,25 @@ class BinaryCache:
         whatever the umask. A file mapped from `built` keeps its mapping, now named by the
         cache path. Returns False (and turns writing off, with a warning) when the
         directory refuses."""
+        def read():
+            with open(built, "rb") as f:
+                return f.read()
+
+        def move(path):
+            os.chmod(built, 0o700)
+            os.replace(built, path)
+        return self._put(key, read, move)
+
+    def _put(self, key, read, put):
+        """The binary's bytes from `read()`, their digest written, then `put(path)` places
+        the binary; a refusal discards both and turns writing off."""
         if not self.enabled:
             return False
         path, sum_path = self.paths(key)
         try:
-            with open(built, "rb") as f:
-                data = f.read()
-            os.chmod(built, 0o700)
+            data = read()
             write_atomic(sum_path, hashlib.sha256(data).hexdigest().encode())
-            os.replace(built, path)
+            put(path)
         except OSError as e:
             self.discard(key)
             self.disable(e.strerror or e)
