@@ -113,7 +113,7 @@ STEPS = {"mlp": 30, "lstm": 30, "gpu-convnet": 30, "gpu-mlp": 30, "gpu-conv": 30
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("setting", help="module.NAME, e.g. zyx.backends.c.UNROLL_ROWS")
+    ap.add_argument("setting", help="module.NAME, e.g. zyx.codegen.cpu.render.UNROLL_ROWS")
     ap.add_argument("values", help="comma-separated Python literals, the first the baseline")
     ap.add_argument("--workloads", default="transformer,convnet,mlp")
     ap.add_argument("--device", default=None, help="default device (e.g. cuda)")

@@ -484,14 +484,14 @@ def test_plan_cache_drops_the_least_recently_used_plan(monkeypatch):
 # a plan of many kernels (an MLP training step): big enough to be split in units when the
 # threshold is lowered
 SPLIT_PLAN = """
-import numpy as np, zyx, zyx.backends.c as c
-c.PART_MIN_CHARS = 2000
+import numpy as np, zyx, zyx.backends.ctoolchain as ctoolchain, zyx.codegen.cpu.plan as cplan
+cplan.PART_MIN_CHARS = 2000
 units = []
-orig = c.CDevice._compile_units
+orig = ctoolchain.Toolchain.compile_units
 def spy(self, c_paths, so_path):
     units.append(len(c_paths))
     return orig(self, c_paths, so_path)
-c.CDevice._compile_units = spy
+ctoolchain.Toolchain.compile_units = spy
 rng = np.random.default_rng(0)
 x, w = rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal((8, 32)).astype(np.float32)
 W = zyx.tensor(w, requires_grad=True)

@@ -783,7 +783,7 @@ def test_exp_of_masked_values_is_exact():
 def test_c_backend_uses_zyx_expf_only_where_a_low_constant_reaches_the_exp(monkeypatch):
     """With INLINE_EXP (the default) every float exp is the inlined polynomial; without
     it, zyx_expf only where a very negative constant reaches the exp, else libm's."""
-    from zyx.backends import c as cb
+    from zyx.codegen.cpu import render as cb
     from zyx._core.kernelizer import kernelize
     x = zyx.tensor(np.zeros(64, np.float32))
     m = zyx.tensor(np.arange(64) % 2 == 0)
@@ -794,7 +794,7 @@ def test_c_backend_uses_zyx_expf_only_where_a_low_constant_reaches_the_exp(monke
         steps, _ = kernelize(g, order, [t._id], 64)
         (k,) = [s.kernel for s in steps if s.kernel is not None]
         from zyx.codegen.cstyle import render_body
-        r, _ = render_body(k, cb._CBackendDialect())
+        r, _ = render_body(k, cb.CBackendDialect())
         return "\n".join(r.lines)
     masked, plain = zyx.where(m, float("-inf"), x).exp(), (x * 2).exp()
     assert "zyx_exp_inline(" in source(masked) and "zyx_exp_inline(" in source(plain)
@@ -810,7 +810,7 @@ def test_c_backend_inline_exp_is_within_one_ulp(on_cpu, monkeypatch):
     at most 1 ulp from the exact exp, denormal results and overflow to inf included; NaN
     stays NaN. Then the same values with libm's expf (INLINE_EXP off) as a control: glibc's
     16-wide vector expf (libmvec) is 2.2 ulp off at 1.041, within its 3-ulp bound."""
-    from zyx.backends import c as cb
+    from zyx.codegen.cpu import render as cb
     bits = np.arange(0, 1 << 32, 65537, dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
     with np.errstate(over="ignore", invalid="ignore"):     # (signaling NaNs among them)
@@ -837,7 +837,7 @@ def test_c_backend_vectorizes_a_short_last_index_loop_with_the_one_before(on_cpu
     """An elementwise kernel whose last index loop is an axis split at a pooling window (2
     long) runs its last two loops as one SIMD loop (`omp simd collapse(2)`); values as
     numpy's with and without (SIMD_COLLAPSE off: the plain simd loop of 2)."""
-    from zyx.backends import c as cb
+    from zyx.codegen.cpu import render as cb
     from zyx._core.kernelizer import kernelize
     import zyx.nn.functional as F
     rng = np.random.default_rng(4)
@@ -869,7 +869,7 @@ def test_c_backend_unrolls_lane_tile_rows_inside_short_reduce_loops(on_cpu, monk
     keeps the accumulators in memory). Over (B, T) contiguous, one 1024-long loop per
     block, gcc unrolls it itself and the kernel has no pragma. Values as numpy's, with
     and without (UNROLL_ROWS 0)."""
-    from zyx.backends import c as cb
+    from zyx.codegen.cpu import render as cb
     from zyx._core.kernelizer import kernelize
     rng = np.random.default_rng(5)
     tbd = rng.standard_normal((64, 32, 128)).astype(np.float32)   # (T, B, D)
@@ -922,7 +922,7 @@ def test_c_backend_softmax_computes_each_exp_once(on_cpu, monkeypatch):
     second reads it back, so the source calls expf once; with STASH_ROWS off, twice.
     log_softmax (no exp in its store loop) is left alone. Values as numpy's either way,
     NaN and inf rows included."""
-    from zyx.backends import c as cb
+    from zyx.codegen.cpu import render as cb
     xn = np.random.default_rng(6).standard_normal((33, 257)).astype(np.float32)
     xn[3, 5] = np.nan
     xn[4, 7] = np.inf
@@ -1048,7 +1048,7 @@ def test_hoist_moves_loop_invariant_values_out_of_their_loops():
 def test_softmax_and_layer_norm_gradients_with_hoisting_on_and_off(on_cpu, monkeypatch):
     """Row kernels' backward (softmax under a causal mask, layer_norm) with the C
     backend's loop-invariant hoisting on and off: the same gradients, as numpy's."""
-    from zyx.backends import c as cb
+    from zyx.codegen.cpu import render as cb
     F = zyx.nn.functional
     rng = np.random.default_rng(7)
     xn = rng.standard_normal((6, 16, 16)).astype(np.float32)
@@ -1080,7 +1080,7 @@ def test_c_backend_long_max_min_keep_nan_in_a_flag(on_cpu, monkeypatch):
     flag beside them (backends/nanflag.py); short ones (a pooling window) keep the
     NaN-keeping combiner. Values as numpy's with the rewrite on and off: rows with NaN
     first, last or alone, infinities, -0.0, and softmax/log_softmax over such rows."""
-    from zyx.backends import c as cb
+    from zyx.codegen.cpu import render as cb
     from zyx.codegen.cpu import nanflag
     rng = np.random.default_rng(9)
     xn = rng.standard_normal((9, 300)).astype(np.float32)

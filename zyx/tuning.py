@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from .backends import cache_dir, warn
+from .files import write_atomic
 from .errors import BackendError
 
 SCHEMA = 1
@@ -127,10 +128,8 @@ class ScheduleStore:
             merged = dict(self._read())      # another process may have added entries
             merged.update(self.entries)
             self.entries = merged
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump({"schema": SCHEMA, "identity": self.identity, "entries": merged}, f)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps({"schema": SCHEMA, "identity": self.identity,
+                                                "entries": merged}).encode())
         except OSError as e:
             self.save_enabled = False
             warn(f"zyx: autotune results are not saved ({self.path}: {e})")

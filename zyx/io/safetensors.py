@@ -18,13 +18,13 @@ import json
 import os
 import re
 import struct
-import tempfile
 from typing import Mapping
 
 import numpy as np
 
 from .. import dtype as dt
 from ..errors import ZyxError
+from ..files import write_atomic
 from ..runtime import RT
 
 __all__ = ["save", "load", "load_metadata", "read_header", "SafetensorsError", "DTYPE_CODES"]
@@ -112,25 +112,15 @@ def save(tensors, path, metadata: Mapping[str, str] | None = None) -> None:
     hbytes = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     hbytes += b" " * ((-(8 + len(hbytes))) % _ALIGN)
 
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".zyx-save-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(hbytes)))
-            f.write(hbytes)
-            for name in order:
-                arr = data[name][2]
-                if arr.nbytes:
-                    f.write(arr.reshape(-1).view(np.uint8).data)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    def write(f):
+        f.write(struct.pack("<Q", len(hbytes)))
+        f.write(hbytes)
+        for name in order:
+            arr = data[name][2]
+            if arr.nbytes:
+                f.write(arr.reshape(-1).view(np.uint8).data)
+    path = os.path.abspath(os.fspath(path))
+    write_atomic(path, write, mode=0o666 & ~_umask(), prefix=".zyx-save-", suffix=".tmp")
 
 
 def _umask():
