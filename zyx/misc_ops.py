@@ -299,10 +299,7 @@ def set_num_threads(n):
         raise ValueError(f"set_num_threads expects a positive number, got {n}")
     os.environ["OMP_NUM_THREADS"] = str(n)
     for dev in _c_devices():
-        dev.threads = n
-        omp = getattr(dev, "_omp", None)
-        if omp is not None:
-            omp.omp_set_num_threads(n)
+        dev.set_threads(n)
     _NUM_THREADS[0] = n
 
 

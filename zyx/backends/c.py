@@ -158,6 +158,13 @@ class CDevice:
         if self._omp is not None:
             self._omp.omp_set_num_threads(1)   # kernels compiled alone (compile()) too
 
+    def set_threads(self, n):
+        """zyx.set_num_threads: the OpenMP team size of this device's plans from now on
+        (read when a plan runs, so plans compiled before follow it too)."""
+        self.threads = n
+        if self._omp is not None:
+            self._omp.omp_set_num_threads(n)
+
     def info(self):
         return self._info
 
