@@ -1614,3 +1614,47 @@ def test_tf32_products_against_numpy(want, spec, cuda_runtime, monkeypatch, tf32
     copied = [g.variant["kcopy"] for g in found if (g.variant or {}).get("kcopy")]
     assert copied == ([1, 2, 1] if hopper and want == (128, 128) else []), copied
     assert all(far), far        # TF32 was used: float32 products would not match this close
+
+
+class _RecordingBinding:
+    """A stand-in for cuda-bindings or hip-python: every call is recorded with its
+    arguments and answers (0, 7); the allocation call answers out-of-memory."""
+    OOM = "out-of-memory code"
+
+    def __init__(self, alloc_name):
+        self.calls, self.alloc_name = [], alloc_name
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append((name, args))
+            return (self.OOM, 0) if name == self.alloc_name else (0, 7)
+        return call
+
+
+@pytest.mark.parametrize("backend", ["cuda", "hip"])
+def test_driver_calls_take_each_api_s_names(backend):
+    """The memory, copy, event and module calls the CUDA and HIP drivers share
+    (gpudriver.ResultTupleDriver) reach each API under its own names with the stream, and
+    an out-of-memory result is DeviceOutOfMemory: without a GPU, through a recording
+    stand-in for the binding."""
+    import importlib
+    mod = importlib.import_module(f"zyx.backends.{backend}")
+    cls = mod.CUDADriver if backend == "cuda" else mod.HIPDriver
+    names = {"cuda": ("cuMemAlloc", "cuMemcpyHtoDAsync", "cuEventSynchronize",
+                      "cuModuleGetFunction", "cuMemFreeHost", "cuStreamSynchronize"),
+             "hip": ("hipMalloc", "hipMemcpyHtoDAsync", "hipEventSynchronize",
+                     "hipModuleGetFunction", "hipHostFree", "hipStreamSynchronize")}[backend]
+    api = _RecordingBinding(names[0])
+    d = object.__new__(cls)
+    d.api, d.label, d.ordinal, d.stream = api, backend.upper(), 0, "the stream"
+    d.SUCCESS, d.OOM, d._error_name = 0, api.OOM, lambda err: f"error {err}"
+    d.copy_to_device(100, 200, 64)
+    d.event_sync("ev")
+    assert d.function("module", "zyx_k") == 7
+    d.host_free(300)
+    d.stream_sync()
+    assert api.calls == [(names[1], (100, 200, 64, "the stream")), (names[2], ("ev",)),
+                         (names[3], ("module", b"zyx_k")), (names[4], (300,)),
+                         (names[5], ("the stream",))]
+    with pytest.raises(gpudriver.DeviceOutOfMemory, match="out-of-memory code"):
+        d.alloc(1 << 40)

@@ -26,8 +26,7 @@ from ..codegen.gpu.nvidia import products, tma
 from ..codegen.target import DeviceInfo
 from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from ..codegen.cstyle import CUDADialect
-from .gpudriver import (DeviceOutOfMemory, DriverDevice, DriverMemoryPool,
-                        ResultTupleDriver, device_ids, ensure_current)
+from .gpudriver import DriverDevice, DriverMemoryPool, ResultTupleDriver, open_devices
 from .rtc import NVRTC_NAMES, RuntimeCompiler
 
 # FP32 lanes per SM by compute capability major (and minor where it differs): the compute
@@ -163,8 +162,11 @@ class CUDADriver(ResultTupleDriver):
     context and one non-blocking stream (no implicit synchronization with the legacy
     default stream other libraries may use)."""
 
+    PREFIX = "cu"
+    CALLS = {"alloc": "cuMemAlloc", "free": "cuMemFree", "host_free": "cuMemFreeHost"}
+
     def __init__(self, drv, ordinal):
-        self.drv = drv
+        self.drv = self.api = drv
         self.ordinal = ordinal
         self.label = "CUDA"
         self.SUCCESS = drv.CUresult.CUDA_SUCCESS
@@ -197,58 +199,17 @@ class CUDADriver(ResultTupleDriver):
     def make_current(self):
         self.check(self.drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
 
-    def mem_info(self):
-        return self.check(self.drv.cuMemGetInfo(), "cuMemGetInfo")
-
-    def alloc(self, nbytes):
-        err, ptr = self.drv.cuMemAlloc(nbytes)
-        if err is self.OOM:
-            raise DeviceOutOfMemory("CUDA_ERROR_OUT_OF_MEMORY")
-        self.check((err,), f"cuMemAlloc({nbytes})")
-        return int(ptr)
-
-    def free(self, ptr):
-        self.check(self.drv.cuMemFree(ptr), "cuMemFree")
-
     def host_alloc(self, nbytes):
         return int(self.check(self.drv.cuMemHostAlloc(nbytes, 0), f"cuMemHostAlloc({nbytes})"))
 
-    def host_free(self, ptr):
-        self.check(self.drv.cuMemFreeHost(ptr), "cuMemFreeHost")
-
-    def copy_to_device(self, dst, src, nbytes):
-        self.check(self.drv.cuMemcpyHtoDAsync(dst, src, nbytes, self.stream), "cuMemcpyHtoDAsync")
-
-    def copy_to_host(self, dst, src, nbytes):
-        self.check(self.drv.cuMemcpyDtoHAsync(dst, src, nbytes, self.stream), "cuMemcpyDtoHAsync")
-
     def event_create(self):
         return self.check(self.drv.cuEventCreate(self._no_timing), "cuEventCreate")
-
-    def event_record(self, ev):
-        self.check(self.drv.cuEventRecord(ev, self.stream), "cuEventRecord")
-
-    def event_sync(self, ev):
-        self.check(self.drv.cuEventSynchronize(ev), "cuEventSynchronize")
-
-    def event_destroy(self, ev):
-        self.check(self.drv.cuEventDestroy(ev), "cuEventDestroy")
-
-    def stream_sync(self):
-        self.check(self.drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 
     def module_load(self, image):
         buf = np.frombuffer(image, np.uint8)
         if not image.endswith(b"\x00") and not image.startswith(b"\x7fELF"):
             buf = np.frombuffer(image + b"\x00", np.uint8)   # PTX text must end in NUL
         return self.check(self.drv.cuModuleLoadData(buf.ctypes.data), "cuModuleLoadData")
-
-    def function(self, module, name):
-        return self.check(self.drv.cuModuleGetFunction(module, name.encode()),
-                          f"cuModuleGetFunction({name})")
-
-    def module_unload(self, module):
-        self.check(self.drv.cuModuleUnload(module), "cuModuleUnload")
 
     def launch(self, fn, groups, local_size, params, shared=0):
         err, = self._launch(fn, groups, 1, 1, local_size, 1, 1, shared, self.stream, params, 0)
@@ -355,14 +316,5 @@ def initialize(cfg, debug=0):
     err, count = drv.cuDeviceGetCount()
     if int(err) != 0:
         raise BackendError(f"CUDA: cuDeviceGetCount failed ({err})")
-    pools, devices = [], []
-    for ordinal in device_ids(cfg, count):
-        driver = CUDADriver(drv, ordinal)
-        ensure_current(driver)
-        pool = CUDAMemoryPool(driver)
-        pools.append(pool)
-        devices.append(CUDADevice(driver, pool, debug))
-    if not devices:
-        raise BackendError(f"CUDA: no device selected ({count} found, "
-                           f"device_ids={cfg.get('device_ids')!r})")
-    return pools, devices
+    return open_devices(cfg, count, "CUDA", lambda ordinal: CUDADriver(drv, ordinal),
+                        CUDAMemoryPool, CUDADevice, debug)

@@ -54,9 +54,70 @@ class DeviceOutOfMemory(BackendError):
 
 
 class ResultTupleDriver:
-    """Error handling shared by the drivers over cuda-bindings and hip-python, whose calls
-    all return (result code, values...). A subclass sets `label` ("CUDA"), `SUCCESS` (its
-    success code), `ordinal` and `_error_name` (the binding's cuGetErrorName-like call)."""
+    """What the drivers over cuda-bindings and hip-python share: their calls all return
+    (result code, values...), and the memory, copy, event and module calls below take the
+    same arguments in both APIs. A subclass sets `label` ("CUDA"), `SUCCESS` and `OOM`
+    (its success and out-of-memory codes), `ordinal`, `stream`, `_error_name` (the
+    binding's cuGetErrorName-like call), `api` (the binding module), `PREFIX` ("cu",
+    "hip") and in `CALLS` the names of the calls the two APIs name differently; the others
+    are PREFIX + their name in `SAME_NAMES`."""
+    SAME_NAMES = {"mem_info": "MemGetInfo", "copy_to_device": "MemcpyHtoDAsync",
+                  "copy_to_host": "MemcpyDtoHAsync", "event_record": "EventRecord",
+                  "event_sync": "EventSynchronize", "event_destroy": "EventDestroy",
+                  "stream_sync": "StreamSynchronize", "function": "ModuleGetFunction",
+                  "module_unload": "ModuleUnload"}
+    PREFIX = ""
+    CALLS = {}       # "alloc", "free", "host_free"
+
+    def _name(self, what):
+        return self.CALLS.get(what) or self.PREFIX + self.SAME_NAMES[what]
+
+    def _call(self, what, *args):
+        """The API's call for `what` with `args`, its result checked."""
+        name = self._name(what)
+        return self.check(getattr(self.api, name)(*args), name)
+
+    def mem_info(self):
+        return self._call("mem_info")
+
+    def alloc(self, nbytes):
+        name = self._name("alloc")
+        err, ptr = getattr(self.api, name)(nbytes)
+        if err is self.OOM:
+            raise DeviceOutOfMemory(self.error_name(err))
+        self.check((err,), f"{name}({nbytes})")
+        return int(ptr)
+
+    def free(self, ptr):
+        self._call("free", ptr)
+
+    def host_free(self, ptr):
+        self._call("host_free", ptr)
+
+    def copy_to_device(self, dst, src, nbytes):
+        self._call("copy_to_device", dst, src, nbytes, self.stream)
+
+    def copy_to_host(self, dst, src, nbytes):
+        self._call("copy_to_host", dst, src, nbytes, self.stream)
+
+    def event_record(self, ev):
+        self._call("event_record", ev, self.stream)
+
+    def event_sync(self, ev):
+        self._call("event_sync", ev)
+
+    def event_destroy(self, ev):
+        self._call("event_destroy", ev)
+
+    def stream_sync(self):
+        self._call("stream_sync", self.stream)
+
+    def function(self, module, name):
+        fn = self._name("function")
+        return self.check(getattr(self.api, fn)(module, name.encode()), f"{fn}({name})")
+
+    def module_unload(self, module):
+        self._call("module_unload", module)
 
     def check(self, result, what):
         """The value(s) of a (result, values...) tuple; BackendError naming the call and
@@ -641,3 +702,20 @@ def device_ids(cfg, count):
                                             for i in ids):
         raise BackendError(f"device_ids={ids!r} is not a list of integers")
     return [i for i in ids if 0 <= i < count]
+
+
+def open_devices(cfg, count, label, make_driver, pool_class, device_class, debug=0):
+    """(pools, devices) of the `count` devices the config's `device_ids` selects, each a
+    `device_class(driver, pool, debug)` over `make_driver(ordinal)` and its
+    `pool_class(driver)`; BackendError naming `label` when none is selected."""
+    pools, devices = [], []
+    for ordinal in device_ids(cfg, count):
+        driver = make_driver(ordinal)
+        ensure_current(driver)
+        pool = pool_class(driver)
+        pools.append(pool)
+        devices.append(device_class(driver, pool, debug))
+    if not devices:
+        raise BackendError(f"{label}: no device selected ({count} found, "
+                           f"device_ids={cfg.get('device_ids')!r})")
+    return pools, devices

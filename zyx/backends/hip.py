@@ -18,8 +18,7 @@ from ..errors import BackendError
 from ..codegen.target import DeviceInfo
 from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from ..codegen.cstyle import HIPDialect
-from .gpudriver import (DeviceOutOfMemory, DriverDevice, DriverMemoryPool,
-                        ResultTupleDriver, device_ids, ensure_current)
+from .gpudriver import DriverDevice, DriverMemoryPool, ResultTupleDriver, open_devices
 from .rtc import HIPRTC_NAMES, RuntimeCompiler
 
 HIPRTC_OPTIONS = ("-std=c++17", "-O3")
@@ -62,8 +61,11 @@ class HIPDriver(ResultTupleDriver):
     """The gpudriver protocol for one HIP device through hip-python: HIP's current device
     (hipSetDevice) and one non-blocking stream."""
 
+    PREFIX = "hip"
+    CALLS = {"alloc": "hipMalloc", "free": "hipFree", "host_free": "hipHostFree"}
+
     def __init__(self, hip, ordinal):
-        self.hip = hip
+        self.hip = self.api = hip
         self.ordinal = ordinal
         self.label = "HIP"
         self.SUCCESS = hip.hipError_t.hipSuccess
@@ -96,59 +98,18 @@ class HIPDriver(ResultTupleDriver):
     def make_current(self):
         self.check(self.hip.hipSetDevice(self.ordinal), "hipSetDevice")
 
-    def mem_info(self):
-        return self.check(self.hip.hipMemGetInfo(), "hipMemGetInfo")
-
-    def alloc(self, nbytes):
-        err, ptr = self.hip.hipMalloc(nbytes)
-        if err is self.OOM:
-            raise DeviceOutOfMemory("hipErrorOutOfMemory")
-        self.check((err,), f"hipMalloc({nbytes})")
-        return int(ptr)
-
-    def free(self, ptr):
-        self.check(self.hip.hipFree(ptr), "hipFree")
-
     def host_alloc(self, nbytes):
         ptr = self.check(self.hip.hipHostMalloc(nbytes, self.hip.hipHostMallocDefault),
                          f"hipHostMalloc({nbytes})")
         return int(ptr)
 
-    def host_free(self, ptr):
-        self.check(self.hip.hipHostFree(ptr), "hipHostFree")
-
-    def copy_to_device(self, dst, src, nbytes):
-        self.check(self.hip.hipMemcpyHtoDAsync(dst, src, nbytes, self.stream), "hipMemcpyHtoDAsync")
-
-    def copy_to_host(self, dst, src, nbytes):
-        self.check(self.hip.hipMemcpyDtoHAsync(dst, src, nbytes, self.stream), "hipMemcpyDtoHAsync")
-
     def event_create(self):
         return self.check(self.hip.hipEventCreateWithFlags(self.hip.hipEventDisableTiming),
                           "hipEventCreateWithFlags")
 
-    def event_record(self, ev):
-        self.check(self.hip.hipEventRecord(ev, self.stream), "hipEventRecord")
-
-    def event_sync(self, ev):
-        self.check(self.hip.hipEventSynchronize(ev), "hipEventSynchronize")
-
-    def event_destroy(self, ev):
-        self.check(self.hip.hipEventDestroy(ev), "hipEventDestroy")
-
-    def stream_sync(self):
-        self.check(self.hip.hipStreamSynchronize(self.stream), "hipStreamSynchronize")
-
     def module_load(self, image):
         buf = np.frombuffer(image, np.uint8)
         return self.check(self.hip.hipModuleLoadData(buf.ctypes.data), "hipModuleLoadData")
-
-    def function(self, module, name):
-        return self.check(self.hip.hipModuleGetFunction(module, name.encode()),
-                          f"hipModuleGetFunction({name})")
-
-    def module_unload(self, module):
-        self.check(self.hip.hipModuleUnload(module), "hipModuleUnload")
 
     def launch(self, fn, groups, local_size, params):
         err, = self._launch(fn, groups, 1, 1, local_size, 1, 1, 0, self.stream, params, None)
@@ -211,14 +172,5 @@ def initialize(cfg, debug=0):
     err, count = hip.hipGetDeviceCount()
     if int(err) != 0:
         raise BackendError(f"HIP: hipGetDeviceCount failed ({err})")
-    pools, devices = [], []
-    for ordinal in device_ids(cfg, count):
-        driver = HIPDriver(hip, ordinal)
-        ensure_current(driver)
-        pool = HIPMemoryPool(driver)
-        pools.append(pool)
-        devices.append(HIPDevice(driver, pool, debug))
-    if not devices:
-        raise BackendError(f"HIP: no device selected ({count} found, "
-                           f"device_ids={cfg.get('device_ids')!r})")
-    return pools, devices
+    return open_devices(cfg, count, "HIP", lambda ordinal: HIPDriver(hip, ordinal),
+                        HIPMemoryPool, HIPDevice, debug)
