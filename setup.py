@@ -24,7 +24,9 @@ CYTHON_DIRECTIVES = {"language_level": 3, "binding": False, "embedsignature": Tr
 COMPILED_PY = ("zyx/tensor.py", "zyx/autograd.py", "zyx/runtime.py", "zyx/nn/functional.py",
                "zyx/nn/modules/module.py", "zyx/nn/modules/container.py",
                "zyx/nn/modules/linear.py", "zyx/nn/modules/activation.py",
-               "zyx/optim/optimizer.py", "zyx/optim/sgd.py", "zyx/optim/adam.py")
+               "zyx/optim/optimizer.py", "zyx/optim/sgd.py", "zyx/optim/adam.py",
+               # (planning, once per kernel: compiled as the kernelizer it came from was)
+               "zyx/codegen/heuristics.py")
 # binding: module functions attached to classes (Tensor.sum = _sum) must bind as methods;
 # annotation_typing off: `x: float` annotations must not become C doubles.
 PY_DIRECTIVES = {"language_level": 3, "binding": True, "annotation_typing": False}

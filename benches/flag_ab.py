@@ -4,6 +4,9 @@ turns in one process (so they share the same seconds of a shared machine).
     python benches/flag_ab.py zyx._core.kernelizer.MULTI_OUTPUT True,False \
         --workloads transformer,convnet,mlp [--device cuda] [--rounds 4]
 
+(The register-tile knobs live in zyx.codegen.heuristics: CHANNEL_LANES, MERGE_REDUCES,
+ALIASED_ROWS, SET_STRIDE, UNROLL_MIN_REDUCE, REDUCE_LANES_BELOW.)
+
 Each round, for each value: set it, drop the plan cache and the compiled programs (so the
 kernels are built anew under it), run 3 warm-up steps, then time `--steps` steps. Prints
 the median step time per value and per workload, and the ratio to the first value.

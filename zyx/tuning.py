@@ -2,7 +2,7 @@
 it runs on and keep the fastest, remembered on disk.
 
 What is searched (the candidates come from the code that knows them):
-- C backend: a reduce kernel's output layout (`kernelizer.upcast_candidates`: the
+- C backend: a reduce kernel's output layout (`heuristics.upcast_candidates`: the
   heuristic's register tile, no tile, "lanes" tiles with other row and lane counts, window
   lanes, the 4x4 "unroll" tile with and without reduce lanes). All candidates of one
   kernel compile in one compiler run.

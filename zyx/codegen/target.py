@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import heuristics
+
 # zyx.set_float32_matmul_precision's values, as PyTorch's setting of that name
 FLOAT32_PRECISIONS = ("highest", "high", "medium")
 
@@ -27,7 +29,7 @@ class DeviceInfo:
     num_cores: int = 1
     dtypes: tuple = ()                    # supported dtype names; empty = all
     tensor_cores: bool = False
-    # CPU register tiles of reduce kernels (kernelizer.choose_upcast's "lanes"/"unroll");
+    # CPU register tiles of reduce kernels (heuristics.choose_upcast's "lanes"/"unroll");
     # GPU devices set False: gpu.lower spreads outputs over work-items instead
     register_tiles: bool = True
     tile_min_outputs: int = 0             # fewest outputs of a kernel given register tiles
@@ -52,3 +54,10 @@ class DeviceInfo:
         products that read both operands K-major (so nn.functional stores the weights
         with the input channels innermost)."""
         return self.k_major_windows is not None and bool(self.k_major_windows(self, dtype))
+
+    def channel_lane_rows(self, n, two_vectors):
+        """The rows a channel-lanes register tile (heuristics.channel_lane_rows: lanes over
+        a convolution's output channels, one vector of them or two) takes along an output
+        axis of length n, 0 for none: nn.functional predicts where the kernelizer puts
+        that tile's rows (`_lazy_last_axis`)."""
+        return heuristics.channel_lane_rows(n, two_vectors)

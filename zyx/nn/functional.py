@@ -236,7 +236,7 @@ def _channels_last_weights(w, channels, width, gradient=False):
     output channels per group, whose output's last axis is `width` long, reads its
     channel operand through a stored copy with the channels innermost.
     - CPU (devices that tile convolution windows): where the kernelizer then takes
-      vector lanes over the channels (kernelizer._choose_channel_lanes: whole vectors of
+      vector lanes over the channels (heuristics._choose_channel_lanes: whole vectors of
       channels; a last axis without whole vectors).
     - GPU lowerings that tile products themselves (DeviceInfo.own_tiles): a forward's
       weights of at least GPU_CHANNELS_LAST_MIN values, the rows operand of its implicit
@@ -405,10 +405,11 @@ def _lazy_last_axis(w, channels, batch, out):
     proxy of the kernelizer's choice: with the last axis in the tile, its guards sit in
     the vector loop (conv2d K5's input gradient 39 -> 56 ms); left to the narrowing
     (K3's, the last axis an index of the kernel) 5.25 -> 4.87 ms."""
-    from .._core.kernelizer import channel_lane_rows
     if not _channels_last_weights(w, channels, out[-1]):
         return False
-    rows = [channel_lane_rows(s, True) for s in [batch] + list(out)]
+    from ..runtime import RT
+    info = RT.device_of(w._id).info()
+    rows = [info.channel_lane_rows(s, True) for s in [batch] + list(out)]
     return rows[-1] < max(rows[:-1])
 
 
