@@ -3,7 +3,7 @@
 
     python3 benches/gpu_elementwise_sweep.py [variant ...]      (from the repository root)
 
-Each variant (a ZYX_GPU_EW value, see zyx/backends/gpu.py `elementwise_variant`) runs in
+Each variant (a ZYX_GPU_EW value, see zyx/codegen/gpu/elementwise.py `elementwise_variant`) runs in
 a process of its own, so every kernel is lowered afresh (programs are cached by source).
 In that process, on the CUDA device and every OpenCL GPU zyx finds, for bench_gpu.py's
 `_chain` and `_arith_chain` on 64M float32, it measures (medians of 25 rounds after a

@@ -3,7 +3,7 @@
 
     python3 benches/gpu_gemm_sweep.py [variant ...]      (from the repository root)
 
-A variant is a ZYX_GPU_GEMM value (zyx/backends/gemm.py `variant`: "mma=0" keeps 16-bit
+A variant is a ZYX_GPU_GEMM value (zyx/codegen/gpu/gemm.py `variant`: "mma=0" keeps 16-bit
 products on the float tiles, "vector=0", "prefetch=0", ...; "default" for none)
 optionally followed by "@RxC", a forced tile of gemm.TILES (e.g. "@64x128"). For each workload it prints the median time per
 realization (wall clock over rounds of REPS realizations and one synchronize, the host's

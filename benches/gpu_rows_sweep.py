@@ -3,7 +3,7 @@ below PyTorch) measured side by side in one process, with PyTorch CUDA beside th
 
     python3 benches/gpu_rows_sweep.py [variant ...]      (from the repository root)
 
-Each variant is a ZYX_GPU_GROUP value (zyx/backends/gpu.py `group_variant`: local size,
+Each variant is a ZYX_GPU_GROUP value (zyx/codegen/gpu/reduce.py `group_variant`: local size,
 the row cache, warp-shuffle combines). For softmax, log_softmax and layer_norm of
 16384x4096 float32 on the CUDA device it prints the median device time of the compiled
 program (CUDA events on zyx's stream, 25 rounds of 10 launches), the realization's wall

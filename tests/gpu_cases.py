@@ -67,7 +67,7 @@ GRAPHS = {
     "pow": lambda: (_f(5, 5).abs() ** 1.5, _i(5, 5, dtype=np.int64) ** 3),
     "cast_float_int": lambda: (_f(20) * 50).cast(zyx.int32).cast(zyx.float32),
     "uint8_int16": lambda: _i(8, dtype=np.uint8) + _i(8, dtype=np.int16).cast(zyx.uint8),
-    # shared-memory gemm tiles (backends/gemm.py): blocked and masked K, an epilogue,
+    # shared-memory gemm tiles (codegen/gpu/gemm.py): blocked and masked K, an epilogue,
     # transposed operands, a batch, bf16 inputs, a convolution as implicit GEMM
     "gemm_blocked_k": lambda: _f(100, 521) @ _f(521, 80),
     "gemm_bias_relu": lambda: (_f(64, 48) @ _f(96, 48).T + _f(96)).relu(),
@@ -265,7 +265,7 @@ def test_mlp_forward_backward():
     close(B1.grad, gh.sum(0), rtol=1e-4, atol=1e-5)
 
 
-# products the GPU lowerings give shared-memory tiles (backends/gemm.py): sizes that do
+# products the GPU lowerings give shared-memory tiles (codegen/gpu/gemm.py): sizes that do
 # and do not fill a tile, float sums blocked with a masked last block, transposed
 # operands (copied K-fastest or rows-fastest), a batch axis, an epilogue, 16-bit inputs,
 # convolutions as implicit GEMM and their gradients

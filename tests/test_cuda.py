@@ -1352,7 +1352,7 @@ def test_freed_cuda_tensors_return_memory_to_the_pool(cuda_runtime):
                                        ((128, 128), "tma=0"),
                                        ((128, 128), "tma=0,wm=256,wn=128")])
 def test_tensor_core_products_against_numpy(dtype, want, spec, cuda_runtime, monkeypatch):
-    """16-bit products on tensor cores (backends/mma.py; on a Hopper GPU with 128 x 128
+    """16-bit products on tensor cores (codegen/gpu/nvidia/mma.py; on a Hopper GPU with 128 x 128
     tiles, plain loads take wgmma.py's warpgroup products) with tile `want` and the gemm
     knobs `spec` (ZYX_GPU_GEMM): both layouts of each operand, 16-byte copies aligned or
     not, a computed operand, an epilogue with a batch, ragged sizes over more K steps

@@ -918,7 +918,7 @@ def _count_calls(source, fn):
 
 def test_c_backend_softmax_computes_each_exp_once(on_cpu, monkeypatch):
     """softmax's row kernel sums exp(x - max) in one loop and stores exp(x - max) / sum in
-    the next: the first loop keeps each exp in a row buffer (backends/rowstash.py) and the
+    the next: the first loop keeps each exp in a row buffer (codegen/cpu/rowstash.py) and the
     second reads it back, so the source calls expf once; with STASH_ROWS off, twice.
     log_softmax (no exp in its store loop) is left alone. Values as numpy's either way,
     NaN and inf rows included."""
@@ -1077,7 +1077,7 @@ def test_softmax_and_layer_norm_gradients_with_hoisting_on_and_off(on_cpu, monke
 
 def test_c_backend_long_max_min_keep_nan_in_a_flag(on_cpu, monkeypatch):
     """Long float max/min reductions run as OpenMP's plain max/min with NaN tracked by a
-    flag beside them (backends/nanflag.py); short ones (a pooling window) keep the
+    flag beside them (codegen/cpu/nanflag.py); short ones (a pooling window) keep the
     NaN-keeping combiner. Values as numpy's with the rewrite on and off: rows with NaN
     first, last or alone, infinities, -0.0, and softmax/log_softmax over such rows."""
     from zyx.codegen.cpu import render as cb

@@ -1,4 +1,4 @@
-"""Shared-memory gemm tiles (backends/gemm.py): which kernels are products and how their
+"""Shared-memory gemm tiles (codegen/gpu/gemm.py): which kernels are products and how their
 axes split, every tile shape against numpy on the OpenCL device (PoCL here and in CI),
 the kernelizer leaving gemm kernels without register tiles, and ZYX_GPU_GEMM=0.
 

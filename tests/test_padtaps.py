@@ -1,4 +1,4 @@
-"""The C backend's narrowed padding taps (zyx/backends/padtaps.py): reduce loops over a
+"""The C backend's narrowed padding taps (zyx/codegen/cpu/padtaps.py): reduce loops over a
 window run only over the taps that read inside the input, where every sum they add to
 is zero outside it; results against numpy with the narrowing on and off."""
 import numpy as np

@@ -1282,7 +1282,7 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
     work-items, where the group strategies would split its reductions instead);
     `window_tiles` False: no window lanes (choose_upcast's `windows`); `own_tiles`: a
     function of a kernel's ops, True where the device tiles that kernel itself (a GPU's
-    shared-memory gemm tiles, backends/gemm.py): it gets no register tiles. The
+    shared-memory gemm tiles, codegen/gpu/gemm.py): it gets no register tiles. The
     autotuner's layout search runs on devices that tile every kernel (the CPU) only.
 
     Returns (steps, stored): steps in execution order, each reading and writing node

@@ -1,6 +1,6 @@
 """CUDA backend (through cuda-bindings: the driver API and NVRTC): one device per CUDA
 device, each with its primary context, one stream and a caching memory pool. Kernels are
-rendered by the shared C-family renderer with `cfamily.CUDADialect`, lowered to launches
+rendered by the shared C-family renderer with `cstyle.CUDADialect`, lowered to launches
 by `gpu.lower`, compiled by NVRTC to a cubin for the device's own architecture (cached in
 memory and on disk, see rtc.py) and launched with cuLaunchKernel. The pool, programs and
 launch path are shared with HIP in gpudriver.py; this module is the cuda-bindings side.

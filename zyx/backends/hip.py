@@ -1,5 +1,5 @@
 """HIP backend (AMD GPUs, through hip-python: `from hip import hip, hiprtc`): the CUDA
-backend's structure with HIP's calls. Kernels are rendered with `cfamily.HIPDialect`,
+backend's structure with HIP's calls. Kernels are rendered with `cstyle.HIPDialect`,
 compiled by hiprtc into a code object for the device's gcnArchName (`--offload-arch`),
 loaded with hipModuleLoadData and launched with hipModuleLaunchKernel. Pool, programs and
 launch path are gpudriver.py's, shared with CUDA; the compiler driver is rtc.py's.

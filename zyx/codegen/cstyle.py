@@ -116,7 +116,7 @@ inline long zyx_ipow(long b, long e) {
 class OpenCLDialect(CDialect):
     """OpenCL C: same expressions as C; overloaded math (no `f` suffix), `long` for 64-bit
     integers. The kernel frame (one entry point per launch, ids, guards) is written by
-    `zyx.backends.gpu.lower` through the GPU hooks below."""
+    `zyx.codegen.gpu.dispatch.lower` through the GPU hooks below."""
     name = "opencl"
     int64 = "long"
     byte_type = "uchar"

@@ -23,7 +23,7 @@ Strategies (`GPUKernel.strategy`, chosen by `lower` from the kernel and the Devi
   loop for the ragged last tile.
 - "transpose": no loops, a load contiguous along another output axis than the store
   (a permuted copy): each group stages a 32 x 32 block through local memory so that the
-  load and the store are both coalesced (backends/transpose.py).
+  load and the store are both coalesced (transpose.py).
 - "serial": one work-item per output, its reduce loops run inside it as the C backend
   writes them. Used when there are enough outputs to fill the device and the loads are
   contiguous along the outputs (a column sum, a matmul with a row-major right operand:
