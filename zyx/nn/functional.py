@@ -21,7 +21,8 @@ from .._core import tensorbase as _TB
 from .._core import kernel as K
 from .._core import replay as _replay
 from ..errors import DTypeError, ShapeError, ZyxError
-from ..tensor import Tensor, _const, _graph, _iota, _matmul_nt, _watch_range, rand, where
+from ..runtime import RT
+from ..tensor import Tensor, const_tensor, iota, matmul_nt, rebind, watch_range, rand, where
 from .init import _assign   # in-place update of running stats (torch's copy_)
 
 __all__ = [
@@ -43,6 +44,8 @@ __all__ = [
     "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "cross_entropy", "nll_loss",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
 ]
+
+_graph = RT.graph
 
 
 # ---------------------------------------------------------------------------------------
@@ -145,21 +148,21 @@ def _take(x: Tensor, axis: int, idx, message=None, info=()) -> Tensor:
     x.shape[:axis] + idx.shape + x.shape[axis+1:]. A one-hot select and a sum over the
     indexed axis, so it is one fused reduce and differentiable. Negative indices count
     from the end. With `message` (a user's index), the realization checks -n <= idx < n
-    and raises IndexError (see tensor._watch_range)."""
+    and raises IndexError (see tensor.watch_range)."""
     idx = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx, dtype=np.int64))
     n = x.shape[axis]
     a, b, ni = x.shape[:axis], x.shape[axis + 1:], idx.ndim
     raw = idx
     idx = where(idx < 0, idx + n, idx)
-    cls = _iota(n, idx.dtype)
+    cls = iota(n, idx.dtype)
     sel = idx.reshape((1,) * len(a) + idx.shape + (1,) + (1,) * len(b)) == \
         cls.reshape((1,) * (len(a) + ni) + (n,) + (1,) * len(b))
     if message is not None:
-        _watch_range(sel, raw, -n, n, message, info)
+        watch_range(sel, raw, -n, n, message, info)
     xv = x.reshape(a + (1,) * ni + (n,) + b)
     if x.dtype.is_bool:
         return (xv & sel)._reduce(K.R_MAX, len(a) + ni, False)
-    return where(sel, xv, _const(0, x.dtype, ()))._reduce(K.R_SUM, len(a) + ni, False)
+    return where(sel, xv, const_tensor(0, x.dtype, ()))._reduce(K.R_SUM, len(a) + ni, False)
 
 
 def _batched(x: Tensor, nd: int, what: str):
@@ -245,7 +248,6 @@ def _channels_last_weights(w, channels, width, gradient=False):
       copy's launch; the weight gradient keeps the output gradient as it is."""
     if not CHANNELS_LAST_WEIGHTS:
         return False
-    from ..runtime import RT
     info = RT.device_of(w._id).info()
     if info.own_tiles is not None:
         return not gradient and w.numel() >= GPU_CHANNELS_LAST_MIN and channels >= 16
@@ -268,7 +270,6 @@ def _channels_last_input(x, cg):
     value, each with its own index math and test."""
     if not GPU_CHANNELS_LAST_INPUT or cg < 16 or cg % 8 or x.numel() < GPU_IMAGE_MIN:
         return False
-    from ..runtime import RT
     return RT.device_of(x._id).info().own_tiles is not None
 
 
@@ -284,7 +285,6 @@ def _window_weights(x, w, out_size):
     position is then the image's plus a constant per tap."""
     from ..codegen.gpu import gemm
     from ..codegen.gpu.nvidia.mma import float32_precision
-    from ..runtime import RT
     extra = RT.device_of(w._id).info().extra or {}
     if extra.get("arch") != "sm_90a" or not extra.get("tma") or \
             tuple(out_size) != tuple(x.shape[2:]):
@@ -420,7 +420,6 @@ def _lazy_last_axis(w, channels, batch, out):
 
 def _gpu_tiles(x):
     """True when x's device lowers products with its own tiles (a GPU backend)."""
-    from ..runtime import RT
     return RT.device_of(x._id).info().own_tiles is not None
 
 
@@ -590,7 +589,7 @@ def _pool_argmax(win, out, axes, positions):
     n_lead = win.ndim - positions.ndim
     pos = positions.reshape((1,) * n_lead + positions.shape)
     m = out.reshape(out.shape + (1,) * len(axes))
-    big = _const(np.iinfo(np.int64).max, dt.int64, ())
+    big = const_tensor(np.iinfo(np.int64).max, dt.int64, ())
     hit = (win == m) | (win != win)           # a NaN is the maximum of its window (torch)
     cand = where(hit.detach(), pos, big)
     return cand._reduce(K.R_MIN, axes, False)
@@ -624,18 +623,18 @@ def _unpool_nd(input, indices, kernel_size, stride, padding, output_size, nd, wh
     q = int(np.prod(size))
     flat_x = x.reshape(lead + (-1, 1))
     flat_i = idx.reshape(lead + (-1, 1)).cast(dt.int64)
-    hit = flat_i == _iota(q, dt.int64).reshape((1,) * (len(lead) + 1) + (q,))
-    _watch_range(hit, idx, 0, q, lambda v: (
+    hit = flat_i == iota(q, dt.int64).reshape((1,) * (len(lead) + 1) + (q,))
+    watch_range(hit, idx, 0, q, lambda v: (
         f"{what}: Found an invalid max index: {v} (output volumes are of size "
         f"{'x'.join(str(a) for a in size)})"))
-    total = where(hit, flat_x, _const(0, x.dtype, ())).sum(-2)
+    total = where(hit, flat_x, const_tensor(0, x.dtype, ())).sum(-2)
     if all(ss >= kk for ss, kk in zip(s, k)):
         return total.reshape(lead + size)        # windows do not overlap: no repeats
     # overlapping windows can record one position twice (with the same value); torch
     # writes one copy, and its gradient hands every copy the output's gradient (a
     # gather). Value: the copies' mean; gradient: that of the sum (zero-valued term).
     count = hit.cast(x.dtype).sum(-2)
-    value = (total / count.maximum(_const(1, x.dtype, ()))).detach()
+    value = (total / count.maximum(const_tensor(1, x.dtype, ()))).detach()
     out = value + (total - total.detach())
     return out.reshape(lead + size)
 
@@ -940,7 +939,7 @@ def linear(input, weight, bias=None):
     x, w = _t(input), _t(weight)
     xs, ws = x.shape, w.shape
     if len(xs) == 2 and len(ws) == 2 and xs[1] == ws[1] and x.dtype is w.dtype:
-        y = _matmul_nt(x, w)     # the common case: no transpose nodes
+        y = matmul_nt(x, w)     # the common case: no transpose nodes
         return y if bias is None else y + bias
     if w.ndim not in (1, 2) or x.ndim == 0 or x.shape[-1] != w.shape[-1]:
         raise ShapeError(f"linear: input {x.shape} and weight {w.shape} do not fit "
@@ -1175,7 +1174,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     if padding_idx is not None:
         # the padding row reads a detached copy: it never receives a gradient (torch's rule)
         v = w.shape[0]
-        pad_row = (_iota(v, dt.int64) == int(padding_idx) % v).reshape(v, 1)
+        pad_row = (iota(v, dt.int64) == int(padding_idx) % v).reshape(v, 1)
         w = where(pad_row, w.detach(), w)
     return _take(w, 0, idx, "index out of range in self: index {} is out of bounds for "
                  "dimension 0 with size {} (in embedding)", (w.shape[0],))
@@ -1187,11 +1186,10 @@ def _embedding_renorm(weight, idx, max_norm, norm_type):
     changes the weight in place; zyx rebinds the weight tensor object (a parameter stays
     the same object, as after an optimizer step) to the renormalized value and returns it."""
     from ..autograd import no_grad
-    from ..tensor import _rebind
     w = _t(weight)
     v = w.shape[0]
     with no_grad():
-        rows = _iota(v, idx.dtype).reshape((1, v))
+        rows = iota(v, idx.dtype).reshape((1, v))
         used = (idx.reshape((-1, 1)) == rows).cast(dt.int32).amax(0).reshape((v, 1)) > 0
         wd = w.detach()
         if norm_type == float("inf"):
@@ -1202,7 +1200,7 @@ def _embedding_renorm(weight, idx, max_norm, norm_type):
         new = (wd * scale.cast(w.dtype)).realize()
     if isinstance(weight, Tensor):
         rg = weight.requires_grad
-        _rebind(weight, new)
+        rebind(weight, new)
         weight.requires_grad = rg
         return weight
     return new
@@ -1216,9 +1214,9 @@ def one_hot(tensor, num_classes=-1):
         raise DTypeError(f"one_hot needs an integer tensor, got {t.dtype.name}")
     if num_classes < 0:
         num_classes = int(t.max().item()) + 1 if t.numel() else 0
-    cls = _iota(num_classes, t.dtype).reshape((1,) * t.ndim + (num_classes,))
+    cls = iota(num_classes, t.dtype).reshape((1,) * t.ndim + (num_classes,))
     hit = t.unsqueeze(-1) == cls
-    _watch_range(hit, t, 0, num_classes, lambda v: (
+    watch_range(hit, t, 0, num_classes, lambda v: (
         f"Class values must be non-negative, got {v} (in one_hot)" if v < 0 else
         f"Class values must be smaller than num_classes, got {v} with num_classes="
         f"{num_classes} (in one_hot)"))
@@ -1227,8 +1225,8 @@ def one_hot(tensor, num_classes=-1):
 
 def _causal_mask(L, S):
     """bool (L, S): True where query i may attend key j (j <= i)."""
-    r = _iota(L, dt.int32).reshape(L, 1)
-    c = _iota(S, dt.int32).reshape(1, S)
+    r = iota(L, dt.int32).reshape(L, 1)
+    c = iota(S, dt.int32).reshape(1, S)
     return c <= r
 
 
@@ -1493,10 +1491,10 @@ def _nll(logp, target, weight, ignore_index, reduction, what):
     if target.shape != (logp.shape[0],) + logp.shape[2:]:
         raise ShapeError(f"{what}: target shape {target.shape} does not fit input shape "
                          f"{logp.shape} (expected {(logp.shape[0],) + logp.shape[2:]})")
-    cls = _iota(c, target.dtype).reshape((1, c) + (1,) * (logp.ndim - 2))
+    cls = iota(c, target.dtype).reshape((1, c) + (1,) * (logp.ndim - 2))
     hit = target.unsqueeze(1) == cls          # all-false rows where target == ignore_index
-    _watch_range(hit, target, 0, c, _TARGET_MESSAGE, (what, c, ignore_index),
-                 exempt=ignore_index)
+    watch_range(hit, target, 0, c, _TARGET_MESSAGE, (what, c, ignore_index),
+                exempt=ignore_index)
     if ignore_index is not None and 0 <= ignore_index < c:
         hit = hit & (target.unsqueeze(1) != ignore_index)
     picked = where(hit, logp, 0.0).sum(1)
@@ -1543,12 +1541,12 @@ def _cross_entropy_2d(x, y, ignore_index):
     lse = mk(_G.REDUCE, (K.R_SUM, (1,)), (z.exp(),), n1, d).log()
     logp = z - mk(_G.EXPAND, nc, (lse,), nc, d)
     ye = mk(_G.EXPAND, nc, (mk(_G.RESHAPE, n1, (y,), n1, yd),), nc, yd)
-    cls = _iota(c, yd)
+    cls = iota(c, yd)
     ce = mk(_G.EXPAND, nc, (mk(_G.RESHAPE, (1, c), (cls,), (1, c), yd),), nc, yd)
     hit = mk(_G.BINARY, K.B_EQ, (ye, ce), nc, dt.bool_)
-    _watch_range(hit, y, 0, c, _TARGET_MESSAGE, ("cross_entropy", c, ignore_index),
-                 exempt=ignore_index)
-    zero = _const(0.0, d, nc)
+    watch_range(hit, y, 0, c, _TARGET_MESSAGE, ("cross_entropy", c, ignore_index),
+                exempt=ignore_index)
+    zero = const_tensor(0.0, d, nc)
     picked = mk(_G.REDUCE, (K.R_SUM, (1,)), (mk(_G.WHERE, None, (hit, logp, zero), nc, d),),
                 n1, d)
     total = mk(_G.REDUCE, (K.R_SUM, (0, 1)), (picked,), (1, 1), d)

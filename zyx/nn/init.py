@@ -14,7 +14,7 @@ import numpy as np
 from .. import dtype as dt
 from ..errors import ShapeError
 from ..runtime import RT
-from ..tensor import Tensor, _rebind
+from ..tensor import Tensor, rebind
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "constant_", "zeros_", "ones_", "eye_",
            "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
@@ -32,7 +32,7 @@ def _assign(dst: Tensor, src) -> Tensor:
     if src.shape != dst.shape:
         raise ShapeError(f"cannot assign a value of shape {src.shape} to a tensor of shape "
                          f"{dst.shape}")
-    _rebind(dst, src.cast(dst.dtype))
+    rebind(dst, src.cast(dst.dtype))
     return dst
 
 

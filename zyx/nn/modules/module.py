@@ -15,7 +15,7 @@ import numpy as np
 from ... import dtype as dt
 from ...errors import ShapeError, ZyxError
 from ...runtime import RT
-from ...tensor import Tensor, _rebind, _to_args
+from ...tensor import Tensor, rebind, parse_to_args
 from ..init import _assign
 
 __all__ = ["Module", "Parameter"]
@@ -321,7 +321,7 @@ class Module:
         dtype (torch's `to(device)`, `to(dtype)`, `to(device, dtype)`, `to(tensor)`), in
         place: the tensor objects stay the same, so an optimizer built before still holds
         them (its state follows at the next step). Gradients move with their parameters."""
-        device, dtype = _to_args(args, device, dtype)
+        device, dtype = parse_to_args(args, device, dtype)
         d = None
         if dtype is not None:
             d = dt.to_dtype(dtype)
@@ -412,12 +412,12 @@ def _assign_cast(t: Tensor, d) -> None:
 def _move(t: Tensor, dev) -> None:
     """Rebind tensor object `t` to a copy of its value on backend device `dev`."""
     if RT.device_of(t._id) is not dev:
-        _rebind(t, t.detach().to(dev))
+        rebind(t, t.detach().to(dev))
 
 
 def _assign_any(dst: Tensor, src: Tensor) -> None:
     """Like init._assign but lets the dtype change (Module.to)."""
-    _rebind(dst, src)
+    rebind(dst, src)
 
 
 def _check_shape(x: Tensor, ndims, what: str) -> None:
