@@ -23,7 +23,7 @@ from .._core import replay as _replay
 from ..errors import DTypeError, ShapeError, ZyxError
 from ..runtime import RT
 from ..tensor import Tensor, const_tensor, iota, matmul_nt, rebind, watch_range, rand, where
-from .init import _assign   # in-place update of running stats (torch's copy_)
+from .init import copy_into   # in-place update of running stats (torch's copy_)
 
 __all__ = [
     # convolution and pooling
@@ -54,8 +54,9 @@ def _t(x) -> Tensor:
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
-def _tuple(v, n: int, name: str) -> tuple:
-    """An int or a sequence of n ints -> tuple of n ints."""
+def int_tuple(v, n: int, name: str) -> tuple:
+    """An int or a sequence of n ints -> tuple of n ints.
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     if isinstance(v, (int, np.integer)):
         return (int(v),) * n
     v = tuple(int(a) for a in v)
@@ -175,8 +176,9 @@ def _batched(x: Tensor, nd: int, what: str):
     return x, False
 
 
-def _conv_padding(padding, k, d, s, nd, what):
-    """Per-dim (before, after) padding from an int, a tuple, 'same' or 'valid'."""
+def conv_padding(padding, k, d, s, nd, what):
+    """Per-dim (before, after) padding from an int, a tuple, 'same' or 'valid'.
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     if isinstance(padding, str):
         if padding == "valid":
             return [(0, 0)] * nd
@@ -190,7 +192,7 @@ def _conv_padding(padding, k, d, s, nd, what):
             return out
         raise ValueError(f"{what}: padding must be an int, a tuple, 'same' or 'valid', "
                          f"got {padding!r}")
-    return [(p, p) for p in _tuple(padding, nd, f"{what} padding")]
+    return [(p, p) for p in int_tuple(padding, nd, f"{what} padding")]
 
 
 def _convnd(x, weight, bias, stride, padding, dilation, groups, nd, what):
@@ -207,9 +209,9 @@ def _convnd(x, weight, bias, stride, padding, dilation, groups, nd, what):
         raise ShapeError(f"{what}: input {x.shape} with {cin} channels, weight {w.shape} and "
                          f"groups={g} do not fit (need in_channels == weight.shape[1] * groups "
                          f"and out_channels divisible by groups)")
-    s = _tuple(stride, nd, f"{what} stride")
-    d = _tuple(dilation, nd, f"{what} dilation")
-    pads = _conv_padding(padding, k, d, s, nd, what)
+    s = int_tuple(stride, nd, f"{what} stride")
+    d = int_tuple(dilation, nd, f"{what} dilation")
+    pads = conv_padding(padding, k, d, s, nd, what)
     ct = dt.promote(x.dtype, w.dtype)
     x, w = x.cast(ct), w.cast(ct)
     out = _conv_recorded(x, w, tuple(pads), tuple(s), tuple(d), g, nd)
@@ -221,10 +223,11 @@ def _convnd(x, weight, bias, stride, padding, dilation, groups, nd, what):
     return out.squeeze(0) if squeeze else out
 
 
-def _stored(x):
+def stored(x):
     """x in a buffer of its own, in its logical (row-major) order: a sum over a new size-1
     axis is a reduce, which the kernelizer stores (what reads it then reads plain rows,
-    and what computes x runs once instead of in every kernel reading it)."""
+    and what computes x runs once instead of in every kernel reading it).
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     return x.unsqueeze(0).sum(0)
 
 
@@ -305,7 +308,7 @@ def _conv_forward(x, w, pads, s, d, g, nd, channels_last, image_last=False):
     cout, cg = w.shape[:2]
     k = w.shape[2:]
     if image_last:
-        x = _stored(x.permute([0] + list(range(2, 2 + nd)) + [1]))
+        x = stored(x.permute([0] + list(range(2, 2 + nd)) + [1]))
         x = x.permute([0, nd + 1] + list(range(1, nd + 1)))
     x = x._pad([(0, 0), (0, 0)] + list(pads))
     win = _windows(x, k, s, d)                                   # (n, cin, *o, *k)
@@ -317,12 +320,12 @@ def _conv_forward(x, w, pads, s, d, g, nd, channels_last, image_last=False):
     win = win.expand(full)
     if channels_last == "k":
         # w from a stored copy (cout, *k, cg): K-major rows for warpgroup products
-        w = _stored(w.permute([0] + list(range(2, 2 + nd)) + [1]))
+        w = stored(w.permute([0] + list(range(2, 2 + nd)) + [1]))
         w = w.permute([0, nd + 1] + list(range(1, nd + 1)))
     elif channels_last:
         # w from a stored copy with the output channels innermost: vector lanes over them
         perm = list(range(1, 2 + nd)) + [0]
-        w = _stored(w.permute(perm)).permute([nd + 1] + list(range(nd + 1)))
+        w = stored(w.permute(perm)).permute([nd + 1] + list(range(nd + 1)))
     wv = w.reshape((1, g, cout // g) + (1,) * nd + (cg,) + k).expand(full)
     out = (win * wv)._reduce(K.R_SUM, tuple(range(3 + nd, 4 + 2 * nd)), False)
     return out.reshape((n, cout) + o)
@@ -371,7 +374,7 @@ def _conv_backward(out, gy, arg, srcs, need):
         gc = gy
         if _channels_last_weights(w, cout // g, k[-1], gradient=True):
             # gy in a stored copy with channels innermost: lanes over output channels
-            gc = _stored(gy.permute([0] + list(range(2, 2 + nd)) + [1]))
+            gc = stored(gy.permute([0] + list(range(2, 2 + nd)) + [1]))
             gc = gc.permute([0, nd + 1] + list(range(1, nd + 1)))
         gv = gc.reshape((n, g, cout // g, 1) + o + (1,) * nd).expand(full)
         gw = (win * gv)._reduce(K.R_SUM, (0,) + tuple(range(4, 4 + nd)), False)
@@ -447,10 +450,10 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
                          f"divisible by groups)")
     cog = w.shape[1]
     k = w.shape[2:]
-    s = _tuple(stride, nd, f"{what} stride")
-    d = _tuple(dilation, nd, f"{what} dilation")
-    p = _tuple(padding, nd, f"{what} padding")
-    op = _tuple(output_padding, nd, f"{what} output_padding")
+    s = int_tuple(stride, nd, f"{what} stride")
+    d = int_tuple(dilation, nd, f"{what} dilation")
+    p = int_tuple(padding, nd, f"{what} padding")
+    op = int_tuple(output_padding, nd, f"{what} output_padding")
     for oo, ss, dd in zip(op, s, d):
         if oo >= max(ss, dd) or oo < 0:
             raise ShapeError(f"{what}: output_padding {op} must be smaller than stride {s} "
@@ -473,13 +476,13 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
         out = [x.shape[2 + i] + sum(pads[i]) - dd * (kk - 1) for i, (kk, dd) in
                enumerate(zip(k, d))]
         lazy = _lazy_last_axis(w, w.shape[1], n, out)
-        x = _stored(x._pad([(0, 0)] * (nd + 1) + [(0, 0) if lazy else pads[-1]]))
+        x = stored(x._pad([(0, 0)] * (nd + 1) + [(0, 0) if lazy else pads[-1]]))
         x = x._pad([(0, 0), (0, 0)] + pads[:-1] + [pads[-1] if lazy else (0, 0)])
     else:
         # (GPU lowerings read the padded input stored whole: no range check per tap)
         x = x._pad([(0, 0), (0, 0)] + pads)
         if store_input:
-            x = _stored(x)
+            x = stored(x)
     cg = cin // g
     wt = w.reshape((g, cg, cog) + k).permute([0, 2, 1] + list(range(3, 3 + nd)))
     wt = wt.reshape((g * cog, cg) + k).flip(tuple(range(2, 2 + nd)))
@@ -511,10 +514,10 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
     """im2col: (N, C, H, W) -> (N, C*kH*kW, L) with L the number of window positions."""
     x = _t(input)
     x, squeeze = _batched(x, 2, "unfold")
-    k = _tuple(kernel_size, 2, "unfold kernel_size")
-    d = _tuple(dilation, 2, "unfold dilation")
-    s = _tuple(stride, 2, "unfold stride")
-    p = _tuple(padding, 2, "unfold padding")
+    k = int_tuple(kernel_size, 2, "unfold kernel_size")
+    d = int_tuple(dilation, 2, "unfold dilation")
+    s = int_tuple(stride, 2, "unfold stride")
+    p = int_tuple(padding, 2, "unfold padding")
     x = x._pad([(0, 0), (0, 0)] + [(pp, pp) for pp in p])
     win = _windows(x, k, s, d)                    # (n, c, oh, ow, kh, kw)
     n, c, oh, ow = win.shape[:4]
@@ -543,11 +546,11 @@ def _pool_geometry(ins, k, s, p, d, ceil_mode, what):
 
 
 def _pool_args(x, kernel_size, stride, padding, dilation, nd, what):
-    k = _tuple(kernel_size, nd, f"{what} kernel_size")
+    k = int_tuple(kernel_size, nd, f"{what} kernel_size")
     s = k if stride is None or (not isinstance(stride, int) and len(stride) == 0) else \
-        _tuple(stride, nd, f"{what} stride")
-    p = _tuple(padding, nd, f"{what} padding")
-    d = _tuple(dilation, nd, f"{what} dilation")
+        int_tuple(stride, nd, f"{what} stride")
+    p = int_tuple(padding, nd, f"{what} padding")
+    d = int_tuple(dilation, nd, f"{what} dilation")
     if x.ndim < nd + 1:
         raise ShapeError(f"{what} needs at least {nd + 1} dimensions, got shape {x.shape}")
     return k, s, p, d
@@ -607,9 +610,9 @@ def _unpool_nd(input, indices, kernel_size, stride, padding, output_size, nd, wh
                          f"tensor ({x.shape}) but got indices tensor with shape {idx.shape}")
     if x.ndim not in (nd + 1, nd + 2):
         raise ShapeError(f"{what}: Expected {nd + 1}D or {nd + 2}D input, got shape {x.shape}")
-    k = _tuple(kernel_size, nd, f"{what} kernel_size")
-    s = k if stride is None else _tuple(stride, nd, f"{what} stride")
-    p = _tuple(padding, nd, f"{what} padding")
+    k = int_tuple(kernel_size, nd, f"{what} kernel_size")
+    s = k if stride is None else int_tuple(stride, nd, f"{what} stride")
+    p = int_tuple(padding, nd, f"{what} padding")
     ins = x.shape[-nd:]
     default = tuple((i - 1) * ss - 2 * pp + kk for i, ss, pp, kk in zip(ins, s, p, k))
     if output_size is None:
@@ -694,8 +697,10 @@ def _avg_divisor(ins, outs, k, s, p, count_include_pad):
     return t
 
 
-def _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                divisor_override, nd, what):
+def avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+               divisor_override, nd, what):
+    """avg_pool{1,2,3}d over the last `nd` dims (`what` names the op in errors).
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     x = _float(_t(input))
     k, s, p, d = _pool_args(x, kernel_size, stride, padding, 1, nd, what)
     ins = x.shape[-nd:]
@@ -711,21 +716,21 @@ def _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pa
 
 
 def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
-    return _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1,
-                       "avg_pool1d")
+    return avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1,
+                      "avg_pool1d")
 
 
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     """Mean over windows of (N, C, H, W) or (C, H, W)."""
-    return _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                       divisor_override, 2, "avg_pool2d")
+    return avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                      divisor_override, 2, "avg_pool2d")
 
 
 def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
-    return _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                       divisor_override, 3, "avg_pool3d")
+    return avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                      divisor_override, 3, "avg_pool3d")
 
 
 _MATRIX_CACHE = {}
@@ -821,7 +826,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     if (size is None) == (scale_factor is None):
         raise ValueError("interpolate needs exactly one of size and scale_factor")
     if size is not None:
-        outs = _tuple(size, nd, "interpolate size")
+        outs = int_tuple(size, nd, "interpolate size")
         scales = [i / o for i, o in zip(ins, outs)]
     else:
         sf = scale_factor if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * nd
@@ -1032,10 +1037,12 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             mom = momentum
             mb, vb = m.detach().reshape(c), v.detach().reshape(c)
             if running_mean is not None:
-                _assign(running_mean, running_mean * (1 - mom) + mb.cast(running_mean.dtype) * mom)
+                copy_into(running_mean,
+                          running_mean * (1 - mom) + mb.cast(running_mean.dtype) * mom)
             if running_var is not None:
                 unb = vb * (n / (n - 1))
-                _assign(running_var, running_var * (1 - mom) + unb.cast(running_var.dtype) * mom)
+                copy_into(running_var,
+                          running_var * (1 - mom) + unb.cast(running_var.dtype) * mom)
     else:
         if running_mean is None or running_var is None:
             raise ZyxError("batch_norm: running_mean and running_var are required when not "
@@ -1223,8 +1230,9 @@ def one_hot(tensor, num_classes=-1):
     return hit.cast(dt.int64)
 
 
-def _causal_mask(L, S):
-    """bool (L, S): True where query i may attend key j (j <= i)."""
+def causal_mask(L, S):
+    """bool (L, S): True where query i may attend key j (j <= i).
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     r = iota(L, dt.int32).reshape(L, 1)
     c = iota(S, dt.int32).reshape(1, S)
     return c <= r
@@ -1248,7 +1256,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if is_causal:
         if attn_mask is not None:
             raise ZyxError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
-        s = where(_causal_mask(L, S), s, float("-inf"))
+        s = where(causal_mask(L, S), s, float("-inf"))
     if attn_mask is not None:
         mk = _t(attn_mask)
         s = where(mk, s, float("-inf")) if mk.dtype.is_bool else s + mk
