@@ -428,14 +428,15 @@ _templates = {}
 # zyx/inplace.py puts its check here: recorded inputs written in place after the op that
 # read them are replaced by their old versions, or the backward raises (torch's version
 # counter). Empty until zyx.inplace is imported; returns True when it rewrote something.
-_inplace_repair = []
+# (Public so that zyx.inplace can set it; not part of the zyx API.)
+inplace_repair = []
 
 
 def _run_backward(targets, out_grads, is_source, record):
     """Gradients of sum(target * out_grad) for every tensor the walk marks as a source.
     Returns ({id: grad}, visited tensors)."""
     order, visited = _walk(targets, is_source)
-    if _inplace_repair and _inplace_repair[0](visited):
+    if inplace_repair and inplace_repair[0](visited):
         order, visited = _walk(targets, is_source)   # inputs rewritten to their old versions
     if record or _REPLAY_MODE == "off":
         return _apply_rules(targets, out_grads, order, _needs_of(visited), record), visited

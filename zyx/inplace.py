@@ -1087,7 +1087,7 @@ def _attach():
                  "masked_scatter"):
         if hasattr(Tensor, name):
             setattr(Tensor, name + "_", _functional_forms(name))
-    _autograd._inplace_repair[:] = [_repair]
+    _autograd.inplace_repair[:] = [_repair]
 
 
 def _inplace_neg(self):
