@@ -242,7 +242,7 @@ class Tensor(_TB.TensorBase):
         """(DLPack device type, device index) of this tensor: CPU and CUDA tensors export."""
         from . import dlpack
         name = self.device
-        kind = dlpack._DEVICE_TYPE.get(name.type)
+        kind = dlpack.DEVICE_TYPE.get(name.type)
         if kind is None:
             raise BufferError(f"DLPack export of a tensor on {name} is not supported (only "
                               "cpu, cuda and hip): move it with .cpu() first")
@@ -1191,7 +1191,7 @@ def from_dlpack(obj) -> Tensor:
         release, t = dlpack.consume(cap)
         shape, d, data, compact = dlpack.describe(t)
         nbytes = _prod(shape) * d.itemsize
-        owner = dlpack._Borrowed(release, data, nbytes)
+        owner = dlpack.Borrowed(release, data, nbytes)
         if not compact:
             raise BufferError("from_dlpack: a non-contiguous GPU tensor; pass "
                               "x.contiguous()")
