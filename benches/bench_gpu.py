@@ -104,12 +104,12 @@ NCHW = (64, 64, 56, 56)     # bench's conv2d input: the copy its forward makes c
 def test_channels_last_copy_zyx(benchmark, gpu):
     """The stored NCHW -> NHWC copy a large GPU convolution reads
     (F._channels_last_input)."""
-    from zyx.nn.functional import _stored
+    from zyx.nn.functional import stored
     x = zyx.randn(*NCHW).realize()
-    np.testing.assert_array_equal(_stored(x.permute(0, 2, 3, 1)).numpy(),
+    np.testing.assert_array_equal(stored(x.permute(0, 2, 3, 1)).numpy(),
                                   x.numpy().transpose(0, 2, 3, 1))
     n = int(np.prod(NCHW))
-    _run(benchmark, lambda: _stored(x.permute(0, 2, 3, 1)).realize(), _zsync(gpu),
+    _run(benchmark, lambda: stored(x.permute(0, 2, 3, 1)).realize(), _zsync(gpu),
          {"bytes": 8 * n})
 
 

@@ -390,7 +390,7 @@ def test_permuted_copies_go_through_a_local_tile(dtype, lowered):
     (backends/transpose.py): a 2-D transpose with arithmetic, NCHW -> NHWC and back
     with ragged tile edges, a batched transpose of a slice, against numpy; contiguous
     and broadcast reads stay elementwise."""
-    from zyx.nn.functional import _stored
+    from zyx.nn.functional import stored
     r = rng()
 
     def t(*shape):
@@ -406,13 +406,13 @@ def test_permuted_copies_go_through_a_local_tile(dtype, lowered):
     np.testing.assert_array_equal(y.numpy(), ref)
     assert lowered[-1].strategy == "transpose"
     x, a = t(3, 24, 7, 37)                       # NCHW, 7 x 37 pixels, 24 channels
-    nhwc = _stored(x.permute(0, 2, 3, 1))
+    nhwc = stored(x.permute(0, 2, 3, 1))
     np.testing.assert_array_equal(nhwc.numpy(), a.transpose(0, 2, 3, 1))
     assert lowered[-1].strategy == "transpose"
-    back = _stored(nhwc.permute(0, 3, 1, 2))
+    back = stored(nhwc.permute(0, 3, 1, 2))
     np.testing.assert_array_equal(back.numpy(), a)
     x, a = t(4, 40, 50)
-    np.testing.assert_array_equal(_stored(x[:, 3:, 1:].permute(0, 2, 1)).numpy(),
+    np.testing.assert_array_equal(stored(x[:, 3:, 1:].permute(0, 2, 1)).numpy(),
                                   a[:, 3:, 1:].transpose(0, 2, 1))
     assert lowered[-1].strategy == "transpose"
     before = len(lowered)
@@ -429,12 +429,12 @@ def test_permuted_copies_go_through_a_local_tile(dtype, lowered):
 def test_transpose_plan_needs_long_sides():
     """Sides under transpose.MIN_SIDE (a 3-channel image) stay elementwise."""
     from zyx.codegen.gpu import transpose
-    from zyx.nn.functional import _stored
+    from zyx.nn.functional import stored
     x = zyx.Tensor(np.zeros((2, 3, 40, 40), np.float32))
-    (k,) = kernels_of(_stored(x.permute(0, 2, 3, 1)))
+    (k,) = kernels_of(stored(x.permute(0, 2, 3, 1)))
     assert transpose.plan(k.ops) is None
     x = zyx.Tensor(np.zeros((2, 32, 40, 40), np.float32))
-    (k,) = kernels_of(_stored(x.permute(0, 2, 3, 1)))
+    (k,) = kernels_of(stored(x.permute(0, 2, 3, 1)))
     p = transpose.plan(k.ops)
     assert p is not None and (p.la, p.lb) == (40, 32)
 

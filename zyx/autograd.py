@@ -54,7 +54,7 @@ from ._core import tensorbase as _TB
 from .dtype import bool_ as _BOOL
 from .errors import ShapeError, ZyxError
 from .runtime import RT
-from .tensor import Tensor, _const
+from .tensor import Tensor, const_tensor
 
 __all__ = ["Tape", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "grad"]
 
@@ -182,7 +182,7 @@ def _c(like, value):
 
 def _zero_like(t):
     n = _get(t._id)
-    return _const(0, n.dtype, n.shape)
+    return const_tensor(0, n.dtype, n.shape)
 
 
 def _un(x, uop):
@@ -428,14 +428,15 @@ _templates = {}
 # zyx/inplace.py puts its check here: recorded inputs written in place after the op that
 # read them are replaced by their old versions, or the backward raises (torch's version
 # counter). Empty until zyx.inplace is imported; returns True when it rewrote something.
-_inplace_repair = []
+# (Public so that zyx.inplace can set it; not part of the zyx API.)
+inplace_repair = []
 
 
 def _run_backward(targets, out_grads, is_source, record):
     """Gradients of sum(target * out_grad) for every tensor the walk marks as a source.
     Returns ({id: grad}, visited tensors)."""
     order, visited = _walk(targets, is_source)
-    if _inplace_repair and _inplace_repair[0](visited):
+    if inplace_repair and inplace_repair[0](visited):
         order, visited = _walk(targets, is_source)   # inputs rewritten to their old versions
     if record or _REPLAY_MODE == "off":
         return _apply_rules(targets, out_grads, order, _needs_of(visited), record), visited
@@ -530,7 +531,7 @@ def _default_out_grads(targets, output_gradients, strict_scalar):
             if strict_scalar and t.numel() != 1:
                 raise ShapeError(f"backward() of a tensor of shape {t.shape} needs a gradient "
                                  f"argument; only one-element tensors get an implicit one")
-            out.append(_const(1, t.dtype, t.shape))
+            out.append(const_tensor(1, t.dtype, t.shape))
         return out
     ogs, _ = _as_list(output_gradients)
     if len(ogs) != len(targets):
@@ -538,7 +539,7 @@ def _default_out_grads(targets, output_gradients, strict_scalar):
     out = []
     for t, g in zip(targets, ogs):
         if g is None:
-            g = _const(1, t.dtype, t.shape)
+            g = const_tensor(1, t.dtype, t.shape)
         elif not isinstance(g, Tensor):
             g = Tensor(g, dtype=t.dtype)
         if g.shape != t.shape:

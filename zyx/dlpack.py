@@ -26,7 +26,8 @@ KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_OPENCL, KDL_ROCM = 1, 2, 3, 4, 10
 # DLDataTypeCode
 KDL_INT, KDL_UINT, KDL_FLOAT, KDL_BFLOAT, KDL_BOOL = 0, 1, 2, 4, 6
 
-_DEVICE_TYPE = {"cpu": KDL_CPU, "cuda": KDL_CUDA, "hip": KDL_ROCM}
+# DLDeviceType of a zyx device type (also read by Tensor.__dlpack_device__)
+DEVICE_TYPE = {"cpu": KDL_CPU, "cuda": KDL_CUDA, "hip": KDL_ROCM}
 
 
 class DLDevice(ctypes.Structure):
@@ -160,7 +161,7 @@ def export(runtime, nid, device_name, device_id):
     ex.free = runtime._free_buffer
     mt = DLManagedTensor()
     mt.dl_tensor.data = buf.ptr or None
-    mt.dl_tensor.device = DLDevice(_DEVICE_TYPE[device_name], device_id)
+    mt.dl_tensor.device = DLDevice(DEVICE_TYPE[device_name], device_id)
     mt.dl_tensor.ndim = len(shape)
     mt.dl_tensor.dtype = _dl_dtype(node.dtype)
     mt.dl_tensor.shape = ctypes.cast(ex.shape, ctypes.POINTER(ctypes.c_int64))
@@ -179,9 +180,10 @@ def export(runtime, nid, device_name, device_id):
 
 # -- import -------------------------------------------------------------------------------
 
-class _Borrowed:
+class Borrowed:
     """The producer's memory while zyx uses it: calls the producer's deleter (`release`)
-    when the last reference goes (numpy arrays over it hold this object as their base)."""
+    when the last reference goes (numpy arrays over it hold this object as their base).
+    Also made by zyx.tensor's from_dlpack."""
 
     def __init__(self, release, data, nbytes):
         self._release = release
@@ -216,7 +218,7 @@ def _releaser(mt):
 
 def consume(capsule):
     """(release, DLTensor) of a "dltensor" or "dltensor_versioned" capsule, which is
-    marked used: its producer no longer frees it, `release()` (called by `_Borrowed`)
+    marked used: its producer no longer frees it, `release()` (called by `Borrowed`)
     runs the producer's deleter."""
     if _is_valid(capsule, _VNAME):
         ptr = _api.PyCapsule_GetPointer(capsule, _VNAME)
@@ -257,7 +259,7 @@ def host_array(release, t, shape, d, data):
         return np.empty(shape, np.uint8 if d is dt.bool_ else _np_storage(d)), True
     compact = describe(t)[3]
     if compact:
-        owner = _Borrowed(release, data, n * itemsize)
+        owner = Borrowed(release, data, n * itemsize)
         return np.asarray(owner).view(_np_storage(d)).reshape(shape), False
     strides = tuple(t.strides[i] * itemsize for i in range(t.ndim))
     if any(s < 0 for s in strides):
@@ -265,7 +267,7 @@ def host_array(release, t, shape, d, data):
         raise BufferError("DLPack tensors with negative strides are not supported; "
                           "pass a contiguous copy")
     span = sum((s - 1) * abs(st) for s, st in zip(shape, strides)) + itemsize
-    owner = _Borrowed(release, data, span)
+    owner = Borrowed(release, data, span)
     view = np.lib.stride_tricks.as_strided(np.asarray(owner).view(_np_storage(d)),
                                            shape, strides)
     return np.ascontiguousarray(view), True

@@ -18,8 +18,8 @@ import numpy as np
 from . import dtype as dt
 from ._core import kernel as K
 from .errors import DTypeError, ShapeError
-from .tensor import Tensor, _one_axis, _iota, _const, _watch_range, _INDEX_MESSAGE, \
-    _broadcast_shape, gather, where as _where3
+from .tensor import Tensor, canonical_axis, iota, const_tensor, watch_range, INDEX_MESSAGE, \
+    broadcast_shape, gather, where as _where3
 
 _REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 
@@ -37,8 +37,8 @@ def _hits(index: Tensor, n: int, dim: int, what: str):
     Registers the range check [0, n) on the index (torch refuses negative indices here)."""
     shape = [1] * (index.ndim + 1)
     shape[dim + 1] = n
-    hit = index.unsqueeze(dim + 1) == _iota(n, index.dtype).reshape(shape)
-    _watch_range(hit, index, 0, n, _INDEX_MESSAGE, (dim, n, what))
+    hit = index.unsqueeze(dim + 1) == iota(n, index.dtype).reshape(shape)
+    watch_range(hit, index, 0, n, INDEX_MESSAGE, (dim, n, what))
     return hit
 
 
@@ -63,7 +63,7 @@ class _Scatter:
 
     def __init__(self, input, dim, index, src, what):
         self.input, self.what = input, what
-        self.dim = _one_axis(dim, input.ndim) if input.ndim else 0
+        self.dim = canonical_axis(dim, input.ndim) if input.ndim else 0
         index = _as_index(index, what)
         if input.ndim == 0:          # a 0-d scatter is a 1-element one
             input, index = input.reshape(1), index.reshape(1)
@@ -78,7 +78,7 @@ class _Scatter:
             src = src.shrink(tuple((0, s) for s in index.shape))
             self.src = src.unsqueeze(self.dim + 1)
         else:
-            self.src = _const(src, input.dtype, ())
+            self.src = const_tensor(src, input.dtype, ())
         self._pads = tuple((0, 0) if d == self.dim else (0, input.shape[d] - index.shape[d])
                            for d in range(input.ndim))
 
@@ -98,7 +98,7 @@ class _Scatter:
 
     def reduced(self, rop, identity):
         d = self.base.dtype
-        vals = _where3(self.sel, self.src, _const(identity, d, ()))
+        vals = _where3(self.sel, self.src, const_tensor(identity, d, ()))
         if d.is_bool:
             vals = vals.cast(dt.uint8)
         r = vals._reduce(rop, self.dim, False)
@@ -108,11 +108,11 @@ class _Scatter:
         j = self.index.shape[self.dim]
         shape = [1] * self.sel.ndim
         shape[self.dim] = j
-        pos = _iota(j, dt.int32).reshape(shape)
+        pos = iota(j, dt.int32).reshape(shape)
         latest = _where3(self.sel, pos, -1)._reduce(K.R_MAX, self.dim, True)
         only = self.sel & (pos == latest)
         d = self.base.dtype
-        vals = _where3(only, self.src, _const(0, d, ()))
+        vals = _where3(only, self.src, const_tensor(0, d, ()))
         if d.is_bool:
             return self._fit(vals._reduce(K.R_MAX, self.dim, False), False)
         return self._fit(vals._reduce(K.R_SUM, self.dim, False), 0)
@@ -147,8 +147,8 @@ def scatter(input, dim, index, src=None, value=None, *, reduce=None):
 
 def _full_src(src, index, input):
     return src if isinstance(src, Tensor) else \
-        _const(src, input.dtype, ()).expand(index.shape if isinstance(index, Tensor) else
-                                            np.shape(index))
+        const_tensor(src, input.dtype, ()).expand(index.shape if isinstance(index, Tensor) else
+                                                  np.shape(index))
 
 
 def scatter_add(input, dim, index, src):
@@ -199,7 +199,7 @@ def _along_index(input, dim, index, what):
     if index.ndim > 1:
         raise IndexError(f"{what}(): Index is supposed to be a vector")
     index = index.reshape(-1)
-    d = _one_axis(dim, input.ndim) if input.ndim else 0
+    d = canonical_axis(dim, input.ndim) if input.ndim else 0
     return d, index
 
 
@@ -221,7 +221,7 @@ def index_select(input, dim, index):
     src = input.unsqueeze(d)
     if input.dtype.is_bool:
         return (src & sel)._reduce(K.R_MAX, d + 1, False)
-    return _where3(sel, src, _const(0, input.dtype, ()))._reduce(K.R_SUM, d + 1, False)
+    return _where3(sel, src, const_tensor(0, input.dtype, ()))._reduce(K.R_SUM, d + 1, False)
 
 
 def _source_shape_check(input, d, index, source, what):
@@ -279,9 +279,9 @@ def take_along_dim(input, indices, dim=None):
     if input.ndim != indices.ndim:
         raise ShapeError(f"take_along_dim(): input and indices should have the same number "
                          f"of dimensions, but got {input.ndim} and {indices.ndim}")
-    d = _one_axis(dim, input.ndim)
-    rest = _broadcast_shape(*[tuple(1 if i == d else s for i, s in enumerate(t.shape))
-                              for t in (input, indices)])
+    d = canonical_axis(dim, input.ndim)
+    rest = broadcast_shape(*[tuple(1 if i == d else s for i, s in enumerate(t.shape))
+                             for t in (input, indices)])
     x = input.expand(rest[:d] + (input.shape[d],) + rest[d + 1:])
     idx = indices.expand(rest[:d] + (indices.shape[d],) + rest[d + 1:])
     return gather(x, d, idx)
@@ -335,7 +335,7 @@ def masked_select(input, mask):
         mask = Tensor(np.asarray(mask, dtype=bool))
     if not mask.dtype.is_bool:
         raise DTypeError(f"masked_select: expected BoolTensor for mask, got {mask.dtype.name}")
-    shape = _broadcast_shape(input.shape, mask.shape)
+    shape = broadcast_shape(input.shape, mask.shape)
     where_true = np.flatnonzero(np.broadcast_to(_host(mask), shape))
     flat = input.expand(shape).reshape(-1)
     if not input.requires_grad:
@@ -348,7 +348,7 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
     index of each input entry in them (return_inverse, input's shape) and how often each
     occurs (return_counts). dim: unique slices along that dim. Realizes input."""
     a = _host(input)
-    axis = None if dim is None else _one_axis(dim, input.ndim)
+    axis = None if dim is None else canonical_axis(dim, input.ndim)
     vals, inverse, counts = np.unique(a, return_inverse=True, return_counts=True, axis=axis)
     out = [_on_device_of(vals, input)]
     if return_inverse:

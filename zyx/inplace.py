@@ -4,7 +4,7 @@ zyx tensors are nodes of an immutable graph; an in-place op is a functional upda
 value is built from the old one with ordinary ops (a slice assignment is a pad of the value
 into the region and a `where`, a boolean-mask assignment a `where`, an integer-index
 assignment a one-hot compare and a reduce), then the Tensor object is pointed at the new
-node (`tensor._rebind`), keeping its identity. Nothing runs on the host and the update fuses
+node (`tensor.rebind`), keeping its identity. Nothing runs on the host and the update fuses
 with whatever reads it, like any other op.
 
 Torch semantics kept:
@@ -50,13 +50,13 @@ from ._core import kernel as K
 from ._core import tensorbase as _TB
 from . import autograd as _autograd
 from .runtime import RT
-from .tensor import Tensor, _const, _expand_ellipsis, _rebind, _broadcast_shape, _iota, _watch_range, where
+from .tensor import Tensor, const_tensor, expand_ellipsis, rebind, broadcast_shape, iota, \
+    watch_range, INDEX_MESSAGE, where
 
 _tensor_mod = sys.modules["zyx.tensor"]   # `zyx.tensor` is the function
 
 _graph = RT.graph
 _COMPOSITE = _autograd.COMPOSITE
-_INDEX_MESSAGE = "index {} is out of bounds for dimension {} with size {} (in {})"
 
 # ---------------------------------------------------------------------------------------
 # bookkeeping: which tensors were written, their old versions, deferred state updates
@@ -191,7 +191,7 @@ def _fit(t, new):
     """`new` as t's next value: same shape as t, t's dtype (torch's in-place casting)."""
     if new.shape != t.shape:
         try:
-            shape = _broadcast_shape(new.shape, t.shape)
+            shape = broadcast_shape(new.shape, t.shape)
         except Exception:
             shape = None
         if shape != t.shape:
@@ -212,7 +212,7 @@ def _fit(t, new):
 def _set_node(t, new):
     """Point t at new's node; t's recorded inputs become new's (and t counts as written)."""
     _mark_written(t, t._ctx is not None)
-    _rebind(t, new)
+    rebind(t, new)
     if new._ctx is not None:
         t._ctx = new._ctx
         t.requires_grad = True
@@ -360,7 +360,7 @@ def _data_set(self, value):
     if value.device != self.device:
         value = value.to(self.device)
     _mark_written(self, self._ctx is not None)
-    _rebind(self, value.detach())
+    rebind(self, value.detach())
     _propagate(self)
 
 
@@ -384,7 +384,7 @@ def _parse(x, idx):
                         for i in conv if i is not None and i is not Ellipsis)
     if used > x.ndim:
         raise IndexError(f"too many indices for tensor of dimension {x.ndim}")
-    full = _expand_ellipsis(conv, x.ndim, used)
+    full = expand_ellipsis(conv, x.ndim, used)
     steps, d = [], 0
     for i in full:
         if i is None:
@@ -423,10 +423,10 @@ def _scalar_const(value, d, shape, what):
     integer tensor truncates); numbers out of d's range raise like torch."""
     if isinstance(value, np.generic):
         value = value.item()
-    _tensor_mod._check_fits(value, d, what)
+    _tensor_mod.check_fits(value, d, what)
     if d.is_int and isinstance(value, builtins.float):
         value = builtins.int(value)
-    return _const(value, d, shape)
+    return const_tensor(value, d, shape)
 
 
 def _value_tensor(value, d):
@@ -443,7 +443,7 @@ def _fit_value(v, shape):
     while v.ndim > len(shape) and v.shape[0] == 1:
         v = _orig["reshape"](v, v.shape[1:])
     try:
-        ok = _broadcast_shape(v.shape, shape) == tuple(shape)
+        ok = broadcast_shape(v.shape, shape) == tuple(shape)
     except Exception:
         ok = False
     if not ok:
@@ -500,9 +500,9 @@ def _region_readers(steps):
     fns = []
     for s in steps:
         if s[0] == "int":
-            fns.append(lambda x, d=s[1], j=s[2]: _tensor_mod._narrow(x, d, j, j + 1))
+            fns.append(lambda x, d=s[1], j=s[2]: _tensor_mod.shrink_axis(x, d, j, j + 1))
         elif s[0] == "slice":
-            fns.append(lambda x, s=s: _tensor_mod._slice_axis(x, *s[1:]))
+            fns.append(lambda x, s=s: _tensor_mod.slice_axis(x, *s[1:]))
     return fns
 
 
@@ -511,11 +511,11 @@ def _leaf_scalar(value, d, like):
     not as a constant folded into the kernel, so writes in a loop share one plan."""
     if isinstance(value, np.generic):
         value = value.item()
-    _tensor_mod._check_fits(value, d, "setitem")
+    _tensor_mod.check_fits(value, d, "setitem")
     if d.is_int and isinstance(value, builtins.float):
         value = builtins.int(value)
     arr = np.asarray(value, dtype=np.float32 if d is dt.bfloat16 else d.np)
-    return Tensor(arr, dtype=d, device=_tensor_mod._device_of_like(like, None))
+    return Tensor(arr, dtype=d, device=_tensor_mod.device_of_like(like, None))
 
 
 def _put_point(x, steps, value):
@@ -529,7 +529,7 @@ def _put_point(x, steps, value):
         _, d, j = s
         sh = [1] * x.ndim
         sh[d] = x.shape[d]
-        axis = _orig["reshape"](_iota(x.shape[d], dt.int32), tuple(sh))
+        axis = _orig["reshape"](iota(x.shape[d], dt.int32), tuple(sh))
         m = axis == _leaf_scalar(j, dt.int32, x).expand(tuple(sh))
         mask = m if mask is None else mask & m
     v = _leaf_scalar(value, x.dtype, x)
@@ -570,7 +570,7 @@ def _put_basic(x, steps, value, accumulate):
         for d, s in enumerate(_region_readers(steps)):
             old = s(old)
         v = v + old
-    mask = _const(True, dt.bool_, tuple(region))
+    mask = const_tensor(True, dt.bool_, tuple(region))
     for d, (start, n, step) in enumerate(where_at):
         if (start, n, step) != (0, x.shape[d], 1):
             v = _embed(v, d, start, n, step, x.shape[d], 0)
@@ -617,7 +617,7 @@ def _put_indexed(x, steps, value, accumulate):
     tsteps = [(s[1], s[2]) for s in steps if s[0] == "tensor"]
     isteps = [(s[1], s[2]) for s in steps if s[0] == "int"]
     tdims = [d for d, _ in tsteps]
-    bshape = _broadcast_shape(*[t.shape for _, t in tsteps])
+    bshape = broadcast_shape(*[t.shape for _, t in tsteps])
     nd, k = x.ndim, len(bshape)
     rest = [d for d in range(nd) if d not in tdims and d not in dict(isteps)]
     adjacent = tdims == list(range(tdims[0], tdims[0] + len(tdims)))
@@ -632,14 +632,14 @@ def _put_indexed(x, steps, value, accumulate):
         ti = where(t < 0, t + n, t).expand(bshape)
         sh = [1] * (nd + k)
         sh[d] = n
-        axis = _orig["reshape"](_iota(n, ti.dtype), tuple(sh))
+        axis = _orig["reshape"](iota(n, ti.dtype), tuple(sh))
         h = _orig["reshape"](ti, (1,) * nd + bshape) == axis
-        _watch_range(h, t, -n, n, _INDEX_MESSAGE, (d, n, "index_put"))
+        watch_range(h, t, -n, n, INDEX_MESSAGE, (d, n, "index_put"))
         hit = h if hit is None else (hit & h)
     for d, j in isteps:
         sh = [1] * (nd + k)
         sh[d] = x.shape[d]
-        hit = hit & (_orig["reshape"](_iota(x.shape[d], dt.int32), tuple(sh)) == j)
+        hit = hit & (_orig["reshape"](iota(x.shape[d], dt.int32), tuple(sh)) == j)
     # the value in the layout x dims (indexed ones of size 1) + index block
     v = _value_tensor(value, x.dtype)
     if v is None:
@@ -657,15 +657,15 @@ def _put_indexed(x, steps, value, accumulate):
     calc = dt.int32 if x.dtype.is_bool else x.dtype
     vv = v.cast(calc).expand(full)
     if accumulate:
-        add = where(hit, vv, _const(0, calc, ()))._reduce(K.R_SUM, block, False)
+        add = where(hit, vv, const_tensor(0, calc, ()))._reduce(K.R_SUM, block, False)
         return (x.cast(calc) + add).cast(x.dtype)
     nb = 1
     for s in bshape:
         nb *= s
-    order = _orig["reshape"](_iota(nb, dt.int32), (1,) * nd + bshape).expand(full)
-    last = where(hit, order, _const(-1, dt.int32, ()))._reduce(K.R_MAX, block, True)
+    order = _orig["reshape"](iota(nb, dt.int32), (1,) * nd + bshape).expand(full)
+    last = where(hit, order, const_tensor(-1, dt.int32, ()))._reduce(K.R_MAX, block, True)
     pick = hit & (order == last.expand(full))
-    val = where(pick, vv, _const(0, calc, ()))._reduce(K.R_SUM, block, False).cast(x.dtype)
+    val = where(pick, vv, const_tensor(0, calc, ()))._reduce(K.R_SUM, block, False).cast(x.dtype)
     written = _orig["reshape"](last, x.shape) >= 0
     return where(written, val, x)
 
@@ -767,7 +767,7 @@ def _copy_(self, src, non_blocking=False):
         s = src
         if s.shape != self.shape:
             try:
-                ok = _broadcast_shape(s.shape, self.shape) == self.shape
+                ok = broadcast_shape(s.shape, self.shape) == self.shape
             except Exception:
                 ok = False
             if not ok:
@@ -831,7 +831,7 @@ def _fill_diagonal_(self, fill_value, wrap=False):
 
     def compute(old):
         n = self.numel()
-        flat = _iota(n, dt.int64, None) if n else None
+        flat = iota(n, dt.int64, None) if n else None
         if flat is None:
             return old
         if self.ndim == 2:
@@ -1087,7 +1087,7 @@ def _attach():
                  "masked_scatter"):
         if hasattr(Tensor, name):
             setattr(Tensor, name + "_", _functional_forms(name))
-    _autograd._inplace_repair[:] = [_repair]
+    _autograd.inplace_repair[:] = [_repair]
 
 
 def _inplace_neg(self):

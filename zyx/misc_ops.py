@@ -101,7 +101,7 @@ def type_as(self, other):
 
 def _new(self, shape, fill, dtype, device, requires_grad):
     d = dt.to_dtype(dtype) if dtype is not None else self.dtype
-    return _tensor_module.full(_tensor_module._shape_args(shape), fill, d,
+    return _tensor_module.full(_tensor_module.shape_args(shape), fill, d,
                                device if device is not None else self.device, requires_grad)
 
 

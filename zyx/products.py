@@ -15,8 +15,8 @@ import math
 from . import dtype as dt
 from ._core import kernel as K
 from .errors import ShapeError, DTypeError
-from .tensor import Tensor, _one_axis, _iota, _const, _broadcast_shape, _norm_axis, \
-    gather, where, matmul, cat
+from .tensor import Tensor, canonical_axis, iota, const_tensor, broadcast_shape, gather, \
+    where, matmul, cat
 from .sorting import return_types
 
 
@@ -68,7 +68,7 @@ def diagonal(input, offset=0, dim1=0, dim2=1):
     nd = input.ndim
     if nd < 2:
         raise ShapeError(f"diagonal: expected a tensor of 2 or more dims, got {input.shape}")
-    a, b = _one_axis(dim1, nd), _one_axis(dim2, nd)
+    a, b = canonical_axis(dim1, nd), canonical_axis(dim2, nd)
     if a == b:
         raise ShapeError(f"diagonal: dim1 and dim2 cannot be the same ({dim1}, {dim2})")
     rest = [d for d in range(nd) if d not in (a, b)]
@@ -98,14 +98,14 @@ def diag(input, diagonal=0):
         raise ShapeError(f"diag: expected a 1-D or 2-D tensor, got shape {input.shape}")
     n, k = input.shape[0], builtins.abs(diagonal)
     size = n + k
-    rows = _iota(size, dt.int64).reshape(size, 1)
-    cols = _iota(size, dt.int64).reshape(1, size)
+    rows = iota(size, dt.int64).reshape(size, 1)
+    cols = iota(size, dt.int64).reshape(1, size)
     on_diag = (cols - rows) == diagonal
     # the value of an entry on the diagonal is v[row] above it, v[col] below it
     v = input._pad(((0, k),))
     spread = v.reshape(size, 1).expand(size, size) if diagonal >= 0 else \
         v.reshape(1, size).expand(size, size)
-    return where(on_diag, spread, _const(0, input.dtype, ()))
+    return where(on_diag, spread, const_tensor(0, input.dtype, ()))
 
 
 def trace(input):
@@ -127,8 +127,8 @@ def tensordot(a, b, dims=2):
         db = [db] if isinstance(db, int) else list(db)
     if len(da) != len(db):
         raise ShapeError(f"tensordot: both dim lists need the same length, got {da}, {db}")
-    da = [_one_axis(d, a.ndim) for d in da]
-    db = [_one_axis(d, b.ndim) for d in db]
+    da = [canonical_axis(d, a.ndim) for d in da]
+    db = [canonical_axis(d, b.ndim) for d in db]
     for x, y in zip(da, db):
         if a.shape[x] != b.shape[y]:
             raise ShapeError(f"tensordot: contracted dimension {x} of a ({a.shape[x]}) and "
@@ -158,14 +158,14 @@ def kron(input, other):
 def cross(input, other, dim=None):
     """torch.cross: the 3-D cross product along dim (inputs broadcast). dim=None takes the
     first dim of size 3, as torch.cross (torch.linalg.cross defaults to -1)."""
-    shape = _broadcast_shape(input.shape, other.shape)
+    shape = broadcast_shape(input.shape, other.shape)
     a, b = input.expand(shape), other.expand(shape)
     if dim is None:
         sizes3 = [d for d, s in enumerate(shape) if s == 3]
         if not sizes3:
             raise ShapeError(f"cross: no dimension of size 3 in input {shape}")
         dim = sizes3[0]
-    d = _one_axis(dim, len(shape))
+    d = canonical_axis(dim, len(shape))
     if shape[d] != 3:
         raise ShapeError(f"linalg.cross: inputs dimension {d} must have length 3. Got "
                          f"{input.shape} and {other.shape}")
@@ -240,7 +240,7 @@ def _contract(x, lx, y, ly, keep):
         shape = [t.shape[perm.index(lt.index(lb))] if lb in lt else 1 for lb in order]
         return t.reshape(shape)
     px, py = placed(x, lx), placed(y, ly)
-    full = _broadcast_shape(px.shape, py.shape)
+    full = broadcast_shape(px.shape, py.shape)
     prod = px.expand(full) * py.expand(full)
     if summed:
         prod = prod.sum(tuple(range(len(kept), len(order))))
@@ -372,7 +372,7 @@ def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):   # n
     or row sum), 2, -2 (largest/smallest singular value) and nuc (their sum). 2, -2 and
     nuc realize A: its singular vectors come from numpy's SVD on the host."""
     A = _float_of(A, dtype)
-    r, c = (_one_axis(d, A.ndim) for d in dim)
+    r, c = (canonical_axis(d, A.ndim) for d in dim)
     if r == c:
         raise ShapeError("linalg.matrix_norm: dims must be different")
     if ord == "fro":
@@ -470,7 +470,7 @@ def _scan(input, dim, fn):
     """Apply `fn` to input with dim moved last, move it back."""
     if input.ndim == 0:
         return fn(input.reshape(1)).reshape(())
-    d = _one_axis(dim, input.ndim)
+    d = canonical_axis(dim, input.ndim)
     if input.shape[d] == 0:
         return input
     x = input.transpose(d, -1) if d != input.ndim - 1 else input
@@ -510,11 +510,11 @@ def _cum_extreme(input, dim, largest):
     else:
         x = input
     if x.ndim == 0:
-        return getattr(return_types, what)(input, _const(0, dt.int64, ()))
-    d = _one_axis(dim, x.ndim)
+        return getattr(return_types, what)(input, const_tensor(0, dt.int64, ()))
+    d = canonical_axis(dim, x.ndim)
     n = x.shape[d]
     if n == 0:
-        return getattr(return_types, what)(input, _const(0, dt.int64, input.shape))
+        return getattr(return_types, what)(input, const_tensor(0, dt.int64, input.shape))
     xt = x.transpose(d, -1) if d != x.ndim - 1 else x
     if x.dtype.is_float:
         fill = float("-inf") if largest else float("inf")
@@ -523,7 +523,7 @@ def _cum_extreme(input, dim, largest):
         info = np.iinfo(x.dtype.np)
         fill = builtins.int(info.min if largest else info.max)
     w = _windows(xt, fill)
-    pos = _windows(_iota(n, dt.int64).reshape((1,) * (xt.ndim - 1) + (n,)), -1)
+    pos = _windows(iota(n, dt.int64).reshape((1,) * (xt.ndim - 1) + (n,)), -1)
     best = w._reduce(K.R_MAX if largest else K.R_MIN, -1, True)
     hit = w == best
     if x.dtype.is_float:
@@ -554,7 +554,7 @@ def diff(input, n=1, dim=-1, prepend=None, append=None):
     append along it); bool input gives x[i+1] != x[i], as torch's logical xor."""
     if input.ndim == 0:
         raise ShapeError("diff expects input to be at least one-dimensional")
-    d = _one_axis(dim, input.ndim)
+    d = canonical_axis(dim, input.ndim)
     parts = []
     for extra in (prepend,):
         if extra is not None:

@@ -26,8 +26,7 @@ import builtins
 from collections import namedtuple
 
 from . import dtype as dt
-from .tensor import Tensor, _one_axis, _iota, _const, gather, where, _amax, _amin, _argmax, \
-    _argmin, _axis_kw
+from .tensor import Tensor, canonical_axis, iota, const_tensor, gather, where
 
 RANK_MAX = 128      # rows up to this long sort by comparison counting, longer ones bitonic
 EXTRACT_MAX_K = 32  # topk of k up to this over longer rows: k extraction rounds, no sort
@@ -89,7 +88,7 @@ def _rank_sort(x: Tensor, descending: bool):
     """(values, indices) of the rows of 2-D `x` by comparison counting (see module doc)."""
     b, n = x.shape
     k = _key(x)
-    pos = _iota(n, dt.int32)
+    pos = iota(n, dt.int32)
     before = _before(k.reshape(b, 1, n), pos.reshape(1, 1, n),
                      k.reshape(b, n, 1), pos.reshape(1, n, 1), descending)
     rank = before.cast(dt.int32).sum(2, dtype=dt.int32)                  # (b, n): slot of x_i
@@ -111,11 +110,11 @@ def _exchange(v, i, blocks, width, mirrored, descending):
     if mirrored:
         v3, i3 = v.reshape(b, blocks, width), i.reshape(b, blocks, width)
         pv, pi = v3.flip(2), i3.flip(2)
-        lower = (_iota(width, dt.int32) < half).reshape(1, 1, width)
+        lower = (iota(width, dt.int32) < half).reshape(1, 1, width)
     else:
         v3, i3 = v.reshape(b, blocks, 2, half), i.reshape(b, blocks, 2, half)
         pv, pi = v3.flip(2), i3.flip(2)
-        lower = (_iota(2, dt.int32) == 0).reshape(1, 1, 2, 1)
+        lower = (iota(2, dt.int32) == 0).reshape(1, 1, 2, 1)
     partner_first = _before(pv, pi, v3, i3, descending)
     take = where(lower, partner_first, ~partner_first)
     nv, ni = where(take, pv, v3), where(take, pi, i3)
@@ -128,7 +127,7 @@ def _bitonic_sort(x: Tensor, descending: bool):
     big = _next_pow2(n)
     k = _key(x)
     v = k._pad(((0, 0), (0, big - n)), _pad_value(k.dtype, descending))
-    i = _iota(big, dt.int32).reshape(1, big).expand(b, big)
+    i = iota(big, dt.int32).reshape(1, big).expand(b, big)
     width = 2
     while width <= big:
         v, i = _exchange(v, i, big // width, width, True, descending)
@@ -148,7 +147,7 @@ def _sort_last(x: Tensor, descending: bool):
     lead, n = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, n) if n else x
     if n <= 1:
-        return x, _const(0, dt.int64, x.shape)
+        return x, const_tensor(0, dt.int64, x.shape)
     method = _rank_sort if n <= RANK_MAX else _bitonic_sort
     v, i = method(rows, descending)
     return v.reshape(lead + (n,)), i.reshape(lead + (n,))
@@ -159,7 +158,7 @@ def _along(x: Tensor, dim, fn):
     if x.ndim == 0:
         out = fn(x.reshape(1))
         return tuple(o.reshape(()) for o in out)
-    d = _one_axis(dim, x.ndim)
+    d = canonical_axis(dim, x.ndim)
     if d == x.ndim - 1:
         return fn(x)
     out = fn(x.transpose(d, -1))
@@ -197,7 +196,7 @@ def topk(input, k, dim=-1, largest=True, sorted=True):   # noqa: A002  (torch na
     largest (smallest with largest=False) along dim, in sorted order (also for
     sorted=False, which torch allows to be any order). Equal values: lower index first."""
     _check_sortable(input, "topk")
-    size = input.shape[_one_axis(dim, input.ndim)] if input.ndim else 1
+    size = input.shape[canonical_axis(dim, input.ndim)] if input.ndim else 1
     if not 0 <= k <= size:
         raise IndexError(f"topk: k ({k}) is out of range for dimension of size {size}")
 
@@ -222,7 +221,7 @@ def _extract_first(x: Tensor, k: int, descending: bool):
     of ms)."""
     b, n = x.shape
     key = _key(x)
-    pos = _iota(n, dt.int64).reshape(1, n)
+    pos = iota(n, dt.int64).reshape(1, n)
     is_float = key.dtype.is_float
     nan = key.isnan() if is_float else None
     # what a taken element reads as, so it never wins the round's max/min
@@ -234,12 +233,12 @@ def _extract_first(x: Tensor, k: int, descending: bool):
         free = ~taken if taken is not None else None
         cand = key if taken is None else where(taken, fill, key)
         if descending:
-            best = _amax(cand, 1, keepdim=True)       # NaN propagates: NaN is largest
+            best = cand.amax(1, keepdim=True)       # NaN propagates: NaN is largest
             hit = (cand == best) | (nan & best.isnan()) if is_float else cand == best
         else:
             # smallest non-NaN first; rows whose remaining elements are all NaN take those
             real = cand if not is_float else where(nan, fill, cand)
-            best = _amin(real, 1, keepdim=True)
+            best = real.amin(1, keepdim=True)
             hit = (real == best) & ~nan if is_float else real == best
             if is_float:
                 left = nan if free is None else nan & free
@@ -247,7 +246,7 @@ def _extract_first(x: Tensor, k: int, descending: bool):
                             hit, left)
         if free is not None:
             hit = hit & free
-        idx = _argmax(hit.cast(dt.uint8), 1, keepdim=True)    # first position that hits
+        idx = hit.cast(dt.uint8).argmax(1, keepdim=True)    # first position that hits
         picked.append(idx)
         one = pos == idx
         taken = one if taken is None else taken | one
@@ -272,8 +271,8 @@ def _reduce_to_slot(input, dim, keepdim, slot_of, name):
     """Sort along dim, take the value at the slot `slot_of(sorted_values)` chooses; the
     result keeps dim as size 1 when keepdim (torch's kthvalue/median shape rules)."""
     if input.ndim == 0:
-        return getattr(return_types, name)(input, _const(0, dt.int64, ()))
-    d = _one_axis(dim, input.ndim)
+        return getattr(return_types, name)(input, const_tensor(0, dt.int64, ()))
+    d = canonical_axis(dim, input.ndim)
     if input.shape[d] == 0:
         raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
 
@@ -290,7 +289,7 @@ def kthvalue(input, k, dim=-1, keepdim=False):
     """torch.kthvalue: the k-th smallest value (1-based) along dim and its index. NaN
     counts as the largest value."""
     _check_sortable(input, "kthvalue")
-    size = input.shape[_one_axis(dim, input.ndim)] if input.ndim else 1
+    size = input.shape[canonical_axis(dim, input.ndim)] if input.ndim else 1
     if not 1 <= k <= size:
         raise IndexError(f"kthvalue(): selected number k out of range for dimension of "
                          f"size {size} (k = {k})")
@@ -305,7 +304,7 @@ def median(input, dim=None, keepdim=False):
     if dim is None:
         flat = input.reshape(-1)
         if flat.shape[0] == 0:
-            return _const(float("nan"), input.dtype, ())
+            return const_tensor(float("nan"), input.dtype, ())
         return median(flat, 0).values
 
     def slot(v, t):
@@ -325,8 +324,8 @@ def mode(input, dim=-1, keepdim=False):
     O(n^2) fused compare-and-sum per row."""
     _check_sortable(input, "mode")
     if input.ndim == 0:
-        return return_types.mode(input, _const(0, dt.int64, ()))
-    d = _one_axis(dim, input.ndim)
+        return return_types.mode(input, const_tensor(0, dt.int64, ()))
+    d = canonical_axis(dim, input.ndim)
 
     def most_frequent(t):
         n = t.shape[-1]
@@ -338,15 +337,15 @@ def mode(input, dim=-1, keepdim=False):
         best = count.amax(-1, keepdim=True)
         # among the most frequent values the smallest: its ascending-sorted first slot
         cand = where(count == best, k, _largest(k.dtype))
-        v = _amin(cand, -1, keepdim=True)
+        v = cand.amin(-1, keepdim=True)
         if k.dtype.is_float:     # a most frequent NaN wins only when nothing else ties
             only_nan = (count == best) & ~k.isnan()
             v = where(only_nan.any(-1, keepdim=True), v, float("nan"))
             hit = (k == v) | (k.isnan() & v.isnan())
         else:
             hit = k == v
-        pos = _iota(n, dt.int64).reshape((1,) * (t.ndim - 1) + (n,))
-        idx = _amax(where(hit, pos, -1), -1, keepdim=True)
+        pos = iota(n, dt.int64).reshape((1,) * (t.ndim - 1) + (n,))
+        idx = where(hit, pos, -1).amax(-1, keepdim=True)
         return gather(t, -1, idx), idx
     v, i = _along(input, d, most_frequent)
     if not keepdim:
@@ -369,16 +368,16 @@ def _extreme(input, dim, keepdim, other, largest, axis):
     if isinstance(dim, Tensor) or isinstance(other, Tensor):
         o = dim if isinstance(dim, Tensor) else other
         return input.maximum(o) if largest else input.minimum(o)
-    dim = _axis_kw(axis, None) if axis is not None else dim
+    dim = axis if axis is not None else dim
     if dim is None:
         if keepdim:
             raise TypeError(f"{'max' if largest else 'min'}(): keepdim needs a dim")
-        return _amax(input) if largest else _amin(input)
+        return input.amax() if largest else input.amin()
     if isinstance(dim, (tuple, list)):
         raise TypeError(f"{'max' if largest else 'min'}(): dim must be an int (use "
                         f"{'amax' if largest else 'amin'} for several dims)")
-    idx = (_argmax if largest else _argmin)(input, dim, keepdim=True)
-    d = _one_axis(dim, input.ndim)
+    idx = (input.argmax if largest else input.argmin)(dim, keepdim=True)
+    d = canonical_axis(dim, input.ndim)
     # values through the indices: the gradient goes to the chosen element only, as torch's
     vals = gather(input, d, idx) if input.ndim else input
     if not keepdim and input.ndim:

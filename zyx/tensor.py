@@ -47,18 +47,22 @@ def _prod(shape):
     return n
 
 
-def _norm_axis(axis, ndim, allow_none=True):
+def canonical_axes(axis, ndim, allow_none=True):
+    """`axis` (None, an int or a sequence) as a sorted tuple of axes in [0, ndim).
+    Internal helper shared by zyx's op modules (not in __all__)."""
     if axis is None:
         if not allow_none:
             raise ShapeError("an axis is required")
         return tuple(range(ndim))
     if isinstance(axis, (list, tuple)):
-        out = tuple(sorted({_one_axis(a, ndim) for a in axis}))
+        out = tuple(sorted({canonical_axis(a, ndim) for a in axis}))
         return out
-    return (_one_axis(axis, ndim),)
+    return (canonical_axis(axis, ndim),)
 
 
-def _one_axis(a, ndim):
+def canonical_axis(a, ndim):
+    """One axis, checked and made non-negative (0 for a 0-d tensor).
+    Internal helper shared by zyx's op modules (not in __all__)."""
     if not isinstance(a, (int, np.integer)):
         raise ShapeError(f"axis must be an int, got {a!r}")
     n = ndim if ndim > 0 else 1
@@ -69,7 +73,9 @@ def _one_axis(a, ndim):
     return int(a) % n if ndim > 0 else 0
 
 
-def _broadcast_shape(*shapes):
+def broadcast_shape(*shapes):
+    """The shape `shapes` broadcast to (ShapeError if they do not).
+    Internal helper shared by zyx's op modules (not in __all__)."""
     nd = max(len(s) for s in shapes)
     out = []
     for i in range(nd):
@@ -88,7 +94,9 @@ def _broadcast_shape(*shapes):
     return tuple(out)
 
 
-def _axis_kw(axis, dim):
+def axis_or_dim(axis, dim):
+    """The axis given as axis= or (torch) dim=, not both.
+    Internal helper shared by zyx's op modules (not in __all__)."""
     if dim is not None:
         if axis is not None:
             raise TypeError("give either axis= or dim=, not both")
@@ -98,7 +106,7 @@ def _axis_kw(axis, dim):
 
 def _dim0(axis, dim):
     """axis=/dim= for ops whose axis defaults to 0 (cat, stack, split, chunk)."""
-    axis = _axis_kw(axis, dim)
+    axis = axis_or_dim(axis, dim)
     return 0 if axis is None else axis
 
 
@@ -167,7 +175,7 @@ class Tensor(_TB.TensorBase):
             arr = _to_numpy(data, d)
             d = d or dt.from_numpy(arr.dtype)
             if d is dt.bfloat16:
-                arr = _f32_to_bf16_bits(arr)
+                arr = f32_to_bf16_bits(arr)
             self._id = RT.from_numpy(arr, d, _backend_device(device))
         self.requires_grad = requires_grad
         self.grad = None
@@ -183,9 +191,9 @@ class Tensor(_TB.TensorBase):
         return _prod(self.shape)
 
     def size(self, axis=None, dim=None):
-        axis = _axis_kw(axis, dim)
+        axis = axis_or_dim(axis, dim)
         s = self.shape
-        return s if axis is None else s[_one_axis(axis, len(s))]
+        return s if axis is None else s[canonical_axis(axis, len(s))]
 
     def __len__(self):
         if not self.shape:
@@ -212,7 +220,7 @@ class Tensor(_TB.TensorBase):
         false). Moving to another device computes the tensor where it is and copies the
         result into a new tensor there; `non_blocking` is accepted (copies to a GPU are
         queued anyway)."""
-        device, dtype = _to_args(args, device, dtype)
+        device, dtype = parse_to_args(args, device, dtype)
         out = self if dtype is None else self.cast(dtype)
         if device is not None:
             dev = RT.resolve(device)
@@ -234,7 +242,7 @@ class Tensor(_TB.TensorBase):
         """(DLPack device type, device index) of this tensor: CPU and CUDA tensors export."""
         from . import dlpack
         name = self.device
-        kind = dlpack._DEVICE_TYPE.get(name.type)
+        kind = dlpack.DEVICE_TYPE.get(name.type)
         if kind is None:
             raise BufferError(f"DLPack export of a tensor on {name} is not supported (only "
                               "cpu, cuda and hip): move it with .cpu() first")
@@ -361,7 +369,7 @@ class Tensor(_TB.TensorBase):
         return self._make(G.BINARY, bop, (self, other), n.shape, out_dtype or n.dtype)
 
     def reshape(self, *shape) -> "Tensor":
-        shape = _shape_args(shape)
+        shape = shape_args(shape)
         node = _graph.get(self._id)
         if shape == node.shape:
             return self
@@ -391,11 +399,11 @@ class Tensor(_TB.TensorBase):
     view = reshape
 
     def permute(self, *axes) -> "Tensor":
-        axes = _shape_args(axes)
+        axes = shape_args(axes)
         nd = self.ndim
         if len(axes) != nd:
             raise ShapeError(f"permute needs {nd} axes for shape {self.shape}, got {axes}")
-        axes = tuple(_one_axis(a, nd) for a in axes)
+        axes = tuple(canonical_axis(a, nd) for a in axes)
         if sorted(axes) != list(range(nd)):
             raise ShapeError(f"permute axes {axes} are not a permutation of {tuple(range(nd))}")
         if axes == tuple(range(nd)):
@@ -403,7 +411,7 @@ class Tensor(_TB.TensorBase):
         return self._make(G.PERMUTE, axes, (self,), tuple(self.shape[a] for a in axes), self.dtype)
 
     def expand(self, *shape) -> "Tensor":
-        shape = _shape_args(shape)
+        shape = shape_args(shape)
         node = _graph.get(self._id)
         cur = node.shape
         if shape == cur:
@@ -447,20 +455,20 @@ class Tensor(_TB.TensorBase):
 
     def flip(self, *axes, axis=None, dim=None, dims=None) -> "Tensor":
         """Reverse the order along the given axes: flip(0, 2), flip((0, 2)), flip(dims=...)."""
-        given = _axis_kw(axis, dim if dims is None else dims)
+        given = axis_or_dim(axis, dim if dims is None else dims)
         if axes:
             if given is not None:
                 raise TypeError("flip: give the axes positionally or by keyword, not both")
             given = axes[0] if len(axes) == 1 else axes
         axis = given
-        axes = _norm_axis(axis, self.ndim)
+        axes = canonical_axes(axis, self.ndim)
         axes = tuple(a for a in axes if self.shape[a] > 1)
         if not axes:
             return self
         return self._make(G.FLIP, axes, (self,), self.shape, self.dtype)
 
     def _reduce(self, rop, axis, keepdim, dtype=None):
-        axes = _norm_axis(axis, self.ndim)
+        axes = canonical_axes(axis, self.ndim)
         x = self
         if dtype is not None:
             x = x.cast(dtype)
@@ -484,11 +492,11 @@ class Tensor(_TB.TensorBase):
                 if na.shape == nb.shape:
                     return (other, self) if reverse else (self, other)   # the common case
                 # same dtype, broadcasting (a bias, a 0-d learning rate): no casts
-                shape = _broadcast_shape(na.shape, nb.shape)
+                shape = broadcast_shape(na.shape, nb.shape)
                 a, b = _expand_to(self, na, shape), _expand_to(other, nb, shape)
                 return (b, a) if reverse else (a, b)
             d = result or dt.promote(self.dtype, other.dtype)
-            shape = _broadcast_shape(self.shape, other.shape)
+            shape = broadcast_shape(self.shape, other.shape)
             a = self.cast(d).expand(shape) if self.shape != shape else self.cast(d)
             b = other.cast(d).expand(shape) if other.shape != shape else other.cast(d)
         else:
@@ -501,7 +509,7 @@ class Tensor(_TB.TensorBase):
                 return (b, self) if reverse else (self, b)
             d = result or dt.promote_scalar(n.dtype, other)
             a = self.cast(d)
-            b = _const(other, d, n.shape)
+            b = const_tensor(other, d, n.shape)
         return (b, a) if reverse else (a, b)
 
     def _bin(self, other, bop, reverse=False, out_dtype=None, result=None):
@@ -604,7 +612,7 @@ class Tensor(_TB.TensorBase):
 
     def pow(self, o):
         if not isinstance(o, Tensor):
-            _check_fits(o, dt.promote_scalar(self.dtype, o), "pow")
+            check_fits(o, dt.promote_scalar(self.dtype, o), "pow")
             if o == 2:
                 return self * self
             if o == 1:
@@ -802,7 +810,7 @@ class Tensor(_TB.TensorBase):
     def sign(self):
         if self.dtype.is_bool:
             return self
-        z = _const(0, self.dtype, self.shape)
+        z = const_tensor(0, self.dtype, self.shape)
         pos = (self > 0).cast(self.dtype)
         neg = (self < 0).cast(self.dtype)
         return pos - neg if self.dtype.kind != "u" else pos   # sign(nan) is 0, as in torch
@@ -816,7 +824,7 @@ class Tensor(_TB.TensorBase):
         n = _graph.get(self._id)
         d, sh = n.dtype, n.shape
         if d.kind != "f":
-            return where(self <= 0, _const(0, d, ()), self)
+            return where(self <= 0, const_tensor(0, d, ()), self)
         # the same nodes as the line above, without the general broadcasting machinery
         z = _wrap(_graph.add(G.CONST, 0.0, (), sh, d))
         lt = _make(G.BINARY, K.B_CMPLT, (self, z), sh, dt.bool_)
@@ -840,7 +848,7 @@ class Tensor(_TB.TensorBase):
         x = self
         for bound in (min, max):
             if bound is not None and not isinstance(bound, Tensor):
-                _check_fits(bound, dt.promote_scalar(self.dtype, bound), "clamp")
+                check_fits(bound, dt.promote_scalar(self.dtype, bound), "clamp")
         if min is not None:
             x = x.maximum(min)
         if max is not None:
@@ -851,17 +859,17 @@ class Tensor(_TB.TensorBase):
 
     def isnan(self):
         if not self.dtype.is_float:
-            return _const(False, dt.bool_, self.shape)
+            return const_tensor(False, dt.bool_, self.shape)
         return self != self
 
     def isinf(self):
         if not self.dtype.is_float:
-            return _const(False, dt.bool_, self.shape)
+            return const_tensor(False, dt.bool_, self.shape)
         return self.abs() == float("inf")
 
     def isfinite(self):
         if not self.dtype.is_float:
-            return _const(True, dt.bool_, self.shape)
+            return const_tensor(True, dt.bool_, self.shape)
         return (self - self) == 0
 
     def where(self, cond, other):
@@ -914,7 +922,9 @@ def _pymod(a, b):
     return where(fix, r + b, r)
 
 
-def _shape_args(shape):
+def shape_args(shape):
+    """A shape given as `*sizes` or as one sequence, as a tuple.
+    Internal helper shared by zyx's op modules (not in __all__)."""
     if len(shape) == 1:
         s0 = shape[0]
         if type(s0) is tuple:
@@ -969,18 +979,20 @@ def _overflows_strict(v, d) -> bool:
     return v < lo or v > hi
 
 
-def _check_fits(v, d, what):
-    """Raise like torch when a Python number does not fit the dtype it becomes (zyx used
-    to wrap it silently: full((2,), 1e30, dtype=int32) gave zeros)."""
+def check_fits(v, d, what):
+    """Raise like torch when a Python number does not fit the dtype it becomes (zyx used to
+    wrap it silently: full((2,), 1e30, dtype=int32) gave zeros).
+    Internal helper shared by zyx's op modules (not in __all__)."""
     if not isinstance(v, Tensor) and _overflows(v, d):
         raise ValueOverflowError(f"value cannot be converted to type {d.name} without "
                                  f"overflow: {v!r} (in {what})")
 
 
-def _rebind(dst: "Tensor", src: "Tensor") -> None:
+def rebind(dst: "Tensor", src: "Tensor") -> None:
     """Point tensor object `dst` at `src`'s graph node (new node retained before the old is
     released). The object keeps its identity, so user references (model parameters held by
-    an optimizer, a module's buffers) see the new value: zyx's form of an in-place update."""
+    an optimizer, a module's buffers) see the new value: zyx's form of an in-place update.
+    Internal helper shared by zyx's op modules (not in __all__)."""
     if dst._id == src._id:
         return
     _graph.retain(src._id)
@@ -989,9 +1001,10 @@ def _rebind(dst: "Tensor", src: "Tensor") -> None:
     _graph.release(old)
 
 
-def _expand_ellipsis(idx, ndim, used):
+def expand_ellipsis(idx, ndim, used):
     """The index items with Ellipsis (or, when there is none, the end) replaced by full
-    slices of the `ndim - used` dims the other items do not index."""
+    slices of the `ndim - used` dims the other items do not index.
+    Internal helper shared by zyx's op modules (not in __all__)."""
     full = []
     for i in idx:
         if i is Ellipsis:
@@ -1003,13 +1016,16 @@ def _expand_ellipsis(idx, ndim, used):
     return full
 
 
-def _const(value, d, shape=()):
-    """A constant of any shape: one node, no memory; folded into kernels."""
+def const_tensor(value, d, shape=()):
+    """A constant tensor of dtype d and any shape: one node, no memory; folded into kernels.
+    Internal helper shared by zyx's op modules (not in __all__)."""
     nid = _graph.add(G.CONST, _scalar_of(value, d), (), tuple(shape), d)
     return _wrap(nid)
 
 
-def _f32_to_bf16_bits(arr):
+def f32_to_bf16_bits(arr):
+    """float32 values as bfloat16 bit patterns (uint16), rounded to nearest even.
+    Internal helper shared by zyx's op modules (not in __all__)."""
     a = np.ascontiguousarray(arr, dtype=np.float32)
     u = a.view(np.uint32).astype(np.uint64)
     nan = (u & 0x7FFFFFFF) > 0x7F800000
@@ -1050,7 +1066,7 @@ def _to_numpy(data, d):
             raise ShapeError("nested lists must be rectangular and hold numbers")
         if d is not None and d.is_int and arr.size and arr.dtype.kind in "iuf":
             for v in (arr.min(), arr.max()):
-                _check_fits(v.item(), d, "tensor")
+                check_fits(v.item(), d, "tensor")
         if d is None:
             if arr.dtype.kind == "f":
                 d = dt.float32
@@ -1069,9 +1085,10 @@ def _to_numpy(data, d):
 
 # ---------------------------------------------------------------------------------------
 # creation
-def _to_args(args, device, dtype):
+def parse_to_args(args, device, dtype):
     """(device, dtype) of `to(*args, device=, dtype=)` as torch reads them: positional
-    devices, dtypes, or a tensor giving both."""
+    devices, dtypes, or a tensor giving both.
+    Internal helper shared by zyx's op modules (not in __all__)."""
     for a in args:
         if isinstance(a, Tensor):
             device, dtype = a.device, a.dtype
@@ -1112,8 +1129,9 @@ def _placed(t, device):
     return t
 
 
-def _device_of_like(t, device):
-    """`device=` of a *_like function: the input's device unless given (as torch)."""
+def device_of_like(t, device):
+    """`device=` of a *_like function: the input's device unless given (as torch).
+    Internal helper shared by zyx's op modules (not in __all__)."""
     if device is None and RT._multi and isinstance(t, Tensor):
         return RT.device_of(t._id)
     return device
@@ -1173,7 +1191,7 @@ def from_dlpack(obj) -> Tensor:
         release, t = dlpack.consume(cap)
         shape, d, data, compact = dlpack.describe(t)
         nbytes = _prod(shape) * d.itemsize
-        owner = dlpack._Borrowed(release, data, nbytes)
+        owner = dlpack.Borrowed(release, data, nbytes)
         if not compact:
             raise BufferError("from_dlpack: a non-contiguous GPU tensor; pass "
                               "x.contiguous()")
@@ -1184,38 +1202,38 @@ def from_dlpack(obj) -> Tensor:
 
 
 def full(shape, fill_value, dtype=None, device=None, requires_grad=False) -> Tensor:
-    shape = _shape_args(shape if isinstance(shape, (tuple, list)) else (shape,))
+    shape = shape_args(shape if isinstance(shape, (tuple, list)) else (shape,))
     if any(not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
         raise ShapeError(f"invalid shape {shape}")
     d = dt.to_dtype(dtype) if dtype is not None else dt.scalar_dtype(fill_value)
-    _check_fits(fill_value, d, "full")
-    t = _placed(_const(fill_value, d, tuple(builtins.int(s) for s in shape)), device)
+    check_fits(fill_value, d, "full")
+    t = _placed(const_tensor(fill_value, d, tuple(builtins.int(s) for s in shape)), device)
     if requires_grad:
         t.requires_grad = True
     return t
 
 
 def zeros(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
-    return full(_shape_args(shape), 0, dtype or dt.float32, device, requires_grad)
+    return full(shape_args(shape), 0, dtype or dt.float32, device, requires_grad)
 
 
 def ones(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
-    return full(_shape_args(shape), 1, dtype or dt.float32, device, requires_grad)
+    return full(shape_args(shape), 1, dtype or dt.float32, device, requires_grad)
 
 
 empty = zeros
 
 
 def zeros_like(t, dtype=None, device=None):
-    return full(t.shape, 0, dtype or t.dtype, _device_of_like(t, device))
+    return full(t.shape, 0, dtype or t.dtype, device_of_like(t, device))
 
 
 def ones_like(t, dtype=None, device=None):
-    return full(t.shape, 1, dtype or t.dtype, _device_of_like(t, device))
+    return full(t.shape, 1, dtype or t.dtype, device_of_like(t, device))
 
 
 def full_like(t, fill_value, dtype=None, device=None):
-    return full(t.shape, fill_value, dtype or t.dtype, _device_of_like(t, device))
+    return full(t.shape, fill_value, dtype or t.dtype, device_of_like(t, device))
 
 
 def arange(start, end=None, step=1, dtype=None, device=None) -> Tensor:
@@ -1232,14 +1250,14 @@ def arange(start, end=None, step=1, dtype=None, device=None) -> Tensor:
     else:   # Python ints are int32 unless the values need int64 (torch would use int64)
         d = dt.int32 if _fits_int32(start, start + (n - 1) * step) else dt.int64
     if n == 0:
-        return _placed(_const(0, d, (0,)), device)
+        return _placed(const_tensor(0, d, (0,)), device)
     if d.is_int:
         # torch wraps silently here; a range that does not fit its dtype is a mistake
-        _check_fits(start, d, "arange")
-        _check_fits(start + (n - 1) * step, d, "arange")
+        check_fits(start, d, "arange")
+        check_fits(start + (n - 1) * step, d, "arange")
     # 0..n-1 (cached for small n), scaled and shifted in the kernel that uses it; float64
     # keeps its own precision, f16/bf16 count in float32 (exact up to 2**24)
-    idx = _iota(n, d if (not d.is_float or d is dt.float64) else dt.float32, device)
+    idx = iota(n, d if (not d.is_float or d is dt.float64) else dt.float32, device)
     r = idx * step + start if (step != 1 or start != 0) else idx
     return r.cast(d)
 
@@ -1247,11 +1265,12 @@ def arange(start, end=None, step=1, dtype=None, device=None) -> Tensor:
 _IOTA_CACHE = {}
 
 
-def _iota(n, d, device=None):
+def iota(n, d, device=None):
     """0..n-1 of dtype d on `device` (default device if None). Small ones are kept per
-    device (a training loop asks for the same ones every step, and the graph cache sees
-    the same buffer; one per device, or a range shared by two devices would move back and
-    forth)."""
+    device (a training loop asks for the same ones every step, and the graph cache sees the
+    same buffer; one per device, or a range shared by two devices would move back and
+    forth).
+    Internal helper shared by zyx's op modules (not in __all__)."""
     dev = RT.resolve(device) if device is not None else RT.device()
     key = (n, d, dev)
     t = _IOTA_CACHE.get(key)
@@ -1290,7 +1309,7 @@ def manual_seed(seed: int) -> None:
 
 
 def _shape_of(shape):
-    shape = _shape_args(shape)
+    shape = shape_args(shape)
     if any(not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
         raise ShapeError(f"invalid shape {shape}")
     return tuple(builtins.int(s) for s in shape)
@@ -1363,12 +1382,12 @@ def where(cond, a, b) -> Tensor:
     else:
         d = dt.promote(dt.scalar_dtype(a), dt.scalar_dtype(b))
     shapes = [cond.shape] + [x.shape for x in (a, b) if isinstance(x, Tensor)]
-    shape = _broadcast_shape(*shapes)
+    shape = broadcast_shape(*shapes)
     c = cond.bool().expand(shape)
-    _check_fits(a, d, "where")
-    _check_fits(b, d, "where")
-    ta = a.cast(d).expand(shape) if isinstance(a, Tensor) else _const(a, d, shape)
-    tb = b.cast(d).expand(shape) if isinstance(b, Tensor) else _const(b, d, shape)
+    check_fits(a, d, "where")
+    check_fits(b, d, "where")
+    ta = a.cast(d).expand(shape) if isinstance(a, Tensor) else const_tensor(a, d, shape)
+    tb = b.cast(d).expand(shape) if isinstance(b, Tensor) else const_tensor(b, d, shape)
     return c._make(G.WHERE, None, (c, ta, tb), shape, d)
 
 
@@ -1376,34 +1395,34 @@ def where(cond, a, b) -> Tensor:
 # reductions
 def _sum(self, axis=None, keepdim=False, dtype=None, dim=None):
     """Sum over `axis` (int, tuple or None for all). Bool and int sums give int64 like torch."""
-    axis = _axis_kw(axis, dim)
+    axis = axis_or_dim(axis, dim)
     d = dt.to_dtype(dtype) if dtype is not None else (
         dt.int64 if (self.dtype.is_bool or self.dtype.is_int) else None)
     return self._reduce(K.R_SUM, axis, keepdim, d)
 
 
 def _prod_r(self, axis=None, keepdim=False, dtype=None, dim=None):
-    axis = _axis_kw(axis, dim)
+    axis = axis_or_dim(axis, dim)
     d = dt.to_dtype(dtype) if dtype is not None else (
         dt.int64 if (self.dtype.is_bool or self.dtype.is_int) else None)
     return self._reduce(K.R_PROD, axis, keepdim, d)
 
 
 def _check_nonempty(self, axis, what):
-    axes = _norm_axis(axis, self.ndim) if self.ndim else ()   # 0-d: axis 0/-1, one value
+    axes = canonical_axes(axis, self.ndim) if self.ndim else ()   # 0-d: axis 0/-1, one value
     if any(self.shape[a] == 0 for a in axes) or (self.numel() == 0 and not axes):
         raise ShapeError(f"{what} of an empty dimension has no identity (shape {self.shape})")
 
 
 def _amax(self, axis=None, keepdim=False, dim=None):
     """Maximum values over axis (NaN propagates). Use argmax for indices."""
-    axis = _axis_kw(axis, dim)
+    axis = axis_or_dim(axis, dim)
     _check_nonempty(self, axis, "max")
     return self._reduce(K.R_MAX, axis, keepdim)
 
 
 def _amin(self, axis=None, keepdim=False, dim=None):
-    axis = _axis_kw(axis, dim)
+    axis = axis_or_dim(axis, dim)
     _check_nonempty(self, axis, "min")
     return self._reduce(K.R_MIN, axis, keepdim)
 
@@ -1421,7 +1440,7 @@ def _narrowed(r, d):
 
 
 def _mean(self, axis=None, keepdim=False, dtype=None, dim=None):
-    axis = _axis_kw(axis, dim)
+    axis = axis_or_dim(axis, dim)
     x = self.cast(dtype) if dtype is not None else self._float_input()
     return _narrowed(_mean_of(_widened(x), axis, keepdim), x.dtype)
 
@@ -1430,9 +1449,9 @@ def _reduced_count(x, axis):
     """How many values a reduction of `x` over `axis` combines (a 0-d tensor's axis 0/-1,
     accepted like torch, combines its one value)."""
     if not x.ndim:
-        _norm_axis(axis, 0)      # still rejects axes a 0-d tensor does not have
+        canonical_axes(axis, 0)      # still rejects axes a 0-d tensor does not have
         return 1
-    return _prod([x.shape[a] for a in _norm_axis(axis, x.ndim)])
+    return _prod([x.shape[a] for a in canonical_axes(axis, x.ndim)])
 
 
 def _mean_of(x, axis, keepdim):
@@ -1443,8 +1462,8 @@ def _mean_of(x, axis, keepdim):
 
 def _var(self, axis=None, keepdim=False, correction=1, unbiased=None, dim=None):
     x = self._float_input()
-    return _narrowed(_var_of(_widened(x), _axis_kw(axis, dim), keepdim, correction, unbiased),
-                     x.dtype)
+    v = _var_of(_widened(x), axis_or_dim(axis, dim), keepdim, correction, unbiased)
+    return _narrowed(v, x.dtype)
 
 
 def _var_of(x, axis, keepdim, correction, unbiased):
@@ -1462,7 +1481,7 @@ def _var_of(x, axis, keepdim, correction, unbiased):
 
 def _std(self, axis=None, keepdim=False, correction=1, unbiased=None, dim=None):
     x = self._float_input()
-    v = _var_of(_widened(x), _axis_kw(axis, dim), keepdim, correction, unbiased)
+    v = _var_of(_widened(x), axis_or_dim(axis, dim), keepdim, correction, unbiased)
     return _narrowed(v.sqrt(), x.dtype)
 
 
@@ -1472,16 +1491,16 @@ def _argext(self, axis, keepdim, largest):
         axis = 0
     else:
         x = self
-    axis = _one_axis(axis, x.ndim)
+    axis = canonical_axis(axis, x.ndim)
     if x.ndim == 0:     # torch: the index of a 0-d tensor's only value, 0-d
-        return _const(0, dt.int64, ())
+        return const_tensor(0, dt.int64, ())
     _check_nonempty(x, axis, "argmax" if largest else "argmin")
     n = x.shape[axis]
     m = x._reduce(K.R_MAX if largest else K.R_MIN, axis, True)
     hit = (x == m) | (x.isnan() if x.dtype.is_float else False)
     shape = [1] * x.ndim
     shape[axis] = n
-    rev = (_iota(n, dt.int64) * -1 + (n - 1)).reshape(shape)   # first hit wins
+    rev = (iota(n, dt.int64) * -1 + (n - 1)).reshape(shape)   # first hit wins
     score = where(hit, rev, -1)
     r = (n - 1) - score._reduce(K.R_MAX, axis, keepdim)
     if keepdim and x is not self:   # axis=None with keepdim: torch keeps every dim as size 1
@@ -1491,23 +1510,23 @@ def _argext(self, axis, keepdim, largest):
 
 def _argmax(self, axis=None, keepdim=False, dim=None):
     """Index of the first maximum (int64); axis=None looks at the flattened tensor."""
-    return _argext(self, _axis_kw(axis, dim), keepdim, True)
+    return _argext(self, axis_or_dim(axis, dim), keepdim, True)
 
 
 def _argmin(self, axis=None, keepdim=False, dim=None):
-    return _argext(self, _axis_kw(axis, dim), keepdim, False)
+    return _argext(self, axis_or_dim(axis, dim), keepdim, False)
 
 
 def _any(self, axis=None, keepdim=False, dim=None):
-    return self.bool()._reduce(K.R_MAX, _axis_kw(axis, dim), keepdim)
+    return self.bool()._reduce(K.R_MAX, axis_or_dim(axis, dim), keepdim)
 
 
 def _all(self, axis=None, keepdim=False, dim=None):
-    return self.bool()._reduce(K.R_MIN, _axis_kw(axis, dim), keepdim)
+    return self.bool()._reduce(K.R_MIN, axis_or_dim(axis, dim), keepdim)
 
 
 def _logsumexp(self, axis=None, keepdim=False, dim=None):
-    axis = _axis_kw(axis, dim)
+    axis = axis_or_dim(axis, dim)
     x = self._float_input()
     # (the shift is detached, here and in softmax/log_softmax: the result does not depend
     # on it, so its gradient is zero and autograd need not spread one over the maxima)
@@ -1516,12 +1535,12 @@ def _logsumexp(self, axis=None, keepdim=False, dim=None):
     s = (x - m).exp()._reduce(K.R_SUM, axis, True).log() + m
     if keepdim:
         return s
-    axes = _norm_axis(axis, self.ndim)
+    axes = canonical_axes(axis, self.ndim)
     return s.reshape(tuple(d for i, d in enumerate(s.shape) if i not in axes))
 
 
 def _softmax(self, axis=-1, dim=None, dtype=None):
-    axis = _axis_kw(axis if dim is None else None, dim)
+    axis = axis_or_dim(axis if dim is None else None, dim)
     x = self._float_input() if dtype is None else self.cast(dtype)
     m = x._reduce(K.R_MAX, axis, True).detach()
     e = (x - m).exp()
@@ -1530,7 +1549,7 @@ def _softmax(self, axis=-1, dim=None, dtype=None):
 
 
 def _log_softmax(self, axis=-1, dim=None, dtype=None):
-    axis = _axis_kw(axis if dim is None else None, dim)
+    axis = axis_or_dim(axis if dim is None else None, dim)
     x = self._float_input() if dtype is None else self.cast(dtype)
     m = x._reduce(K.R_MAX, axis, True).detach()
     s = x - m
@@ -1539,10 +1558,10 @@ def _log_softmax(self, axis=-1, dim=None, dtype=None):
 
 def _cumsum(self, axis=None, dim=None, dtype=None):
     """Inclusive prefix sum along axis (a windowed reduce: no sequential scan needed)."""
-    axis = _axis_kw(axis, dim)
+    axis = axis_or_dim(axis, dim)
     if axis is None:
         return _cumsum(self.reshape(-1), 0, dtype=dtype)
-    axis = _one_axis(axis, self.ndim)
+    axis = canonical_axis(axis, self.ndim)
     x = self
     if dtype is not None:
         x = x.cast(dtype)
@@ -1568,8 +1587,8 @@ def _cumsum(self, axis=None, dim=None, dtype=None):
 def _flatten(self, start_dim=0, end_dim=-1):
     if self.ndim == 0:
         return self.reshape(1)
-    s = _one_axis(start_dim, self.ndim)
-    e = _one_axis(end_dim, self.ndim)
+    s = canonical_axis(start_dim, self.ndim)
+    e = canonical_axis(end_dim, self.ndim)
     if e < s:
         raise ShapeError("flatten: end_dim is before start_dim")
     shape = self.shape
@@ -1577,17 +1596,17 @@ def _flatten(self, start_dim=0, end_dim=-1):
 
 
 def _squeeze(self, axis=None, dim=None):
-    axis = _axis_kw(axis, dim)
+    axis = axis_or_dim(axis, dim)
     if axis is None:
         return self.reshape(tuple(s for s in self.shape if s != 1))
-    axes = _norm_axis(axis, self.ndim)
+    axes = canonical_axes(axis, self.ndim)
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if not (i in axes and s == 1)))
 
 
 def _unsqueeze(self, axis=None, dim=None):
-    axis = _axis_kw(axis, dim)
+    axis = axis_or_dim(axis, dim)
     nd = self.ndim + 1
-    a = _one_axis(axis, nd)
+    a = canonical_axis(axis, nd)
     shape = list(self.shape)
     shape.insert(a, 1)
     return self.reshape(tuple(shape))
@@ -1599,7 +1618,7 @@ def _transpose(self, axis0=-2, axis1=-1, dim0=None, dim1=None):
     if self.ndim < 2:
         return self
     order = list(range(self.ndim))
-    a0, a1 = _one_axis(a0, self.ndim), _one_axis(a1, self.ndim)
+    a0, a1 = canonical_axis(a0, self.ndim), canonical_axis(a1, self.ndim)
     order[a0], order[a1] = order[a1], order[a0]
     return self.permute(order)
 
@@ -1609,7 +1628,7 @@ def _T(self):
 
 
 def _repeat(self, *repeats):
-    repeats = _shape_args(repeats)
+    repeats = shape_args(repeats)
     if len(repeats) < self.ndim:
         raise ShapeError(f"repeat needs at least {self.ndim} sizes, got {repeats}")
     x = self.reshape((1,) * (len(repeats) - self.ndim) + self.shape)
@@ -1627,25 +1646,27 @@ def _repeat(self, *repeats):
 
 
 def _roll(self, shifts, dims=None, axis=None):
-    dims = _axis_kw(axis, dims)
+    dims = axis_or_dim(axis, dims)
     if dims is None:
         return _roll(self.reshape(-1), shifts, 0).reshape(self.shape)
     if isinstance(shifts, (int, np.integer)):
         shifts, dims = (shifts,), (dims,) if isinstance(dims, (int, np.integer)) else dims
     x = self
     for s, d in zip(shifts, dims if isinstance(dims, (tuple, list)) else (dims,)):
-        d = _one_axis(d, x.ndim)
+        d = canonical_axis(d, x.ndim)
         n = x.shape[d]
         if n == 0:
             continue
         s = builtins.int(s) % n
         if s == 0:
             continue
-        x = cat([_narrow(x, d, n - s, n), _narrow(x, d, 0, n - s)], d)
+        x = cat([shrink_axis(x, d, n - s, n), shrink_axis(x, d, 0, n - s)], d)
     return x
 
 
-def _narrow(x, axis, start, end):
+def shrink_axis(x, axis, start, end):
+    """x restricted to [start, end) along `axis`.
+    Internal helper shared by zyx's op modules (not in __all__)."""
     b = [(0, s) for s in x.shape]
     b[axis] = (start, end)
     return x.shrink(b)
@@ -1657,7 +1678,7 @@ def _pad_torch(self, pad, mode="constant", value=0.0):
         raise NotImplementedError(f"pad mode {mode!r} (only 'constant' is supported)")
     if len(pad) % 2 or len(pad) // 2 > self.ndim:
         raise ShapeError(f"pad {pad} does not fit a tensor of {self.ndim} dimension(s)")
-    _check_fits(value, self.dtype, "pad")
+    check_fits(value, self.dtype, "pad")
     pads = [(0, 0)] * self.ndim
     for i in range(len(pad) // 2):
         pads[self.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
@@ -1688,7 +1709,7 @@ def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
     ref = tensors[0]
     if ref.ndim == 0:
         raise ShapeError("zero-dimensional tensors cannot be concatenated")
-    a = _one_axis(axis, ref.ndim)
+    a = canonical_axis(axis, ref.ndim)
     d = tensors[0].dtype
     for t in tensors[1:]:
         d = dt.promote(d, t.dtype)
@@ -1749,12 +1770,12 @@ def stack(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
     for t in tensors:
         if t.shape != shape:
             raise ShapeError(f"stack: all tensors need the same shape, got {shape} and {t.shape}")
-    a = _one_axis(axis, len(shape) + 1)
+    a = canonical_axis(axis, len(shape) + 1)
     return cat([t.unsqueeze(a) for t in tensors], a)
 
 
 def split(t: Tensor, split_size_or_sections, axis=None, dim=None):
-    axis = _one_axis(_dim0(axis, dim), t.ndim)
+    axis = canonical_axis(_dim0(axis, dim), t.ndim)
     n = t.shape[axis]
     if isinstance(split_size_or_sections, (int, np.integer)):
         s = builtins.int(split_size_or_sections)
@@ -1767,7 +1788,7 @@ def split(t: Tensor, split_size_or_sections, axis=None, dim=None):
             raise ShapeError(f"split sizes {sizes} do not add up to {n}")
     out, off = [], 0
     for s in sizes:
-        out.append(_narrow(t, axis, off, off + s))
+        out.append(shrink_axis(t, axis, off, off + s))
         off += s
     return tuple(out)
 
@@ -1775,7 +1796,7 @@ def split(t: Tensor, split_size_or_sections, axis=None, dim=None):
 def chunk(t: Tensor, chunks: int, axis=None, dim=None):
     if not isinstance(chunks, (int, np.integer)) or chunks <= 0:
         raise ShapeError(f"chunk expects chunks to be an int greater than 0, got {chunks!r}")
-    axis = _one_axis(_dim0(axis, dim), t.ndim)
+    axis = canonical_axis(_dim0(axis, dim), t.ndim)
     n = t.shape[axis]
     size = -(-n // chunks) if chunks > 0 else 0
     if size == 0:
@@ -1787,10 +1808,10 @@ def _tri(t, diagonal, upper):
     if t.ndim < 2:
         raise ShapeError("tril/triu need at least 2 dimensions")
     r, c = t.shape[-2], t.shape[-1]
-    rows = _iota(r, dt.int64).reshape(r, 1)
-    cols = _iota(c, dt.int64).reshape(1, c)
+    rows = iota(r, dt.int64).reshape(r, 1)
+    cols = iota(c, dt.int64).reshape(1, c)
     keep = (cols - rows >= diagonal) if upper else (cols - rows <= diagonal)
-    return where(keep, t, _const(0, t.dtype, ()))
+    return where(keep, t, const_tensor(0, t.dtype, ()))
 
 
 def tril(t: Tensor, diagonal=0) -> Tensor:
@@ -1842,11 +1863,12 @@ def _check_flag(check):
 RT.checks.make_flag = _check_flag
 
 
-def _watch_range(watched, index, lo, hi, message, info=(), exempt=None,
-                 error=IndexOutOfRangeError):
+def watch_range(watched, index, lo, hi, message, info=(), exempt=None,
+                error=IndexOutOfRangeError):
     """Check, when `watched` (the first node computed from `index`) is realized, that every
     value of `index` is in [lo, hi) or equal to `exempt`; else raise
-    error(message.format(bad_value, *info)). A constant index is checked now."""
+    error(message.format(bad_value, *info)). A constant index is checked now.
+    Internal helper shared by zyx's op modules (not in __all__)."""
     if not RT.checks.on:
         return
     node = _graph.get(index._id)
@@ -1861,7 +1883,8 @@ def _watch_range(watched, index, lo, hi, message, info=(), exempt=None,
     RT.checks.add(_graph, watched._id, index._id, lo, hi, exempt, False, error, message, info)
 
 
-_INDEX_MESSAGE = "index {} is out of bounds for dimension {} with size {} (in {})"
+# watch_range's message for an index out of range (shared by the indexing op modules)
+INDEX_MESSAGE = "index {} is out of bounds for dimension {} with size {} (in {})"
 
 
 def _checked_divisor(result, divisor, what):
@@ -1886,12 +1909,12 @@ def _one_hot_along(idx: Tensor, n: int, axis_pos: int, ndim_out: int):
     """bool tensor: idx (already unsqueezed at axis_pos) == arange(n) along axis_pos."""
     shape = [1] * ndim_out
     shape[axis_pos] = n
-    return idx == _iota(n, idx.dtype if idx.dtype.is_int else dt.int64).reshape(shape)
+    return idx == iota(n, idx.dtype if idx.dtype.is_int else dt.int64).reshape(shape)
 
 
 def gather(t: Tensor, axis, index: Tensor) -> Tensor:
     """out[i][j][k] = t[i][index[i][j][k]][k] for axis=1 (torch.gather)."""
-    axis = _one_axis(axis, t.ndim)
+    axis = canonical_axis(axis, t.ndim)
     if not isinstance(index, Tensor):
         index = Tensor(index, dtype=dt.int64)
     if not index.dtype.is_int:
@@ -1905,10 +1928,10 @@ def gather(t: Tensor, axis, index: Tensor) -> Tensor:
     src = t.shrink(bounds).unsqueeze(axis)        # (..., 1, n, ...) at axis
     sel = _one_hot_along(idx.unsqueeze(axis + 1), n, axis + 1, t.ndim + 1)
     # negative indices count from the end (numpy's take_along_axis; torch's gather raises)
-    _watch_range(sel, index, -n, n, _INDEX_MESSAGE, (axis, n, "gather"))
+    watch_range(sel, index, -n, n, INDEX_MESSAGE, (axis, n, "gather"))
     if t.dtype.is_bool:
         return (src & sel)._reduce(K.R_MAX, axis + 1, False)
-    return where(sel, src, _const(0, t.dtype, ()))._reduce(K.R_SUM, axis + 1, False)
+    return where(sel, src, const_tensor(0, t.dtype, ()))._reduce(K.R_SUM, axis + 1, False)
 
 
 def masked_fill(t: Tensor, mask, value) -> Tensor:
@@ -1924,7 +1947,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
             and na.shape[1] == nb.shape[0]:
         # the common case, as the general path below builds it
         bt = _make(G.PERMUTE, (1, 0), (b,), (nb.shape[1], nb.shape[0]), nb.dtype)
-        return _matmul_nt(a, bt)
+        return matmul_nt(a, bt)
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError("matmul does not accept 0-d tensors; use *")
     d = dt.promote(a.dtype, b.dtype)
@@ -1938,7 +1961,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         raise ShapeError(f"matmul: shapes {a.shape if not va else a.shape[1:]} and "
                          f"{b.shape if not vb else b.shape[:1]} cannot be multiplied "
                          f"({a.shape[-1]} != {b.shape[-2]})")
-    batch = _broadcast_shape(a.shape[:-2], b.shape[:-2])
+    batch = broadcast_shape(a.shape[:-2], b.shape[:-2])
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     x = a.expand(batch + (m, k)).reshape(batch + (m, 1, k))
     y = b.expand(batch + (k, n)).transpose(-1, -2).reshape(batch + (1, n, k))
@@ -1964,9 +1987,10 @@ def _expand_to(x: Tensor, node, shape: tuple) -> Tensor:
     return _make(G.EXPAND, shape, (x,), shape, node.dtype)
 
 
-def _matmul_nt(a: Tensor, bt: Tensor) -> Tensor:
+def matmul_nt(a: Tensor, bt: Tensor) -> Tensor:
     """a (m, k) times bt (n, k) transposed, same dtype: sum over k of the (m, n, k) product
-    (a linear layer's x @ W.T without permuting W twice)."""
+    (a linear layer's x @ W.T without permuting W twice).
+    Internal helper shared by zyx's op modules (not in __all__)."""
     (m, k), n = _graph.get(a._id).shape, _graph.get(bt._id).shape[0]
     d = _graph.get(a._id).dtype
     x = _make(G.EXPAND, (m, n, k), (_make(G.RESHAPE, (m, 1, k), (a,), (m, 1, k), d),),
@@ -2038,7 +2062,7 @@ def _getitem(self, idx):
         raise IndexError("an index can only have a single ellipsis")
     if n_real > self.ndim:
         raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
-    full_idx = _expand_ellipsis(idx, self.ndim, n_real)
+    full_idx = expand_ellipsis(idx, self.ndim, n_real)
     x = self
     bounds, flips, strides, out_shape_ops = [], [], [], []
     dim = 0
@@ -2079,13 +2103,13 @@ def _getitem(self, idx):
     for s in steps:
         if s[0] == "slice":
             _, d, start, stop, step = s
-            x = _slice_axis(x, d, start, stop, step)
+            x = slice_axis(x, d, start, stop, step)
     # ints -> shrink to 1 (squeezed at the end); tensors applied one by one
     shape_after = list(x.shape)
     for s in steps:
         if s[0] == "int":
             _, d, j = s
-            x = _narrow(x, d, j, j + 1)
+            x = shrink_axis(x, d, j, j + 1)
     # tensor indices: advanced indexing (all index tensors broadcast together)
     tsteps = [s for s in steps if s[0] == "tensor"]
     if tsteps:
@@ -2102,20 +2126,22 @@ def _getitem(self, idx):
     return x.reshape(tuple(out))
 
 
-def _slice_axis(x, d, start, stop, step):
+def slice_axis(x, d, start, stop, step):
+    """x[start:stop:step] along axis d (start, stop, step as slice.indices gives them).
+    Internal helper shared by zyx's op modules (not in __all__)."""
     n = x.shape[d]
     if step > 0:
         length = builtins.max(0, (stop - start + step - 1) // step)
         if step == 1:
-            return _narrow(x, d, start, start + length)
+            return shrink_axis(x, d, start, start + length)
         end = start + (length - 1) * step + 1 if length else start
-        x = _narrow(x, d, start, end)
+        x = shrink_axis(x, d, start, end)
     else:
         length = builtins.max(0, (start - stop - step - 1) // (-step))
         if length == 0:
-            return _narrow(x, d, 0, 0)
+            return shrink_axis(x, d, 0, 0)
         lo = start + (length - 1) * step
-        x = _narrow(x, d, lo, start + 1).flip(d)
+        x = shrink_axis(x, d, lo, start + 1).flip(d)
         step = -step
         if step == 1:
             return x
@@ -2137,7 +2163,7 @@ def _advanced_index(x, tsteps, steps):
     """Integer-tensor indexing (torch/numpy rules for the common cases): index tensors
     broadcast together; their dims replace the indexed dims (in place when the indexed
     dims are adjacent, else in front)."""
-    idx_shape = _broadcast_shape(*[t.shape for _, _, t in tsteps])
+    idx_shape = broadcast_shape(*[t.shape for _, _, t in tsteps])
     tdims = [d for _, d, _ in tsteps]
     adjacent = tdims == list(range(tdims[0], tdims[0] + len(tdims)))
     # ints already narrowed to size 1: drop them from consideration later
@@ -2153,14 +2179,15 @@ def _advanced_index(x, tsteps, steps):
         ti = where(t < 0, t + n, t).expand(idx_shape)
         shape = [1] * (nd + k)
         shape[d] = n
-        ar = _iota(n, ti.dtype).reshape(shape)
+        ar = iota(n, ti.dtype).reshape(shape)
         hit = ti.reshape((1,) * nd + idx_shape) == ar
-        _watch_range(hit, t, -n, n, _INDEX_MESSAGE, (d, n, "getitem"))
+        watch_range(hit, t, -n, n, INDEX_MESSAGE, (d, n, "getitem"))
         sel_total = hit if sel_total is None else (sel_total & hit)
     if x.dtype.is_bool:
         r = (xe & sel_total)._reduce(K.R_MAX, tuple(tdims), False)
     else:
-        r = where(sel_total, xe, _const(0, x.dtype, ()))._reduce(K.R_SUM, tuple(tdims), False)
+        zero = const_tensor(0, x.dtype, ())
+        r = where(sel_total, xe, zero)._reduce(K.R_SUM, tuple(tdims), False)
     # r dims: non-indexed x dims (in order) + idx block
     rest = [d for d in range(nd) if d not in tdims]
     # build output order following torch: slices/None in order, idx block at first tensor

@@ -16,8 +16,7 @@ import numpy as np
 import zyx
 import zyx.nn.functional as F
 from zyx import nn, optim
-
-RT = zyx._RT
+from zyx.runtime import RT
 
 
 def rss_bytes() -> int:

@@ -21,8 +21,9 @@ from .._core import tensorbase as _TB
 from .._core import kernel as K
 from .._core import replay as _replay
 from ..errors import DTypeError, ShapeError, ZyxError
-from ..tensor import Tensor, _const, _graph, _iota, _matmul_nt, _watch_range, rand, where
-from .init import _assign   # in-place update of running stats (torch's copy_)
+from ..runtime import RT
+from ..tensor import Tensor, const_tensor, iota, matmul_nt, rebind, watch_range, rand, where
+from .init import copy_into   # in-place update of running stats (torch's copy_)
 
 __all__ = [
     # convolution and pooling
@@ -44,6 +45,8 @@ __all__ = [
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
 ]
 
+_graph = RT.graph
+
 
 # ---------------------------------------------------------------------------------------
 # small helpers
@@ -51,8 +54,9 @@ def _t(x) -> Tensor:
     return x if isinstance(x, Tensor) else Tensor(x)
 
 
-def _tuple(v, n: int, name: str) -> tuple:
-    """An int or a sequence of n ints -> tuple of n ints."""
+def int_tuple(v, n: int, name: str) -> tuple:
+    """An int or a sequence of n ints -> tuple of n ints.
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     if isinstance(v, (int, np.integer)):
         return (int(v),) * n
     v = tuple(int(a) for a in v)
@@ -145,21 +149,21 @@ def _take(x: Tensor, axis: int, idx, message=None, info=()) -> Tensor:
     x.shape[:axis] + idx.shape + x.shape[axis+1:]. A one-hot select and a sum over the
     indexed axis, so it is one fused reduce and differentiable. Negative indices count
     from the end. With `message` (a user's index), the realization checks -n <= idx < n
-    and raises IndexError (see tensor._watch_range)."""
+    and raises IndexError (see tensor.watch_range)."""
     idx = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx, dtype=np.int64))
     n = x.shape[axis]
     a, b, ni = x.shape[:axis], x.shape[axis + 1:], idx.ndim
     raw = idx
     idx = where(idx < 0, idx + n, idx)
-    cls = _iota(n, idx.dtype)
+    cls = iota(n, idx.dtype)
     sel = idx.reshape((1,) * len(a) + idx.shape + (1,) + (1,) * len(b)) == \
         cls.reshape((1,) * (len(a) + ni) + (n,) + (1,) * len(b))
     if message is not None:
-        _watch_range(sel, raw, -n, n, message, info)
+        watch_range(sel, raw, -n, n, message, info)
     xv = x.reshape(a + (1,) * ni + (n,) + b)
     if x.dtype.is_bool:
         return (xv & sel)._reduce(K.R_MAX, len(a) + ni, False)
-    return where(sel, xv, _const(0, x.dtype, ()))._reduce(K.R_SUM, len(a) + ni, False)
+    return where(sel, xv, const_tensor(0, x.dtype, ()))._reduce(K.R_SUM, len(a) + ni, False)
 
 
 def _batched(x: Tensor, nd: int, what: str):
@@ -172,8 +176,9 @@ def _batched(x: Tensor, nd: int, what: str):
     return x, False
 
 
-def _conv_padding(padding, k, d, s, nd, what):
-    """Per-dim (before, after) padding from an int, a tuple, 'same' or 'valid'."""
+def conv_padding(padding, k, d, s, nd, what):
+    """Per-dim (before, after) padding from an int, a tuple, 'same' or 'valid'.
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     if isinstance(padding, str):
         if padding == "valid":
             return [(0, 0)] * nd
@@ -187,7 +192,7 @@ def _conv_padding(padding, k, d, s, nd, what):
             return out
         raise ValueError(f"{what}: padding must be an int, a tuple, 'same' or 'valid', "
                          f"got {padding!r}")
-    return [(p, p) for p in _tuple(padding, nd, f"{what} padding")]
+    return [(p, p) for p in int_tuple(padding, nd, f"{what} padding")]
 
 
 def _convnd(x, weight, bias, stride, padding, dilation, groups, nd, what):
@@ -204,9 +209,9 @@ def _convnd(x, weight, bias, stride, padding, dilation, groups, nd, what):
         raise ShapeError(f"{what}: input {x.shape} with {cin} channels, weight {w.shape} and "
                          f"groups={g} do not fit (need in_channels == weight.shape[1] * groups "
                          f"and out_channels divisible by groups)")
-    s = _tuple(stride, nd, f"{what} stride")
-    d = _tuple(dilation, nd, f"{what} dilation")
-    pads = _conv_padding(padding, k, d, s, nd, what)
+    s = int_tuple(stride, nd, f"{what} stride")
+    d = int_tuple(dilation, nd, f"{what} dilation")
+    pads = conv_padding(padding, k, d, s, nd, what)
     ct = dt.promote(x.dtype, w.dtype)
     x, w = x.cast(ct), w.cast(ct)
     out = _conv_recorded(x, w, tuple(pads), tuple(s), tuple(d), g, nd)
@@ -218,10 +223,11 @@ def _convnd(x, weight, bias, stride, padding, dilation, groups, nd, what):
     return out.squeeze(0) if squeeze else out
 
 
-def _stored(x):
+def stored(x):
     """x in a buffer of its own, in its logical (row-major) order: a sum over a new size-1
     axis is a reduce, which the kernelizer stores (what reads it then reads plain rows,
-    and what computes x runs once instead of in every kernel reading it)."""
+    and what computes x runs once instead of in every kernel reading it).
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     return x.unsqueeze(0).sum(0)
 
 
@@ -245,7 +251,6 @@ def _channels_last_weights(w, channels, width, gradient=False):
       copy's launch; the weight gradient keeps the output gradient as it is."""
     if not CHANNELS_LAST_WEIGHTS:
         return False
-    from ..runtime import RT
     info = RT.device_of(w._id).info()
     if info.own_tiles is not None:
         return not gradient and w.numel() >= GPU_CHANNELS_LAST_MIN and channels >= 16
@@ -268,7 +273,6 @@ def _channels_last_input(x, cg):
     value, each with its own index math and test."""
     if not GPU_CHANNELS_LAST_INPUT or cg < 16 or cg % 8 or x.numel() < GPU_IMAGE_MIN:
         return False
-    from ..runtime import RT
     return RT.device_of(x._id).info().own_tiles is not None
 
 
@@ -283,7 +287,6 @@ def _window_weights(x, w, out_size):
     operands K-major.
     Only for outputs of the image's size (`out_size` == x's): the window's flat pixel
     position is then the image's plus a constant per tap."""
-    from ..runtime import RT
     return tuple(out_size) == tuple(x.shape[2:]) and \
         RT.device_of(w._id).info().reads_windows_k_major(w.dtype)
 
@@ -299,7 +302,7 @@ def _conv_forward(x, w, pads, s, d, g, nd, channels_last, image_last=False):
     cout, cg = w.shape[:2]
     k = w.shape[2:]
     if image_last:
-        x = _stored(x.permute([0] + list(range(2, 2 + nd)) + [1]))
+        x = stored(x.permute([0] + list(range(2, 2 + nd)) + [1]))
         x = x.permute([0, nd + 1] + list(range(1, nd + 1)))
     x = x._pad([(0, 0), (0, 0)] + list(pads))
     win = _windows(x, k, s, d)                                   # (n, cin, *o, *k)
@@ -311,12 +314,12 @@ def _conv_forward(x, w, pads, s, d, g, nd, channels_last, image_last=False):
     win = win.expand(full)
     if channels_last == "k":
         # w from a stored copy (cout, *k, cg): K-major rows for warpgroup products
-        w = _stored(w.permute([0] + list(range(2, 2 + nd)) + [1]))
+        w = stored(w.permute([0] + list(range(2, 2 + nd)) + [1]))
         w = w.permute([0, nd + 1] + list(range(1, nd + 1)))
     elif channels_last:
         # w from a stored copy with the output channels innermost: vector lanes over them
         perm = list(range(1, 2 + nd)) + [0]
-        w = _stored(w.permute(perm)).permute([nd + 1] + list(range(nd + 1)))
+        w = stored(w.permute(perm)).permute([nd + 1] + list(range(nd + 1)))
     wv = w.reshape((1, g, cout // g) + (1,) * nd + (cg,) + k).expand(full)
     out = (win * wv)._reduce(K.R_SUM, tuple(range(3 + nd, 4 + 2 * nd)), False)
     return out.reshape((n, cout) + o)
@@ -365,7 +368,7 @@ def _conv_backward(out, gy, arg, srcs, need):
         gc = gy
         if _channels_last_weights(w, cout // g, k[-1], gradient=True):
             # gy in a stored copy with channels innermost: lanes over output channels
-            gc = _stored(gy.permute([0] + list(range(2, 2 + nd)) + [1]))
+            gc = stored(gy.permute([0] + list(range(2, 2 + nd)) + [1]))
             gc = gc.permute([0, nd + 1] + list(range(1, nd + 1)))
         gv = gc.reshape((n, g, cout // g, 1) + o + (1,) * nd).expand(full)
         gw = (win * gv)._reduce(K.R_SUM, (0,) + tuple(range(4, 4 + nd)), False)
@@ -407,7 +410,6 @@ def _lazy_last_axis(w, channels, batch, out):
     (K3's, the last axis an index of the kernel) 5.25 -> 4.87 ms."""
     if not _channels_last_weights(w, channels, out[-1]):
         return False
-    from ..runtime import RT
     info = RT.device_of(w._id).info()
     rows = [info.channel_lane_rows(s, True) for s in [batch] + list(out)]
     return rows[-1] < max(rows[:-1])
@@ -415,7 +417,6 @@ def _lazy_last_axis(w, channels, batch, out):
 
 def _gpu_tiles(x):
     """True when x's device lowers products with its own tiles (a GPU backend)."""
-    from ..runtime import RT
     return RT.device_of(x._id).info().own_tiles is not None
 
 
@@ -443,10 +444,10 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
                          f"divisible by groups)")
     cog = w.shape[1]
     k = w.shape[2:]
-    s = _tuple(stride, nd, f"{what} stride")
-    d = _tuple(dilation, nd, f"{what} dilation")
-    p = _tuple(padding, nd, f"{what} padding")
-    op = _tuple(output_padding, nd, f"{what} output_padding")
+    s = int_tuple(stride, nd, f"{what} stride")
+    d = int_tuple(dilation, nd, f"{what} dilation")
+    p = int_tuple(padding, nd, f"{what} padding")
+    op = int_tuple(output_padding, nd, f"{what} output_padding")
     for oo, ss, dd in zip(op, s, d):
         if oo >= max(ss, dd) or oo < 0:
             raise ShapeError(f"{what}: output_padding {op} must be smaller than stride {s} "
@@ -469,13 +470,13 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
         out = [x.shape[2 + i] + sum(pads[i]) - dd * (kk - 1) for i, (kk, dd) in
                enumerate(zip(k, d))]
         lazy = _lazy_last_axis(w, w.shape[1], n, out)
-        x = _stored(x._pad([(0, 0)] * (nd + 1) + [(0, 0) if lazy else pads[-1]]))
+        x = stored(x._pad([(0, 0)] * (nd + 1) + [(0, 0) if lazy else pads[-1]]))
         x = x._pad([(0, 0), (0, 0)] + pads[:-1] + [pads[-1] if lazy else (0, 0)])
     else:
         # (GPU lowerings read the padded input stored whole: no range check per tap)
         x = x._pad([(0, 0), (0, 0)] + pads)
         if store_input:
-            x = _stored(x)
+            x = stored(x)
     cg = cin // g
     wt = w.reshape((g, cg, cog) + k).permute([0, 2, 1] + list(range(3, 3 + nd)))
     wt = wt.reshape((g * cog, cg) + k).flip(tuple(range(2, 2 + nd)))
@@ -507,10 +508,10 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
     """im2col: (N, C, H, W) -> (N, C*kH*kW, L) with L the number of window positions."""
     x = _t(input)
     x, squeeze = _batched(x, 2, "unfold")
-    k = _tuple(kernel_size, 2, "unfold kernel_size")
-    d = _tuple(dilation, 2, "unfold dilation")
-    s = _tuple(stride, 2, "unfold stride")
-    p = _tuple(padding, 2, "unfold padding")
+    k = int_tuple(kernel_size, 2, "unfold kernel_size")
+    d = int_tuple(dilation, 2, "unfold dilation")
+    s = int_tuple(stride, 2, "unfold stride")
+    p = int_tuple(padding, 2, "unfold padding")
     x = x._pad([(0, 0), (0, 0)] + [(pp, pp) for pp in p])
     win = _windows(x, k, s, d)                    # (n, c, oh, ow, kh, kw)
     n, c, oh, ow = win.shape[:4]
@@ -539,11 +540,11 @@ def _pool_geometry(ins, k, s, p, d, ceil_mode, what):
 
 
 def _pool_args(x, kernel_size, stride, padding, dilation, nd, what):
-    k = _tuple(kernel_size, nd, f"{what} kernel_size")
+    k = int_tuple(kernel_size, nd, f"{what} kernel_size")
     s = k if stride is None or (not isinstance(stride, int) and len(stride) == 0) else \
-        _tuple(stride, nd, f"{what} stride")
-    p = _tuple(padding, nd, f"{what} padding")
-    d = _tuple(dilation, nd, f"{what} dilation")
+        int_tuple(stride, nd, f"{what} stride")
+    p = int_tuple(padding, nd, f"{what} padding")
+    d = int_tuple(dilation, nd, f"{what} dilation")
     if x.ndim < nd + 1:
         raise ShapeError(f"{what} needs at least {nd + 1} dimensions, got shape {x.shape}")
     return k, s, p, d
@@ -585,7 +586,7 @@ def _pool_argmax(win, out, axes, positions):
     n_lead = win.ndim - positions.ndim
     pos = positions.reshape((1,) * n_lead + positions.shape)
     m = out.reshape(out.shape + (1,) * len(axes))
-    big = _const(np.iinfo(np.int64).max, dt.int64, ())
+    big = const_tensor(np.iinfo(np.int64).max, dt.int64, ())
     hit = (win == m) | (win != win)           # a NaN is the maximum of its window (torch)
     cand = where(hit.detach(), pos, big)
     return cand._reduce(K.R_MIN, axes, False)
@@ -603,9 +604,9 @@ def _unpool_nd(input, indices, kernel_size, stride, padding, output_size, nd, wh
                          f"tensor ({x.shape}) but got indices tensor with shape {idx.shape}")
     if x.ndim not in (nd + 1, nd + 2):
         raise ShapeError(f"{what}: Expected {nd + 1}D or {nd + 2}D input, got shape {x.shape}")
-    k = _tuple(kernel_size, nd, f"{what} kernel_size")
-    s = k if stride is None else _tuple(stride, nd, f"{what} stride")
-    p = _tuple(padding, nd, f"{what} padding")
+    k = int_tuple(kernel_size, nd, f"{what} kernel_size")
+    s = k if stride is None else int_tuple(stride, nd, f"{what} stride")
+    p = int_tuple(padding, nd, f"{what} padding")
     ins = x.shape[-nd:]
     default = tuple((i - 1) * ss - 2 * pp + kk for i, ss, pp, kk in zip(ins, s, p, k))
     if output_size is None:
@@ -619,18 +620,18 @@ def _unpool_nd(input, indices, kernel_size, stride, padding, output_size, nd, wh
     q = int(np.prod(size))
     flat_x = x.reshape(lead + (-1, 1))
     flat_i = idx.reshape(lead + (-1, 1)).cast(dt.int64)
-    hit = flat_i == _iota(q, dt.int64).reshape((1,) * (len(lead) + 1) + (q,))
-    _watch_range(hit, idx, 0, q, lambda v: (
+    hit = flat_i == iota(q, dt.int64).reshape((1,) * (len(lead) + 1) + (q,))
+    watch_range(hit, idx, 0, q, lambda v: (
         f"{what}: Found an invalid max index: {v} (output volumes are of size "
         f"{'x'.join(str(a) for a in size)})"))
-    total = where(hit, flat_x, _const(0, x.dtype, ())).sum(-2)
+    total = where(hit, flat_x, const_tensor(0, x.dtype, ())).sum(-2)
     if all(ss >= kk for ss, kk in zip(s, k)):
         return total.reshape(lead + size)        # windows do not overlap: no repeats
     # overlapping windows can record one position twice (with the same value); torch
     # writes one copy, and its gradient hands every copy the output's gradient (a
     # gather). Value: the copies' mean; gradient: that of the sum (zero-valued term).
     count = hit.cast(x.dtype).sum(-2)
-    value = (total / count.maximum(_const(1, x.dtype, ()))).detach()
+    value = (total / count.maximum(const_tensor(1, x.dtype, ()))).detach()
     out = value + (total - total.detach())
     return out.reshape(lead + size)
 
@@ -690,8 +691,10 @@ def _avg_divisor(ins, outs, k, s, p, count_include_pad):
     return t
 
 
-def _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                divisor_override, nd, what):
+def avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+               divisor_override, nd, what):
+    """avg_pool{1,2,3}d over the last `nd` dims (`what` names the op in errors).
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     x = _float(_t(input))
     k, s, p, d = _pool_args(x, kernel_size, stride, padding, 1, nd, what)
     ins = x.shape[-nd:]
@@ -707,21 +710,21 @@ def _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pa
 
 
 def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
-    return _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1,
-                       "avg_pool1d")
+    return avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1,
+                      "avg_pool1d")
 
 
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     """Mean over windows of (N, C, H, W) or (C, H, W)."""
-    return _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                       divisor_override, 2, "avg_pool2d")
+    return avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                      divisor_override, 2, "avg_pool2d")
 
 
 def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
-    return _avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                       divisor_override, 3, "avg_pool3d")
+    return avg_poolnd(input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                      divisor_override, 3, "avg_pool3d")
 
 
 _MATRIX_CACHE = {}
@@ -817,7 +820,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     if (size is None) == (scale_factor is None):
         raise ValueError("interpolate needs exactly one of size and scale_factor")
     if size is not None:
-        outs = _tuple(size, nd, "interpolate size")
+        outs = int_tuple(size, nd, "interpolate size")
         scales = [i / o for i, o in zip(ins, outs)]
     else:
         sf = scale_factor if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * nd
@@ -935,7 +938,7 @@ def linear(input, weight, bias=None):
     x, w = _t(input), _t(weight)
     xs, ws = x.shape, w.shape
     if len(xs) == 2 and len(ws) == 2 and xs[1] == ws[1] and x.dtype is w.dtype:
-        y = _matmul_nt(x, w)     # the common case: no transpose nodes
+        y = matmul_nt(x, w)     # the common case: no transpose nodes
         return y if bias is None else y + bias
     if w.ndim not in (1, 2) or x.ndim == 0 or x.shape[-1] != w.shape[-1]:
         raise ShapeError(f"linear: input {x.shape} and weight {w.shape} do not fit "
@@ -1028,10 +1031,12 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             mom = momentum
             mb, vb = m.detach().reshape(c), v.detach().reshape(c)
             if running_mean is not None:
-                _assign(running_mean, running_mean * (1 - mom) + mb.cast(running_mean.dtype) * mom)
+                copy_into(running_mean,
+                          running_mean * (1 - mom) + mb.cast(running_mean.dtype) * mom)
             if running_var is not None:
                 unb = vb * (n / (n - 1))
-                _assign(running_var, running_var * (1 - mom) + unb.cast(running_var.dtype) * mom)
+                copy_into(running_var,
+                          running_var * (1 - mom) + unb.cast(running_var.dtype) * mom)
     else:
         if running_mean is None or running_var is None:
             raise ZyxError("batch_norm: running_mean and running_var are required when not "
@@ -1170,7 +1175,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     if padding_idx is not None:
         # the padding row reads a detached copy: it never receives a gradient (torch's rule)
         v = w.shape[0]
-        pad_row = (_iota(v, dt.int64) == int(padding_idx) % v).reshape(v, 1)
+        pad_row = (iota(v, dt.int64) == int(padding_idx) % v).reshape(v, 1)
         w = where(pad_row, w.detach(), w)
     return _take(w, 0, idx, "index out of range in self: index {} is out of bounds for "
                  "dimension 0 with size {} (in embedding)", (w.shape[0],))
@@ -1182,11 +1187,10 @@ def _embedding_renorm(weight, idx, max_norm, norm_type):
     changes the weight in place; zyx rebinds the weight tensor object (a parameter stays
     the same object, as after an optimizer step) to the renormalized value and returns it."""
     from ..autograd import no_grad
-    from ..tensor import _rebind
     w = _t(weight)
     v = w.shape[0]
     with no_grad():
-        rows = _iota(v, idx.dtype).reshape((1, v))
+        rows = iota(v, idx.dtype).reshape((1, v))
         used = (idx.reshape((-1, 1)) == rows).cast(dt.int32).amax(0).reshape((v, 1)) > 0
         wd = w.detach()
         if norm_type == float("inf"):
@@ -1197,7 +1201,7 @@ def _embedding_renorm(weight, idx, max_norm, norm_type):
         new = (wd * scale.cast(w.dtype)).realize()
     if isinstance(weight, Tensor):
         rg = weight.requires_grad
-        _rebind(weight, new)
+        rebind(weight, new)
         weight.requires_grad = rg
         return weight
     return new
@@ -1211,19 +1215,20 @@ def one_hot(tensor, num_classes=-1):
         raise DTypeError(f"one_hot needs an integer tensor, got {t.dtype.name}")
     if num_classes < 0:
         num_classes = int(t.max().item()) + 1 if t.numel() else 0
-    cls = _iota(num_classes, t.dtype).reshape((1,) * t.ndim + (num_classes,))
+    cls = iota(num_classes, t.dtype).reshape((1,) * t.ndim + (num_classes,))
     hit = t.unsqueeze(-1) == cls
-    _watch_range(hit, t, 0, num_classes, lambda v: (
+    watch_range(hit, t, 0, num_classes, lambda v: (
         f"Class values must be non-negative, got {v} (in one_hot)" if v < 0 else
         f"Class values must be smaller than num_classes, got {v} with num_classes="
         f"{num_classes} (in one_hot)"))
     return hit.cast(dt.int64)
 
 
-def _causal_mask(L, S):
-    """bool (L, S): True where query i may attend key j (j <= i)."""
-    r = _iota(L, dt.int32).reshape(L, 1)
-    c = _iota(S, dt.int32).reshape(1, S)
+def causal_mask(L, S):
+    """bool (L, S): True where query i may attend key j (j <= i).
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
+    r = iota(L, dt.int32).reshape(L, 1)
+    c = iota(S, dt.int32).reshape(1, S)
     return c <= r
 
 
@@ -1245,7 +1250,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if is_causal:
         if attn_mask is not None:
             raise ZyxError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
-        s = where(_causal_mask(L, S), s, float("-inf"))
+        s = where(causal_mask(L, S), s, float("-inf"))
     if attn_mask is not None:
         mk = _t(attn_mask)
         s = where(mk, s, float("-inf")) if mk.dtype.is_bool else s + mk
@@ -1488,10 +1493,10 @@ def _nll(logp, target, weight, ignore_index, reduction, what):
     if target.shape != (logp.shape[0],) + logp.shape[2:]:
         raise ShapeError(f"{what}: target shape {target.shape} does not fit input shape "
                          f"{logp.shape} (expected {(logp.shape[0],) + logp.shape[2:]})")
-    cls = _iota(c, target.dtype).reshape((1, c) + (1,) * (logp.ndim - 2))
+    cls = iota(c, target.dtype).reshape((1, c) + (1,) * (logp.ndim - 2))
     hit = target.unsqueeze(1) == cls          # all-false rows where target == ignore_index
-    _watch_range(hit, target, 0, c, _TARGET_MESSAGE, (what, c, ignore_index),
-                 exempt=ignore_index)
+    watch_range(hit, target, 0, c, _TARGET_MESSAGE, (what, c, ignore_index),
+                exempt=ignore_index)
     if ignore_index is not None and 0 <= ignore_index < c:
         hit = hit & (target.unsqueeze(1) != ignore_index)
     picked = where(hit, logp, 0.0).sum(1)
@@ -1538,12 +1543,12 @@ def _cross_entropy_2d(x, y, ignore_index):
     lse = mk(_G.REDUCE, (K.R_SUM, (1,)), (z.exp(),), n1, d).log()
     logp = z - mk(_G.EXPAND, nc, (lse,), nc, d)
     ye = mk(_G.EXPAND, nc, (mk(_G.RESHAPE, n1, (y,), n1, yd),), nc, yd)
-    cls = _iota(c, yd)
+    cls = iota(c, yd)
     ce = mk(_G.EXPAND, nc, (mk(_G.RESHAPE, (1, c), (cls,), (1, c), yd),), nc, yd)
     hit = mk(_G.BINARY, K.B_EQ, (ye, ce), nc, dt.bool_)
-    _watch_range(hit, y, 0, c, _TARGET_MESSAGE, ("cross_entropy", c, ignore_index),
-                 exempt=ignore_index)
-    zero = _const(0.0, d, nc)
+    watch_range(hit, y, 0, c, _TARGET_MESSAGE, ("cross_entropy", c, ignore_index),
+                exempt=ignore_index)
+    zero = const_tensor(0.0, d, nc)
     picked = mk(_G.REDUCE, (K.R_SUM, (1,)), (mk(_G.WHERE, None, (hit, logp, zero), nc, d),),
                 n1, d)
     total = mk(_G.REDUCE, (K.R_SUM, (0, 1)), (picked,), (1, 1), d)

@@ -14,7 +14,7 @@ import numpy as np
 from .. import dtype as dt
 from ..errors import ShapeError
 from ..runtime import RT
-from ..tensor import Tensor, _rebind
+from ..tensor import Tensor, rebind
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "constant_", "zeros_", "ones_", "eye_",
            "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
@@ -22,24 +22,27 @@ __all__ = ["calculate_gain", "uniform_", "normal_", "constant_", "zeros_", "ones
 
 
 
-def _assign(dst: Tensor, src) -> Tensor:
+def copy_into(dst: Tensor, src) -> Tensor:
     """Point tensor `dst` at the value of `src` (same shape; cast to dst's dtype).
 
     The tensor object keeps its identity (and requires_grad/grad), only its graph node
-    changes: the zyx form of torch's `dst.copy_(src)`."""
+    changes: the zyx form of torch's `dst.copy_(src)`.
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     if not isinstance(src, Tensor):
         src = Tensor(np.asarray(src), dtype=dst.dtype)
     if src.shape != dst.shape:
         raise ShapeError(f"cannot assign a value of shape {src.shape} to a tensor of shape "
                          f"{dst.shape}")
-    _rebind(dst, src.cast(dst.dtype))
+    rebind(dst, src.cast(dst.dtype))
     return dst
 
 
-def _fill(t: Tensor, values: np.ndarray) -> Tensor:
+def fill_from_array(t: Tensor, values: np.ndarray) -> Tensor:
+    """copy_into(t, numpy `values` in t's dtype).
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     d = t.dtype
     arr = values.astype(np.float32 if d is dt.bfloat16 else d.np)
-    return _assign(t, Tensor(arr, dtype=d))
+    return copy_into(t, Tensor(arr, dtype=d))
 
 
 def calculate_gain(nonlinearity, param=None):
@@ -60,7 +63,9 @@ def calculate_gain(nonlinearity, param=None):
     raise ValueError(f"unsupported nonlinearity {nonlinearity!r}")
 
 
-def _fans(t: Tensor):
+def fan_in_and_fan_out(t: Tensor):
+    """(fan_in, fan_out) of a weight of shape (out, in, *kernel).
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     if t.ndim < 2:
         raise ShapeError(f"fan in and fan out need a tensor of at least 2 dimensions, "
                          f"got {t.shape}")
@@ -70,12 +75,12 @@ def _fans(t: Tensor):
     return t.shape[1] * receptive, t.shape[0] * receptive
 
 
-def _calculate_fan_in_and_fan_out(t: Tensor):
-    return _fans(t)
+# torch's spelling (private there too), for code ported from torch
+_calculate_fan_in_and_fan_out = fan_in_and_fan_out
 
 
 def _fan(t, mode):
-    fan_in, fan_out = _fans(t)
+    fan_in, fan_out = fan_in_and_fan_out(t)
     if mode == "fan_in":
         return fan_in
     if mode == "fan_out":
@@ -84,11 +89,11 @@ def _fan(t, mode):
 
 
 def uniform_(tensor: Tensor, a=0.0, b=1.0, generator=None) -> Tensor:
-    return _fill(tensor, RT.rng.uniform(a, b, size=tensor.shape))
+    return fill_from_array(tensor, RT.rng.uniform(a, b, size=tensor.shape))
 
 
 def normal_(tensor: Tensor, mean=0.0, std=1.0, generator=None) -> Tensor:
-    return _fill(tensor, RT.rng.normal(mean, std, size=tensor.shape))
+    return fill_from_array(tensor, RT.rng.normal(mean, std, size=tensor.shape))
 
 
 def trunc_normal_(tensor: Tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None) -> Tensor:
@@ -98,11 +103,11 @@ def trunc_normal_(tensor: Tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=No
     while bad.any():
         v[bad] = RT.rng.normal(mean, std, size=int(bad.sum()))
         bad = (v < a) | (v > b)
-    return _fill(tensor, v)
+    return fill_from_array(tensor, v)
 
 
 def constant_(tensor: Tensor, val) -> Tensor:
-    return _fill(tensor, np.full(tensor.shape, val, dtype=np.float64))
+    return fill_from_array(tensor, np.full(tensor.shape, val, dtype=np.float64))
 
 
 def zeros_(tensor: Tensor) -> Tensor:
@@ -116,7 +121,7 @@ def ones_(tensor: Tensor) -> Tensor:
 def eye_(tensor: Tensor) -> Tensor:
     if tensor.ndim != 2:
         raise ShapeError(f"eye_ needs a 2-D tensor, got {tensor.shape}")
-    return _fill(tensor, np.eye(*tensor.shape))
+    return fill_from_array(tensor, np.eye(*tensor.shape))
 
 
 def kaiming_uniform_(tensor: Tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu",
@@ -135,13 +140,13 @@ def kaiming_normal_(tensor: Tensor, a=0.0, mode="fan_in", nonlinearity="leaky_re
 
 def xavier_uniform_(tensor: Tensor, gain=1.0, generator=None) -> Tensor:
     """U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio)."""
-    fan_in, fan_out = _fans(tensor)
+    fan_in, fan_out = fan_in_and_fan_out(tensor)
     a = gain * math.sqrt(6.0 / (fan_in + fan_out))
     return uniform_(tensor, -a, a)
 
 
 def xavier_normal_(tensor: Tensor, gain=1.0, generator=None) -> Tensor:
-    fan_in, fan_out = _fans(tensor)
+    fan_in, fan_out = fan_in_and_fan_out(tensor)
     return normal_(tensor, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)))
 
 
@@ -158,4 +163,4 @@ def orthogonal_(tensor: Tensor, gain=1.0, generator=None) -> Tensor:
     q = q * np.sign(np.diag(r))
     if rows < cols:
         q = q.T
-    return _fill(tensor, gain * q.reshape(tensor.shape))
+    return fill_from_array(tensor, gain * q.reshape(tensor.shape))

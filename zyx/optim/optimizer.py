@@ -19,13 +19,13 @@ from ..autograd import enable_grad, no_grad
 from ..errors import ZyxError
 from ..runtime import RT
 from .. import dtype as dt
-from ..tensor import Tensor, _f32_to_bf16_bits, _rebind
+from ..tensor import Tensor, f32_to_bf16_bits, rebind
 
 
 def _scalar_bits(value, dtype):
     """`value` as one element of `dtype`, the bytes a leaf of that dtype stores."""
     if dtype is dt.bfloat16:
-        return _f32_to_bf16_bits(np.array(value, dtype=np.float32))
+        return f32_to_bf16_bits(np.array(value, dtype=np.float32))
     return np.array(value, dtype=dtype.np)
 
 
@@ -260,7 +260,7 @@ class Optimizer:
             for state, upd in new_states:
                 state.update(upd)
             for p, n in new_params:
-                _rebind(p, n)
+                rebind(p, n)
 
     def _update(self, p, g, group, state):
         raise NotImplementedError

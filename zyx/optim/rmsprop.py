@@ -1,7 +1,7 @@
 """RMSprop (torch.optim.RMSprop semantics)."""
 from __future__ import annotations
 
-from ..tensor import _const
+from ..tensor import const_tensor
 from .optimizer import Optimizer
 
 
@@ -25,7 +25,7 @@ class RMSprop(Optimizer):
             g = -g
         if wd != 0:
             g = g + p * wd
-        zero = _const(0, p.dtype, p.shape)
+        zero = const_tensor(0, p.dtype, p.shape)
         v = state.get("square_avg", zero)
         v = v * alpha + g * g * (1.0 - alpha)
         upd = {"square_avg": v}

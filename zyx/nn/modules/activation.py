@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import functional as F
 from .. import init
-from .module import Module, _param
+from .module import Module, new_parameter
 
 __all__ = ["ReLU", "ReLU6", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "ELU", "SELU", "CELU",
            "Mish", "Hardtanh", "Hardsigmoid", "Hardswish", "Softsign", "Softplus", "LogSigmoid",
@@ -173,7 +173,7 @@ class PReLU(Module):
     def __init__(self, num_parameters: int = 1, init: float = 0.25, device=None, dtype=None):
         super().__init__()
         self.num_parameters = num_parameters
-        self.weight = _param(num_parameters, dtype=dtype, fill=init)
+        self.weight = new_parameter(num_parameters, dtype=dtype, fill=init)
 
     def forward(self, x):
         return F.prelu(x, self.weight)

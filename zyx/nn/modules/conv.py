@@ -7,7 +7,7 @@ import math
 from ...errors import ShapeError
 from .. import functional as F
 from .. import init
-from .module import Module, _param
+from .module import Module, new_parameter
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 
@@ -28,20 +28,21 @@ class _ConvNd(Module):
             raise ValueError(f"padding_mode must be zeros, reflect, replicate or circular, "
                              f"got {padding_mode!r}")
         self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size = F._tuple(kernel_size, nd, "kernel_size")
-        self.stride = F._tuple(stride, nd, "stride")
-        self.padding = padding if isinstance(padding, str) else F._tuple(padding, nd, "padding")
-        self.dilation = F._tuple(dilation, nd, "dilation")
-        self.output_padding = F._tuple(output_padding, nd, "output_padding")
+        self.kernel_size = F.int_tuple(kernel_size, nd, "kernel_size")
+        self.stride = F.int_tuple(stride, nd, "stride")
+        self.padding = padding if isinstance(padding, str) else \
+            F.int_tuple(padding, nd, "padding")
+        self.dilation = F.int_tuple(dilation, nd, "dilation")
+        self.output_padding = F.int_tuple(output_padding, nd, "output_padding")
         self.groups = groups
         self.padding_mode = padding_mode
         if self._transposed:
             shape = (in_channels, out_channels // groups) + self.kernel_size
         else:
             shape = (out_channels, in_channels // groups) + self.kernel_size
-        self.weight = _param(*shape, dtype=dtype)
+        self.weight = new_parameter(*shape, dtype=dtype)
         if bias:
-            self.bias = _param(out_channels, dtype=dtype)
+            self.bias = new_parameter(out_channels, dtype=dtype)
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -51,7 +52,7 @@ class _ConvNd(Module):
         # from weight.shape[1], which for transposed convs is out_channels/groups
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
+            fan_in, _ = init.fan_in_and_fan_out(self.weight)
             if fan_in:
                 bound = 1 / math.sqrt(fan_in)
                 init.uniform_(self.bias, -bound, bound)
@@ -82,8 +83,8 @@ class _Conv(_ConvNd):
         if self.padding_mode == "zeros":
             return fn(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
                       self.groups)
-        pads = F._conv_padding(self.padding, self.kernel_size, self.dilation, self.stride,
-                               self._nd, type(self).__name__)
+        pads = F.conv_padding(self.padding, self.kernel_size, self.dilation, self.stride,
+                              self._nd, type(self).__name__)
         flat = []
         for before, after in reversed(pads):
             flat += [before, after]

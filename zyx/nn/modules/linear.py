@@ -6,7 +6,7 @@ import math
 
 from .. import functional as F
 from .. import init
-from .module import Module, _param
+from .module import Module, new_parameter
 
 __all__ = ["Identity", "Linear", "Bilinear", "Flatten", "Unflatten", "PixelShuffle",
            "PixelUnshuffle"]
@@ -31,9 +31,9 @@ class Linear(Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = _param(out_features, in_features, dtype=dtype)
+        self.weight = new_parameter(out_features, in_features, dtype=dtype)
         if bias:
-            self.bias = _param(out_features, dtype=dtype)
+            self.bias = new_parameter(out_features, dtype=dtype)
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -60,9 +60,9 @@ class Bilinear(Module):
         super().__init__()
         self.in1_features, self.in2_features = in1_features, in2_features
         self.out_features = out_features
-        self.weight = _param(out_features, in1_features, in2_features, dtype=dtype)
+        self.weight = new_parameter(out_features, in1_features, in2_features, dtype=dtype)
         if bias:
-            self.bias = _param(out_features, dtype=dtype)
+            self.bias = new_parameter(out_features, dtype=dtype)
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()

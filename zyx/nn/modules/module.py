@@ -15,8 +15,8 @@ import numpy as np
 from ... import dtype as dt
 from ...errors import ShapeError, ZyxError
 from ...runtime import RT
-from ...tensor import Tensor, _rebind, _to_args
-from ..init import _assign
+from ...tensor import Tensor, rebind, parse_to_args
+from ..init import copy_into
 
 __all__ = ["Module", "Parameter"]
 
@@ -287,7 +287,7 @@ class Module:
             raise ZyxError(f"error(s) in loading state_dict for {type(self).__name__}: " +
                            "; ".join(errors))
         for k, v in values.items():
-            _assign(own[k], v)
+            copy_into(own[k], v)
         return _IncompatibleKeys(missing, unexpected)
 
     # -- modes, grads, dtypes ---------------------------------------------------------------
@@ -321,7 +321,7 @@ class Module:
         dtype (torch's `to(device)`, `to(dtype)`, `to(device, dtype)`, `to(tensor)`), in
         place: the tensor objects stay the same, so an optimizer built before still holds
         them (its state follows at the next step). Gradients move with their parameters."""
-        device, dtype = _to_args(args, device, dtype)
+        device, dtype = parse_to_args(args, device, dtype)
         d = None
         if dtype is not None:
             d = dt.to_dtype(dtype)
@@ -412,12 +412,12 @@ def _assign_cast(t: Tensor, d) -> None:
 def _move(t: Tensor, dev) -> None:
     """Rebind tensor object `t` to a copy of its value on backend device `dev`."""
     if RT.device_of(t._id) is not dev:
-        _rebind(t, t.detach().to(dev))
+        rebind(t, t.detach().to(dev))
 
 
 def _assign_any(dst: Tensor, src: Tensor) -> None:
-    """Like init._assign but lets the dtype change (Module.to)."""
-    _rebind(dst, src)
+    """Like init.copy_into but lets the dtype change (Module.to)."""
+    rebind(dst, src)
 
 
 def _check_shape(x: Tensor, ndims, what: str) -> None:
@@ -426,9 +426,10 @@ def _check_shape(x: Tensor, ndims, what: str) -> None:
                          f"got shape {x.shape}")
 
 
-def _param(*shape, dtype=None, fill=None) -> Tensor:
+def new_parameter(*shape, dtype=None, fill=None) -> Tensor:
     """A new trainable tensor of `shape` (zeros, or `fill`); initializers then give it its
-    values. Parameters are always realized buffers, never lazy constants."""
+    values. Parameters are always realized buffers, never lazy constants.
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     d = dt.to_dtype(dtype) if dtype is not None else dt.float32
     arr = np.full(shape, 0.0 if fill is None else fill,
                   dtype=np.float32 if d is dt.bfloat16 else d.np)
@@ -437,6 +438,8 @@ def _param(*shape, dtype=None, fill=None) -> Tensor:
     return t
 
 
-def _buffer(arr, dtype=None) -> Tensor:
+def new_buffer(arr, dtype=None) -> Tensor:
+    """A module buffer (not trainable) holding array `arr`, of `dtype` if given.
+    Internal helper shared by zyx.nn's modules (not in __all__)."""
     d = dt.to_dtype(dtype) if dtype is not None else None
     return Tensor(np.asarray(arr), dtype=d)

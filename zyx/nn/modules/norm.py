@@ -9,7 +9,7 @@ from ..._core.graph import LEAF
 from ...runtime import RT
 from .. import functional as F
 from .. import init
-from .module import Module, _buffer, _param
+from .module import Module, new_buffer, new_parameter
 
 __all__ = ["LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
            "InstanceNorm1d", "InstanceNorm2d"]
@@ -25,11 +25,11 @@ def _affine(module, shape, affine, bias, dtype):
     """torch's affine parameters of a norm layer: weight ones and bias zeros of `shape`, or
     registered as None (so state_dict and named_parameters match torch)."""
     if affine:
-        module.weight = _param(*shape, dtype=dtype, fill=1.0)
+        module.weight = new_parameter(*shape, dtype=dtype, fill=1.0)
     else:
         module.register_parameter("weight", None)
     if affine and bias:
-        module.bias = _param(*shape, dtype=dtype)
+        module.bias = new_parameter(*shape, dtype=dtype)
     else:
         module.register_parameter("bias", None)
 
@@ -67,7 +67,7 @@ class RMSNorm(Module):
         self.normalized_shape = _shape(normalized_shape)
         self.eps, self.elementwise_affine = eps, elementwise_affine
         if elementwise_affine:
-            self.weight = _param(*self.normalized_shape, dtype=dtype, fill=1.0)
+            self.weight = new_parameter(*self.normalized_shape, dtype=dtype, fill=1.0)
         else:
             self.register_parameter("weight", None)
 
@@ -118,9 +118,10 @@ class _BatchNorm(Module):
         _affine(self, (num_features,), affine, True, dtype)
         if track_running_stats:
             d = dtype or dt.float32
-            self.register_buffer("running_mean", _buffer(np.zeros(num_features), d))
-            self.register_buffer("running_var", _buffer(np.ones(num_features), d))
-            self.register_buffer("num_batches_tracked", _buffer(np.zeros((), np.int64), dt.int64))
+            self.register_buffer("running_mean", new_buffer(np.zeros(num_features), d))
+            self.register_buffer("running_var", new_buffer(np.ones(num_features), d))
+            self.register_buffer("num_batches_tracked",
+                                 new_buffer(np.zeros((), np.int64), dt.int64))
         else:
             self.register_buffer("running_mean", None)
             self.register_buffer("running_var", None)
@@ -142,7 +143,7 @@ class _BatchNorm(Module):
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats:
             _realize_pending(self.running_mean, self.running_var, self.num_batches_tracked)
-            init._assign(self.num_batches_tracked, self.num_batches_tracked + 1)
+            init.copy_into(self.num_batches_tracked, self.num_batches_tracked + 1)
             if self.momentum is None:   # cumulative moving average
                 factor = 1.0 / self.num_batches_tracked.cast(dt.float32)
         use_batch = self.training or (self.running_mean is None and self.running_var is None)

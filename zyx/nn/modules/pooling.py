@@ -83,9 +83,9 @@ class _AvgPoolNd(Module):
         self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
 
     def forward(self, x):
-        return F._avg_poolnd(x, self.kernel_size, self.stride, self.padding, self.ceil_mode,
-                             self.count_include_pad, self.divisor_override, self._nd,
-                             type(self).__name__)
+        return F.avg_poolnd(x, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                            self.count_include_pad, self.divisor_override, self._nd,
+                            type(self).__name__)
 
     def extra_repr(self):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"

@@ -18,7 +18,7 @@ from ...errors import ShapeError
 from ...tensor import Tensor, cat, stack, zeros
 from .. import functional as F
 from .. import init
-from .module import Module, _param
+from .module import Module, new_parameter
 
 __all__ = ["RNNCell", "GRUCell", "LSTMCell", "RNNBase", "RNN", "LSTM", "GRU"]
 
@@ -31,11 +31,11 @@ class _CellBase(Module):
         super().__init__()
         self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
         g = self._gates * hidden_size
-        self.weight_ih = _param(g, input_size, dtype=dtype)
-        self.weight_hh = _param(g, hidden_size, dtype=dtype)
+        self.weight_ih = new_parameter(g, input_size, dtype=dtype)
+        self.weight_hh = new_parameter(g, hidden_size, dtype=dtype)
         if bias:
-            self.bias_ih = _param(g, dtype=dtype)
-            self.bias_hh = _param(g, dtype=dtype)
+            self.bias_ih = new_parameter(g, dtype=dtype)
+            self.bias_hh = new_parameter(g, dtype=dtype)
         else:
             self.register_parameter("bias_ih", None)
             self.register_parameter("bias_hh", None)
@@ -132,10 +132,10 @@ class LSTMCell(_CellBase):
 # ---------------------------------------------------------------------------------------------
 # sequence modules
 # ---------------------------------------------------------------------------------------------
-# F._stored: x in a buffer of its own. A batch_first input transposed to time-major is
+# F.stored: x in a buffer of its own. A batch_first input transposed to time-major is
 # copied once, so the input-projection matmul and its weight gradient read plain rows
 # (tiled kernels) instead of div/mod index math on every load.
-_stored = F._stored
+_stored = F.stored
 
 
 def _steps(seq: Tensor):
@@ -312,11 +312,11 @@ class RNNBase(Module):
             for d in range(dirs):
                 sfx = f"_l{layer}" + ("_reverse" if d else "")
                 n_in = input_size if layer == 0 else hidden_size * dirs
-                setattr(self, "weight_ih" + sfx, _param(g, n_in, dtype=dtype))
-                setattr(self, "weight_hh" + sfx, _param(g, hidden_size, dtype=dtype))
+                setattr(self, "weight_ih" + sfx, new_parameter(g, n_in, dtype=dtype))
+                setattr(self, "weight_hh" + sfx, new_parameter(g, hidden_size, dtype=dtype))
                 if bias:
-                    setattr(self, "bias_ih" + sfx, _param(g, dtype=dtype))
-                    setattr(self, "bias_hh" + sfx, _param(g, dtype=dtype))
+                    setattr(self, "bias_ih" + sfx, new_parameter(g, dtype=dtype))
+                    setattr(self, "bias_hh" + sfx, new_parameter(g, dtype=dtype))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -7,7 +7,7 @@ from ...errors import ShapeError
 from ...tensor import Tensor
 from .. import functional as F
 from .. import init
-from .module import Module, _param
+from .module import Module, new_parameter
 
 __all__ = ["Embedding"]
 
@@ -32,18 +32,18 @@ class Embedding(Module):
             padding_idx %= num_embeddings
         self.padding_idx = padding_idx
         self.max_norm, self.norm_type = max_norm, norm_type
-        self.weight = _param(num_embeddings, embedding_dim, dtype=dtype)
+        self.weight = new_parameter(num_embeddings, embedding_dim, dtype=dtype)
         if _weight is None:
             self.reset_parameters()
         else:
-            init._assign(self.weight, _weight)
+            init.copy_into(self.weight, _weight)
         self.weight.requires_grad = not _freeze
 
     def reset_parameters(self) -> None:
         v = np.asarray(init.RT.rng.normal(0.0, 1.0, size=self.weight.shape))
         if self.padding_idx is not None:
             v[self.padding_idx] = 0.0
-        init._fill(self.weight, v)
+        init.fill_from_array(self.weight, v)
 
     @classmethod
     def from_pretrained(cls, embeddings, freeze=True, padding_idx=None, max_norm=None,

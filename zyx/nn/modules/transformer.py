@@ -18,7 +18,7 @@ from .activation import GELU, ReLU
 from .container import ModuleList
 from .dropout import Dropout
 from .linear import Linear
-from .module import Module, _param
+from .module import Module, new_parameter
 from .norm import LayerNorm
 
 __all__ = ["MultiheadAttention", "CausalSelfAttention", "PositionalEncoding",
@@ -59,17 +59,17 @@ class MultiheadAttention(Module):
         self.batch_first = batch_first
         self.head_dim = embed_dim // num_heads
         if self._qkv_same_embed_dim:
-            self.in_proj_weight = _param(3 * embed_dim, embed_dim, dtype=dtype)
+            self.in_proj_weight = new_parameter(3 * embed_dim, embed_dim, dtype=dtype)
             self.register_parameter("q_proj_weight", None)
             self.register_parameter("k_proj_weight", None)
             self.register_parameter("v_proj_weight", None)
         else:
             self.register_parameter("in_proj_weight", None)
-            self.q_proj_weight = _param(embed_dim, embed_dim, dtype=dtype)
-            self.k_proj_weight = _param(embed_dim, self.kdim, dtype=dtype)
-            self.v_proj_weight = _param(embed_dim, self.vdim, dtype=dtype)
+            self.q_proj_weight = new_parameter(embed_dim, embed_dim, dtype=dtype)
+            self.k_proj_weight = new_parameter(embed_dim, self.kdim, dtype=dtype)
+            self.v_proj_weight = new_parameter(embed_dim, self.vdim, dtype=dtype)
         if bias:
-            self.in_proj_bias = _param(3 * embed_dim, dtype=dtype)
+            self.in_proj_bias = new_parameter(3 * embed_dim, dtype=dtype)
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, dtype=dtype)
@@ -129,7 +129,7 @@ class MultiheadAttention(Module):
             else:
                 raise ShapeError(f"attn_mask must be {(L, S)} or {(n * h, L, S)}, got {mask.shape}")
         elif is_causal:
-            mask = where(F._causal_mask(L, S), 0.0, float("-inf")).reshape(1, 1, L, S)
+            mask = where(F.causal_mask(L, S), 0.0, float("-inf")).reshape(1, 1, L, S)
         kpm = _additive(key_padding_mask, q.dtype, "key_padding_mask")
         if kpm is not None:
             if kpm.shape != (n, S):

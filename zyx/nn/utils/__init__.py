@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...errors import ShapeError
 from ...runtime import RT
 from ...tensor import Tensor, cat, stack
-from ..init import _assign
+from ..init import copy_into
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_", "parameters_to_vector", "vector_to_parameters"]
 
@@ -61,7 +61,7 @@ def vector_to_parameters(vec, parameters):
     off = 0
     for p in params:
         k = p.numel()
-        _assign(p, vec[off:off + k].reshape(p.shape))
+        copy_into(p, vec[off:off + k].reshape(p.shape))
         off += k
 
 
