@@ -1,4 +1,4 @@
-"""GPU lowering (backends/gpu.py) on OpenCL through whatever device is installed (PoCL's
+"""GPU lowering (zyx/codegen/gpu) on OpenCL through whatever device is installed (PoCL's
 CPU device here and in CI): every strategy against numpy, the structure of what is
 generated (groups, launches, 32/64-bit index math), the strategy chosen for an H100's
 DeviceInfo (rendered only), and kernel counts equal to the C backend's.
@@ -335,7 +335,7 @@ def test_elementwise_variants_broadcasts_and_strided_loads(ew_variant, lowered):
     assert var["vec"] > 1 if vec else var["vec"] == 1
     if vec:
         assert var["vector_accesses"] == 2
-    # a transposed read: a tile through local memory (backends/transpose.py) unless the
+    # a transposed read: a tile through local memory (codegen/gpu/transpose.py) unless the
     # elementwise strategy is asked for by name; then it stays scalar (a work-item's
     # neighbours would be far apart)
     close(zyx.Tensor(b).T * 2 + 1, b.T * 2 + 1, rtol=1e-6)
@@ -387,7 +387,7 @@ def test_elementwise_variants_dtypes(name, ew_variant, lowered):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "bool"])
 def test_permuted_copies_go_through_a_local_tile(dtype, lowered):
     """Elementwise kernels that read along one output axis and write along another
-    (backends/transpose.py): a 2-D transpose with arithmetic, NCHW -> NHWC and back
+    (codegen/gpu/transpose.py): a 2-D transpose with arithmetic, NCHW -> NHWC and back
     with ragged tile edges, a batched transpose of a slice, against numpy; contiguous
     and broadcast reads stay elementwise."""
     from zyx.nn.functional import stored

@@ -464,7 +464,7 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
         store_input = not gpu
     if store_input and not gpu:
         # CPU: stored before its padding, read through guards whose taps the C backend
-        # skips (backends/padtaps.py), except along the last axis where a tile's lanes or
+        # skips (codegen/cpu/padtaps.py), except along the last axis where a tile's lanes or
         # rows would walk it (its guards would sit in the vector loop): that padding is
         # stored
         out = [x.shape[2 + i] + sum(pads[i]) - dd * (kk - 1) for i, (kk, dd) in
