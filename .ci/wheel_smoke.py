@@ -29,7 +29,8 @@ CORE = ("graph", "kernel", "kernelizer", "passes", "replay", "scheduler", "slab"
 COMPILED = ("zyx.tensor", "zyx.autograd", "zyx.runtime", "zyx.nn.functional",
             "zyx.nn.modules.module", "zyx.nn.modules.container", "zyx.nn.modules.linear",
             "zyx.nn.modules.activation",
-            "zyx.optim.optimizer", "zyx.optim.sgd", "zyx.optim.adam")
+            "zyx.optim.optimizer", "zyx.optim.sgd", "zyx.optim.adam",
+            "zyx.codegen.heuristics")
 
 
 def main():
