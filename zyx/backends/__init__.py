@@ -1,4 +1,5 @@
-"""Backend dispatch: memory pools, devices, events, device info and configuration.
+"""Backend dispatch: memory pools, devices, events and configuration (what code generation
+knows about a device, DeviceInfo, is zyx.codegen.target's).
 
 A backend is one module in this package with a function
 
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import warnings
 
-from ..errors import BackendError, NoBackendAvailable
+from ..errors import NoBackendAvailable
 
 # Tried in this order; the first device found is the default when several have equal compute.
 BACKENDS = ("c", "opencl", "cuda", "hip", "vulkan", "wgpu", "dummy")
