@@ -2,6 +2,7 @@
 replays the traced gradient nodes instead of running the rules. A replay must build the
 very same graph (same structural key, so the same plans and bit-identical values), keep
 every error and semantic of the rules, and fall back to the rules whenever it cannot."""
+import gc
 import os
 import subprocess
 import sys
@@ -141,9 +142,11 @@ def test_replay_keeps_memory_flat(replay_mode):
     params, loss_fn = _mlp_ce(np.random.default_rng(4))
     _grads(params, loss_fn)
     _grads(params, loss_fn)
+    gc.collect()      # counts of live memory only: not of an earlier test's garbage
     nodes, pool = len(RT.graph), RT.pool_bytes()
     for _ in range(20):
         _grads(params, loss_fn)
+    gc.collect()
     assert len(RT.graph) == nodes
     assert RT.pool_bytes() == pool
 

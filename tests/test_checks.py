@@ -6,6 +6,7 @@ Every error case is compared with torch when it is installed: the zyx exception 
 instance of the exception type torch raises for the same call."""
 from __future__ import annotations
 
+import gc
 import numpy as np
 import pytest
 
@@ -383,6 +384,10 @@ def test_failed_check_frees_what_the_plan_allocated(path, monkeypatch):
         monkeypatch.setattr(RT, "device", lambda: dev)
     x = zyx.tensor(X).realize()
     x[zyx.tensor([0])].numpy()         # getitem's cached arange(10) exists before `base`
+    # Python's collector frees, whenever it runs, the buffers of tensors caught in
+    # reference cycles: an earlier test's leftovers (a full run), or an exception's frames
+    # here. Collected before each count, the pool holds exactly what is alive.
+    gc.collect()
     base = RT.pool_bytes()
     for make_index in (lambda: zyx.tensor([3, 1]) * 5,      # computed: a flag in the plan
                        lambda: zyx.tensor([15, 5])):        # a leaf: read on the host
@@ -392,6 +397,7 @@ def test_failed_check_frees_what_the_plan_allocated(path, monkeypatch):
             RT.realize([doubled._id, picked._id])
         assert not is_realized(doubled) and not is_realized(picked)
         del idx, doubled, picked
+        gc.collect()
         assert RT.pool_bytes() == base
     ok = x[zyx.tensor([3, 1]) * 3] * 2
     np.testing.assert_array_equal(ok.numpy(), X[[9, 3]] * 2)

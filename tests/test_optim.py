@@ -1,4 +1,5 @@
 """zyx.optim against torch.optim (ten steps on the same small model) and a numpy reference."""
+import gc
 import math
 
 import numpy as np
@@ -262,9 +263,11 @@ def test_one_realization_per_update_and_memory_returns():
 
     assert step() == 1
     assert step() == 1
+    gc.collect()      # counts of live memory only: not of an earlier test's garbage
     used = zyx._RT.pool_bytes()
     for _ in range(5):
         step()
+    gc.collect()
     assert zyx._RT.pool_bytes() == used
 
 
