@@ -986,6 +986,64 @@ def test_pool_releases_cached_blocks_when_the_device_is_full():
         pool.allocate(700)
 
 
+def test_pool_keeps_at_most_its_cache_limit_of_freed_blocks():
+    """Freed blocks of sizes a program stops using do not pile up: past `cache_limit`
+    the blocks freed longest ago go back to the driver (down to 3/4 of the limit), the
+    newest stay for reuse, and trim() gives back all of them."""
+    drv = HostMemoryDriver(capacity=1 << 20)
+    pool = gpudriver.DriverMemoryPool(drv, "test", cache_limit=1000)
+    blocks = [pool.allocate(n)[0] for n in (300, 400, 500)]
+    newest = blocks[2].handle
+    for b in blocks:
+        pool.deallocate(b)           # 300 + 400 + 500 > 1000: the 300 and 400 go
+    assert pool.cached_bytes == 500 and list(drv.blocks) == [newest]
+    again, _ = pool.allocate(500)    # the kept block is reused
+    assert again.handle == newest and pool.cached_bytes == 0
+    pool.deallocate(again)
+    for n in range(1, 40):           # many sizes, each freed: at most the limit is kept
+        pool.deallocate(pool.allocate(100 + n)[0])
+        assert pool.cached_bytes <= 1000
+        assert sum(len(b) for b in drv.blocks.values()) <= 1000
+    pool.trim()
+    assert pool.cached_bytes == 0 and not drv.blocks and pool.used_bytes == 0
+
+
+def test_pool_cache_limit_comes_from_the_config():
+    from zyx.backends import blocks
+    assert blocks.configured_limit({}) is None
+    assert blocks.configured_limit({"cache_limit_mb": 64}) == 64 << 20
+    assert blocks.configured_limit({"cache_limit_mb": 0}) == 0
+    for bad in (-1, "64", True):
+        with pytest.raises(BackendError, match="cache_limit_mb"):
+            blocks.configured_limit({"cache_limit_mb": bad})
+    drv = HostMemoryDriver(capacity=1 << 20)
+    assert gpudriver.DriverMemoryPool(drv, "test").cache_limit == (1 << 20) // 10
+
+
+def test_cuda_pool_returns_freed_memory_to_the_driver(cuda_runtime):
+    """Allocations of many sizes, each freed, leave at most the pool's cache limit held
+    (the driver's free memory comes back), and zyx.empty_cache / zyx.cuda.empty_cache
+    give back the rest; memory_allocated counts live tensors only."""
+    import zyx.cuda
+    pool = zyx._RT.device().pool
+    zyx.empty_cache()
+    drv = pool.driver
+    free0 = drv.mem_info()[0]
+    allocated0 = zyx.cuda.memory_allocated()
+    n = 1 << 26                                   # 256 MiB of float32, 40 sizes: 10 GiB
+    for k in range(40):
+        t = (zyx.ones(n + 1024 * k) * 2).realize()
+        assert zyx.cuda.memory_allocated() >= allocated0 + 4 * n
+        del t
+    assert zyx.cuda.memory_allocated() == allocated0
+    assert zyx.cuda.memory_reserved() == allocated0 + pool.cached_bytes
+    assert pool.cached_bytes <= pool.cache_limit
+    assert drv.mem_info()[0] >= free0 - pool.cache_limit - (64 << 20)
+    zyx.cuda.empty_cache()
+    assert pool.cached_bytes == 0 and zyx.cuda.memory_reserved() == allocated0
+    assert drv.mem_info()[0] >= free0 - (64 << 20)
+
+
 def test_launch_writes_every_launch_its_buffers_and_scratch_in_order():
     gpu = GPUKernel("part:2 finish:2", [
         Launch("part", 40, 256, [("arg", 1), ("scratch", 0)]),

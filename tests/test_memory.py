@@ -127,3 +127,36 @@ def test_realized_views_keep_values_and_release_memory():
     np.testing.assert_array_equal(tt.numpy(), a.reshape(3, 4))   # still valid
     del tt, s
     assert _state() == (bytes0, nodes0)
+
+
+def test_memory_counters_and_empty_cache_on_the_default_device():
+    """zyx.memory_allocated counts live tensors, memory_reserved adds the freed blocks the
+    pool keeps, empty_cache gives those back (torch.cuda's names, for any device)."""
+    dev = zyx.get_default_device()
+    zyx.empty_cache()
+    gc.collect()
+    allocated0 = zyx.memory_allocated(dev)
+    assert zyx.memory_reserved(dev) == allocated0
+    t = (zyx.ones(1000) * 2).realize()
+    assert zyx.memory_allocated(dev) == allocated0 + 4000
+    assert zyx.memory_allocated() >= zyx.memory_allocated(dev)
+    del t
+    gc.collect()
+    assert zyx.memory_allocated(dev) == allocated0
+    assert zyx.memory_reserved(dev) == allocated0 + 4000     # kept for the next step
+    t = (zyx.ones(1000) * 2).realize()                      # and reused
+    assert zyx.memory_reserved(dev) == allocated0 + 4000
+    del t
+    gc.collect()
+    zyx.empty_cache(dev)
+    assert zyx.memory_reserved(dev) == allocated0
+
+
+def test_zyx_cuda_answers_without_a_cuda_device():
+    import zyx.cuda
+    if zyx.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert zyx.cuda.device_count() == 0
+    zyx.cuda.empty_cache()                          # nothing to give back: no error
+    with pytest.raises(Exception, match="cuda"):
+        zyx.cuda.memory_allocated()

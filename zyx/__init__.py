@@ -114,6 +114,26 @@ def realize(*tensors):
     return tensors[0] if len(tensors) == 1 else tensors
 
 
+def memory_allocated(device=None):
+    """Bytes of live tensors (and plan buffers) in `device`'s memory pool; every pool when
+    None. torch.cuda.memory_allocated's count, for any device (`zyx.cuda` has torch's
+    CUDA-only spellings)."""
+    return _RT.memory_allocated(device)
+
+
+def memory_reserved(device=None):
+    """`memory_allocated` plus the freed blocks the pool keeps for reuse (GPU pools keep at
+    most their `cache_limit_mb`, a tenth of the device by default)."""
+    return _RT.memory_reserved(device)
+
+
+def empty_cache(device=None):
+    """Give the freed blocks `device`'s pool keeps for reuse (every pool's when None) back
+    to the driver, so other programs and libraries can have the memory
+    (torch.cuda.empty_cache). Live tensors are not touched."""
+    _RT.empty_cache(device)
+
+
 def get_default_device():
     """The device new tensors are created on."""
     return _RT.name_of(_RT.device())
@@ -193,7 +213,7 @@ from . import inplace as _inplace  # noqa: E402,F401  (in-place ops, __setitem__
 # --- end autograd and optimizers ---
 
 # nn, optim, io and datasets load on first use: `import zyx` stays cheap for a first result
-_LAZY = ("nn", "optim", "io", "datasets", "examples", "utils")
+_LAZY = ("nn", "optim", "io", "datasets", "examples", "utils", "cuda")
 
 
 def __getattr__(name):

@@ -299,6 +299,30 @@ class Runtime:
             if sync is not None:
                 sync()
 
+    def _pools_of(self, spec):
+        """The memory pools of one device (`spec`: a device name or Device), every pool
+        when None."""
+        self._ensure()
+        if spec is None:
+            return list(self.pools)
+        return [self.resolve(spec).pool]
+
+    def memory_allocated(self, spec=None):
+        """Bytes of live tensors and plan buffers in the device's pool (all pools: None)."""
+        return sum(p.used_bytes for p in self._pools_of(spec))
+
+    def memory_reserved(self, spec=None):
+        """memory_allocated plus the freed blocks the pool keeps for reuse."""
+        return sum(p.used_bytes + getattr(p, "cached_bytes", 0) for p in self._pools_of(spec))
+
+    def empty_cache(self, spec=None):
+        """Give the freed blocks the pools keep for reuse back to the driver (or the OS)."""
+        with self.lock:
+            for p in self._pools_of(spec):
+                trim = getattr(p, "trim", None)
+                if trim is not None:
+                    trim()
+
     def placed_on(self, dev):
         """Note that a tensor was put on `dev` explicitly (device=, .to()): from then on
         realizations look at where their inputs live."""

@@ -6,7 +6,8 @@ memory and on disk, see rtc.py) and launched with cuLaunchKernel. The pool, prog
 launch path are shared with HIP in gpudriver.py; this module is the cuda-bindings side.
 
 Config (`"cuda"` section of config.json): enabled (default true), device_ids (list of
-CUDA device ordinals to use, default all).
+CUDA device ordinals to use, default all), cache_limit_mb (the freed blocks a device's
+pool keeps for reuse, default a tenth of its memory; zyx.empty_cache releases them).
 
 Kernels are launched by calling the driver's cuLaunchKernel through ctypes with arguments
 converted once per program (`CUDADriver.prepared_launch`): cuda-bindings' wrapper converts
@@ -256,8 +257,8 @@ class CUDADriver(ResultTupleDriver):
 class CUDAMemoryPool(DriverMemoryPool):
     """Device memory of one CUDA device (see gpudriver.DriverMemoryPool)."""
 
-    def __init__(self, driver):
-        super().__init__(driver, "cuda")
+    def __init__(self, driver, cache_limit=None):
+        super().__init__(driver, "cuda", cache_limit)
 
 
 class CUDADevice(DriverDevice):

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..errors import AllocationError, BackendError
 from . import Buffer, MemoryPool
+from .blocks import FreeBlocks, configured_limit, default_limit
 from ..codegen.gpu.dispatch import lower, own_tiles, schedule_candidates
 from ..codegen.gpu.nvidia.tma import MAP_BYTES
 
@@ -255,17 +256,17 @@ class _UploadRing:
 
 class DriverMemoryPool(MemoryPool):
     """Device memory with a caching allocator: freed blocks are kept by size and handed out
-    again (realizations allocate the same sizes every step, and cuMemAlloc synchronizes the
-    device); when the device is full the cached blocks are released and the allocation
-    retried. `used_bytes` counts live buffers only, like the other pools."""
+    again (blocks.FreeBlocks: at most `cache_limit` bytes, default a tenth of the device,
+    config `cache_limit_mb`). When the device is full the kept blocks are released and the
+    allocation retried. `used_bytes` counts live buffers only, like the other pools;
+    `cached_bytes` the free blocks kept (torch's memory_reserved is their sum)."""
 
-    def __init__(self, driver, name):
+    def __init__(self, driver, name, cache_limit=None):
         _, total = driver.mem_info()
         super().__init__(total)
         self.name = name
         self.driver = driver
-        self._free = {}            # nbytes -> [device address]
-        self.cached_bytes = 0
+        self._blocks = FreeBlocks(default_limit(total, cache_limit))
         self._slots = (_StagingSlot(), _StagingSlot())
         self._ring = _UploadRing()
         # copies from several threads (one reads a result while another uploads a batch)
@@ -273,6 +274,14 @@ class DriverMemoryPool(MemoryPool):
         self._copy_lock = threading.Lock()
         self._next_slot = 0
         self._driver_free = None   # (cuMemGetInfo's free bytes, when asked)
+
+    @property
+    def cache_limit(self):
+        return self._blocks.limit
+
+    @property
+    def cached_bytes(self):
+        return self._blocks.cached_bytes
 
     @property
     def free_bytes(self):
@@ -288,11 +297,8 @@ class DriverMemoryPool(MemoryPool):
         return seen[0] + self.cached_bytes
 
     def allocate(self, nbytes):
-        cached = self._free.get(nbytes)
-        if cached:
-            ptr = cached.pop()
-            self.cached_bytes -= nbytes
-        else:
+        ptr = self._blocks.take(nbytes)
+        if ptr is None:
             ptr = self.raw_alloc(nbytes)
         self.used_bytes += nbytes
         return Buffer(self, ptr, nbytes, ptr), None
@@ -330,20 +336,23 @@ class DriverMemoryPool(MemoryPool):
         # the stream is in order: kernels enqueued later that reuse this block run after
         # the ones still reading it
         self.used_bytes -= buf.nbytes
-        self._free.setdefault(buf.nbytes, []).append(buf.handle)
-        self.cached_bytes += buf.nbytes
+        over = self._blocks.put(buf.handle, buf.nbytes)
         buf.handle = None
         buf.ptr = 0
+        if over:
+            # down to 3/4 of the bound: a loop freeing past it drains the stream once in
+            # a while, not at every free
+            self.trim(self.cache_limit * 3 // 4)
 
-    def trim(self):
-        """Release every cached free block to the driver."""
+    def trim(self, keep=0):
+        """Release kept free blocks to the driver, the ones freed longest ago first, until
+        at most `keep` bytes stay kept (0: every block; zyx.empty_cache)."""
+        if self.cached_bytes <= keep:
+            return
         ensure_current(self.driver)
         self.driver.stream_sync()      # a block may still be read by an enqueued kernel
-        for blocks in self._free.values():
-            for ptr in blocks:
-                self.driver.free(ptr)
-        self._free.clear()
-        self.cached_bytes = 0
+        for ptr in self._blocks.evict(keep):
+            self.driver.free(ptr)
         self._driver_free = None
 
     def _slot(self):
@@ -707,12 +716,13 @@ def device_ids(cfg, count):
 def open_devices(cfg, count, label, make_driver, pool_class, device_class, debug=0):
     """(pools, devices) of the `count` devices the config's `device_ids` selects, each a
     `device_class(driver, pool, debug)` over `make_driver(ordinal)` and its
-    `pool_class(driver)`; BackendError naming `label` when none is selected."""
+    `pool_class(driver, cache_limit)`; BackendError naming `label` when none is selected."""
     pools, devices = [], []
+    limit = configured_limit(cfg)
     for ordinal in device_ids(cfg, count):
         driver = make_driver(ordinal)
         ensure_current(driver)
-        pool = pool_class(driver)
+        pool = pool_class(driver, limit)
         pools.append(pool)
         devices.append(device_class(driver, pool, debug))
     if not devices:

@@ -8,7 +8,8 @@ hip-python imports without ROCm, but its first call dlopens libamdhip64.so and r
 RuntimeError where ROCm is missing: `initialize` turns that into BackendError.
 
 Config (`"hip"` section of config.json): enabled (default true), device_ids (list of HIP
-device ordinals to use, default all).
+device ordinals to use, default all), cache_limit_mb (as CUDA's: the freed blocks a pool
+keeps, default a tenth of the device's memory).
 """
 from __future__ import annotations
 
@@ -120,8 +121,8 @@ class HIPDriver(ResultTupleDriver):
 class HIPMemoryPool(DriverMemoryPool):
     """Device memory of one HIP device (see gpudriver.DriverMemoryPool)."""
 
-    def __init__(self, driver):
-        super().__init__(driver, "hip")
+    def __init__(self, driver, cache_limit=None):
+        super().__init__(driver, "hip", cache_limit)
 
 
 class HIPDevice(DriverDevice):

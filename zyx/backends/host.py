@@ -75,6 +75,11 @@ class HostMemoryPool(MemoryPool):
         buf.handle = None
         buf.ptr = 0
 
+    @property
+    def cached_bytes(self):
+        """Bytes of the free blocks kept for reuse."""
+        return self._cached_bytes
+
     def trim(self):
         """Give cached free blocks back to the OS."""
         self._cache.clear()

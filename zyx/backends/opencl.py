@@ -3,7 +3,8 @@ shared C-family renderer with `OpenCLDialect` and lowered to work-groups by `gpu
 
 One device per OpenCL device found, each with its own context, in-order queue and pool.
 Config (`"opencl"` section of config.json): platform_ids (list of platform numbers to
-use, default all), enabled (default true). A CPU OpenCL device (PoCL) ranks below the
+use, default all), enabled (default true), cache_limit_mb (the freed buffers a device's
+pool keeps for reuse, default a tenth of its memory). A CPU OpenCL device (PoCL) ranks below the
 C backend, so it is the default device only when ZYX_DEVICE=opencl or the config's
 "default_device": "opencl" asks for it.
 """
@@ -21,6 +22,7 @@ from ..errors import AllocationError, BackendError, DTypeError
 from ..codegen.target import DeviceInfo
 from . import Buffer, MemoryPool
 from .binary_cache import BinaryCache, cache_key
+from .blocks import FreeBlocks, configured_limit, default_limit
 from ..codegen.cstyle import OpenCLDialect
 from ..codegen.gpu.dispatch import (GPU_SUM_BLOCK, WORK_GROUP, lower, own_tiles,
                                     register_tiles, schedule_candidates, tile_min_outputs)
@@ -39,22 +41,20 @@ class OpenCLMemoryPool(MemoryPool):
     runs out of memory."""
     name = "opencl"
 
-    def __init__(self, cl, ctx, queue, total_bytes):
+    def __init__(self, cl, ctx, queue, total_bytes, cache_limit=None):
         super().__init__(total_bytes)
         self.cl = cl
         self.ctx = ctx
         self.queue = queue
-        self._free = {}    # nbytes -> [cl.Buffer]
+        self._blocks = FreeBlocks(default_limit(total_bytes, cache_limit))  # freed buffers
         self._uploads = []  # events of queued host->device copies (each holds its array)
 
     def allocate(self, nbytes):
         if nbytes > self.free_bytes:
             raise AllocationError(f"opencl pool: {nbytes} bytes requested, "
                                   f"{self.free_bytes} free")
-        cached = self._free.get(nbytes)
-        if cached:
-            handle = cached.pop()
-        else:
+        handle = self._blocks.take(nbytes)
+        if handle is None:
             handle = self._new_buffer(nbytes)
         self.used_bytes += nbytes
         return Buffer(self, handle, nbytes), None
@@ -76,7 +76,8 @@ class OpenCLMemoryPool(MemoryPool):
         # the queue is in order: later kernels reusing this buffer run after the ones
         # still reading it, so it can go back to the free list at once
         self.used_bytes -= buf.nbytes
-        self._free.setdefault(buf.nbytes, []).append(buf.handle)
+        if self._blocks.put(buf.handle, buf.nbytes):
+            self.trim(self._blocks.limit * 3 // 4)
         buf.handle = None
 
     def _forget_finished_uploads(self):
@@ -84,12 +85,17 @@ class OpenCLMemoryPool(MemoryPool):
         self._uploads = [ev for ev in self._uploads
                          if ev.command_execution_status != done]
 
-    def trim(self):
-        """Release every cached free buffer."""
-        for lst in self._free.values():
-            for b in lst:
-                b.release()
-        self._free.clear()
+    @property
+    def cached_bytes(self):
+        """Bytes of the freed buffers kept for reuse."""
+        return self._blocks.cached_bytes
+
+    def trim(self, keep=0):
+        """Release kept free buffers, the ones freed longest ago first, until at most
+        `keep` bytes stay kept (0: all; zyx.empty_cache). OpenCL frees a buffer's memory
+        once the commands using it have run."""
+        for b in self._blocks.evict(keep):
+            b.release()
 
     def host_to_pool(self, src, dst, wait_events=()):
         """Queue the copy and return: a blocking write on the in-order queue would wait for
@@ -342,6 +348,7 @@ def initialize(cfg, debug=0):
     import pyopencl as cl    # lazily: a missing driver only skips this backend
 
     pools, devices, reasons = [], [], []
+    limit = configured_limit(cfg)
     for platform in _platforms(cl, cfg):
         try:
             _check_platform(platform)
@@ -364,7 +371,7 @@ def initialize(cfg, debug=0):
                     print(f"zyx: skipping {reasons[-1]}", file=sys.stderr)
                 continue
             queue = cl.CommandQueue(ctx, d)
-            pool = OpenCLMemoryPool(cl, ctx, queue, d.global_mem_size)
+            pool = OpenCLMemoryPool(cl, ctx, queue, d.global_mem_size, limit)
             pools.append(pool)
             devices.append(OpenCLDevice(cl, d, pool, debug))
     if not devices:
