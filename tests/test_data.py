@@ -2,6 +2,8 @@
 drop_last, dict/tuple collation, random_split, Subset, samplers."""
 from __future__ import annotations
 
+import os
+import time
 from collections import namedtuple
 
 import numpy as np
@@ -189,8 +191,10 @@ def test_bad_arguments_raise_like_torch():
         DataLoader(ds, num_workers=-1)
     with pytest.raises(TypeError, match="generator"):
         DataLoader(ds, shuffle=True, generator="seed")
-    with pytest.warns(UserWarning, match="main process"):
-        DataLoader(ds, num_workers=2)
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        DataLoader(ds, prefetch_factor=2)            # (only with workers, as torch)
+    with pytest.raises(ValueError, match="timeout"):
+        DataLoader(ds, num_workers=1, timeout=-1)
 
 
 def test_training_loop_reads_like_pytorch():
@@ -207,3 +211,124 @@ def test_training_loop_reads_like_pytorch():
             opt.step()
             losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+# -- worker processes ----------------------------------------------------------------------
+class _Probe(Dataset):
+    """Items that say where and how they were made: worker id, its seed, a draw from zyx's
+    generator there, what worker_init_fn set; index 13 raises, index 17 kills its worker."""
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        from zyx.utils.data import get_worker_info
+        if i == 13 and _Probe.fail:
+            raise ValueError(f"bad item {i}")
+        if i == 17 and _Probe.die:
+            os._exit(3)
+        info = get_worker_info()
+        return {"i": np.int64(i), "x": np.full(3, i, np.float32),
+                "worker": np.int64(info.id), "seed": np.int64(info.seed % (1 << 62)),
+                "draw": np.float32(zyx.rand(1).item()), "init": np.int64(_INIT[0])}
+
+    fail = False
+    die = False
+
+
+_INIT = [0]
+
+
+def _init_worker(worker_id):
+    _INIT[0] = 100 + worker_id
+
+
+def test_workers_load_the_same_batches_in_order():
+    ds = TensorDataset(*_arrays(37))
+    plain = [[t.numpy() for t in b] for b in DataLoader(ds, batch_size=5)]
+    loaded = [[t.numpy() for t in b] for b in DataLoader(ds, batch_size=5, num_workers=2)]
+    assert len(loaded) == len(plain)
+    for a, b in zip(plain, loaded):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    # a custom collate_fn making zyx tensors in the worker, and batch_size=None
+    pairs = DataLoader(ds, batch_size=4, num_workers=3,
+                       collate_fn=lambda s: (zyx.tensor(np.stack([x for x, _ in s])) * 2,
+                                             [int(y) for _, y in s]))
+    for k, (x, y) in enumerate(pairs):
+        np.testing.assert_array_equal(x.numpy(), ds.tensors[0][4 * k:4 * k + 4] * 2)
+        assert y == list(ds.tensors[1][4 * k:4 * k + 4])
+    single = list(DataLoader(ds, batch_size=None, num_workers=2))
+    np.testing.assert_array_equal(single[7][0].numpy(), ds.tensors[0][7])
+
+
+def test_workers_are_seeded_and_initialized_like_torch():
+    loader = DataLoader(_Probe(), batch_size=4, num_workers=2, worker_init_fn=_init_worker)
+    batches = list(loader)
+    ids = np.concatenate([b["i"].numpy() for b in batches])
+    np.testing.assert_array_equal(ids, np.arange(24))              # in order
+    workers_ = np.concatenate([b["worker"].numpy() for b in batches])
+    assert set(workers_) == {0, 1}
+    seeds = {int(w): int(s) for b in batches
+             for w, s in zip(b["worker"].numpy(), b["seed"].numpy())}
+    assert seeds[1] == seeds[0] + 1                              # base_seed + worker id
+    inits = np.concatenate([b["init"].numpy() for b in batches])
+    np.testing.assert_array_equal(inits, 100 + workers_)
+    draws = [float(b["draw"].numpy()[0]) for b in batches[:2]]     # worker 0, then 1
+    assert draws[0] != draws[1]
+    again = [b["seed"].numpy()[0] for b in loader]
+    assert again[0] != batches[0]["seed"].numpy()[0]               # a new base seed per epoch
+
+
+def test_an_error_in_a_worker_is_raised_with_its_traceback():
+    _Probe.fail = True
+    try:
+        with pytest.raises(ValueError, match="(?s)DataLoader worker process.*bad item 13"):
+            list(DataLoader(_Probe(), batch_size=4, num_workers=2))
+    finally:
+        _Probe.fail = False
+
+    def bad_init(worker_id):
+        raise KeyError("no such setting")
+    with pytest.raises(KeyError, match="worker_init_fn"):
+        list(DataLoader(_Probe(), batch_size=4, num_workers=2, worker_init_fn=bad_init))
+
+
+def test_a_dead_worker_is_an_error_not_a_hang():
+    _Probe.die = True
+    try:
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="exited unexpectedly with exit code 3"):
+            list(DataLoader(_Probe(), batch_size=4, num_workers=2))
+        assert time.monotonic() - start < 20
+    finally:
+        _Probe.die = False
+
+
+class _Slow(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        time.sleep(3)
+        return np.float32(i)
+
+
+def test_worker_timeout():
+    with pytest.raises(RuntimeError, match="timed out after 1 seconds"):
+        list(DataLoader(_Slow(), batch_size=2, num_workers=1, timeout=1))
+
+
+def test_iterable_dataset_with_workers_loads_in_the_main_process():
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(np.arange(6, dtype=np.float32))
+    with pytest.warns(UserWarning, match="main process"):
+        loader = DataLoader(Stream(), batch_size=3, num_workers=2)
+    np.testing.assert_array_equal(np.concatenate([b.numpy() for b in loader]), np.arange(6))
+
+
+def test_a_batch_that_cannot_cross_processes_is_an_error_not_a_hang():
+    ds = TensorDataset(*_arrays(8))
+    loader = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=lambda s: (lambda: s))
+    with pytest.raises(Exception, match="sending a batch"):
+        list(loader)

@@ -10,8 +10,10 @@ the C backend), so a batch costs one host gather per field and no tensor per sam
 `TensorDataset` (or a `Subset` of one) is gathered with one fancy index per field.
 
 Where zyx differs from torch:
-- `num_workers > 0` loads in the calling process (a warning says so): there are no
-  worker processes.
+- `num_workers > 0` loads map-style datasets in worker processes (zyx/utils/workers.py
+  says how: torch's seeding, worker_init_fn, errors and dead workers); workers send
+  host arrays and the main process makes the tensors. An IterableDataset still loads in
+  the calling process (a warning says so).
 - `generator=` takes a `numpy.random.Generator` or an int seed. Without one, each epoch's
   order is drawn from zyx's global generator, so `zyx.manual_seed(s)` fixes every order.
 - Python floats collate to float64 and ints to int64, as torch's default_collate.
@@ -27,9 +29,13 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from . import workers
+from .workers import get_worker_info
+
 __all__ = ["Dataset", "IterableDataset", "TensorDataset", "Subset", "ConcatDataset",
            "DataLoader", "Sampler", "SequentialSampler", "RandomSampler", "BatchSampler",
-           "SubsetRandomSampler", "random_split", "default_collate", "default_convert"]
+           "SubsetRandomSampler", "random_split", "default_collate", "default_convert",
+           "get_worker_info"]
 
 
 def _zyx():
@@ -303,21 +309,45 @@ def _to_tensor(arr: np.ndarray):
     return _zyx().from_numpy(arr)
 
 
-def _stack_field(samples):
-    """Samples of one field (arrays, tensors or numbers) -> one zyx tensor."""
+def _stack_field(samples, make):
+    """Samples of one field (arrays, tensors or numbers) -> one stacked array, made into
+    what `make` makes of it (a zyx tensor; in a worker, a workers.Host)."""
     first = samples[0]
     if isinstance(first, bool):
-        return _to_tensor(np.array(samples, dtype=np.bool_))
+        return make(np.array(samples, dtype=np.bool_))
     if isinstance(first, numbers.Integral) and not isinstance(first, np.generic):
-        return _to_tensor(np.array(samples, dtype=np.int64))
+        return make(np.array(samples, dtype=np.int64))
     if isinstance(first, numbers.Real) and not isinstance(first, np.generic):
-        return _to_tensor(np.array(samples, dtype=np.float64))
+        return make(np.array(samples, dtype=np.float64))
     arrays = [_host_array(s) for s in samples]
     shapes = {a.shape for a in arrays}
     if len(shapes) != 1:
         raise RuntimeError(f"stack expects each tensor to be equal size, but got shapes "
                            f"{sorted(shapes)} in one batch")
-    return _to_tensor(np.stack(arrays))
+    return make(np.stack(arrays))
+
+
+def _collate(batch, make):
+    """default_collate with `make` turning each stacked array into the batch's leaf."""
+    first = batch[0]
+    if _is_tensor(first) or isinstance(first, (np.ndarray, np.generic, numbers.Number)):
+        return _stack_field(batch, make)
+    if isinstance(first, (str, bytes)):
+        return list(batch)
+    if isinstance(first, Mapping):
+        fields = {k: _collate([s[k] for s in batch], make) for k in first}
+        try:
+            return type(first)(fields)
+        except TypeError:
+            return fields
+    if isinstance(first, tuple) and hasattr(first, "_fields"):       # namedtuple
+        return type(first)(*(_collate(list(f), make) for f in zip(*batch)))
+    if isinstance(first, Sequence):
+        if any(len(s) != len(first) for s in batch):
+            raise RuntimeError("each element in list of batch should be of equal size")
+        return [_collate(list(f), make) for f in zip(*batch)]
+    raise TypeError(f"default_collate: batch must contain tensors, numpy arrays, numbers, "
+                    f"dicts or lists; found {type(first).__name__}")
 
 
 def default_collate(batch):
@@ -325,41 +355,79 @@ def default_collate(batch):
     and numbers are stacked into a zyx tensor with a new first dimension; dicts, tuples
     and lists are collated field by field (tuples and lists come back as lists, namedtuples
     as namedtuples); strings stay a list."""
-    first = batch[0]
-    if _is_tensor(first) or isinstance(first, (np.ndarray, np.generic, numbers.Number)):
-        return _stack_field(batch)
-    if isinstance(first, (str, bytes)):
-        return list(batch)
-    if isinstance(first, Mapping):
-        fields = {k: default_collate([s[k] for s in batch]) for k in first}
-        try:
-            return type(first)(fields)
-        except TypeError:
-            return fields
-    if isinstance(first, tuple) and hasattr(first, "_fields"):       # namedtuple
-        return type(first)(*(default_collate(list(f)) for f in zip(*batch)))
-    if isinstance(first, Sequence):
-        if any(len(s) != len(first) for s in batch):
-            raise RuntimeError("each element in list of batch should be of equal size")
-        return [default_collate(list(f)) for f in zip(*batch)]
-    raise TypeError(f"default_collate: batch must contain tensors, numpy arrays, numbers, "
-                    f"dicts or lists; found {type(first).__name__}")
+    return _collate(batch, _to_tensor)
+
+
+def _convert(data, make):
+    """default_convert with `make` turning each array into the leaf."""
+    if _is_tensor(data):
+        return data
+    if isinstance(data, (np.ndarray, np.generic)):
+        return make(np.asarray(data))
+    if isinstance(data, Mapping):
+        return type(data)({k: _convert(v, make) for k, v in data.items()})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_convert(v, make) for v in data))
+    if isinstance(data, (list, tuple)):
+        return [_convert(v, make) for v in data]
+    return data
 
 
 def default_convert(data):
     """What batch_size=None yields: numpy arrays and numbers become zyx tensors, containers
     are converted element by element."""
+    return _convert(data, _to_tensor)
+
+
+# -- what worker processes run (workers.run pickles these by name) --------------------------
+def _to_host(data):
+    """A batch made in a worker, its zyx tensors as host arrays (workers.Host)."""
     if _is_tensor(data):
-        return data
-    if isinstance(data, (np.ndarray, np.generic)):
-        return _to_tensor(np.asarray(data))
+        return workers.Host(data.numpy())
     if isinstance(data, Mapping):
-        return type(data)({k: default_convert(v) for k, v in data.items()})
+        return type(data)({k: _to_host(v) for k, v in data.items()})
     if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(default_convert(v) for v in data))
+        return type(data)(*(_to_host(v) for v in data))
     if isinstance(data, (list, tuple)):
-        return [default_convert(v) for v in data]
+        return type(data)(_to_host(v) for v in data)
     return data
+
+
+def _from_host(data):
+    """A batch a worker sent, its workers.Host arrays made zyx tensors."""
+    if isinstance(data, workers.Host):
+        return _to_tensor(data.array)
+    if isinstance(data, Mapping):
+        return type(data)({k: _from_host(v) for k, v in data.items()})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_from_host(v) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(_from_host(v) for v in data)
+    return data
+
+
+def _worker_batch(job, arg):
+    """One task in a worker: the batch of `arg` (its indices, or one index where the
+    loader does not batch) with host arrays. `job`: (dataset, collate_fn or None for the
+    default, whether the loader batches), given to the worker once when it starts."""
+    dataset, collate_fn, batched = job
+    if not batched:
+        sample = dataset[arg]
+        return _to_host(collate_fn(sample)) if collate_fn else _convert(sample, workers.Host)
+    if collate_fn is None and isinstance(dataset, Dataset):
+        arrays = dataset._gather_arrays(arg)
+        if arrays is not None:
+            return [workers.Host(a) for a in arrays]
+    if hasattr(dataset, "__getitems__"):
+        samples = dataset.__getitems__(arg)
+    else:
+        samples = [dataset[i] for i in arg]
+    return _to_host(collate_fn(samples)) if collate_fn else _collate(samples, workers.Host)
+
+
+def _seed_worker(seed):
+    """A worker's zyx generator, seeded as torch seeds its own in each worker."""
+    _zyx().manual_seed(seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,11 +447,21 @@ class DataLoader:
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
                              "disable multiprocessing.")
-        if num_workers > 0:
-            warnings.warn("zyx DataLoader has no worker processes: num_workers="
-                          f"{num_workers} loads in the main process", stacklevel=2)
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers > 0 and isinstance(dataset, IterableDataset):
+            warnings.warn("zyx DataLoader loads an IterableDataset in the main process: "
+                          f"num_workers={num_workers} is ignored", stacklevel=2)
+        if prefetch_factor is not None and (num_workers == 0 or prefetch_factor < 1):
+            raise ValueError("prefetch_factor option could only be specified in "
+                             "multiprocessing. let num_workers > 0 to enable multiprocessing, "
+                             "otherwise set prefetch_factor to None.")
         self.dataset = dataset
         self.num_workers = num_workers
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.prefetch_factor = prefetch_factor if prefetch_factor is not None else 2
         self.generator = _seeded(generator)
         self._iterable = isinstance(dataset, IterableDataset)
         if self._iterable and (shuffle or sampler is not None or batch_sampler is not None):
@@ -424,6 +502,8 @@ class DataLoader:
     def __iter__(self):
         if self._iterable:
             return self._iter_stream()
+        if self.num_workers > 0:
+            return self._iter_workers()
         if self.batch_sampler is None:
             return (self.collate_fn(self.dataset[i]) for i in self.sampler)
         return (self._fetch(indices) for indices in self.batch_sampler)
@@ -440,6 +520,18 @@ class DataLoader:
         else:
             samples = [self.dataset[i] for i in indices]
         return self.collate_fn(samples)
+
+    def _iter_workers(self):
+        """Batches loaded by worker processes (workers.run), in order."""
+        batched = self.batch_sampler is not None
+        job = (self.dataset, self.collate_fn if self._custom_collate else None, batched)
+        tasks = (list(ix) if batched else ix
+                 for ix in (self.batch_sampler if batched else self.sampler))
+        base_seed = int(_rng_of(self.generator).integers(0, 2 ** 62))
+        return workers.run(_worker_batch, job, tasks, self.num_workers, _from_host,
+                           seed=base_seed, seed_fn=_seed_worker, init_fn=self.worker_init_fn,
+                           prefetch_factor=self.prefetch_factor, timeout=self.timeout,
+                           context=self.multiprocessing_context)
 
     def _iter_stream(self):
         it = iter(self.dataset)
