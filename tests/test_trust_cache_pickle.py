@@ -120,3 +120,92 @@ def test_stale_temporaries_zyx_did_not_make_survive_the_clean_up(tmp_path):
     assert (theirs_dir / "data").read_text() == "keep" and theirs_file.read_text() == "keep"
     assert our_odd.is_dir() and link.is_symlink()
     assert (elsewhere / "precious").read_text() == "keep"
+
+
+# -- malformed JSON is ignored with a warning; a failing C compiler is named -------------
+
+DEEP = "[" * 100_000
+
+
+def test_deeply_nested_config_is_ignored_with_a_warning(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(DEEP)
+    with pytest.warns(RuntimeWarning, match="ignoring malformed config .*nested too deeply"):
+        assert backends.load_config(str(p)) == {}
+    p.write_text("{not json")
+    with pytest.warns(RuntimeWarning, match="ignoring malformed config"):
+        assert backends.load_config(str(p)) == {}
+
+
+def test_deeply_nested_schedules_are_ignored_with_a_warning_and_rewritten(tmp_path):
+    from zyx import tuning
+    probe = tuning.ScheduleStore("ident", str(tmp_path))
+    with open(probe.path, "w") as f:
+        f.write(DEEP)
+    with pytest.warns(RuntimeWarning, match="malformed autotune schedules .*nested too deeply"):
+        store = tuning.ScheduleStore("ident", str(tmp_path))
+    assert store.entries == {}
+    store.put("k", {"label": "fast"})        # rewritten, readable again
+    assert tuning.ScheduleStore("ident", str(tmp_path)).entries == {"k": {"label": "fast"}}
+
+
+def _run(tmp_path, code, env=None, config=None, timeout=180):
+    """`code` in a fresh interpreter with this checkout's zyx, a private cache and config."""
+    import json
+    import subprocess
+    cfg_home = tmp_path / "config"
+    (cfg_home / "zyx").mkdir(parents=True, exist_ok=True)
+    (cfg_home / "zyx" / "config.json").write_text(json.dumps(config or {}))
+    e = {k: v for k, v in os.environ.items()
+         if k not in ("ZYX_THREADS", "OMP_NUM_THREADS", "ZYX_CC", "CC", "ZYX_DEBUG", "ZYX_DEVICE")}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    e.update(XDG_CACHE_HOME=str(tmp_path / "cache"), XDG_CONFIG_HOME=str(cfg_home),
+             PYTHONPATH=root + os.pathsep + e.get("PYTHONPATH", ""))
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=e, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _script(tmp_path, name, body):
+    p = tmp_path / name
+    p.write_text("#!/bin/sh\n" + body)
+    p.chmod(0o755)
+    return str(p)
+
+
+def _pocl():
+    return os.path.exists("/etc/OpenCL/vendors/pocl.icd")
+
+
+needs_linux_cc = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not any(
+        os.path.exists(os.path.join(d, "cc")) for d in os.environ.get("PATH", "").split(":")),
+    reason="needs a C compiler on Linux")
+
+
+@needs_linux_cc
+@pytest.mark.parametrize("compiler", ["/bin/false", "exits 0, writes nothing"])
+def test_a_failing_c_compiler_is_named_in_a_warning(tmp_path, compiler):
+    cc = compiler if compiler.startswith("/") else _script(tmp_path, "silentcc", "exit 0\n")
+    code = "import zyx; print('DEVICES', zyx.devices())"
+    r = _run(tmp_path, code, env={"ZYX_CC": cc},
+             config=None if _pocl() else {"dummy": {"enabled": True}})
+    assert "the C backend is off" in r.stderr and cc in r.stderr, r.stderr
+    reason = "exit status 1" if compiler == "/bin/false" else "exited 0 but wrote no library"
+    assert reason in r.stderr, r.stderr
+    if _pocl():
+        assert r.returncode == 0 and "DEVICES" in r.stdout, r.stderr
+
+
+@needs_linux_cc
+def test_junk_library_from_the_compiler_leaves_no_exception_in_del(tmp_path):
+    # the probe builds (real compiler), the plan's library is never written
+    cc = _script(tmp_path, "planless", 'for a in "$@"; do case "$a" in *.c) src="$a";; esac; done\n'
+                 'if [ -n "$src" ] && grep -q zyx_plan "$src"; then exit 0; fi\nexec cc "$@"\n')
+    code = ("import numpy as np, zyx\n"
+            "try:\n    (zyx.Tensor(np.ones(4, np.float32)) * 2).numpy()\n"
+            "except Exception as e:\n    print('RAISED', type(e).__name__, e)\n")
+    r = _run(tmp_path, code, env={"ZYX_CC": cc},
+             config={n: {"enabled": False} for n in ("opencl", "cuda", "hip")})
+    assert "RAISED BackendError" in r.stdout and "no loadable library" in r.stdout, (r.stdout, r.stderr)
+    assert "Exception ignored" not in r.stderr, r.stderr

@@ -82,19 +82,25 @@ def config_path():
 
 
 def load_config(path=None, debug=0) -> dict:
-    """Read the JSON config; a missing or malformed file gives the defaults ({})."""
+    """Read the JSON config; a missing file gives the defaults ({}), and so does a
+    malformed one (not JSON, not an object, nested too deeply for the parser, unreadable),
+    with a warning naming it and why."""
     path = path or config_path()
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             cfg = json.load(f)
         if not isinstance(cfg, dict):
             raise ValueError("top level is not an object")
         return cfg
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
-        if debug & 1:
-            print(f"zyx: ignoring malformed config {path}: {e}", file=sys.stderr)
+    except (OSError, ValueError, RecursionError) as e:
+        # RecursionError: "[[[[..." deeper than the parser recurses; ValueError covers
+        # JSONDecodeError and UnicodeDecodeError
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        if isinstance(e, OSError):
+            reason = e.strerror or str(e)
+        warn(f"zyx: ignoring malformed config {path} ({reason[:200]}); using the defaults")
         return {}
 
 
