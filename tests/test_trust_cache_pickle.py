@@ -209,3 +209,99 @@ def test_junk_library_from_the_compiler_leaves_no_exception_in_del(tmp_path):
              config={n: {"enabled": False} for n in ("opencl", "cuda", "hip")})
     assert "RAISED BackendError" in r.stdout and "no loadable library" in r.stdout, (r.stdout, r.stderr)
     assert "Exception ignored" not in r.stderr, r.stderr
+
+
+# -- tensors pickle as torch's do ----------------------------------------------------------
+
+def _roundtrip(t):
+    import pickle
+    return pickle.loads(pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int8", "int32",
+                                   "int64", "uint8", "uint64", "bool"])
+@pytest.mark.parametrize("shape", [(), (0,), (2, 0, 3), (5,), (3, 4)])
+def test_tensor_pickle_round_trip_keeps_values_dtype_shape_device(dtype, shape):
+    import numpy as np
+    import zyx
+    rng = np.random.default_rng(0)
+    vals = rng.standard_normal(shape) * 7
+    if dtype == "bool":
+        vals = vals > 0
+    elif dtype.startswith("u"):
+        vals = np.abs(vals)
+    t = zyx.Tensor(vals, dtype=dtype) * 1 if dtype != "bool" else zyx.Tensor(vals, dtype=dtype)
+    u = _roundtrip(t)
+    assert type(u) is zyx.Tensor and u.dtype == t.dtype and u.shape == t.shape
+    assert str(u.device) == str(t.device) and not u.requires_grad
+    np.testing.assert_array_equal(u.numpy(), t.numpy())
+
+
+def test_bfloat16_pickles_exactly():
+    import numpy as np
+    import zyx
+    t = zyx.Tensor(np.array([1.5, -3.25, 1e-3, 3e38, -0.0, 65504.0], np.float32), dtype="bfloat16")
+    u = _roundtrip(t)
+    assert u.dtype == zyx.bfloat16
+    np.testing.assert_array_equal(u.numpy(), t.numpy())
+
+
+def test_requires_grad_and_parameters_survive_pickling():
+    import numpy as np
+    import zyx
+    import zyx.nn as nn
+    x = zyx.Tensor(np.ones(3, np.float32), requires_grad=True)
+    y = _roundtrip(x * 2)                  # a non-leaf comes back as a leaf, as in torch
+    assert y.requires_grad and y.tolist() == [2.0, 2.0, 2.0]
+    y.sum().backward()
+    np.testing.assert_array_equal(y.grad.numpy(), np.ones(3, np.float32))
+    p = _roundtrip(nn.Parameter(zyx.ones(2, 2)))
+    assert p.requires_grad and p.numpy().tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    import copy
+    c = copy.deepcopy(x)
+    assert c is not x and c.requires_grad and c.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_unpickling_onto_a_missing_device_names_it():
+    import pickle
+    import numpy as np
+    import zyx
+    from zyx.errors import BackendError
+
+    class Foreign:          # what a process with a cuda:7 would have pickled
+        def __reduce__(self):
+            return zyx.Tensor, (np.ones(2, np.float32), "float32", False, "cuda:7")
+    data = pickle.dumps(Foreign())
+    with pytest.raises(BackendError, match="cuda:7"):
+        pickle.loads(data)
+
+
+SPAWN = """
+import multiprocessing as mp, numpy as np, zyx
+
+def child(inq, outq):
+    t = inq.get(timeout=60)
+    outq.put((t * 2, t.dtype.name, t.requires_grad, str(t.device)))
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    inq, outq = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=child, args=(inq, outq))
+    p.start()
+    inq.put(zyx.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), requires_grad=True))
+    doubled, dtype, rg, dev = outq.get(timeout=90)
+    p.join(30)
+    assert p.exitcode == 0, p.exitcode
+    assert doubled.numpy().tolist() == [[0, 2, 4], [6, 8, 10]] and dtype == "float32" and rg
+    assert dev == "cpu", dev
+    print("RESULT OK")
+"""
+
+
+@needs_linux_cc
+def test_tensor_crosses_a_spawn_queue(tmp_path):
+    script = tmp_path / "spawn_queue.py"
+    script.write_text(SPAWN)
+    r = _run(tmp_path, f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
+             config={n: {"enabled": False} for n in ("opencl", "cuda", "hip")}, timeout=150)
+    assert r.returncode == 0 and "RESULT OK" in r.stdout, (r.stdout, r.stderr[-3000:])
