@@ -199,7 +199,7 @@ def test_interrupted_compile_leaves_no_temporaries_nor_compiler(tmp_path):
 
 
 def test_temporaries_of_a_killed_process_are_removed_later(tmp_path):
-    stale = tmp_path / "cache" / "zyx" / "tmp-killed"
+    stale = tmp_path / "cache" / "zyx" / "tmp-k1lled_0"   # a name mkdtemp gives
     stale.mkdir(parents=True, mode=0o700)
     (stale / "k.c").write_text("void f(void) {}")
     hours_ago = time.time() - 7200

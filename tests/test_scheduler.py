@@ -59,7 +59,8 @@ def test_malformed_config_gives_defaults(tmp_path, monkeypatch):
     p.parent.mkdir()
     p.write_text("{not json")
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
-    assert load_config() == {}
+    with pytest.warns(RuntimeWarning, match="ignoring malformed config"):
+        assert load_config() == {}
     p.write_text(json.dumps({"c": {"threads": 1}}))
     assert load_config() == {"c": {"threads": 1}}
 

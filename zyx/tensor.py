@@ -298,6 +298,17 @@ class Tensor(_TB.TensorBase):
         a = self.numpy()
         return a if dtype is None else a.astype(dtype)
 
+    def __reduce_ex__(self, protocol):
+        """Pickling (multiprocessing queues, copy.deepcopy), as torch pickles a tensor: its
+        values (computed now), dtype (bfloat16 travels as float32, which holds every
+        bfloat16 exactly), device name and requires_grad; rebuilt by `Tensor(...)` as a
+        leaf (a non-leaf's graph and any .grad are not kept, as in torch). An nn.Parameter
+        is a Tensor with requires_grad=True and comes back as one. Unpickled onto the same
+        device name; where that device does not exist the load raises BackendError naming
+        it and the devices found (torch likewise refuses to unpickle a CUDA tensor without
+        CUDA rather than move it silently): move the tensor with .cpu() before pickling."""
+        return (Tensor, (self.numpy(), self.dtype.name, self.requires_grad, str(self.device)))
+
     def __repr__(self):
         return f"Tensor({np.array2string(self.numpy(), separator=', ')}, dtype={self.dtype.name})"
 

@@ -21,7 +21,8 @@ seconds (the heuristic's is always timed).
 Results are kept per device identity (backend, device name, compiler and its version,
 flags, CPU) in `<cache dir>/schedules/<hash>.json`: a second process, or a second run of a
 training script, searches nothing. Deleting the files is safe. An entry is used only when
-its label names one of the kernel's current candidates; anything unreadable is ignored.
+its label names one of the kernel's current candidates; anything unreadable is ignored
+(a malformed file with a warning) and rewritten.
 
 Turn it on with `zyx.autotune()` (or ZYX_AUTOTUNE=1, or the config file's
 `"autotune": {"enabled": true}`); plans built before are dropped so the next realization
@@ -91,16 +92,25 @@ class ScheduleStore:
         self.save_enabled = save
         name = hashlib.sha256(identity.encode()).hexdigest()[:24] + ".json"
         self.path = os.path.join(directory or os.path.join(cache_dir(), "schedules"), name)
-        self.entries = self._read()
+        self.entries = self._read(complain=True)
 
-    def _read(self):
+    def _read(self, complain=False):
+        """The entries of the file ({} when missing, of another identity or schema, or
+        malformed: then searched again and rewritten; `complain`: with a warning)."""
         try:
-            with open(self.path) as f:
+            with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError, UnicodeDecodeError):
-            return {}            # corrupt or unreadable: searched again, rewritten
+        except (OSError, ValueError, RecursionError) as e:
+            # ValueError: not JSON or not UTF-8; RecursionError: nested deeper than the
+            # parser recurses ("[[[[...")
+            if complain:
+                why = "nested too deeply" if isinstance(e, RecursionError) else \
+                    ((e.strerror if isinstance(e, OSError) else None) or str(e))[:200]
+                warn(f"zyx: ignoring malformed autotune schedules {self.path} ({why}); "
+                     f"kernels are tuned again")
+            return {}
         if not isinstance(data, dict) or data.get("schema") != SCHEMA \
                 or data.get("identity") != self.identity \
                 or not isinstance(data.get("entries"), dict):

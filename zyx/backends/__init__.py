@@ -82,19 +82,25 @@ def config_path():
 
 
 def load_config(path=None, debug=0) -> dict:
-    """Read the JSON config; a missing or malformed file gives the defaults ({})."""
+    """Read the JSON config; a missing file gives the defaults ({}), and so does a
+    malformed one (not JSON, not an object, nested too deeply for the parser, unreadable),
+    with a warning naming it and why."""
     path = path or config_path()
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             cfg = json.load(f)
         if not isinstance(cfg, dict):
             raise ValueError("top level is not an object")
         return cfg
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
-        if debug & 1:
-            print(f"zyx: ignoring malformed config {path}: {e}", file=sys.stderr)
+    except (OSError, ValueError, RecursionError) as e:
+        # RecursionError: "[[[[..." deeper than the parser recurses; ValueError covers
+        # JSONDecodeError and UnicodeDecodeError
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        if isinstance(e, OSError):
+            reason = e.strerror or str(e)
+        warn(f"zyx: ignoring malformed config {path} ({reason[:200]}); using the defaults")
         return {}
 
 
@@ -130,18 +136,43 @@ def cache_dir() -> str:
 
 def _untrusted_reason(d):
     """Why directory `d` cannot hold the kernel cache (None when it can), creating it
-    when missing (mode 0700: the umask can only take bits away from it)."""
+    when missing (mode 0700: the umask can only take bits away from it).
+
+    `d` itself is examined with lstat, so a symbolic link is judged as a link: one that
+    another user owns is refused (someone else chose where zyx would write and load
+    from, and can re-point it at any time), and so is one of ours whose target is missing
+    or fails the checks a directory does (owned by this user, not group/world-writable).
+    A link of ours to a directory of ours is accepted: only this user could have made it
+    and only this user can change it or what it points at, exactly as for the directory
+    itself (e.g. ~/.cache/zyx linked to a larger disk)."""
     try:
         os.makedirs(d, mode=0o700, exist_ok=True)
-        st = os.stat(d)      # a symlink to a directory of ours elsewhere is fine
+    except FileExistsError:
+        pass       # a dangling symbolic link or a file in the way: examined below
     except OSError as e:
         return f"cannot create it ({e.strerror})"
+    try:
+        st = os.lstat(d)
+    except OSError as e:
+        return f"cannot examine it ({e.strerror})"
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    what = "it"
+    if stat.S_ISLNK(st.st_mode):
+        if uid is not None and st.st_uid != uid:
+            return f"it is a symbolic link owned by uid {st.st_uid}, not by this user"
+        target = "?"
+        try:
+            target = os.readlink(d)
+            st = os.stat(d)
+        except OSError as e:
+            return f"it is a symbolic link to a missing or unreachable {target!r} ({e.strerror})"
+        what = f"the symbolic link's target {os.path.realpath(d)}"
     if not stat.S_ISDIR(st.st_mode):
-        return "it is not a directory"
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        return f"it is owned by uid {st.st_uid}, not by this user"
+        return f"{what} is not a directory"
+    if uid is not None and st.st_uid != uid:
+        return f"{what} is owned by uid {st.st_uid}, not by this user"
     if st.st_mode & 0o022:
-        return f"it is group- or world-writable (mode {stat.S_IMODE(st.st_mode):o})"
+        return f"{what} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):o})"
     return None
 
 

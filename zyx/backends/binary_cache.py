@@ -18,13 +18,15 @@ directory, and cache_dir makes sure no one else can.
 A cache given `max_bytes` keeps its binaries under that many bytes: past it the least
 recently used (by access time, which loading sets) go first, down to 3/4 of it. Temporary
 files and directories (`tmp-*`) left by a process killed while writing are removed an
-hour later.
+hour later: only those zyx makes (this user's, named as tempfile names them).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -33,6 +35,8 @@ from ..files import write_atomic
 from . import cache_dir, warn
 
 STALE_S = 3600     # a temporary this old was left by a killed process
+# the names tempfile.mkdtemp/mkstemp(prefix="tmp-") give (BinaryCache.workdir, write_atomic)
+_TEMP_NAME = re.compile(r"tmp-[a-z0-9_]{8}")
 
 
 def cache_key(*parts) -> str:
@@ -212,15 +216,26 @@ class BinaryCache:
 
     def _remove_stale_temporaries(self):
         """Temporaries (`tmp-*`: work directories, half-written files) left by a process
-        killed while compiling or writing, an hour old."""
+        killed while compiling or writing, an hour old. Only what zyx could have made is
+        touched: a name of the shape tempfile gives (`tmp-` and 8 characters), owned by this
+        user, a plain file or a directory (never a symbolic link, never followed)."""
         limit = time.time() - STALE_S
+        uid = os.getuid() if hasattr(os, "getuid") else None
         try:
             with os.scandir(self._dir()) as it:
-                for e in it:
-                    if e.name.startswith("tmp-") and e.stat(follow_symlinks=False).st_mtime < limit:
-                        if e.is_dir(follow_symlinks=False):
-                            shutil.rmtree(e.path, ignore_errors=True)
-                        else:
-                            os.unlink(e.path)
+                entries = list(it)
         except OSError:
-            pass
+            return
+        for e in entries:
+            if not _TEMP_NAME.fullmatch(e.name):
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+                if st.st_mtime >= limit or (uid is not None and st.st_uid != uid):
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                elif stat.S_ISREG(st.st_mode):
+                    os.unlink(e.path)
+            except OSError:
+                pass

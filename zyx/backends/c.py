@@ -59,15 +59,18 @@ class _Library:
     __slots__ = ("dll", "keep", "__weakref__")
 
     def __init__(self, path, keep=False):
-        self.dll = ctypes.CDLL(path)
         self.keep = keep
+        self.dll = None
+        self.dll = ctypes.CDLL(path)     # OSError: __del__ still runs, with dll None
 
     def __del__(self):
         # nothing runs in a library once no program refers to it; at exit let the
-        # process go down with its mappings
-        if not self.keep and not sys.is_finalizing():
+        # process go down with its mappings. A library that failed to load (the
+        # compiler wrote junk) has nothing to close.
+        dll = getattr(self, "dll", None)
+        if dll is not None and not getattr(self, "keep", True) and not sys.is_finalizing():
             try:
-                _ctypes.dlclose(self.dll._handle)
+                _ctypes.dlclose(dll._handle)
             except (OSError, AttributeError, TypeError):
                 pass
 

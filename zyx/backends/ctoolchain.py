@@ -199,7 +199,13 @@ class Toolchain:
                                                    DEFAULT_COMPILE_TIMEOUT_S))
         self.user_flags = _config_flags(cfg)
         self.base_flags = list(self.user_flags or DEFAULT_FLAGS)
-        self.openmp, self.mvec, native, wide, self.fingerprint = self._probe()
+        try:
+            self.openmp, self.mvec, native, wide, self.fingerprint = self._probe()
+        except BackendError as e:
+            # a compiler that is there but fails would otherwise drop the C backend
+            # silently (zyx then computes on whatever else it finds, e.g. PoCL)
+            warn(f"zyx: the C backend is off: {e}")
+            raise
         if not native:   # e.g. Apple clang < 15 rejects -march=native
             self.base_flags = [f for f in self.base_flags if f != "-march=native"]
         if wide and self.user_flags is None:
@@ -230,12 +236,12 @@ class Toolchain:
         except (OSError, ValueError):
             pass
         native = True
-        builds = self._try_compile(_PROBE_SRC, [], [])
-        if not builds and "-march=native" in self.base_flags:
+        failure = self._try_compile(_PROBE_SRC, [], [])
+        if failure and "-march=native" in self.base_flags:
             self.base_flags = [f for f in self.base_flags if f != "-march=native"]
             native = False
-            builds = self._try_compile(_PROBE_SRC, [], [])
-        if not builds:
+            failure = self._try_compile(_PROBE_SRC, [], [])
+        if failure:
             if self.user_flags is not None:   # a bad config value is no reason to give up
                 warn(f"zyx: ignoring c.flags={self.user_flags!r}: {self.cc} cannot build a "
                      f"shared library with them; using the default flags")
@@ -243,7 +249,7 @@ class Toolchain:
                 self.base_flags = list(DEFAULT_FLAGS)
                 return self._probe()
             raise BackendError(f"C backend: {self.cc} cannot build a shared library with "
-                               f"flags {self.base_flags}")
+                               f"flags {self.base_flags} ({failure})")
         # the remaining probes and the dry run are independent: run them at the same time
         runs = {"dry": (self.start([self.cc, *self.base_flags, "-###", "-E", "-x",
                                                "c", os.devnull, "-o", os.devnull]), None)}
@@ -285,9 +291,20 @@ class Toolchain:
                                      os.path.join(work, "p.so"), *libs]), work
 
     def _try_compile(self, src, extra, libs):
+        """None when `src` builds into a library; else why not (exit status and the end of
+        the compiler's output, or that it exited 0 but wrote nothing)."""
         proc, work = self._start_try(src, extra, libs)
         try:
-            return self.wait(proc)[0] == 0
+            rc, out = self.wait(proc)
+            out = " ".join(out.split())[-300:]
+            if rc != 0:
+                return f"exit status {rc}" + (f": {out}" if out else ", no output")
+            try:
+                if os.path.getsize(os.path.join(work, "p.so")) > 0:
+                    return None
+            except OSError:
+                pass
+            return "it exited 0 but wrote no library"
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
