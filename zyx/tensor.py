@@ -849,10 +849,13 @@ class Tensor(_TB.TensorBase):
         for bound in (min, max):
             if bound is not None and not isinstance(bound, Tensor):
                 check_fits(bound, dt.promote_scalar(self.dtype, bound), "clamp")
+        # where, not maximum/minimum: torch.clamp gives x the whole gradient on a bound
+        # (maximum/minimum split ties in half) and keeps x there (-0.0 stays -0.0). A NaN
+        # bound gives NaN, as torch does (x < nan alone would ignore it).
         if min is not None:
-            x = x.maximum(min)
+            x = where(_past(x, min, K.B_CMPLT), min, x)
         if max is not None:
-            x = x.minimum(max)
+            x = where(_past(x, max, K.B_CMPGT), max, x)
         return x
 
     clip = clamp
@@ -880,6 +883,17 @@ class Tensor(_TB.TensorBase):
 
     def lerp(self, end, weight):
         return self + (end - self) * weight
+
+
+def _past(x, bound, bop):
+    """Where x is past a clamp bound (bop B_CMPLT for min, B_CMPGT for max), or the bound
+    is NaN: clamp selects the bound there."""
+    if isinstance(bound, Tensor):
+        c = x._cmp(bound, bop)
+        return c | (bound != bound) if bound.dtype.is_float else c
+    if bound != bound:
+        return const_tensor(True, dt.bool_, x.shape)
+    return x._cmp(bound, bop)
 
 
 def _le(a, o):

@@ -1,0 +1,84 @@
+"""Trust II: silent wrong results at the edges -- gradients on clamp/hardtanh bounds,
+signed zeros, NaNs, invalid arguments, integer promotion. Expected values are torch's
+(checked against torch 2.13 when it is installed)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import zyx
+import zyx.nn.functional as F
+
+try:
+    import torch
+    import torch.nn.functional as TF
+except ImportError:   # the hard-coded expectations still run
+    torch = None
+
+NAN = float("nan")
+
+
+def _grad(fn, vals):
+    x = zyx.tensor(vals, requires_grad=True)
+    fn(x).sum().backward()
+    return x.grad.tolist()
+
+
+# ---------------------------------------------------------------------------------------
+# 1. gradients at the bounds: clamp passes all of it, the hardtanh family none of it
+
+BOUND_CASES = [
+    # name, zyx fn, torch fn, inputs, torch's gradient
+    ("clamp", lambda x: x.clamp(0, 1), lambda x: x.clamp(0, 1),
+     [0.0, 1.0, 0.5, 2.0, -1.0], [1.0, 1.0, 1.0, 0.0, 0.0]),
+    ("clamp_min", lambda x: x.clamp(min=0), lambda x: x.clamp(min=0), [0.0, 1.0, -1.0],
+     [1.0, 1.0, 0.0]),
+    ("clamp_max", lambda x: x.clamp(max=1), lambda x: x.clamp(max=1), [0.0, 1.0, 2.0],
+     [1.0, 1.0, 0.0]),
+    ("hardtanh", F.hardtanh, lambda x: TF.hardtanh(x), [-1.0, 1.0, 0.0, 2.0],
+     [0.0, 0.0, 1.0, 0.0]),
+    ("relu6", F.relu6, lambda x: TF.relu6(x), [0.0, 6.0, 3.0, 7.0], [0.0, 0.0, 1.0, 0.0]),
+    ("hardsigmoid", F.hardsigmoid, lambda x: TF.hardsigmoid(x), [-3.0, 3.0, 0.0],
+     [0.0, 0.0, 1.0 / 6.0]),
+    ("hardswish", F.hardswish, lambda x: TF.hardswish(x), [-3.0, 3.0, 0.0],
+     [0.0, 1.0, 0.5]),
+]
+
+
+@pytest.mark.parametrize("name,zfn,tfn,vals,want", BOUND_CASES, ids=[c[0] for c in BOUND_CASES])
+def test_bound_gradients(name, zfn, tfn, vals, want):
+    got = _grad(zfn, vals)
+    assert got == pytest.approx(want, abs=1e-6)
+    if torch is not None:
+        t = torch.tensor(vals, requires_grad=True)
+        tfn(t).sum().backward()
+        assert got == pytest.approx(t.grad.tolist(), abs=1e-6)
+
+
+def test_maximum_still_splits_ties():
+    # torch.maximum/minimum give each side half the gradient on a tie; clamp does not
+    assert _grad(lambda x: zyx.maximum(x, zyx.zeros(1)), [0.0]) == [0.5]
+    assert _grad(lambda x: zyx.minimum(x, zyx.zeros(1)), [0.0]) == [0.5]
+
+
+def test_clamp_tensor_bounds_gradients():
+    x = zyx.tensor([0.0, 1.0, -1.0, 2.0], requires_grad=True)
+    lo = zyx.zeros(4, requires_grad=True)
+    hi = zyx.ones(4, requires_grad=True)
+    zyx.clamp(x, lo, hi).sum().backward()
+    assert x.grad.tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert lo.grad.tolist() == [0.0, 0.0, 1.0, 0.0]
+    assert hi.grad.tolist() == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_clamp_values_nan_and_signed_zero():
+    r = zyx.tensor([1.0, NAN, -0.0, 3.0]).clamp(0, 2).tolist()
+    assert r[0] == 1.0 and math.isnan(r[1]) and r[3] == 2.0
+    assert r[2] == 0.0 and math.copysign(1, r[2]) == -1   # torch keeps x on a tie
+    assert all(math.isnan(v) for v in zyx.tensor([1.0, 2.0]).clamp(NAN).tolist())
+    r = zyx.tensor([1.0, 2.0]).clamp(max=zyx.tensor([NAN, 1.0])).tolist()
+    assert math.isnan(r[0]) and r[1] == 1.0
+    assert zyx.tensor([0.0, 1.0, 2.0]).clamp(1, 0).tolist() == [0.0, 0.0, 0.0]   # min > max
+    assert zyx.tensor([1, 5]).clamp(2, 3).tolist() == [2, 3]
+    assert math.isnan(F.hardtanh(zyx.tensor([NAN])).tolist()[0])
