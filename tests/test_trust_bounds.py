@@ -82,3 +82,54 @@ def test_clamp_values_nan_and_signed_zero():
     assert zyx.tensor([0.0, 1.0, 2.0]).clamp(1, 0).tolist() == [0.0, 0.0, 0.0]   # min > max
     assert zyx.tensor([1, 5]).clamp(2, 3).tolist() == [2, 3]
     assert math.isnan(F.hardtanh(zyx.tensor([NAN])).tolist()[0])
+
+
+# ---------------------------------------------------------------------------------------
+# 2. small ones: NaN in unique, 0-d iteration, invalid arguments torch refuses
+
+def test_unique_keeps_each_nan():
+    vals, inv, counts = zyx.unique(zyx.tensor([NAN, 1.0, NAN, 1.0]), return_inverse=True,
+                                   return_counts=True)
+    v = vals.tolist()
+    assert v[0] == 1.0 and len(v) == 3 and all(math.isnan(x) for x in v[1:])
+    assert inv.tolist() == [1, 0, 2, 0] and counts.tolist() == [2, 1, 1]
+    if torch is not None:
+        t = torch.unique(torch.tensor([NAN, 1.0, NAN, 1.0]))
+        assert len(t) == len(v)
+
+
+def test_iterating_a_0d_tensor_raises():
+    with pytest.raises(TypeError, match="iteration over a 0-d tensor"):
+        list(zyx.tensor(1.0))
+    assert [x.item() for x in zyx.tensor([1.0, 2.0])] == [1.0, 2.0]
+    assert [r.tolist() for r in zyx.tensor([[1, 2], [3, 4]])] == [[1, 2], [3, 4]]
+
+
+@pytest.mark.parametrize("p", [2.0, -0.5, NAN])
+def test_bernoulli_refuses_p_outside_0_1(p):
+    with pytest.raises(ValueError, match=r"expects p to be in \[0, 1\]"):
+        zyx.bernoulli(zyx.tensor([0.5]), p=p)
+    assert zyx.bernoulli(zyx.tensor([0.5, 0.5]), p=1.0).tolist() == [1.0, 1.0]
+
+
+def test_eye_refuses_negative_sizes():
+    with pytest.raises(ValueError, match="n must be greater or equal to 0, got -1"):
+        zyx.eye(-1)
+    with pytest.raises(ValueError, match="m must be greater or equal to 0, got -2"):
+        zyx.eye(2, -2)
+    assert zyx.eye(0).shape == (0, 0)
+
+
+@pytest.mark.parametrize("d", [zyx.int32, zyx.int64, zyx.uint8, zyx.bool])
+def test_int_to_negative_int_power_raises(d):
+    with pytest.raises(TypeError, match="Integers to negative integer powers are not allowed"):
+        zyx.tensor([1, 1], dtype=d) ** -1
+    with pytest.raises(TypeError, match="Integers to negative integer powers are not allowed"):
+        zyx.tensor([2, 3], dtype=d).pow(-2) if d is not zyx.bool else zyx.tensor([True]).pow(-2)
+
+
+def test_negative_powers_that_torch_allows():
+    assert (zyx.tensor([2, 3]) ** 2).tolist() == [4, 9]
+    assert (zyx.tensor([2.0]) ** -1).tolist() == [0.5]
+    assert (zyx.tensor([2]) ** -1.0).tolist() == [0.5]            # float exponent: float result
+    assert (zyx.tensor([2, 1, -1]) ** zyx.tensor(-1)).tolist() == [0, 1, -1]   # as torch

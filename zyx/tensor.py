@@ -200,6 +200,12 @@ class Tensor(_TB.TensorBase):
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    def __iter__(self):
+        # without it Python iterates by __getitem__ until IndexError: a 0-d tensor gave []
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
     @property
     def device(self):
         """The device this tensor lives on (a lazy one: where it will be computed), as a
@@ -612,6 +618,9 @@ class Tensor(_TB.TensorBase):
 
     def pow(self, o):
         if not isinstance(o, Tensor):
+            if o < 0 and not self.dtype.is_float and isinstance(o, (builtins.int, np.integer)):
+                # the kernels would give 0 (2 ** -1); torch refuses it
+                raise DTypeError("Integers to negative integer powers are not allowed.")
             check_fits(o, dt.promote_scalar(self.dtype, o), "pow")
             if o == 2:
                 return self * self
@@ -1311,6 +1320,9 @@ def linspace(start, end, steps, dtype=None, device=None) -> Tensor:
 
 def eye(n, m=None, dtype=None, device=None) -> Tensor:
     m = n if m is None else m
+    for name, k in (("n", n), ("m", m)):
+        if k < 0:
+            raise ShapeError(f"{name} must be greater or equal to 0, got {k}")
     d = dt.to_dtype(dtype) if dtype is not None else dt.float32
     r = arange(n, device=device).reshape(n, 1)
     c = arange(m, device=device).reshape(1, m)
