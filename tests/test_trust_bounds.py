@@ -133,3 +133,39 @@ def test_negative_powers_that_torch_allows():
     assert (zyx.tensor([2.0]) ** -1).tolist() == [0.5]
     assert (zyx.tensor([2]) ** -1.0).tolist() == [0.5]            # float exponent: float result
     assert (zyx.tensor([2, 1, -1]) ** zyx.tensor(-1)).tolist() == [0, 1, -1]   # as torch
+
+
+# ---------------------------------------------------------------------------------------
+# 3. promotion: uint64 with a signed integer has no integer result dtype
+
+@pytest.mark.parametrize("s", [zyx.int8, zyx.int16, zyx.int32, zyx.int64])
+def test_uint64_with_signed_int_is_refused(s):
+    u = zyx.tensor([2 ** 63], dtype=zyx.uint64)
+    i = zyx.tensor([0], dtype=s)
+    with pytest.raises(TypeError, match="promotion of uint64 with"):
+        u > i          # was int64 compare of a wrapped value: False
+    with pytest.raises(TypeError, match="promotion of uint64 with"):
+        i + u
+    if torch is not None:
+        with pytest.raises(RuntimeError, match="Promotion for uint16, uint32, uint64"):
+            torch.promote_types(torch.uint64, torch.int64)
+
+
+def test_uint64_promotions_that_hold_both():
+    u = zyx.tensor([2 ** 63], dtype=zyx.uint64)
+    assert (u > 0).tolist() == [True]
+    assert (u + zyx.tensor([1], dtype=zyx.uint8)).dtype == zyx.uint64
+    assert (u + zyx.tensor([True])).dtype == zyx.uint64
+    assert (u.cast(zyx.float64) > zyx.tensor([0], dtype=zyx.int64)).tolist() == [True]
+    assert (zyx.tensor([1], dtype=zyx.uint32) + zyx.tensor([1], dtype=zyx.int32)).dtype \
+        == zyx.int64
+
+
+def test_python_int_beyond_int64_needs_dtype():
+    with pytest.raises(OverflowError, match="does not fit in int64"):
+        zyx.tensor([2 ** 63])
+    if torch is not None:
+        with pytest.raises((RuntimeError, OverflowError, ValueError)):
+            torch.tensor([2 ** 63])
+    assert zyx.tensor([2 ** 63], dtype=zyx.uint64).item() == 2 ** 63
+    assert zyx.tensor([2 ** 63 - 1]).dtype == zyx.int64

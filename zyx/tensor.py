@@ -1096,8 +1096,12 @@ def _to_numpy(data, d):
             elif arr.dtype.kind in "iu":
                 if arr.size == 0 or _fits_int32(arr.min(), arr.max()):
                     d = dt.int32
-                else:   # numpy picked uint64 only for values int64 cannot hold
-                    d = dt.uint64 if arr.dtype == np.uint64 else dt.int64
+                elif arr.dtype == np.uint64:   # numpy picks it only for values int64 cannot hold
+                    raise ValueOverflowError(
+                        f"value {arr.max()} does not fit in int64, the widest integer dtype "
+                        f"inferred for Python ints (torch refuses it too); pass dtype=zyx.uint64")
+                else:
+                    d = dt.int64
             elif arr.dtype.kind == "b":
                 d = dt.bool_
             else:
