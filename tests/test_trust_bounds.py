@@ -169,3 +169,18 @@ def test_python_int_beyond_int64_needs_dtype():
             torch.tensor([2 ** 63])
     assert zyx.tensor([2 ** 63], dtype=zyx.uint64).item() == 2 ** 63
     assert zyx.tensor([2 ** 63 - 1]).dtype == zyx.int64
+
+
+@pytest.mark.parametrize("d", [zyx.float16, zyx.float64])
+def test_bound_gradients_other_float_dtypes(d):
+    x = zyx.tensor([0.0, 1.0, 0.5, 2.0], dtype=d, requires_grad=True)
+    x.clamp(0, 1).sum().backward()                  # int bounds on a float tensor
+    assert x.grad.tolist() == [1.0, 1.0, 1.0, 0.0]
+    x = zyx.tensor([0.0, 6.0, 3.0], dtype=d, requires_grad=True)
+    F.relu6(x).sum().backward()
+    assert x.grad.tolist() == [0.0, 0.0, 1.0]
+
+
+def test_hardtanh_family_on_int_tensors_general_path():
+    assert F.relu6(zyx.tensor([-1, 3, 9])).tolist() == [0, 3, 6]
+    assert F.hardtanh(zyx.tensor([-3, 0, 3])).tolist() == [-1.0, 0.0, 1.0]

@@ -854,13 +854,16 @@ class Tensor(_TB.TensorBase):
     def clamp(self, min=None, max=None):  # noqa: A002  (torch names)
         if min is None and max is None:
             raise ValueError("clamp needs min or max")
+        # where, not maximum/minimum: torch.clamp gives x the whole gradient on a bound
+        # (maximum/minimum split ties in half) and keeps x there (-0.0 stays -0.0). A NaN
+        # bound gives NaN, as torch does (x < nan alone would ignore it).
+        r = clamp_float_scalars(self, min, max, True)
+        if r is not None:
+            return r
         x = self
         for bound in (min, max):
             if bound is not None and not isinstance(bound, Tensor):
                 check_fits(bound, dt.promote_scalar(self.dtype, bound), "clamp")
-        # where, not maximum/minimum: torch.clamp gives x the whole gradient on a bound
-        # (maximum/minimum split ties in half) and keeps x there (-0.0 stays -0.0). A NaN
-        # bound gives NaN, as torch does (x < nan alone would ignore it).
         if min is not None:
             x = where(_past(x, min, K.B_CMPLT), min, x)
         if max is not None:
@@ -892,6 +895,32 @@ class Tensor(_TB.TensorBase):
 
     def lerp(self, end, weight):
         return self + (end - self) * weight
+
+
+def clamp_float_scalars(x, lo, hi, keep_ties):
+    """Hot path of clamp (keep_ties: x wins a tie, so it gets the gradient there) and of the
+    hardtanh family (the bound wins: no gradient on it) for a float tensor and finite
+    Python-number bounds (or None): the nodes of where(x < lo, lo, x) /
+    where(x <= lo, lo, x) built directly. None means "take the general path".
+    Internal helper shared by zyx's op modules (not in __all__)."""
+    n = _graph.get(x._id)
+    d, sh = n.dtype, n.shape
+    if d.kind != "f":
+        return None
+    for b in (lo, hi):
+        if b is not None and (type(b) is not builtins.float and type(b) is not builtins.int
+                              or b != b):
+            return None
+    for b, bop in ((lo, K.B_CMPLT), (hi, K.B_CMPGT)):
+        if b is None:
+            continue
+        c = _wrap(_graph.add(G.CONST, builtins.float(b), (), sh, d))
+        sel = _make(G.BINARY, bop, (x, c), sh, dt.bool_)
+        if not keep_ties:
+            eq = _make(G.BINARY, K.B_EQ, (x, c), sh, dt.bool_)
+            sel = _make(G.BINARY, K.B_OR, (sel, eq), sh, dt.bool_)
+        x = _make(G.WHERE, None, (sel, c, x), sh, d)
+    return x
 
 
 def _past(x, bound, bop):

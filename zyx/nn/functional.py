@@ -22,7 +22,8 @@ from .._core import kernel as K
 from .._core import replay as _replay
 from ..errors import DTypeError, ShapeError, ZyxError
 from ..runtime import RT
-from ..tensor import Tensor, const_tensor, iota, matmul_nt, rebind, watch_range, rand, where
+from ..tensor import (Tensor, clamp_float_scalars, const_tensor, iota, matmul_nt, rebind,
+                      watch_range, rand, where)
 from .init import copy_into   # in-place update of running stats (torch's copy_)
 
 __all__ = [
@@ -1275,7 +1276,8 @@ def relu(input, inplace=False):
 def _hardtanh(x, lo, hi):
     # torch's hardtanh family (hardtanh, relu6, hardsigmoid) passes no gradient on a
     # bound, where clamp passes all of it: select with <= / >= (NaN still flows through)
-    return where(x <= lo, lo, where(x >= hi, hi, x))
+    r = clamp_float_scalars(x, lo, hi, False)
+    return r if r is not None else where(x <= lo, lo, where(x >= hi, hi, x))
 
 
 def relu6(input, inplace=False):
