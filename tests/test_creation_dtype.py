@@ -60,7 +60,10 @@ def test_from_lists_and_scalars():
     assert zyx.tensor([0.1], dtype=zyx.bfloat16).item() == float(bf16_round(np.float32(0.1)))
     assert zyx.Tensor([2 ** 40]).item() == 2 ** 40
     assert zyx.Tensor([-2 ** 31, 2 ** 31 - 1]).dtype == zyx.int32
-    assert zyx.Tensor([2 ** 63]).dtype == zyx.uint64 and zyx.Tensor([2 ** 63]).item() == 2 ** 63
+    with pytest.raises(OverflowError, match="does not fit in int64"):   # torch refuses it too
+        zyx.Tensor([2 ** 63])
+    u = zyx.Tensor([2 ** 63], dtype=zyx.uint64)                       # asked for: fine
+    assert u.dtype == zyx.uint64 and u.item() == 2 ** 63
     x = zyx.Tensor(np.arange(3.0))
     assert zyx.Tensor(x).tolist() == [0.0, 1.0, 2.0]
     assert zyx.Tensor(x, dtype=zyx.int32).dtype == zyx.int32

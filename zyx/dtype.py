@@ -125,6 +125,11 @@ def _promote_same_category(a: DType, b: DType) -> DType:
     u, s = (a, b) if a.kind == "u" else (b, a)
     if s.itemsize > u.itemsize:
         return s
+    if u.itemsize == 8:
+        # no integer dtype holds both ranges: int64 would wrap values >= 2**63, so
+        # uint64(2**63) > int64(0) came out False. torch refuses the promotion too.
+        raise DTypeError(f"promotion of uint64 with {s.name} is not supported: no integer "
+                         f"dtype holds both; cast one side first (e.g. to float64 or int64)")
     return {1: int16, 2: int32, 4: int64, 8: int64}[u.itemsize]
 
 

@@ -349,7 +349,9 @@ def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=No
     occurs (return_counts). dim: unique slices along that dim. Realizes input."""
     a = _host(input)
     axis = None if dim is None else canonical_axis(dim, input.ndim)
-    vals, inverse, counts = np.unique(a, return_inverse=True, return_counts=True, axis=axis)
+    # equal_nan=False: torch keeps every NaN as a value of its own (numpy merges them)
+    vals, inverse, counts = np.unique(a, return_inverse=True, return_counts=True, axis=axis,
+                                      equal_nan=False)
     out = [_on_device_of(vals, input)]
     if return_inverse:
         shape = a.shape if axis is None else (a.shape[axis],)

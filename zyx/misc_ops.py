@@ -203,6 +203,8 @@ def bernoulli(input, p=None, *, generator=None):
     """torch.bernoulli: 1 with probability input (or p) per element, else 0, in input's
     dtype. The uniform draws come from zyx's generator; the compare is lazy."""
     probs = input if p is None else p
+    if not isinstance(probs, Tensor) and not 0 <= probs <= 1:   # NaN fails too
+        raise ValueError(f"bernoulli expects p to be in [0, 1], but got p={probs}")
     u = _tensor_module.rand(*input.shape, dtype=dt.float32 if input.dtype is not dt.float64
                             else dt.float64, device=input.device)
     return (u < probs).cast(input.dtype)

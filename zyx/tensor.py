@@ -200,6 +200,12 @@ class Tensor(_TB.TensorBase):
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    def __iter__(self):
+        # without it Python iterates by __getitem__ until IndexError: a 0-d tensor gave []
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
     @property
     def device(self):
         """The device this tensor lives on (a lazy one: where it will be computed), as a
@@ -623,6 +629,9 @@ class Tensor(_TB.TensorBase):
 
     def pow(self, o):
         if not isinstance(o, Tensor):
+            if o < 0 and not self.dtype.is_float and isinstance(o, (builtins.int, np.integer)):
+                # the kernels would give 0 (2 ** -1); torch refuses it
+                raise DTypeError("Integers to negative integer powers are not allowed.")
             check_fits(o, dt.promote_scalar(self.dtype, o), "pow")
             if o == 2:
                 return self * self
@@ -856,14 +865,20 @@ class Tensor(_TB.TensorBase):
     def clamp(self, min=None, max=None):  # noqa: A002  (torch names)
         if min is None and max is None:
             raise ValueError("clamp needs min or max")
+        # where, not maximum/minimum: torch.clamp gives x the whole gradient on a bound
+        # (maximum/minimum split ties in half) and keeps x there (-0.0 stays -0.0). A NaN
+        # bound gives NaN, as torch does (x < nan alone would ignore it).
+        r = clamp_float_scalars(self, min, max, True)
+        if r is not None:
+            return r
         x = self
         for bound in (min, max):
             if bound is not None and not isinstance(bound, Tensor):
                 check_fits(bound, dt.promote_scalar(self.dtype, bound), "clamp")
         if min is not None:
-            x = x.maximum(min)
+            x = where(_past(x, min, K.B_CMPLT), min, x)
         if max is not None:
-            x = x.minimum(max)
+            x = where(_past(x, max, K.B_CMPGT), max, x)
         return x
 
     clip = clamp
@@ -891,6 +906,43 @@ class Tensor(_TB.TensorBase):
 
     def lerp(self, end, weight):
         return self + (end - self) * weight
+
+
+def clamp_float_scalars(x, lo, hi, keep_ties):
+    """Hot path of clamp (keep_ties: x wins a tie, so it gets the gradient there) and of the
+    hardtanh family (the bound wins: no gradient on it) for a float tensor and finite
+    Python-number bounds (or None): the nodes of where(x < lo, lo, x) /
+    where(x <= lo, lo, x) built directly. None means "take the general path".
+    Internal helper shared by zyx's op modules (not in __all__)."""
+    n = _graph.get(x._id)
+    d, sh = n.dtype, n.shape
+    if d.kind != "f":
+        return None
+    for b in (lo, hi):
+        if b is not None and (type(b) is not builtins.float and type(b) is not builtins.int
+                              or b != b):
+            return None
+    for b, bop in ((lo, K.B_CMPLT), (hi, K.B_CMPGT)):
+        if b is None:
+            continue
+        c = _wrap(_graph.add(G.CONST, builtins.float(b), (), sh, d))
+        sel = _make(G.BINARY, bop, (x, c), sh, dt.bool_)
+        if not keep_ties:
+            eq = _make(G.BINARY, K.B_EQ, (x, c), sh, dt.bool_)
+            sel = _make(G.BINARY, K.B_OR, (sel, eq), sh, dt.bool_)
+        x = _make(G.WHERE, None, (sel, c, x), sh, d)
+    return x
+
+
+def _past(x, bound, bop):
+    """Where x is past a clamp bound (bop B_CMPLT for min, B_CMPGT for max), or the bound
+    is NaN: clamp selects the bound there."""
+    if isinstance(bound, Tensor):
+        c = x._cmp(bound, bop)
+        return c | (bound != bound) if bound.dtype.is_float else c
+    if bound != bound:
+        return const_tensor(True, dt.bool_, x.shape)
+    return x._cmp(bound, bop)
 
 
 def _le(a, o):
@@ -1084,8 +1136,12 @@ def _to_numpy(data, d):
             elif arr.dtype.kind in "iu":
                 if arr.size == 0 or _fits_int32(arr.min(), arr.max()):
                     d = dt.int32
-                else:   # numpy picked uint64 only for values int64 cannot hold
-                    d = dt.uint64 if arr.dtype == np.uint64 else dt.int64
+                elif arr.dtype == np.uint64:   # numpy picks it only for values int64 cannot hold
+                    raise ValueOverflowError(
+                        f"value {arr.max()} does not fit in int64, the widest integer dtype "
+                        f"inferred for Python ints (torch refuses it too); pass dtype=zyx.uint64")
+                else:
+                    d = dt.int64
             elif arr.dtype.kind == "b":
                 d = dt.bool_
             else:
@@ -1308,6 +1364,9 @@ def linspace(start, end, steps, dtype=None, device=None) -> Tensor:
 
 def eye(n, m=None, dtype=None, device=None) -> Tensor:
     m = n if m is None else m
+    for name, k in (("n", n), ("m", m)):
+        if k < 0:
+            raise ShapeError(f"{name} must be greater or equal to 0, got {k}")
     d = dt.to_dtype(dtype) if dtype is not None else dt.float32
     r = arange(n, device=device).reshape(n, 1)
     c = arange(m, device=device).reshape(1, m)

@@ -22,7 +22,8 @@ from .._core import kernel as K
 from .._core import replay as _replay
 from ..errors import DTypeError, ShapeError, ZyxError
 from ..runtime import RT
-from ..tensor import Tensor, const_tensor, iota, matmul_nt, rebind, watch_range, rand, where
+from ..tensor import (Tensor, clamp_float_scalars, const_tensor, iota, matmul_nt, rebind,
+                      watch_range, rand, where)
 from .init import copy_into   # in-place update of running stats (torch's copy_)
 
 __all__ = [
@@ -1272,8 +1273,15 @@ def relu(input, inplace=False):
     return _t(input).relu()
 
 
+def _hardtanh(x, lo, hi):
+    # torch's hardtanh family (hardtanh, relu6, hardsigmoid) passes no gradient on a
+    # bound, where clamp passes all of it: select with <= / >= (NaN still flows through)
+    r = clamp_float_scalars(x, lo, hi, False)
+    return r if r is not None else where(x <= lo, lo, where(x >= hi, hi, x))
+
+
 def relu6(input, inplace=False):
-    return _t(input).clamp(0, 6)
+    return _hardtanh(_t(input), 0, 6)
 
 
 def sigmoid(input):
@@ -1353,11 +1361,11 @@ def mish(input, inplace=False):
 
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
-    return _t(input).clamp(min_val, max_val)
+    return _hardtanh(_t(input), min_val, max_val)
 
 
 def hardsigmoid(input, inplace=False):
-    return (_float(_t(input)) * (1.0 / 6.0) + 0.5).clamp(0.0, 1.0)
+    return _hardtanh(_float(_t(input)) * (1.0 / 6.0) + 0.5, 0.0, 1.0)
 
 
 def hardswish(input, inplace=False):
