@@ -45,3 +45,69 @@ def test_lstm_batch_zero_forward_backward():
     (out.sum() + h.sum() + c.sum()).backward()
     assert x.grad.shape == (0, 5, 3)
     np.testing.assert_array_equal(m.weight_ih_l0.grad.numpy(), np.zeros((16, 3), np.float32))
+
+
+# ---------------------------------------------------------------------------------------
+# recursion: the module walks are compiled (no Python recursion check), so a module that
+# contains itself or a deep nesting overflowed the C stack. Each case runs in a subprocess
+# so that a segfault fails the test instead of killing pytest.
+
+_RECURSION_SCRIPT = """
+import sys
+import zyx
+from zyx import nn
+kind, what = sys.argv[1], sys.argv[2]
+if kind == "cycle":
+    m = nn.Sequential(nn.Linear(2, 2))
+    m.add_module("me", m)
+else:
+    m = nn.Linear(2, 2)
+    for _ in range(20000):
+        m = nn.Sequential(m)
+calls = {
+    "state_dict": lambda: m.state_dict(),
+    "load_state_dict": lambda: m.load_state_dict({}),
+    "apply": lambda: m.apply(lambda x: None),
+    "repr": lambda: repr(m),
+    "named_modules_dups": lambda: list(m.named_modules(remove_duplicate=False)),
+    "named_modules": lambda: list(m.named_modules()),
+    "parameters": lambda: list(m.parameters()),
+    "train": lambda: m.train(),
+}
+try:
+    calls[what]()
+    print("OK")
+except RecursionError:
+    print("RecursionError")
+"""
+
+
+def _walk(kind, what):
+    r = subprocess.run([sys.executable, "-c", _RECURSION_SCRIPT, kind, what],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"crashed (rc={r.returncode}): {r.stderr[-500:]}"
+    return r.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("kind", ["cycle", "deep"])
+@pytest.mark.parametrize("what", ["state_dict", "load_state_dict", "apply", "repr",
+                                  "named_modules_dups"])
+def test_recursive_module_walk_raises_recursion_error(kind, what):
+    if kind == "deep" and what == "named_modules_dups":   # iterative: a deep nesting is fine
+        assert _walk(kind, what) == "OK"
+    else:
+        assert _walk(kind, what) == "RecursionError"     # torch's error for each
+
+
+@pytest.mark.parametrize("what", ["named_modules", "parameters", "train"])
+def test_self_containing_module_deduplicated_walks(what):
+    # torch's named_modules/parameters skip a module already seen, so a cycle ends
+    assert _walk("cycle", what) == "OK"
+
+
+def test_named_modules_order_unchanged():
+    inner = nn.Sequential(nn.Linear(1, 1), nn.ReLU())
+    m = nn.Sequential(inner, nn.Sequential(nn.Linear(1, 2)), inner)
+    assert [n for n, _ in m.named_modules()] == ["", "0", "0.0", "0.1", "1", "1.0"]
+    assert [n for n, _ in m.named_modules(remove_duplicate=False)] == \
+        ["", "0", "0.0", "0.1", "1", "1.0", "2", "2.0", "2.1"]
