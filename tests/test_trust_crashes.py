@@ -111,3 +111,49 @@ def test_named_modules_order_unchanged():
     assert [n for n, _ in m.named_modules()] == ["", "0", "0.0", "0.1", "1", "1.0"]
     assert [n for n, _ in m.named_modules(remove_duplicate=False)] == \
         ["", "0", "0.0", "0.1", "1", "1.0", "2", "2.0", "2.1"]
+
+
+# ---------------------------------------------------------------------------------------
+# errors that leaked internals (ZeroDivisionError, AttributeError, a raw ValueError)
+
+def test_linear_with_zero_in_features():
+    # torch allows it (init is a no-op): the output is the bias
+    m = nn.Linear(0, 3)
+    assert m.weight.shape == (3, 0)
+    y = m(zyx.ones(2, 0))
+    np.testing.assert_allclose(y.numpy(), np.broadcast_to(m.bias.numpy(), (2, 3)))
+
+
+@pytest.mark.parametrize("kw", [{"stride": 0}, {"stride": -1}, {"dilation": 0}])
+def test_conv_non_positive_stride_or_dilation(kw):
+    from zyx.errors import InvalidArgumentError
+    m = nn.Conv2d(1, 1, 3, **kw)
+    with pytest.raises(RuntimeError, match="stride|dilation") as e:   # torch: RuntimeError
+        m(zyx.ones(1, 1, 5, 5))
+    assert isinstance(e.value, (InvalidArgumentError, ValueError))
+    with pytest.raises(RuntimeError):
+        nn.functional.max_pool2d(zyx.ones(1, 1, 4, 4), 2, **kw)
+
+
+def test_lstm_sequence_length_zero():
+    with pytest.raises(RuntimeError, match="sequence length"):   # torch: RuntimeError
+        nn.LSTM(3, 4)(zyx.ones(0, 2, 3))
+    with pytest.raises(RuntimeError, match="sequence length"):
+        nn.GRU(3, 4, batch_first=True)(zyx.ones(2, 0, 3))
+
+
+def test_einsum_equation_not_a_string():
+    with pytest.raises(TypeError, match="must be str, not int"):
+        zyx.einsum(5, zyx.ones(3))
+
+
+def test_safetensors_shape_too_large(tmp_path):
+    import json
+    import struct
+    from zyx.io.safetensors import SafetensorsError, load
+    h = json.dumps({"a": {"dtype": "F32", "shape": [0, 2 ** 64 + 5],
+                          "data_offsets": [0, 0]}}).encode()
+    p = tmp_path / "big.safetensors"
+    p.write_bytes(struct.pack("<Q", len(h)) + h)
+    with pytest.raises(SafetensorsError, match="too large"):
+        load(str(p))
