@@ -426,9 +426,9 @@ class Module:
         """Deep copies share no tensors: every tensor reachable from a module attribute is
         replaced by a fresh handle on the same value (zyx tensors are immutable values)."""
         with _Deeper("__deepcopy__"):
-            return self._deepcopy(memo)
+            return self._module_deepcopy(memo)
 
-    def _deepcopy(self, memo):
+    def _module_deepcopy(self, memo):
         for m in self.modules():
             for v in list(m.__dict__.values()) + list(m._parameters.values()) + \
                     list(m._buffers.values()):
@@ -447,9 +447,9 @@ class Module:
 
     def __repr__(self):
         with _Deeper("__repr__"):
-            return self._repr()
+            return self._module_repr()
 
-    def _repr(self):
+    def _module_repr(self):
         extra = self.extra_repr()
         lines = extra.split("\n") if extra else []
         for name, m in self._modules.items():
