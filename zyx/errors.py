@@ -47,3 +47,8 @@ class IntegerDivisionByZeroError(ZyxError, ZeroDivisionError, RuntimeError):
 class ValueOverflowError(ZyxError, OverflowError, RuntimeError):
     """A Python number does not fit the dtype it is converted to (torch: RuntimeError "value
     cannot be converted to type ... without overflow")."""
+
+
+class InvalidArgumentError(ZyxError, ValueError, RuntimeError):
+    """An argument outside its domain, such as a non-positive convolution stride (torch:
+    RuntimeError)."""

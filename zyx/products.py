@@ -252,6 +252,9 @@ def einsum(equation, *operands):
     subscripts for diagonals, '...' broadcasting, size-1 dims broadcasting). Operands may
     also be passed as one list. Lowered to products of permuted/broadcast operands summed
     over the contracted subscripts, two operands at a time, left to right."""
+    if not isinstance(equation, str):
+        raise TypeError("einsum(): argument 'equation' (position 1) must be str, not "
+                        f"{type(equation).__name__}")
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     if not operands:

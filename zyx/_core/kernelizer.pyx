@@ -1231,6 +1231,10 @@ def reshape_index(tuple dims, tuple shape, tuple src_shape):
     if a == b:  # only size-1 axes were added or removed: map the others one to one
         it = iter([dims[i] for i, d in enumerate(shape) if d != 1])
         return tuple([next(it) if d != 1 else sym.constant(0) for d in src_shape])
+    if 0 in src_shape or 0 in shape:
+        # A zero-size tensor has no element to read: any in-range index serves, and
+        # linearizing/unravelling through a size-0 axis would divide by zero.
+        return tuple([sym.constant(0) for d in src_shape])
     out = [None] * len(src_shape)
     cdef Py_ssize_t i = 0, j = 0, i0, j0
     cdef long long pa, pb

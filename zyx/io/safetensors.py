@@ -252,6 +252,12 @@ def _parse_header(pool):
         need = d.itemsize
         for s in shape:
             need *= s
+        span = d.itemsize            # an array's extent ignoring size-0 axes must be addressable
+        for s in shape:
+            span *= max(s, 1)
+        if span >= 2 ** 63:
+            raise SafetensorsError(f"{what}: shape {tuple(shape)} of {code} is too large to "
+                                   "address (more than 2**63 bytes, ignoring size-0 axes)")
         if end - begin != need:
             raise SafetensorsError(f"{what}: shape {tuple(shape)} of {code} needs {need} bytes "
                                    f"but data_offsets [{begin}, {end}] give {end - begin}")

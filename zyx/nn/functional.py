@@ -20,7 +20,7 @@ from .._core import graph as _G
 from .._core import tensorbase as _TB
 from .._core import kernel as K
 from .._core import replay as _replay
-from ..errors import DTypeError, ShapeError, ZyxError
+from ..errors import DTypeError, InvalidArgumentError, ShapeError, ZyxError
 from ..runtime import RT
 from ..tensor import (Tensor, clamp_float_scalars, const_tensor, iota, matmul_nt, rebind,
                       watch_range, rand, where)
@@ -66,6 +66,15 @@ def int_tuple(v, n: int, name: str) -> tuple:
     if len(v) != n:
         raise ShapeError(f"{name} needs {n} value(s), got {v}")
     return v
+
+
+def _check_positive(stride, dilation, what):
+    """torch's errors for a zero or negative stride or dilation (which would otherwise
+    divide by zero while sizing the output)."""
+    if any(v <= 0 for v in stride):
+        raise InvalidArgumentError(f"{what}: non-positive stride is not supported, got {stride}")
+    if any(v <= 0 for v in dilation):
+        raise InvalidArgumentError(f"{what}: dilation should be greater than zero, got {dilation}")
 
 
 def _float(x: Tensor) -> Tensor:
@@ -212,6 +221,7 @@ def _convnd(x, weight, bias, stride, padding, dilation, groups, nd, what):
                          f"and out_channels divisible by groups)")
     s = int_tuple(stride, nd, f"{what} stride")
     d = int_tuple(dilation, nd, f"{what} dilation")
+    _check_positive(s, d, what)
     pads = conv_padding(padding, k, d, s, nd, what)
     ct = dt.promote(x.dtype, w.dtype)
     x, w = x.cast(ct), w.cast(ct)
@@ -447,6 +457,7 @@ def _conv_transposend(x, weight, bias, stride, padding, output_padding, groups, 
     k = w.shape[2:]
     s = int_tuple(stride, nd, f"{what} stride")
     d = int_tuple(dilation, nd, f"{what} dilation")
+    _check_positive(s, d, what)
     p = int_tuple(padding, nd, f"{what} padding")
     op = int_tuple(output_padding, nd, f"{what} output_padding")
     for oo, ss, dd in zip(op, s, d):
@@ -512,6 +523,7 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
     k = int_tuple(kernel_size, 2, "unfold kernel_size")
     d = int_tuple(dilation, 2, "unfold dilation")
     s = int_tuple(stride, 2, "unfold stride")
+    _check_positive(s, d, "unfold")
     p = int_tuple(padding, 2, "unfold padding")
     x = x._pad([(0, 0), (0, 0)] + [(pp, pp) for pp in p])
     win = _windows(x, k, s, d)                    # (n, c, oh, ow, kh, kw)
@@ -546,6 +558,7 @@ def _pool_args(x, kernel_size, stride, padding, dilation, nd, what):
         int_tuple(stride, nd, f"{what} stride")
     p = int_tuple(padding, nd, f"{what} padding")
     d = int_tuple(dilation, nd, f"{what} dilation")
+    _check_positive(s, d, what)
     if x.ndim < nd + 1:
         raise ShapeError(f"{what} needs at least {nd + 1} dimensions, got shape {x.shape}")
     return k, s, p, d

@@ -127,6 +127,8 @@ def eye_(tensor: Tensor) -> Tensor:
 def kaiming_uniform_(tensor: Tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu",
                      generator=None) -> Tensor:
     """U(-bound, bound), bound = gain * sqrt(3 / fan) (He et al.)."""
+    if 0 in tensor.shape:  # nothing to fill, and a zero fan would divide by zero
+        return tensor
     std = calculate_gain(nonlinearity, a) / math.sqrt(_fan(tensor, mode))
     bound = math.sqrt(3.0) * std
     return uniform_(tensor, -bound, bound)
@@ -134,18 +136,24 @@ def kaiming_uniform_(tensor: Tensor, a=0.0, mode="fan_in", nonlinearity="leaky_r
 
 def kaiming_normal_(tensor: Tensor, a=0.0, mode="fan_in", nonlinearity="leaky_relu",
                     generator=None) -> Tensor:
+    if 0 in tensor.shape:  # nothing to fill, and a zero fan would divide by zero
+        return tensor
     std = calculate_gain(nonlinearity, a) / math.sqrt(_fan(tensor, mode))
     return normal_(tensor, 0.0, std)
 
 
 def xavier_uniform_(tensor: Tensor, gain=1.0, generator=None) -> Tensor:
     """U(-a, a), a = gain * sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio)."""
+    if 0 in tensor.shape:  # nothing to fill, and a zero fan would divide by zero
+        return tensor
     fan_in, fan_out = fan_in_and_fan_out(tensor)
     a = gain * math.sqrt(6.0 / (fan_in + fan_out))
     return uniform_(tensor, -a, a)
 
 
 def xavier_normal_(tensor: Tensor, gain=1.0, generator=None) -> Tensor:
+    if 0 in tensor.shape:  # nothing to fill, and a zero fan would divide by zero
+        return tensor
     fan_in, fan_out = fan_in_and_fan_out(tensor)
     return normal_(tensor, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)))
 

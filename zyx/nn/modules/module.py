@@ -7,6 +7,8 @@ with `requires_grad=True` becomes a parameter, and `register_buffer` declares a 
 from __future__ import annotations
 
 import copy
+import sys
+import threading
 from collections import OrderedDict, namedtuple
 from typing import Iterator
 
@@ -21,6 +23,30 @@ from ..init import copy_into
 __all__ = ["Module", "Parameter"]
 
 _IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+# This module is compiled, and calls between compiled functions pass no Python recursion
+# check: a module that contains itself, or a very deep nesting, would overflow the C stack
+# (a segfault) in the recursive walks below. They count their own depth and raise
+# RecursionError as torch does; the cap keeps the C stack safe under a raised recursion limit.
+_MAX_DEPTH = 8000
+_walk = threading.local()
+
+
+class _Deeper:
+    __slots__ = ("what",)
+
+    def __init__(self, what):
+        self.what = what
+
+    def __enter__(self):
+        d = getattr(_walk, "depth", 0) + 1
+        if d > min(sys.getrecursionlimit(), _MAX_DEPTH):
+            raise RecursionError(f"maximum recursion depth exceeded in Module.{self.what} "
+                                 "(does a module contain itself?)")
+        _walk.depth = d
+
+    def __exit__(self, *exc):
+        _walk.depth -= 1
 
 
 def Parameter(data=None, requires_grad=True) -> Tensor:  # noqa: N802  (torch spelling)
@@ -181,6 +207,9 @@ class Module:
 
     # -- traversal -------------------------------------------------------------------------
     def named_modules(self, memo=None, prefix: str = "", remove_duplicate: bool = True):
+        # Depth-first with an explicit stack (the order of torch's recursion), so a deep
+        # nesting cannot overflow the C stack; with remove_duplicate=False a module that
+        # contains itself would never end, and raises RecursionError as in torch.
         if memo is None:
             memo = set()
         if remove_duplicate:
@@ -188,11 +217,31 @@ class Module:
                 return
             memo.add(id(self))
         yield prefix, self
-        for name, m in self._modules.items():
-            if m is None:
-                continue
-            yield from m.named_modules(memo, prefix + ("." if prefix else "") + name,
-                                       remove_duplicate)
+        path = [id(self)]
+        on_path = {id(self)}
+        frames = [(prefix, iter(self._modules.items()))]
+        while frames:
+            pfx, it = frames[-1]
+            for name, m in it:
+                if m is None:
+                    continue
+                if remove_duplicate:
+                    if id(m) in memo:
+                        continue
+                    memo.add(id(m))
+                elif id(m) in on_path:
+                    raise RecursionError("maximum recursion depth exceeded in "
+                                         f"Module.named_modules: {type(m).__name__} "
+                                         "contains itself")
+                sub = pfx + ("." if pfx else "") + name
+                yield sub, m
+                frames.append((sub, iter(m._modules.items())))
+                path.append(id(m))
+                on_path.add(id(m))
+                break
+            else:
+                frames.pop()
+                on_path.discard(path.pop())
 
     def modules(self) -> Iterator["Module"]:
         for _, m in self.named_modules():
@@ -236,9 +285,10 @@ class Module:
             yield b
 
     def apply(self, fn) -> "Module":
-        for m in self.children():
-            m.apply(fn)
-        fn(self)
+        with _Deeper("apply"):
+            for m in self.children():
+                m.apply(fn)
+            fn(self)
         return self
 
     # -- state -----------------------------------------------------------------------------
@@ -247,6 +297,11 @@ class Module:
         Values are detached tensors (snapshots) unless keep_vars=True."""
         if destination is None:
             destination = OrderedDict()
+        with _Deeper("state_dict"):
+            self._state_dict_into(destination, prefix, keep_vars)
+        return destination
+
+    def _state_dict_into(self, destination, prefix, keep_vars):
         for name, p in self._parameters.items():
             if p is not None:
                 destination[prefix + name] = p if keep_vars else p.detach()
@@ -256,7 +311,6 @@ class Module:
         for name, m in self._modules.items():
             if m is not None:
                 m.state_dict(destination, prefix + name + ".", keep_vars)
-        return destination
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Copy values into this module's parameters and buffers (same tensor objects, new
@@ -371,6 +425,10 @@ class Module:
     def __deepcopy__(self, memo):
         """Deep copies share no tensors: every tensor reachable from a module attribute is
         replaced by a fresh handle on the same value (zyx tensors are immutable values)."""
+        with _Deeper("__deepcopy__"):
+            return self._module_deepcopy(memo)
+
+    def _module_deepcopy(self, memo):
         for m in self.modules():
             for v in list(m.__dict__.values()) + list(m._parameters.values()) + \
                     list(m._buffers.values()):
@@ -388,6 +446,10 @@ class Module:
         return ""
 
     def __repr__(self):
+        with _Deeper("__repr__"):
+            return self._module_repr()
+
+    def _module_repr(self):
         extra = self.extra_repr()
         lines = extra.split("\n") if extra else []
         for name, m in self._modules.items():

@@ -14,7 +14,7 @@ from ... import autograd
 from ..._core import replay as _replay
 from ..._core import tensorbase as _TB
 from ...runtime import RT
-from ...errors import ShapeError
+from ...errors import InvalidArgumentError, ShapeError
 from ...tensor import Tensor, cat, stack, zeros
 from .. import functional as F
 from .. import init
@@ -384,6 +384,9 @@ class RNNBase(Module):
             x = x.unsqueeze(1)
         batch_major = self.batch_first and not unbatched    # x stays (N, T, H_in)
         n = x.shape[0] if batch_major else x.shape[1]
+        if (x.shape[1] if batch_major else x.shape[0]) == 0:
+            raise InvalidArgumentError(f"{type(self).__name__}: expected sequence length to be "
+                                       f"larger than 0, got input of shape {x.shape}")
         dirs = 2 if self.bidirectional else 1
         states = self._initial_states(hx, n, unbatched, x)     # per (layer, dir)
         finals = []
