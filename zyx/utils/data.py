@@ -425,9 +425,13 @@ def _worker_batch(job, arg):
     return _to_host(collate_fn(samples)) if collate_fn else _collate(samples, workers.Host)
 
 
-def _seed_worker(seed):
-    """A worker's zyx generator, seeded as torch seeds its own in each worker."""
-    _zyx().manual_seed(seed)
+def _start_worker(seed):
+    """A worker's start: zyx's generator seeded as torch seeds its own, and zyx work in
+    the worker (a collate_fn's tensors) kept on the CPU: a GPU context does not survive
+    fork (torch's workers make CPU tensors too)."""
+    zyx = _zyx()
+    zyx.manual_seed(seed)
+    zyx.set_default_device("cpu")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,7 +533,7 @@ class DataLoader:
                  for ix in (self.batch_sampler if batched else self.sampler))
         base_seed = int(_rng_of(self.generator).integers(0, 2 ** 62))
         return workers.run(_worker_batch, job, tasks, self.num_workers, _from_host,
-                           seed=base_seed, seed_fn=_seed_worker, init_fn=self.worker_init_fn,
+                           seed=base_seed, seed_fn=_start_worker, init_fn=self.worker_init_fn,
                            prefetch_factor=self.prefetch_factor, timeout=self.timeout,
                            context=self.multiprocessing_context)
 
