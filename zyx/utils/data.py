@@ -358,19 +358,31 @@ def default_collate(batch):
     return _collate(batch, _to_tensor)
 
 
+def _walk(data, leaf, sequence=None):
+    """`data` with `leaf(x)` in place of every x `leaf` takes (it returns NotImplemented
+    for the others), through mappings, namedtuples, lists and tuples; `sequence` makes the
+    lists and tuples (None: their own type)."""
+    out = leaf(data)
+    if out is not NotImplemented:
+        return out
+    if isinstance(data, Mapping):
+        return type(data)({k: _walk(v, leaf, sequence) for k, v in data.items()})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_walk(v, leaf, sequence) for v in data))
+    if isinstance(data, (list, tuple)):
+        return (sequence or type(data))(_walk(v, leaf, sequence) for v in data)
+    return data
+
+
 def _convert(data, make):
     """default_convert with `make` turning each array into the leaf."""
-    if _is_tensor(data):
-        return data
-    if isinstance(data, (np.ndarray, np.generic)):
-        return make(np.asarray(data))
-    if isinstance(data, Mapping):
-        return type(data)({k: _convert(v, make) for k, v in data.items()})
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_convert(v, make) for v in data))
-    if isinstance(data, (list, tuple)):
-        return [_convert(v, make) for v in data]
-    return data
+    def leaf(x):
+        if _is_tensor(x):
+            return x
+        if isinstance(x, (np.ndarray, np.generic)):
+            return make(np.asarray(x))
+        return NotImplemented
+    return _walk(data, leaf, list)
 
 
 def default_convert(data):
@@ -382,28 +394,13 @@ def default_convert(data):
 # -- what worker processes run (workers.run pickles these by name) --------------------------
 def _to_host(data):
     """A batch made in a worker, its zyx tensors as host arrays (workers.Host)."""
-    if _is_tensor(data):
-        return workers.Host(data.numpy())
-    if isinstance(data, Mapping):
-        return type(data)({k: _to_host(v) for k, v in data.items()})
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_to_host(v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(_to_host(v) for v in data)
-    return data
+    return _walk(data, lambda x: workers.Host(x.numpy()) if _is_tensor(x) else NotImplemented)
 
 
 def _from_host(data):
     """A batch a worker sent, its workers.Host arrays made zyx tensors."""
-    if isinstance(data, workers.Host):
-        return _to_tensor(data.array)
-    if isinstance(data, Mapping):
-        return type(data)({k: _from_host(v) for k, v in data.items()})
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_from_host(v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(_from_host(v) for v in data)
-    return data
+    return _walk(data, lambda x: _to_tensor(x.array) if isinstance(x, workers.Host)
+                 else NotImplemented)
 
 
 def _worker_batch(job, arg):
