@@ -21,6 +21,16 @@ Torch semantics kept:
   views (advanced indexing copies in torch too), and a view re-derived after a write of its
   base is a new node, so an op recorded on the view before the write raises at backward
   (torch raises there too when that op saved the view).
+- aliases: `detach()` (and `.data`, and so `state_dict()` values) is a view of kind "data":
+  writing it writes its source, as a storage write: not recorded, the source keeps
+  requires_grad and its recorded history (a computed source's gradient passes to its
+  version before the write, op "storage_write"), and writes to the source (in-place ops,
+  and `tensor.rebind` by optimizers, load_state_dict, init: `_rebound`) re-derive it.
+  Torch's version counter is shared with the alias: an op recorded before the write that
+  read a leaf requiring grad raises at backward, as in torch.
+- shared memory: a tensor whose memory numpy (`from_numpy`) or a DLPack peer shares
+  (`tensor.share_memory`) is computed at each write and its values copied into that
+  memory (`_sync_shared`); its older node keeps the old values for lazy readers.
 - autograd: an in-place op records like its out-of-place form; the object's recorded inputs
   become the new op's. In-place on a leaf that requires grad raises unless grad mode is off
   (`with zyx.no_grad(): p -= lr * p.grad`). Ops recorded before an in-place write keep
