@@ -300,7 +300,7 @@ def _sync_shared(t, old, buf):
         old_node.buffer = own
         _graph.free_buffer(buf)      # old no longer holds it (t's new leaf does)
     _copy_buffer(node.buffer, buf)
-    if buf.event is not None:        # a GPU peer reads right after: finish the copy
+    if buf.pool.name != "host":      # a GPU peer reads on its own stream: finish the copy
         RT.synchronize(RT.device_of(t._id))
     leaf = Tensor._wrap(_graph.leaf(buf, tuple(node.shape), node.dtype))
     rebind(t, leaf, False)
