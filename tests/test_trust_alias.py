@@ -309,3 +309,48 @@ def test_dlpack_import_writes_reach_the_producer():
     assert tt[0].item() == 100.0
     tt[1] = -7.0                      # and the producer's writes reach zyx
     assert z.numpy()[1] == -7.0
+
+
+class _Peer:
+    """A DLPack producer handing on a zyx tensor's capsule (so zyx imports zyx memory on
+    any device that exports: CPU here, CUDA on a GPU machine, without torch's CUDA)."""
+
+    def __init__(self, z):
+        self.z = z
+
+    def __dlpack__(self, stream=None, **kwargs):
+        return self.z.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.z.__dlpack_device__()
+
+
+@pytest.mark.parametrize("dev", [d for d in zyx.devices() if d.type in ("cpu", "cuda")],
+                         ids=str)
+def test_dlpack_round_trip_writes_both_ways(dev):
+    z = zyx.tensor(np.arange(8, dtype=np.float32), device=dev)
+    peer = zyx.from_dlpack(_Peer(z))            # a second tensor over z's memory
+    kept = z * 1                                # lazy: must keep the values before the writes
+    z.add_(10)
+    np.testing.assert_allclose(peer.numpy(), np.arange(8) + 10)
+    peer[2:4] = 0.0
+    peer.mul_(2)
+    want = (np.arange(8) + 10) * 2
+    want[2:4] = 0
+    np.testing.assert_allclose(z.numpy(), want)
+    np.testing.assert_allclose(kept.numpy(), np.arange(8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or
+                    not any(d.type == "cuda" for d in zyx.devices()),
+                    reason="needs CUDA in both torch and zyx")
+def test_dlpack_cuda_writes_reach_torch_both_ways():
+    z = zyx.tensor(np.arange(6, dtype=np.float32), device="cuda")
+    t = torch.from_dlpack(z)
+    z.add_(10)
+    z[0] = -1.0
+    np.testing.assert_allclose(t.cpu().numpy(), [-1, 11, 12, 13, 14, 15])
+    tt = torch.arange(4, dtype=torch.float32, device="cuda")
+    z2 = zyx.from_dlpack(tt)
+    z2.mul_(3)
+    np.testing.assert_allclose(tt.cpu().numpy(), np.arange(4) * 3)
