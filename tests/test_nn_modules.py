@@ -136,10 +136,13 @@ def test_state_dict_round_trip_and_errors():
     assert res.missing_keys == [] and res.unexpected_keys == []
     assert b.conv.weight is w_before            # same tensor object, new value
     close(b(x), a(x).numpy(), 1e-6, 1e-6)
-    # the snapshot does not follow later changes of the module
+    # as in torch, state_dict values share storage with the module (they follow later
+    # changes); clone() makes a snapshot that does not
     sd = a.state_dict()
+    snap = {k: v.clone() for k, v in sd.items()}
     nn.init.zeros_(a.conv.bias)
-    assert np.abs(sd["conv.bias"].numpy()).sum() > 0
+    assert np.abs(sd["conv.bias"].numpy()).sum() == 0
+    assert np.abs(snap["conv.bias"].numpy()).sum() > 0
     # errors name the key; nothing is loaded when loading fails
     bad = dict(sd)
     del bad["conv.bias"]

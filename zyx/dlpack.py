@@ -10,6 +10,11 @@ deleter (or the capsule's destructor, if nobody consumed it) drops that referenc
 Import: the producer's memory becomes a borrowed buffer of the matching zyx device (never
 pooled, never counted); when zyx drops it the producer's deleter runs. Data that is not
 compact row-major is copied on the CPU and refused on a GPU (call .contiguous() there).
+Writes: both ways the memory stays shared for zyx's in-place ops too. An exported or
+imported tensor is registered (`tensor.share_memory`); an in-place op on it (or through
+its views and detach() aliases, or an optimizer step) is computed at once and its values
+copied into the shared memory, and the tensor goes back to a leaf over that memory, so
+the peer sees the write and zyx sees the peer's later writes (zyx/inplace.py).
 """
 from __future__ import annotations
 

@@ -21,6 +21,16 @@ Torch semantics kept:
   views (advanced indexing copies in torch too), and a view re-derived after a write of its
   base is a new node, so an op recorded on the view before the write raises at backward
   (torch raises there too when that op saved the view).
+- aliases: `detach()` (and `.data`, and so `state_dict()` values) is a view of kind "data":
+  writing it writes its source, as a storage write: not recorded, the source keeps
+  requires_grad and its recorded history (a computed source's gradient passes to its
+  version before the write, op "storage_write"), and writes to the source (in-place ops,
+  and `tensor.rebind` by optimizers, load_state_dict, init: `_rebound`) re-derive it.
+  Torch's version counter is shared with the alias: an op recorded before the write that
+  read a leaf requiring grad raises at backward, as in torch.
+- shared memory: a tensor whose memory numpy (`from_numpy`) or a DLPack peer shares
+  (`tensor.share_memory`) is computed at each write and its values copied into that
+  memory (`_sync_shared`); its older node keeps the old values for lazy readers.
 - autograd: an in-place op records like its out-of-place form; the object's recorded inputs
   become the new op's. In-place on a leaf that requires grad raises unless grad mode is off
   (`with zyx.no_grad(): p -= lr * p.grad`). Ops recorded before an in-place write keep
@@ -51,7 +61,8 @@ from ._core import tensorbase as _TB
 from . import autograd as _autograd
 from .runtime import RT
 from .tensor import Tensor, const_tensor, expand_ellipsis, rebind, broadcast_shape, iota, \
-    watch_range, INDEX_MESSAGE, where
+    watch_range, INDEX_MESSAGE, where, link_view, new_handle, shared_buffer, \
+    unshare_memory, REBIND_HOOK
 
 _tensor_mod = sys.modules["zyx.tensor"]   # `zyx.tensor` is the function
 
@@ -174,12 +185,16 @@ def _through_data(t):
 
 
 def _check_writable(t):
-    """torch refuses in-place ops on leaves that require grad while grad mode is on."""
-    if not _TB.is_recording() or (t._view is not None and _through_data(t)):
+    """torch refuses in-place ops on leaves that require grad while grad mode is on
+    (a detached alias made to require grad, `w.detach().requires_grad_()`, is such a
+    leaf; writes through an alias that does not are storage writes, never refused)."""
+    if not _TB.is_recording():
         return
-    if t.requires_grad and t._ctx is None and t._view is None:
+    if t.requires_grad and t._ctx is None and (t._view is None or t._view[1] == "data"):
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place "
                            "operation.")
+    if t._view is not None and _through_data(t):
+        return
     if t._view is not None:
         r = _root(t)
         if r.requires_grad and r._ctx is None:
@@ -209,16 +224,96 @@ def _fit(t, new):
 # ---------------------------------------------------------------------------------------
 # committing a new value
 
+_storage_write = [0]   # > 0 while a write through a detached alias reaches its source
+
+
 def _set_node(t, new):
-    """Point t at new's node; t's recorded inputs become new's (and t counts as written)."""
+    """Point t at new's node; t's recorded inputs become new's (and t counts as written).
+    Inside a storage write (through `detach()`/`.data`) a computed tensor keeps its
+    history: its gradient passes to its old version, as torch's grad_fn stays. A tensor
+    sharing numpy/DLPack memory gets its new value written there."""
     _mark_written(t, t._ctx is not None)
-    rebind(t, new)
+    buf = shared_buffer(t)
+    old = t._id
+    if buf is not None:
+        _graph.retain(old)
+    keep = _storage_write[0] and new._ctx is None and t._ctx is not None
+    prev = _old_object(t) if keep else None
+    rebind(t, new, False)
     if new._ctx is not None:
         t._ctx = new._ctx
         t.requires_grad = True
+    elif keep:
+        t._ctx = (_COMPOSITE, ("storage_write",), (prev,))
     elif t._ctx is not None:      # a computed tensor overwritten without recording
         t._ctx = None
         t.requires_grad = False
+    if buf is not None:
+        try:
+            _sync_shared(t, old, buf)
+        finally:
+            _graph.release(old)
+
+
+def _storage_write_rule(out, g, arg, srcs, need):
+    """Backward of a value written through a detached alias: the gradient goes to the
+    version before the write, as torch's unchanged grad_fn sends it."""
+    return [g if need[0] else None]
+
+
+_autograd.register_composite("storage_write", _storage_write_rule)
+
+
+def _copy_buffer(src, dst):
+    """src's bytes into dst (through host memory: any pool to any pool)."""
+    host = np.empty(dst.nbytes, dtype=np.uint8)
+    src.pool.pool_to_host(src, host, [src.event] if src.event is not None else [])
+    ev = dst.pool.host_to_pool(host, dst, [])
+    if ev is not None:
+        dst.event = ev
+
+
+def _sync_shared(t, old, buf):
+    """t shares `buf` with numpy or a DLPack peer and moved from node `old` to a new value:
+    compute the value now, write it into buf, and put t back on a leaf over buf, so the
+    peer sees every write and t sees the peer's later writes (torch's shared storage).
+    Node `old`, when something still reads it (a lazy op recorded before the write, an
+    autograd snapshot), first takes a private copy of the old values. A value of another
+    size or dtype (Module.to) ends the sharing, as torch's `.data =` would."""
+    if buf.handle is None:           # the memory was given back: nothing shares it now
+        unshare_memory(t)
+        return
+    RT.realize([t._id])
+    node = _graph.get(t._id)
+    if node.buffer is buf:
+        return
+    old_node = _graph.get(old)
+    if node.buffer is None or node.dtype is not old_node.dtype or \
+            node.buffer.nbytes != buf.nbytes:
+        unshare_memory(t)
+        return
+    with RT.lock:
+        buf.refs += 1                # the leaf made below
+    if old_node.buffer is buf and old_node.rc > 1:
+        own, _ = buf.pool.allocate(buf.nbytes)
+        _copy_buffer(buf, own)
+        old_node.buffer = own
+        _graph.free_buffer(buf)      # old no longer holds it (t's new leaf does)
+    _copy_buffer(node.buffer, buf)
+    if buf.pool.name != "host":      # a GPU peer reads on its own stream: finish the copy
+        RT.synchronize(RT.device_of(t._id))
+    leaf = Tensor._wrap(_graph.leaf(buf, tuple(node.shape), node.dtype))
+    rebind(t, leaf, False)
+
+
+def _rebound(t, old):
+    """tensor.rebind's hook (optimizer steps, load_state_dict, init, Module.to): what
+    shares t's storage follows its new value."""
+    buf = shared_buffer(t)
+    if buf is not None:
+        _sync_shared(t, old, buf)
+    if t._views:
+        _propagate(t)
 
 
 def _commit(t, new):
@@ -228,7 +323,10 @@ def _commit(t, new):
     if info is not None:
         base, kind, arg = info
         before = t._id
-        _commit(base, _write_back(_snapshot(base), kind, arg, new))
+        if kind == "data":
+            _write_storage(base, new)
+        else:
+            _commit(base, _write_back(_snapshot(base), kind, arg, new))
         if t._id == before:          # not among the base's views re-derived: do it here
             _set_node(t, _derive(base, kind, arg))
         return
@@ -238,6 +336,17 @@ def _commit(t, new):
     if was_buffer:
         _defer(t)
     _propagate(t)
+
+
+def _write_storage(base, new):
+    """A write through a detached alias (`detach()`, `.data`): base takes new's values,
+    not recorded, keeping its requires_grad and recorded history (as torch's storage)."""
+    with _autograd.no_grad():
+        _storage_write[0] += 1
+        try:
+            _commit(base, new_handle(new))
+        finally:
+            _storage_write[0] -= 1
 
 
 def _propagate(t):
@@ -271,18 +380,7 @@ def _inplace(t, compute):
 _orig = {}
 
 
-def _link(out, base, kind, arg):
-    if out is base:
-        return out
-    out._view = (base, kind, arg)
-    refs = base._views
-    if refs is None:
-        base._views = [weakref.ref(out)]
-    else:
-        refs.append(weakref.ref(out))
-        if len(refs) % 64 == 0:           # drop dead views now and then
-            base._views = [r for r in refs if r() is not None] or None
-    return out
+_link = link_view
 
 
 def _reshape_view(self, *shape):
@@ -318,7 +416,7 @@ def _derive(base, kind, arg):
     stays connected to it (recorded even under no_grad), as torch's views keep their
     grad_fn when the base is updated under no_grad."""
     if kind == "data":
-        return base.detach()
+        return new_handle(base)
     if base.requires_grad and not _TB.is_recording():
         with _autograd.enable_grad():
             return _derive_now(base, kind, arg)
@@ -350,7 +448,7 @@ def _write_back(base, kind, arg, val):
 def _data_get(self):
     """torch's `.data`: the same values, detached; in-place writes to it change this tensor
     without being recorded (`p.data.add_(-lr * p.grad)`), like torch's shared storage."""
-    return _link(self.detach(), self, "data", None)
+    return self.detach()
 
 
 def _data_set(self, value):
@@ -360,7 +458,8 @@ def _data_set(self, value):
     if value.device != self.device:
         value = value.to(self.device)
     _mark_written(self, self._ctx is not None)
-    rebind(self, value.detach())
+    unshare_memory(self)         # torch's `.data =` swaps the storage: no longer shared
+    rebind(self, value, False)
     _propagate(self)
 
 
@@ -1023,6 +1122,9 @@ def _resize_(self, *sizes, memory_format=None):
     if self._view is not None or any(r() is not None for r in self._views or ()):
         raise RuntimeError("resize_: cannot resize a view or a tensor with views; resize "
                            "a clone() instead")
+    if shared_buffer(self) is not None and shape != self.shape:
+        raise RuntimeError("Trying to resize storage that is not resizable: this tensor "
+                           "shares its memory with numpy or DLPack; resize a clone()")
     if shape == self.shape:
         return self
     n = 1
@@ -1088,6 +1190,7 @@ def _attach():
         if hasattr(Tensor, name):
             setattr(Tensor, name + "_", _functional_forms(name))
     _autograd.inplace_repair[:] = [_repair]
+    REBIND_HOOK[:] = [_rebound]
 
 
 def _inplace_neg(self):

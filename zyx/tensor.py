@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import weakref
 from typing import Sequence
 
 import numpy as np
@@ -256,7 +257,10 @@ class Tensor(_TB.TensorBase):
 
     def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
         """A DLPack capsule sharing this tensor's memory (computed first; on a GPU, after
-        the device finished what is queued, so any consumer stream sees the values)."""
+        the device finished what is queued, so any consumer stream sees the values).
+        Later in-place writes to this tensor (`z.add_(1)`, `z[0] = 5`, through views and
+        detach() too) are computed at once and written into the exported memory, so the
+        consumer (`torch.from_dlpack(z)`) sees them, as torch's shared storage would."""
         from . import dlpack
         kind, index = self.__dlpack_device__()
         if copy:
@@ -268,7 +272,9 @@ class Tensor(_TB.TensorBase):
         dev = RT.device_of(self._id)
         if kind != dlpack.KDL_CPU:
             RT.synchronize(dev)
-        return dlpack.export(RT, self._id, self.device.type, index)
+        cap = dlpack.export(RT, self._id, self.device.type, index)
+        share_memory(self)     # later in-place writes to self go into the exported memory
+        return cap
 
     def cuda(self, device=None, non_blocking=False):
         """This tensor on a CUDA device (`cuda:0` unless `device` says which)."""
@@ -342,9 +348,13 @@ class Tensor(_TB.TensorBase):
         return self
 
     def detach(self) -> "Tensor":
-        """Same values, cut from autograd."""
+        """Same values, cut from autograd, sharing this tensor's storage as in torch: an
+        in-place write to the result (or to a view of it) changes this tensor, and writes
+        to this tensor show in the result (zyx.inplace keeps the two bound; this tensor
+        keeps requires_grad and its recorded history). Use clone() for an independent
+        copy."""
         _graph.retain(self._id)
-        return _wrap(self._id)
+        return link_view(_wrap(self._id), self, "data", None)
 
     def clone(self) -> "Tensor":
         return self + 0 if not self.dtype.is_bool else self.cast(dt.bool_)
@@ -1051,17 +1061,96 @@ def check_fits(v, d, what):
                                  f"overflow: {v!r} (in {what})")
 
 
-def rebind(dst: "Tensor", src: "Tensor") -> None:
+def rebind(dst: "Tensor", src: "Tensor", sync: bool = True) -> None:
     """Point tensor object `dst` at `src`'s graph node (new node retained before the old is
     released). The object keeps its identity, so user references (model parameters held by
     an optimizer, a module's buffers) see the new value: zyx's form of an in-place update.
+    With `sync`, what shares dst's storage follows (its views and detached aliases, and
+    numpy/DLPack memory it shares: `REBIND_HOOK`, set by zyx.inplace).
     Internal helper shared by zyx's op modules (not in __all__)."""
     if dst._id == src._id:
         return
     _graph.retain(src._id)
     old = dst._id
     dst._id = src._id
+    if sync and REBIND_HOOK and (dst._views is not None or id(dst) in _SHARED):
+        REBIND_HOOK[0](dst, old)       # before the release: it may still read node `old`
     _graph.release(old)
+
+
+# zyx.inplace puts its view propagation here: hook(tensor, old node id) after `rebind`
+# moved a tensor that has views or shares external memory. (Public so that zyx.inplace can
+# set it; not part of the zyx API.)
+REBIND_HOOK = []
+
+_SHARED = {}    # id(tensor) -> (weakref, Buffer): tensors whose memory numpy/DLPack shares
+
+
+def link_view(out: "Tensor", base: "Tensor", kind, arg) -> "Tensor":
+    """Record `out` as a view of `base` (`out._view`, a weak reference in `base._views`):
+    zyx.inplace writes a view through its base and re-derives a base's views after a
+    write. Returns out.
+    Internal helper shared by zyx's op modules (not in __all__)."""
+    if out is base:
+        return out
+    out._view = (base, kind, arg)
+    refs = base._views
+    if refs is None:
+        base._views = [weakref.ref(out)]
+    else:
+        refs.append(weakref.ref(out))
+        if len(refs) % 64 == 0:           # drop dead views now and then
+            base._views = [r for r in refs if r() is not None] or None
+    return out
+
+
+def new_handle(t: "Tensor") -> "Tensor":
+    """A new tensor object on t's value that is not an alias of t (unlike detach()):
+    nothing links the two, so writing one never changes the other (zyx values are
+    immutable nodes; only the objects are rebound).
+    Internal helper shared by zyx's op modules (not in __all__)."""
+    _graph.retain(t._id)
+    return _wrap(t._id)
+
+
+def share_memory(t: "Tensor") -> "Tensor":
+    """Record that t's (leaf) buffer is memory numpy or a DLPack consumer/producer shares,
+    so that zyx.inplace writes t's later in-place updates into it. Returns t.
+    Internal helper shared by zyx's op modules (not in __all__)."""
+    buf = _graph.get(t._id).buffer
+    if buf is None:
+        return t
+    k = id(t)
+    entry = _SHARED.get(k)
+    if entry is None or entry[0]() is not t:
+        _SHARED[k] = (weakref.ref(t, _unshare_dead(k)), buf)
+    return t
+
+
+def _unshare_dead(k):
+    def cb(ref):
+        entry = _SHARED.get(k)
+        if entry is not None and entry[0] is ref:   # not a newer object with the same id
+            del _SHARED[k]
+    return cb
+
+
+def shared_buffer(t: "Tensor"):
+    """The Buffer whose memory t shares with numpy/DLPack (share_memory), or None.
+    Internal helper shared by zyx's op modules (not in __all__)."""
+    entry = _SHARED.get(id(t))
+    if entry is None or entry[0]() is not t:
+        return None
+    return entry[1]
+
+
+def unshare_memory(t: "Tensor") -> None:
+    """t no longer writes into the memory it shared (`t.data = other`, as torch swaps the
+    storage).
+    Internal helper shared by zyx's op modules (not in __all__)."""
+    entry = _SHARED.get(id(t))
+    if entry is not None and entry[0]() is t:
+        del _SHARED[id(t)]
 
 
 def expand_ellipsis(idx, ndim, used):
@@ -1214,20 +1303,26 @@ def from_numpy(arr: np.ndarray) -> Tensor:
     memory (the C backend), so writes to `arr` before the tensor is realized are seen, as
     in torch. A `backward()` through it computes at the next realization (usually
     `opt.step()`), so refill a reused batch array after the step, not between backward()
-    and step(). Falls back to a copy for other devices, non-contiguous arrays and
-    bfloat16."""
+    and step(). In-place ops on the tensor (`t.add_(1)`, `t[0] = 5`, through its views and
+    detach() too; an optimizer step on it) are computed at once and written into `arr`,
+    as torch writes the shared memory; values computed earlier from the tensor keep the
+    old ones. Falls back to a copy (nothing shared either way) for other devices,
+    non-contiguous arrays and bfloat16."""
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"from_numpy expects a numpy.ndarray, got {type(arr).__name__}")
     d = dt.from_numpy(arr.dtype)
     nid = RT.share_numpy(arr, d) if d is not dt.bfloat16 else None
-    return Tensor(arr) if nid is None else _wrap(nid)
+    return Tensor(arr) if nid is None else share_memory(_wrap(nid))
 
 
 def from_dlpack(obj) -> Tensor:
     """A tensor sharing the memory of any DLPack producer (numpy arrays, PyTorch and CuPy
     tensors...) without a copy: CPU data becomes a tensor on the "cpu" device, CUDA data
     one on the matching "cuda:<i>" device. The producer must not write to the memory while
-    zyx may still read it (as with torch.from_dlpack). Non-contiguous CPU data is copied."""
+    zyx may still read it (as with torch.from_dlpack). In-place ops on the result are
+    computed at once and written into the producer's memory, so the producer sees them
+    (torch.from_dlpack shares both ways too). Non-contiguous CPU data is copied (then
+    nothing is shared)."""
     from . import dlpack
     if isinstance(obj, Tensor):
         return obj
@@ -1249,7 +1344,7 @@ def from_dlpack(obj) -> Tensor:
             return _wrap(RT.from_numpy(arr, d, cpu[0] if cpu else None))
         if cpu[0] is not RT.device():
             RT.placed_on(cpu[0])
-        return _wrap(nid)
+        return share_memory(_wrap(nid))
     if kind in (dlpack.KDL_CUDA, dlpack.KDL_ROCM):
         name = f"{'cuda' if kind == dlpack.KDL_CUDA else 'hip'}:{builtins.int(index)}"
         dev = RT.resolve(name)
@@ -1263,7 +1358,7 @@ def from_dlpack(obj) -> Tensor:
             raise BufferError("from_dlpack: a non-contiguous GPU tensor; pass "
                               "x.contiguous()")
         RT.placed_on(dev)
-        return _wrap(RT.graph.leaf(dev.pool.borrow_device(owner), shape, d))
+        return share_memory(_wrap(RT.graph.leaf(dev.pool.borrow_device(owner), shape, d)))
     raise BufferError(f"from_dlpack: DLPack device type {kind} is not supported (cpu, "
                       "cuda and hip are)")
 

@@ -17,7 +17,7 @@ import numpy as np
 from ... import dtype as dt
 from ...errors import ShapeError, ZyxError
 from ...runtime import RT
-from ...tensor import Tensor, rebind, parse_to_args
+from ...tensor import Tensor, rebind, parse_to_args, new_handle
 from ..init import copy_into
 
 __all__ = ["Module", "Parameter"]
@@ -55,7 +55,7 @@ def Parameter(data=None, requires_grad=True) -> Tensor:  # noqa: N802  (torch sp
     A Tensor argument is not copied: a new handle on the same value is returned."""
     if data is None:
         data = np.zeros(0, np.float32)
-    t = data.detach() if isinstance(data, Tensor) else Tensor(np.asarray(data))
+    t = new_handle(data) if isinstance(data, Tensor) else Tensor(np.asarray(data))
     t.requires_grad = requires_grad
     return t
 
@@ -294,7 +294,10 @@ class Module:
     # -- state -----------------------------------------------------------------------------
     def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):
         """Parameters and persistent buffers by dotted name (torch's key names and order).
-        Values are detached tensors (snapshots) unless keep_vars=True."""
+        Values are detached aliases unless keep_vars=True (the tensors themselves): as in
+        torch they share storage with the module's tensors, so `sd["w"].copy_(v)` (or an
+        EMA loop's `v.mul_(d).add_(...)`) changes the module, and a later optimizer step or
+        load_state_dict shows in `sd`. Save a snapshot with `{k: v.clone() ...}`."""
         if destination is None:
             destination = OrderedDict()
         with _Deeper("state_dict"):
@@ -433,7 +436,7 @@ class Module:
             for v in list(m.__dict__.values()) + list(m._parameters.values()) + \
                     list(m._buffers.values()):
                 if isinstance(v, Tensor) and id(v) not in memo:
-                    c = v.detach()
+                    c = new_handle(v)     # not detach(): a copy shares no storage
                     c.requires_grad = v.requires_grad
                     memo[id(v)] = c
         new = type(self).__new__(type(self))
@@ -474,7 +477,7 @@ def _assign_cast(t: Tensor, d) -> None:
 def _move(t: Tensor, dev) -> None:
     """Rebind tensor object `t` to a copy of its value on backend device `dev`."""
     if RT.device_of(t._id) is not dev:
-        rebind(t, t.detach().to(dev))
+        rebind(t, new_handle(t).to(dev))
 
 
 def _assign_any(dst: Tensor, src: Tensor) -> None:
