@@ -1,0 +1,92 @@
+"""What every zyx.distributed backend shares: the error class, `ReduceOp`, the work handle
+returned by `async_op=True`, and the deadline loop that turns a hung peer into an error."""
+from __future__ import annotations
+
+import time
+
+from ..errors import ZyxError
+
+
+class DistributedError(ZyxError, RuntimeError):
+    """A collective failed: not initialized, ranks disagree on shapes or dtypes, or a peer
+    did not join within the process group's timeout."""
+
+
+class ReduceOp:
+    """torch.distributed.ReduceOp: how all_reduce / reduce_scatter combine the ranks'
+    values. AVG is the SUM divided by the world size (floating dtypes only)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"<ReduceOp.{self.name}>"
+
+    def __reduce__(self):
+        return (getattr, (ReduceOp, self.name))
+
+
+ReduceOp.SUM = ReduceOp("SUM")
+ReduceOp.AVG = ReduceOp("AVG")
+ReduceOp.PRODUCT = ReduceOp("PRODUCT")
+ReduceOp.MIN = ReduceOp("MIN")
+ReduceOp.MAX = ReduceOp("MAX")
+REDUCE_OPS = (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX)
+
+
+def wait_until(done, deadline, what, on_timeout):
+    """Poll `done()` until it is true; past `deadline` (time.monotonic) call
+    `on_timeout(message)`, which must raise or abort.
+
+    Spins briefly first (small collectives finish in microseconds; polling is also what
+    drives Open MPI's progress), then sleeps 0.1 ms between polls so a rank waiting on a
+    slow peer does not burn its core."""
+    spins = 0
+    while not done():
+        spins += 1
+        if spins > 200:
+            if time.monotonic() > deadline:
+                on_timeout(what)
+            time.sleep(1e-4)
+
+
+class Work:
+    """torch's work handle (`async_op=True`): `wait()` blocks until the collective has
+    finished and its result is the tensor's value (every later op on that tensor reads
+    the result); `is_completed()` polls without blocking. `finish` runs once, after the
+    transfer is complete: it assigns the result to the caller's tensors."""
+
+    def __init__(self, test, wait, finish=None):
+        self._test = test
+        self._wait = wait
+        self._finish = finish
+        self._done = False
+
+    def is_completed(self) -> bool:
+        """True once the collective has finished (wait() then returns at once)."""
+        if not self._done and self._test():
+            self._complete()
+        return self._done
+
+    def wait(self, timeout=None) -> bool:
+        """Block until done; returns True (torch's spelling). `timeout` (seconds or a
+        timedelta) overrides the process group's for this wait."""
+        if not self._done:
+            self._wait(timeout)
+            self._complete()
+        return True
+
+    def _complete(self):
+        self._done = True
+        finish, self._finish = self._finish, None
+        if finish is not None:
+            finish()
+
+
+def completed_work():
+    """A handle for work that is already done (a synchronous op asked for async_op)."""
+    w = Work(lambda: True, lambda timeout: None)
+    w._done = True
+    return w
