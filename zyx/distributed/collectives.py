@@ -234,7 +234,8 @@ def _text(row):
 def _agree(g, kind, t, op=None, root=-1):
     if not _checks[0] or g.size == 1:
         return
-    rows = g.backend.allgather_meta(_describe(kind, t, op, root))
+    rows = g.backend.allgather_meta(_describe(kind, t, op, root),
+                                    f"{kind} (its cross-rank argument check)")
     if (rows == rows[0]).all():
         return
     parts = [f"rank {r}: {_text(row)}" for r, row in enumerate(rows)]

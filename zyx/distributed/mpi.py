@@ -2,9 +2,9 @@
 
 CPU tensors (the C backend computes in host memory) are read in place: the realized
 tensor's buffer is handed to MPI as a numpy view (DLPack, no copy) and the result lands in
-a new array that the tensor is then rebound to through the in-place machinery
-(`copy_` from `zyx.from_numpy(result)`, which shares the array), so a collective costs
-no copy beyond MPI's own. Tensors on other devices go through a host copy. float16 and
+a new array that becomes the tensor's value (`work.set_value` with
+`zyx.from_numpy(result)`, which shares the array), so a collective costs no copy beyond
+MPI's own. Tensors on other devices go through a host copy. float16 and
 bfloat16 have no MPI type: they are reduced in float32 and cast back.
 
 Every wait is a nonblocking request polled against the group's deadline
@@ -20,9 +20,8 @@ import time
 import numpy as np
 
 from .. import dtype as dt
-from ..autograd import no_grad
-from ..tensor import Tensor, from_numpy
-from .work import DistributedError, ReduceOp, Work, wait_until
+from ..tensor import from_numpy
+from .work import DistributedError, ReduceOp, Work, set_value, wait_until
 
 _WIDEN = (dt.float16, dt.bfloat16)    # no MPI datatype: reduced as float32
 
@@ -44,14 +43,11 @@ def work_dtype(t):
 
 
 def assign(t, array, scale=None):
-    """Make `array` (its memory shared, not copied, on the CPU) `t`'s value through the
-    in-place machinery, so views of t and the autograd bookkeeping follow; `scale`
-    multiplies lazily (AVG), fusing into whatever reads t next."""
+    """Make `array` (its memory shared, not copied, on the CPU) `t`'s value
+    (`work.set_value`); `scale` multiplies lazily (AVG), fusing into whatever reads t
+    next."""
     src = from_numpy(np.ascontiguousarray(array).reshape(t.shape))
-    if scale is not None:
-        src = src * scale
-    with no_grad():
-        t.copy_(src)
+    set_value(t, src if scale is None else src * scale)
 
 
 class MpiBackend:
@@ -128,11 +124,11 @@ class MpiBackend:
         return None
 
     # -- metadata ----------------------------------------------------------------------------
-    def allgather_meta(self, meta: np.ndarray) -> np.ndarray:
+    def allgather_meta(self, meta: np.ndarray, what: str) -> np.ndarray:
         """Every rank's `meta` (int64 rows), waited for against the deadline."""
         out = np.empty((self.size, meta.size), dtype=np.int64)
         req = self.comm.Iallgather(meta, out)
-        self._run([req], "a collective's shape/dtype check", None, False)
+        self._run([req], what, None, False)
         return out
 
     # -- collectives on tensors ---------------------------------------------------------

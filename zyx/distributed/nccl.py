@@ -5,8 +5,8 @@ builds depend on it) or the system (`find_library("nccl")`). Every call is enque
 zyx CUDA device's one in-order stream (`device.dlpack_stream`), with the realized tensors'
 device pointers: kernels queued before a collective run before it, kernels queued after
 run after it, and data never passes through the host. A collective writes a fresh device
-buffer (a realized zero tensor) that the caller's tensor is rebound to through the in-place
-machinery (`copy_`), so views and autograd bookkeeping follow as for any in-place op.
+buffer (a realized zero tensor) that becomes the caller's tensor's value
+(`work.set_value`: torch's in-place semantics).
 
 The ranks meet through the rendezvous store (or MPI when an MPI launcher started them):
 rank 0 makes the NCCL unique id, the others read it there."""
@@ -21,10 +21,9 @@ import sys
 import numpy as np
 
 from .. import dtype as dt
-from ..autograd import no_grad
 from ..runtime import RT
 from ..tensor import Tensor, zeros
-from .work import DistributedError, ReduceOp, completed_work
+from .work import DistributedError, ReduceOp, completed_work, set_value
 
 # ncclDataType_t and ncclRedOp_t values (nccl.h)
 _DTYPES = {dt.int32: 2, dt.int64: 4, dt.float16: 6, dt.float32: 7, dt.float64: 8,
@@ -165,15 +164,14 @@ class NcclBackend:
 
     @staticmethod
     def _assign(t, src):
-        with no_grad():
-            t.copy_(src)
+        set_value(t, src)
 
     def _done(self, async_op):
         # stream order is the synchronization: later kernels on the stream run after
         return completed_work() if async_op else None
 
     # -- collectives -------------------------------------------------------------------------
-    def allgather_meta(self, meta: np.ndarray) -> np.ndarray:
+    def allgather_meta(self, meta: np.ndarray, what: str) -> np.ndarray:
         t = Tensor(meta, device=self.dev_name)
         out = self._fresh((self.size, meta.size), dt.int64)
         _check(self.lib.ncclAllGather(self._ptr(t), self._ptr(out), meta.size, 4,

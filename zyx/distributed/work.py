@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
+from ..autograd import no_grad
 from ..errors import ZyxError
+from ..tensor import rebind
 
 
 class DistributedError(ZyxError, RuntimeError):
@@ -90,3 +92,20 @@ def completed_work():
     w = Work(lambda: True, lambda timeout: None)
     w._done = True
     return w
+
+
+def set_value(t, src):
+    """Make tensor `src` (a collective's result) the value of `t`, torch's in-place
+    semantics: `t` keeps its identity and dtype. A plain tensor (no recorded history, not
+    a view, no views) is simply pointed at the result, which costs nothing and leaves no
+    trace for autograd's in-place repair; views and recorded tensors go through `copy_`
+    (zyx's in-place machinery), so their bases, views and backward follow."""
+    if src.dtype is not t.dtype:
+        src = src.cast(t.dtype)
+    if tuple(src.shape) != tuple(t.shape):
+        src = src.reshape(t.shape)
+    if t._ctx is None and t._view is None and not t._views:
+        rebind(t, src)
+    else:
+        with no_grad():
+            t.copy_(src)

@@ -91,7 +91,7 @@ class DistributedDataParallel(Module):
         for p in reversed(self._params):
             b = open_by_dtype.get(p.dtype)
             nbytes = p.numel() * p.dtype.itemsize
-            limit = _FIRST_BUCKET_BYTES if not buckets else cap
+            limit = min(_FIRST_BUCKET_BYTES, cap) if len(buckets) <= 1 else cap
             if b is None or (b.params and sum(b.sizes) * p.dtype.itemsize + nbytes > limit):
                 b = open_by_dtype[p.dtype] = _Bucket(p.dtype)
                 buckets.append(b)
