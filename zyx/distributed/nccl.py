@@ -109,7 +109,8 @@ def new_unique_id() -> bytes:
     """A fresh ncclUniqueId (made by rank 0, shared through the rendezvous)."""
     uid = UniqueId()
     _check(load_library().ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
-    return bytes(uid.internal)
+    # all 128 bytes (reading the c_char array field would stop at the first zero byte)
+    return ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))
 
 
 def _check(rc, what):
@@ -131,7 +132,7 @@ class NcclBackend:
         self.dev = RT.resolve(device)
         self.comm = ctypes.c_void_p()
         uid_s = UniqueId()
-        uid_s.internal = uid
+        ctypes.memmove(ctypes.addressof(uid_s), uid, ctypes.sizeof(uid_s))
         _check(self.lib.ncclCommInitRank(ctypes.byref(self.comm), size, uid_s, rank),
                "ncclCommInitRank")
 
