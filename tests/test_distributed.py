@@ -224,3 +224,32 @@ def test_nccl_world_size_one():
                        env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "nccl world size 1 ok" in p.stdout
+
+
+def _cuda_count():
+    try:
+        return sum(str(d).startswith("cuda") for d in zyx.devices())
+    except Exception:
+        return 0
+
+
+@pytest.mark.skipif(_cuda_count() < 2 or not _cuda_and_nccl(),
+                    reason="needs two CUDA devices and libnccl")
+def test_nccl_two_gpus_torchrun_env():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(2):
+        env = _env()
+        for k in [k for k in env if k.startswith(("OMPI_COMM_WORLD", "PMI", "PMIX"))]:
+            env.pop(k)
+        env.update(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "distributed", "nccl_ranks.py")], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
+    assert all("nccl ranks ok" in o for o in outs)
