@@ -62,10 +62,6 @@ class ProcessGroup:
         self.local_rank = local_rank
         self.timeout = timeout
 
-    def deadline(self, timeout=None) -> float:
-        """time.monotonic() past which a wait gives up."""
-        return time.monotonic() + (self.timeout if timeout is None else as_seconds(timeout))
-
 
 class State:
     """The one default process group of this process (None until init_process_group),

@@ -159,9 +159,8 @@ class NcclBackend:
         return code
 
     def _fresh(self, shape, dtype):
-        out = zeros(*shape, dtype=dtype, device=self.dev_name) if shape else \
-            zeros((), dtype=dtype, device=self.dev_name)
-        return Tensor(out).realize()
+        """A new realized tensor: its own device buffer for NCCL to write."""
+        return zeros(tuple(shape), dtype=dtype, device=self.dev_name).realize()
 
     @staticmethod
     def _assign(t, src):
