@@ -196,6 +196,15 @@ def test_rank_that_exits_fails_the_job():
 
 
 @needs_mpi
+def test_rank_that_raises_aborts_the_job():
+    rc, out, secs = mpirun(2, "failures.py", "raise", 30, timeout=120)
+    assert rc != 0, out
+    assert "rank 1 fails on purpose" in out and "rank 1 raised ValueError" in out, out
+    assert "returned without its peer" not in out
+    assert secs < 25, secs          # well before the 30 s timeout
+
+
+@needs_mpi
 def test_rank_that_hangs_times_out_with_a_clear_error():
     rc, out, secs = mpirun(2, "failures.py", "hang", 10, timeout=120)
     assert rc != 0, out

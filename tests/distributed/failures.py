@@ -1,5 +1,6 @@
 """Run under `mpirun -np 2`: how a collective fails. Usage: failures.py MODE TIMEOUT
   exit      rank 1 exits before the all_reduce: rank 0 must not hang
+  raise     rank 1 raises before the all_reduce: the job aborts at once
   hang      rank 1 never calls the all_reduce: rank 0 raises DistributedError after
             TIMEOUT seconds, naming the collective (and the job then aborts)
   mismatch  the ranks pass different shapes: every rank raises a clear DistributedError
@@ -41,6 +42,8 @@ def main(mode, timeout):
         if mode == "exit":
             sys.stdout.flush()
             os._exit(3)
+        if mode == "raise":
+            raise ValueError("rank 1 fails on purpose")
         time.sleep(10 * timeout)
     start = time.monotonic()
     try:
