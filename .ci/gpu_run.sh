@@ -23,6 +23,9 @@
 #           GEMM_VARIANTS: space-separated, default the script's) on matmul and conv2d
 #   shapes  benches/gpu_shapes.py: matmuls and convolutions beyond issue 13's shapes against
 #           torch (SHAPES_VARIANTS: space-separated ZYX_GPU_GEMM values or "plain-input")
+#   nccl    tests/test_distributed.py on the GPU: NCCL with world size 1 (communicator, every
+#           collective, a DDP step), the rest of the file beside it (mpirun cases skip
+#           without Open MPI and mpi4py)
 #   tune    benches/bench_tuning.py on CUDA: the MNIST convnet step with heuristic and with
 #           autotuned schedules, and the time the search took; then tests/test_tuning.py
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
@@ -103,6 +106,11 @@ EOF
     rows)
         $PY benches/gpu_rows_sweep.py >"$OUT/rows.txt" 2>&1
         cat "$OUT/rows.txt"
+        ;;
+    nccl)
+        $PY -m pytest -q -p no:cacheprovider -rs tests/test_distributed.py >"$OUT/nccl.log" 2>&1
+        summary nccl "$OUT/nccl.log"
+        grep -E "^(FAILED|ERROR)|nccl|NCCL" "$OUT/nccl.log" | head -20
         ;;
     tune)
         ZYX_DEVICE=cuda $PY -m pytest benches/bench_tuning.py --benchmark-only -s -q \

@@ -213,7 +213,7 @@ from . import inplace as _inplace  # noqa: E402,F401  (in-place ops, __setitem__
 # --- end autograd and optimizers ---
 
 # nn, optim, io and datasets load on first use: `import zyx` stays cheap for a first result
-_LAZY = ("nn", "optim", "io", "datasets", "examples", "utils", "cuda")
+_LAZY = ("nn", "optim", "io", "datasets", "examples", "utils", "cuda", "distributed")
 
 
 def __getattr__(name):

@@ -678,6 +678,52 @@ def _backward(self, gradient=None, retain_graph=None, create_graph=False, inputs
         RT.defer([self] + [t.grad for t, _ in new])
     if not (retain_graph if retain_graph is not None else create_graph):
         _free(visited)
+    if _post_accumulate:
+        for t, _ in new:
+            hooks = _post_accumulate.get(id(t))
+            if hooks:
+                for hook in list(hooks[1].values()):
+                    hook(t)
+
+
+# id(leaf) -> (weakref, {handle id: hook}): Tensor.register_post_accumulate_grad_hook
+_post_accumulate = {}
+
+
+class _HookHandle:
+    """What register_post_accumulate_grad_hook returns: `remove()` unregisters the hook."""
+
+    _next = [0]
+
+    def __init__(self, key):
+        self._key = key
+        self.id = _HookHandle._next[0] = _HookHandle._next[0] + 1
+
+    def remove(self):
+        entry = _post_accumulate.get(self._key)
+        if entry is not None:
+            entry[1].pop(self.id, None)
+            if not entry[1]:
+                _post_accumulate.pop(self._key, None)
+
+
+def _register_post_accumulate_grad_hook(self, hook):
+    """torch's `Tensor.register_post_accumulate_grad_hook(hook)`: `hook(tensor)` runs at
+    the end of every `backward()` that accumulated into this leaf's `.grad` (all of that
+    backward's `.grad`s are set by then; they are still lazy). Returns a handle whose
+    `remove()` unregisters it. zyx.nn.parallel.DistributedDataParallel averages
+    gradients from here."""
+    if self._ctx is not None:
+        raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf "
+                           "tensors")
+    key = id(self)
+    entry = _post_accumulate.get(key)
+    if entry is None:
+        entry = (weakref.ref(self, lambda _r, k=key: _post_accumulate.pop(k, None)), {})
+        _post_accumulate[key] = entry
+    handle = _HookHandle(key)
+    entry[1][handle.id] = hook
+    return handle
 
 
 def _requires_grad_(self, requires_grad=True):
@@ -719,5 +765,6 @@ Tensor.is_leaf = property(_is_leaf)
 Tensor.retain_grad = _retain_grad
 Tensor.grad_fn = property(_grad_fn)
 Tensor.detach_ = _detach_
+Tensor.register_post_accumulate_grad_hook = _register_post_accumulate_grad_hook
 
 _TB.setup(None, None, _FREED)

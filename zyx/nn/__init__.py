@@ -7,7 +7,8 @@
     loss = F.cross_entropy(model(x), y)
 """
 from . import functional, init, utils
+from . import parallel  # noqa: E402  (DistributedDataParallel)
 from .modules import *  # noqa: F401,F403
 from .modules import __all__ as _modules_all
 
-__all__ = ["functional", "init", "utils"] + list(_modules_all)
+__all__ = ["functional", "init", "parallel", "utils"] + list(_modules_all)

@@ -35,7 +35,7 @@ from .workers import get_worker_info
 __all__ = ["Dataset", "IterableDataset", "TensorDataset", "Subset", "ConcatDataset",
            "DataLoader", "Sampler", "SequentialSampler", "RandomSampler", "BatchSampler",
            "SubsetRandomSampler", "random_split", "default_collate", "default_convert",
-           "get_worker_info"]
+           "get_worker_info", "DistributedSampler"]
 
 
 def _zyx():
@@ -545,3 +545,66 @@ class DataLoader:
             if not batch or (self.drop_last and len(batch) < self.batch_size):
                 return
             yield self.collate_fn(batch)
+
+
+class DistributedSampler(Sampler):
+    """torch.utils.data.distributed.DistributedSampler: this rank's share of the dataset.
+
+    Every rank sees a disjoint `len(dataset) / num_replicas` of the indices (rank r takes
+    every num_replicas-th index from position r). When the dataset does not divide evenly,
+    the index list is padded with its own first indices (each rank then has
+    ceil(len / num_replicas), a few samples twice per epoch), or with drop_last=True cut to
+    the largest multiple. With shuffle=True the order is a permutation seeded by
+    `seed + epoch`, the same on every rank: call `set_epoch(epoch)` at the start of each
+    epoch, or every epoch repeats the first one's order. num_replicas and rank default to
+    the process group's (zyx.distributed). The permutation is numpy's, not torch's: the
+    same (seed, epoch) gives a different but equally fixed order than in torch."""
+
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
+                 drop_last=False):
+        if num_replicas is None or rank is None:
+            from .. import distributed as dist
+            if not dist.is_initialized():
+                raise RuntimeError("DistributedSampler needs num_replicas and rank, or an "
+                                   "initialized process group (zyx.distributed."
+                                   "init_process_group)")
+            num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
+            rank = dist.get_rank() if rank is None else rank
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas should be at least 1, got {num_replicas}")
+        if rank >= num_replicas or rank < 0:
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval "
+                             f"[0, {num_replicas - 1}]")
+        self.dataset = dataset
+        self.num_replicas = int(num_replicas)
+        self.rank = int(rank)
+        self.epoch = 0
+        self.drop_last = bool(drop_last)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        n = len(dataset)
+        if self.drop_last and n % self.num_replicas:
+            self.num_samples = math.ceil((n - self.num_replicas) / self.num_replicas)
+        else:
+            self.num_samples = math.ceil(n / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+
+    def __iter__(self):
+        n = len(self.dataset)
+        if self.shuffle:
+            order = np.random.default_rng(self.seed + self.epoch).permutation(n)
+        else:
+            order = np.arange(n)
+        if self.drop_last:
+            order = order[:self.total_size]
+        elif self.total_size > n:
+            reps = -(-self.total_size // max(n, 1))
+            order = np.tile(order, reps)[:self.total_size]
+        return iter(order[self.rank:self.total_size:self.num_replicas].tolist())
+
+    def __len__(self):
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose permutation the next iteration uses (shuffle=True)."""
+        self.epoch = int(epoch)

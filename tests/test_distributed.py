@@ -1,0 +1,264 @@
+"""zyx.distributed, DistributedDataParallel and DistributedSampler.
+
+Multi-process cases launch `mpirun -np 2|3` on the scripts in tests/distributed/ (each
+rank asserts against numpy and exits non-zero on failure); they skip when mpirun or mpi4py
+is missing. The NCCL case needs a CUDA device and libnccl (world size 1)."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import zyx
+import zyx.distributed as dist
+from zyx.utils.data import DistributedSampler
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MPIRUN = shutil.which("mpirun")
+
+
+def _have_mpi4py():
+    try:
+        import mpi4py  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+needs_mpi = pytest.mark.skipif(MPIRUN is None or not _have_mpi4py(),
+                               reason="needs mpirun (Open MPI) and mpi4py")
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+    env.pop("ZYX_DISTRIBUTED_CHECKS", None)
+    return env
+
+
+def mpirun(n, script, *args, timeout=300):
+    """Run tests/distributed/<script> on n ranks; (returncode, output, seconds)."""
+    cmd = [MPIRUN, "--oversubscribe", "-np", str(n), sys.executable,
+           os.path.join(HERE, "distributed", script), *map(str, args)]
+    start = time.monotonic()
+    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr, time.monotonic() - start
+
+
+# -- in one process -----------------------------------------------------------------------
+
+def test_collective_before_init_raises():
+    assert not dist.is_initialized()
+    for call in (lambda: dist.all_reduce(zyx.ones(2)), dist.get_rank, dist.get_world_size,
+                 dist.barrier, lambda: dist.broadcast(zyx.ones(2), 0)):
+        with pytest.raises(dist.DistributedError, match="has not been initialized"):
+            call()
+    with pytest.raises(dist.DistributedError, match="init_process_group"):
+        zyx.nn.parallel.DistributedDataParallel(zyx.nn.Linear(2, 2))
+    assert dist.is_main_process()
+
+
+def test_unknown_backend():
+    with pytest.raises(dist.DistributedError, match="unknown backend"):
+        dist.init_process_group("gloo-ish")
+    assert not dist.is_initialized()
+
+
+def test_reduce_ops_are_torch_names():
+    names = {op.name for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT,
+                                dist.ReduceOp.MIN, dist.ReduceOp.MAX)}
+    assert names == {"SUM", "AVG", "PRODUCT", "MIN", "MAX"}
+    import pickle
+    assert pickle.loads(pickle.dumps(dist.ReduceOp.MAX)) is dist.ReduceOp.MAX
+
+
+def test_tcp_store_rendezvous():
+    import socket
+    import threading
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    master = dist.TCPStore("127.0.0.1", port, 2, True, timeout=20)
+    got = []
+    t = threading.Thread(target=lambda: got.append(
+        dist.TCPStore("127.0.0.1", port, 2, False, timeout=20).get("uid")))
+    t.start()
+    master.set("uid", b"\x01\x02")
+    t.join(20)
+    assert got == [b"\x01\x02"]
+    short = dist.TCPStore("127.0.0.1", port, 2, False, timeout=0.3)
+    with pytest.raises(dist.DistributedError, match="no rank set 'missing'"):
+        short.get("missing")
+    master.close()
+
+
+def test_post_accumulate_grad_hook():
+    w = zyx.Tensor(np.ones(3, np.float32), requires_grad=True)
+    seen = []
+    h = w.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.numpy()))
+    (w * 2).sum().backward()
+    assert len(seen) == 1 and np.allclose(seen[0], 2)
+    h.remove()
+    (w * 3).sum().backward()
+    assert len(seen) == 1 and np.allclose(w.grad.numpy(), 5)
+    with pytest.raises(RuntimeError, match="non-leaf"):
+        (w * 2).register_post_accumulate_grad_hook(print)
+
+
+@pytest.mark.parametrize("n,world,drop_last", [(10, 3, False), (10, 3, True), (12, 4, False),
+                                               (5, 2, False), (2, 4, False)])
+def test_distributed_sampler_covers_disjoint(n, world, drop_last):
+    parts = [list(DistributedSampler(range(n), world, r, seed=3, drop_last=drop_last))
+             for r in range(world)]
+    lens = {len(p) for p in parts}
+    assert len(lens) == 1
+    flat = sum(parts, [])
+    if drop_last:
+        assert len(set(flat)) == len(flat) == (n // world) * world
+    else:
+        assert set(flat) == set(range(n))
+        assert len(flat) == -(-n // world) * world
+        if n % world == 0:
+            assert len(set(flat)) == n      # disjoint when nothing is padded
+
+
+def test_distributed_sampler_epochs_and_torch_order():
+    s = DistributedSampler(range(20), 2, 0, seed=5)
+    a = list(s)
+    assert list(s) == a                       # same epoch, same order
+    s.set_epoch(1)
+    assert list(s) != a
+    other = DistributedSampler(range(20), 2, 1, seed=5)
+    other.set_epoch(1)
+    assert sorted(list(s) + list(other)) == list(range(20))
+    torch = pytest.importorskip("torch")
+    from torch.utils.data.distributed import DistributedSampler as TorchSampler
+    for n, w, dl in ((10, 3, False), (10, 3, True), (7, 4, False)):
+        for r in range(w):
+            assert list(DistributedSampler(range(n), w, r, shuffle=False, drop_last=dl)) == \
+                list(TorchSampler(range(n), w, r, shuffle=False, drop_last=dl))
+    del torch
+
+
+def test_distributed_sampler_bad_rank():
+    with pytest.raises(ValueError, match="Invalid rank"):
+        DistributedSampler(range(4), 2, 2)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        DistributedSampler(range(4))
+
+
+# -- under mpirun -------------------------------------------------------------------------
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_match_numpy(n):
+    rc, out, _ = mpirun(n, "collectives.py")
+    assert rc == 0, out
+    assert out.count("collectives ok") == n
+
+
+@needs_mpi
+@pytest.mark.parametrize("mode", ["sgd", "adam", "conv", "no_sync"])
+def test_ddp_matches_one_process(mode):
+    rc, out, _ = mpirun(2, "ddp.py", mode)
+    assert rc == 0, out
+    assert out.count(f"ddp {mode} ok") == 2
+
+
+@needs_mpi
+def test_distributed_sampler_under_mpi():
+    rc, out, _ = mpirun(3, "sampler.py")
+    assert rc == 0, out
+    assert out.count("sampler ok") == 3
+
+
+@needs_mpi
+def test_mismatched_shapes_raise_on_every_rank():
+    rc, out, _ = mpirun(2, "failures.py", "mismatch", 20)
+    assert rc == 0, out
+    assert out.count("mismatched shape raised") == 2
+    assert out.count("mismatched dtype raised") == 2
+
+
+@needs_mpi
+def test_rank_that_exits_fails_the_job():
+    rc, out, secs = mpirun(2, "failures.py", "exit", 10, timeout=120)
+    assert rc != 0, out
+    assert "returned without its peer" not in out
+    assert secs < 60, secs
+
+
+@needs_mpi
+def test_rank_that_raises_aborts_the_job():
+    rc, out, secs = mpirun(2, "failures.py", "raise", 30, timeout=120)
+    assert rc != 0, out
+    assert "rank 1 fails on purpose" in out and "rank 1 raised ValueError" in out, out
+    assert "returned without its peer" not in out
+    assert secs < 25, secs          # well before the 30 s timeout
+
+
+@needs_mpi
+def test_rank_that_hangs_times_out_with_a_clear_error():
+    rc, out, secs = mpirun(2, "failures.py", "hang", 10, timeout=120)
+    assert rc != 0, out
+    assert "rank 0: raised after" in out and "did not complete within 10 s" in out, out
+    assert "all_reduce" in out
+    assert secs < 60, secs
+
+
+# -- NCCL (a CUDA GPU and libnccl) ----------------------------------------------------------
+
+def _cuda_and_nccl():
+    try:
+        names = [str(d) for d in zyx.devices()]
+    except Exception:
+        return False
+    return any(n.startswith("cuda") for n in names) and dist.is_nccl_available()
+
+
+@pytest.mark.skipif(not _cuda_and_nccl(), reason="needs a CUDA device and libnccl "
+                    "(nvidia-nccl-cu12/cu13 wheel or a system NCCL)")
+def test_nccl_world_size_one():
+    env = _env()
+    for k in ("MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "distributed", "nccl_single.py")],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "nccl world size 1 ok" in p.stdout
+
+
+def _cuda_count():
+    try:
+        return sum(str(d).startswith("cuda") for d in zyx.devices())
+    except Exception:
+        return 0
+
+
+@pytest.mark.skipif(_cuda_count() < 2 or not _cuda_and_nccl(),
+                    reason="needs two CUDA devices and libnccl")
+def test_nccl_two_gpus_torchrun_env():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(2):
+        env = _env()
+        for k in [k for k in env if k.startswith(("OMPI_COMM_WORLD", "PMI", "PMIX"))]:
+            env.pop(k)
+        env.update(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "distributed", "nccl_ranks.py")], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
+    assert all("nccl ranks ok" in o for o in outs)
