@@ -299,3 +299,50 @@ def test_cuda_source_of_a_half_chain_compiles_with_nvrtc(tmp_path, d):
             seen = seen or rh in src
             assert comp.binary(src)[:4] == b"\x7fELF"
     assert seen, "no rounding in the CUDA source of a half chain"
+
+
+# the HIP prelude's rounding helpers, compiled for the host (HIP's device names shimmed)
+_HIP_SHIM = r"""
+#include <cstring>
+#define __device__
+#define __forceinline__ inline
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float __uint_as_float(unsigned int u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline unsigned int __float_as_uint(float f) { unsigned int u; std::memcpy(&u, &f, 4); return u; }
+"""
+_HIP_EXPORTS = r"""
+extern "C" {
+void rh(const float* x, float* y, long n) { for (long i = 0; i < n; i++) y[i] = zyx_rh(x[i]); }
+void rbf(const float* x, float* y, long n) { for (long i = 0; i < n; i++) y[i] = zyx_rbf(x[i]); }
+}
+"""
+
+
+def test_hip_rounding_helpers_round_like_torch(tmp_path):
+    import ctypes
+    import shutil
+    import subprocess
+    from zyx.codegen.cstyle import HIP_PRELUDE
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    src, lib = tmp_path / "p.cpp", tmp_path / "p.so"
+    src.write_text(_HIP_SHIM + HIP_PRELUDE + _HIP_EXPORTS)
+    proc = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", str(src), "-o", str(lib)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0 and "_Float16" in proc.stderr:
+        pytest.skip(f"{cxx} lacks _Float16 for C++")
+    assert proc.returncode == 0, proc.stderr
+    so = ctypes.CDLL(str(lib))
+    rng = np.random.default_rng(6)
+    x = np.concatenate([rng.integers(0, 2 ** 32, 100000, dtype=np.uint64).astype(np.uint32)
+                        .view(np.float32), rng.standard_normal(10000).astype(np.float32),
+                        np.array([65519.99, 65520.0, 2.0 ** -25, 1 + 2.0 ** -8], np.float32)])
+    for fn, td in ((so.rh, torch.float16), (so.rbf, torch.bfloat16)):
+        y = np.empty_like(x)
+        fn(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p),
+           ctypes.c_long(x.size))
+        want = torch.tensor(x).to(td).float().numpy()
+        assert np.array_equal(np.isnan(y), np.isnan(want))
+        ok = ~np.isnan(want)
+        assert np.array_equal(y[ok], want[ok]), fn

@@ -23,7 +23,8 @@ _OMP_REDUCTION = {K.R_SUM: "+", K.R_MAX: "max", K.R_MIN: "min", K.R_PROD: "*"}
 class CDialect:
     """Hooks of plain C99 with OpenMP; GPU dialects override the kernel frame."""
     name = "c"
-    half_native = False          # f16 registers are floats, converted on load/store
+    half_native = False          # f16 registers are floats, converted on load/store and
+                                 # rounded after each op (round_value)
     int64 = "long long"
     byte_type = "unsigned char"  # element type of a buffer argument no op reads
     align16 = ""                 # attribute aligning a local array to 16 bytes (GPU dialects)
@@ -106,7 +107,8 @@ _OPENCL_TYPES = {"long long": "long", "unsigned long long": "ulong"}
 # Helpers the OpenCL kernels call with the names the shared renderer writes (zyx_h2f...).
 # f16 is stored as 16 bits and converted with vload_half/vstore_half_rte (core OpenCL,
 # no cl_khr_fp16 needed), so the math is float exactly as in the C backend; bf16 is the
-# top half of a float's bits, rounded to nearest even like the C dialect.
+# top half of a float's bits, rounded to nearest even like the C dialect. zyx_rh / zyx_rbf
+# round an op's float result to its 16-bit dtype (`half_rounds`).
 OPENCL_PRELUDE = r"""
 inline float zyx_h2f(ushort h) { return vload_half(0, (const half*)&h); }
 inline ushort zyx_f2h(float x) { ushort h; vstore_half_rte(x, 0, (half*)&h); return h; }
@@ -183,7 +185,8 @@ class OpenCLDialect(CDialect):
 # Helpers the CUDA kernels call, for NVRTC. f16 and bf16 are stored as 16-bit integers and
 # computed in float registers, as in the C and OpenCL backends: the same numerics as the
 # CPU (which the test suite's tolerances assume) and what torch does for elementwise half
-# math; the kernels are memory-bound, so float arithmetic costs nothing. The conversions
+# math (each op's result rounded to its dtype by zyx_rh / zyx_rbf: `half_rounds`); the
+# kernels are memory-bound, so float arithmetic costs nothing. The conversions
 # are the hardware's: `cvt` PTX instructions, written inline because NVRTC does not ship
 # cuda_fp16.h / cuda_bf16.h as built-in headers (checked with NVRTC 13.5: "could not open
 # source file", and a pip-only install has no CUDA include directory to point it at).
