@@ -559,9 +559,8 @@ def round_half(d, v):
         except OverflowError:
             return math.copysign(math.inf, v)
     u = struct.unpack("<I", struct.pack("<f", f32))[0]
-    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000
-    return struct.unpack("<f", struct.pack("<I", u & 0xffffffff))[0] if u <= 0xffffffff \
-        else math.copysign(math.inf, v)
+    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000    # (past the largest: the inf bits)
+    return struct.unpack("<f", struct.pack("<I", u))[0]
 
 
 def _half_analysis(ops):
@@ -579,7 +578,6 @@ def _half_analysis(ops):
     exact = {}
 
     def is_exact(j):
-        o = ops[j]
         return exact.get(j, True)     # loads and constants are values of their dtype
 
     def sink(i, d, u, pos):
