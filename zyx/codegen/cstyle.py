@@ -6,6 +6,7 @@ to loops or threads and how special types (f16, bf16) are read and written."""
 from __future__ import annotations
 
 import math
+import struct
 
 from .. import dtype as dt
 from .._core import kernel as K
@@ -22,7 +23,8 @@ _OMP_REDUCTION = {K.R_SUM: "+", K.R_MAX: "max", K.R_MIN: "min", K.R_PROD: "*"}
 class CDialect:
     """Hooks of plain C99 with OpenMP; GPU dialects override the kernel frame."""
     name = "c"
-    half_native = False          # f16 registers are floats, converted on load/store
+    half_native = False          # f16 registers are floats, converted on load/store and
+                                 # rounded after each op (round_value)
     int64 = "long long"
     byte_type = "unsigned char"  # element type of a buffer argument no op reads
     align16 = ""                 # attribute aligning a local array to 16 bytes (GPU dialects)
@@ -60,6 +62,17 @@ class CDialect:
             return f"zyx_f2bf({expr})"
         return expr
 
+    def round_value(self, d, expr):
+        """`expr` (a float computed for a value of dtype d) rounded to the nearest value of
+        d, still a float: what a float16/bfloat16 op's result is, so that a fused chain
+        gives what the same ops give one kernel each (65504 * 2 is inf, not 131008). The
+        dialect's prelude defines zyx_rh / zyx_rbf."""
+        if d is dt.float16 and not self.half_native:
+            return f"zyx_rh({expr})"
+        if d is dt.bfloat16:
+            return f"zyx_rbf({expr})"
+        return expr
+
     # Vector types of the GPU dialects by storage type (CUDA's and HIP's names; OpenCL
     # differs for the 64-bit integers). CUDA has vectors of at most 4 lanes, and the
     # lowering never asks for more than 16 bytes: the widest load a GPU issues.
@@ -94,7 +107,8 @@ _OPENCL_TYPES = {"long long": "long", "unsigned long long": "ulong"}
 # Helpers the OpenCL kernels call with the names the shared renderer writes (zyx_h2f...).
 # f16 is stored as 16 bits and converted with vload_half/vstore_half_rte (core OpenCL,
 # no cl_khr_fp16 needed), so the math is float exactly as in the C backend; bf16 is the
-# top half of a float's bits, rounded to nearest even like the C dialect.
+# top half of a float's bits, rounded to nearest even like the C dialect. zyx_rh / zyx_rbf
+# round an op's float result to its 16-bit dtype (`half_rounds`).
 OPENCL_PRELUDE = r"""
 inline float zyx_h2f(ushort h) { return vload_half(0, (const half*)&h); }
 inline ushort zyx_f2h(float x) { ushort h; vstore_half_rte(x, 0, (half*)&h); return h; }
@@ -103,6 +117,11 @@ inline ushort zyx_f2bf(float x) {
   uint u = as_uint(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 64u);
   u += 0x7fffu + ((u >> 16) & 1u); return (ushort)(u >> 16); }
+inline float zyx_rh(float x) { return zyx_h2f(zyx_f2h(x)); }
+inline float zyx_rbf(float x) {
+  const uint u = as_uint(x);
+  return as_float((u & 0x7fffffffu) > 0x7f800000u ? ((u & 0xffff0000u) | 0x400000u)
+                                                 : ((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u)); }
 inline float zyx_tanhf(float x) {
   if (fabs(x) > 9.0f) return copysign(1.0f, x);
   const float e = expm1(2.0f * x); return e / (e + 2.0f); }
@@ -166,7 +185,8 @@ class OpenCLDialect(CDialect):
 # Helpers the CUDA kernels call, for NVRTC. f16 and bf16 are stored as 16-bit integers and
 # computed in float registers, as in the C and OpenCL backends: the same numerics as the
 # CPU (which the test suite's tolerances assume) and what torch does for elementwise half
-# math; the kernels are memory-bound, so float arithmetic costs nothing. The conversions
+# math (each op's result rounded to its dtype by zyx_rh / zyx_rbf: `half_rounds`); the
+# kernels are memory-bound, so float arithmetic costs nothing. The conversions
 # are the hardware's: `cvt` PTX instructions, written inline because NVRTC does not ship
 # cuda_fp16.h / cuda_bf16.h as built-in headers (checked with NVRTC 13.5: "could not open
 # source file", and a pip-only install has no CUDA include directory to point it at).
@@ -186,6 +206,11 @@ static __device__ __forceinline__ unsigned short zyx_f2bf(float x) {
   unsigned int u = __float_as_uint(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 64u);
   u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }
+static __device__ __forceinline__ float zyx_rh(float x) { return zyx_h2f(zyx_f2h(x)); }
+static __device__ __forceinline__ float zyx_rbf(float x) {
+  const unsigned int u = __float_as_uint(x);
+  return __uint_as_float((u & 0x7fffffffu) > 0x7f800000u ? ((u & 0xffff0000u) | 0x400000u)
+                                                        : ((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u)); }
 static __device__ __forceinline__ long long zyx_ipow(long long b, long long e) {
   if (e < 0) return b == 1 ? 1 : (b == -1 ? ((e & 1) ? -1 : 1) : 0);
   unsigned long long r = 1, ub = (unsigned long long)b;
@@ -268,6 +293,10 @@ def literal(dl, d, v):
         return "1" if v else "0"
     if d.is_float:
         v = float(v)
+        if d is dt.float16 or d is dt.bfloat16:
+            # a constant of a 16-bit dtype is that dtype's value, as the same scalar is
+            # when a later run of the graph reads it from a buffer (a cast, rounded)
+            v = round_half(d, v)
         if math.isnan(v):
             return "NAN"
         if math.isinf(v):
@@ -478,7 +507,137 @@ def value_line(dl, ops, i, names, narrow=frozenset(), access=_plain_access):
     if c == K.BINARY and narrow and (op[3] in narrow or op[4] in narrow):
         # a comparison (guard) of 32-bit index math: its constant is 32-bit too
         return f"const {dl.ctype(d)} v{i} = {alu(dl, ops, op, v32)};"
-    return f"const {dl.ctype(d)} v{i} = {alu(dl, ops, op, v)};"
+    e = alu(dl, ops, op, v)
+    if (d is dt.float16 or d is dt.bfloat16) and i in half_rounds(ops):
+        e = dl.round_value(d, e)
+    return f"const {dl.ctype(d)} v{i} = {e};"
+
+
+# Rounding of float16 / bfloat16 values. The C-family targets compute these dtypes in
+# float registers; an op's result must still be a value of its dtype, as torch's op by op
+# results are, or fusion changes results (65504 * 2 / 2 stays 65504 instead of inf). Each
+# such ALU result is rounded where it is defined, except where that is a no-op or done
+# anyway: ops that cannot leave the dtype's values (neg, abs, max, min, where, floor,
+# trunc, fmod of exact operands), results whose every use rounds (a global store of the
+# same dtype converts; neg/abs/max/min/where commute with rounding to nearest, so one
+# rounding of their result serves both), and a product of two 16-bit values whose every
+# use is a float32 cast summed into an accumulator: a dot product (matmul), whose
+# products torch (and the GPUs' matrix instructions) keep exact in float32.
+_HALF_TRANSPARENT_U = frozenset((K.U_NEG, K.U_ABS))
+_HALF_TRANSPARENT_B = frozenset((K.B_MAX, K.B_MIN))
+_HALF_KEEPS_U = _HALF_TRANSPARENT_U | {K.U_FLOOR, K.U_TRUNC}
+_HALF_KEEPS_B = _HALF_TRANSPARENT_B | {K.B_MOD}
+_half_memo = {}
+
+
+def half_rounds(ops):
+    """The ids of the float16/bfloat16 ALU ops of `ops` whose value `value_line` rounds
+    to the dtype (see above). Computed once per op list (the renderers ask per op)."""
+    key = id(ops)
+    hit = _half_memo.get(key)
+    if hit is not None and hit[0] is ops and hit[1] == len(ops):
+        return hit[2]
+    out = _half_analysis(ops)
+    if len(_half_memo) >= 16:
+        _half_memo.clear()
+    _half_memo[key] = (ops, len(ops), out)
+    return out
+
+
+def round_half(d, v):
+    """Python float v rounded to the nearest value of the 16-bit float dtype d (nearest
+    even on ties, through float32 as the kernels round; out of range: inf)."""
+    if math.isnan(v) or math.isinf(v):
+        return v
+    try:
+        f32 = struct.unpack("<f", struct.pack("<f", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
+    if d is dt.float16:
+        try:
+            return struct.unpack("<e", struct.pack("<e", f32))[0]
+        except OverflowError:
+            return math.copysign(math.inf, v)
+    u = struct.unpack("<I", struct.pack("<f", f32))[0]
+    u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000    # (past the largest: the inf bits)
+    return struct.unpack("<f", struct.pack("<I", u))[0]
+
+
+def _half_analysis(ops):
+    half = (dt.float16, dt.bfloat16)
+    if not any(op[1] in half for op in ops if op[0] != K.DEFINE):
+        return frozenset()
+    users = {}
+    for i, op in enumerate(ops):
+        c = op[0]
+        if c == K.STORE:
+            users.setdefault(op[4], []).append((i, 4))
+        elif c in (K.CAST, K.UNARY, K.BINARY, K.WHERE, K.MAD):
+            for pos, j in zip(_OPERAND_POS[c], alu_operands(op)):
+                users.setdefault(j, []).append((i, pos))
+    exact = {}
+
+    def is_exact(j):
+        return exact.get(j, True)     # loads and constants are values of their dtype
+
+    def sink(i, d, u, pos):
+        o = ops[u]
+        c = o[0]
+        if c == K.STORE:
+            dst = ops[o[2]]
+            return dst[2] == K.SCOPE_GLOBAL and dst[1] is d
+        if o[1] is not d:
+            return False
+        return ((c == K.UNARY and o[2] in _HALF_TRANSPARENT_U)
+                or (c == K.BINARY and o[2] in _HALF_TRANSPARENT_B)
+                or (c == K.WHERE and pos != 2))
+
+    def accumulated(a):
+        # a float add whose every use stores it into a register: a reduce's accumulator
+        o = ops[a]
+        us = users.get(a, ())
+        return (o[0] == K.BINARY and o[2] == K.B_ADD and bool(us) and all(
+            ops[s][0] == K.STORE and ops[ops[s][2]][2] == K.SCOPE_REGISTER for s, _ in us))
+
+    def dot_product(i, op):
+        # a product of exact 16-bit values (exact in float32) only summed as float32
+        if not (op[0] == K.BINARY and op[2] == K.B_MUL and is_exact(op[3])
+                and is_exact(op[4]) and users.get(i)):
+            return False
+        for u, _ in users[i]:
+            o = ops[u]
+            if (o[0] != K.CAST or not o[1].is_float or o[1].itemsize < 4 or not users.get(u)
+                    or not all(accumulated(a) for a, _ in users[u])):
+                return False
+        return True
+
+    out = set()
+    for i, op in enumerate(ops):
+        c, d = op[0], op[1]
+        if d not in half or c not in (K.CAST, K.UNARY, K.BINARY, K.WHERE, K.MAD):
+            continue
+        if c == K.CAST:
+            keeps = ops[op[2]][1] is d and is_exact(op[2])
+        elif c == K.UNARY:
+            keeps = op[2] in _HALF_KEEPS_U and is_exact(op[3])
+        elif c == K.BINARY:
+            keeps = op[2] in _HALF_KEEPS_B and is_exact(op[3]) and is_exact(op[4])
+        elif c == K.WHERE:
+            keeps = is_exact(op[3]) and is_exact(op[4])
+        else:
+            keeps = False
+        if keeps:
+            exact[i] = True
+        elif all(sink(i, d, u, pos) for u, pos in users.get(i, ())) or dot_product(i, op):
+            exact[i] = False
+        else:
+            exact[i] = True
+            out.add(i)
+    return frozenset(out)
+
+
+_OPERAND_POS = {K.CAST: (2,), K.UNARY: (3,), K.BINARY: (3, 4), K.WHERE: (2, 3, 4),
+                K.MAD: (2, 3, 4)}
 
 
 def alu(dl, ops, op, v):
@@ -489,10 +648,9 @@ def alu(dl, ops, op, v):
         x = v(op[2])
         if d.is_bool:
             return f"({x} != 0)"
-        if d is dt.float16 and not dl.half_native:
-            return f"zyx_h2f(zyx_f2h((float){x}))"
-        if d is dt.bfloat16:
-            return f"zyx_bf2f(zyx_f2bf((float){x}))"
+        if d is dt.float16 or d is dt.bfloat16:
+            # (rounded to d by value_line, unless every use rounds it: `half_rounds`)
+            return x if src_d is d else f"((float){x})"
         if src_d.is_float and d.is_int:
             # float -> int conversion of NaN/inf is undefined in C; pin it to 0 / saturate
             return f"(({dl.ctype(d)})({x} == {x} ? {x} : 0))"
@@ -500,7 +658,8 @@ def alu(dl, ops, op, v):
     if c == K.WHERE:
         return f"({v(op[2])} ? {v(op[3])} : {v(op[4])})"
     if c == K.MAD:
-        return f"({v(op[2])} * {v(op[3])} + {v(op[4])})"
+        # a 16-bit float product is rounded before the add, as two ops would be
+        return f"({dl.round_value(d, f'({v(op[2])} * {v(op[3])})')} + {v(op[4])})"
     if c == K.UNARY:
         u, x = op[2], v(op[3])
         if u == K.U_NEG:

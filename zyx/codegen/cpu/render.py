@@ -43,33 +43,58 @@ _PRELUDE = r"""
 #define ZYX_ASSOC_FN
 #define ZYX_REASSOC
 #endif
-#if defined(__FLT16_MAX__) && !defined(ZYX_NO_FLOAT16)
-static inline float zyx_h2f(unsigned short h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
-static inline unsigned short zyx_f2h(float x) { _Float16 f = (_Float16)x; unsigned short h; memcpy(&h, &f, 2); return h; }
-#else
+/* float16 / bfloat16 are stored as 16 bits and computed in float: zyx_h2f / zyx_bf2f read
+   them, zyx_f2h / zyx_f2bf write them (round to nearest even, NaN kept quiet), zyx_rh /
+   zyx_rbf round a float to the nearest such value (each op's result, cstyle.half_rounds).
+   All are integer bit operations that gcc vectorizes (its _Float16 conversions are scalar
+   instructions: a float16 chain on 16M elements ran 3-4x slower through them), bit for bit
+   the hardware's conversions for every float and every half (checked exhaustively).
+   Selects are written as masks from the sign of a difference (ZYX_LT): from comparisons
+   gcc turns them into branches and stops vectorizing. */
+#define ZYX_LT(a, b) ((unsigned int)((int)((a) - (b)) >> 31))
+#define ZYX_BLEND(m, x, y) (((m) & (x)) | (~(m) & (y)))
 static inline float zyx_h2f(unsigned short h) {
-  unsigned int s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ffu, u;
-  if (e == 0) { if (m == 0) u = s; else { e = 113; while (!(m & 0x400u)) { m <<= 1; e--; } m &= 0x3ffu; u = s | (e << 23) | (m << 13); } }
-  else if (e == 31) u = s | 0x7f800000u | (m << 13);
-  else u = s | ((e + 112) << 23) | (m << 13);
+  const unsigned int em = h & 0x7fffu, s = ((unsigned int)h & 0x8000u) << 16;
+  const unsigned int mb = 0x3f000000u | em; float mf; memcpy(&mf, &mb, 4);
+  const float sub = mf - 0.5f;   /* a subnormal m: 0.5 + m 2^-24 - 0.5, exact */
+  unsigned int sb; memcpy(&sb, &sub, 4);
+  const unsigned int fin = ZYX_LT(em, 0x7c00u), den = ZYX_LT(em, 0x400u), nan = ZYX_LT(0x7c00u, em);
+  const unsigned int n = (em << 13) + 0x38000000u;
+  const unsigned int sp = (em << 13) | 0x7f800000u | (nan & 0x400000u);
+  const unsigned int u = ZYX_BLEND(fin, ZYX_BLEND(den, sb, n), sp) | s;
   float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned short zyx_f2h(float x) {
   unsigned int u; memcpy(&u, &x, 4);
-  unsigned int s = (u >> 16) & 0x8000u; int e = (int)((u >> 23) & 0xff) - 112; unsigned int m = u & 0x7fffffu;
-  if (((u >> 23) & 0xff) == 0xff) return (unsigned short)(s | 0x7c00u | (m ? 0x200u : 0));
-  if (e >= 31) return (unsigned short)(s | 0x7c00u);
-  if (e <= 0) { if (e < -10) return (unsigned short)s; m |= 0x800000u; unsigned int sh = (unsigned int)(14 - e);
-    unsigned int r = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
-    if (rem > half || (rem == half && (r & 1))) r++; return (unsigned short)(s | r); }
-  unsigned int r = ((unsigned int)e << 10) | (m >> 13), rem = m & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
-  return (unsigned short)(s | r); }
-#endif
+  const unsigned int a = u & 0x7fffffffu, s = (u >> 16) & 0x8000u;
+  float f; memcpy(&f, &a, 4); f += 0.5f;   /* below 2^-14: |x| to a multiple of 2^-24 */
+  unsigned int fb; memcpy(&fb, &f, 4);
+  const unsigned int nrm = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  const unsigned int small = ZYX_LT(a, 0x38800000u), big = ~ZYX_LT(a, 0x477ff000u), nan = ZYX_LT(0x7f800000u, a);
+  const unsigned int r = ZYX_BLEND(big, 0x7c00u | (nan & (0x200u | ((a >> 13) & 0x3ffu))),
+                                   ZYX_BLEND(small, fb - 0x3f000000u, nrm));
+  return (unsigned short)(r | s); }
+static inline float zyx_rh(float x) {
+  unsigned int u; memcpy(&u, &x, 4);
+  const unsigned int a = u & 0x7fffffffu, s = u & 0x80000000u;
+  float f; memcpy(&f, &a, 4); f += 0.5f;
+  unsigned int fb; memcpy(&fb, &f, 4);
+  const float sf = (float)(int)(fb - 0x3f000000u) * 5.9604644775390625e-8f;
+  unsigned int sb; memcpy(&sb, &sf, 4);
+  const unsigned int nrm = (a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u;
+  const unsigned int small = ZYX_LT(a, 0x38800000u), big = ~ZYX_LT(a, 0x477ff000u), nan = ZYX_LT(0x7f800000u, a);
+  const unsigned int r = ZYX_BLEND(big, 0x7f800000u | (nan & ((a & 0x7fe000u) | 0x400000u)),
+                                   ZYX_BLEND(small, sb, nrm)) | s;
+  float y; memcpy(&y, &r, 4); return y; }
 static inline float zyx_bf2f(unsigned short h) { unsigned int u = ((unsigned int)h) << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline unsigned short zyx_f2bf(float x) {
   unsigned int u; memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 64u);
-  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }
+  const unsigned int nan = ZYX_LT(0x7f800000u, u & 0x7fffffffu);
+  return (unsigned short)(ZYX_BLEND(nan, (u >> 16) | 64u, (u + 0x7fffu + ((u >> 16) & 1u)) >> 16)); }
+static inline float zyx_rbf(float x) {
+  unsigned int u; memcpy(&u, &x, 4);
+  const unsigned int nan = ZYX_LT(0x7f800000u, u & 0x7fffffffu);
+  const unsigned int r = ZYX_BLEND(nan, (u & 0xffff0000u) | 0x400000u, (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+  float y; memcpy(&y, &r, 4); return y; }
 /* expf without glibc libmvec's slow path: a vector with a lane below about -87 (a
    masked softmax's -inf) goes through scalar calls, 5-7x slower. Arguments below -80
    are shifted into range and scaled back (exp(x) = exp(x + 64) e^-64), below -150 the
