@@ -5,6 +5,7 @@ passes or fails every time), fusion of a dropout mask into the kernel that reads
 one plan for a dropout loop."""
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -342,3 +343,33 @@ def test_randperm_is_a_seeded_permutation():
 def test_too_many_elements_is_refused():
     with pytest.raises(zyx.errors.ShapeError):
         R.counter((1 << 17, 1 << 16))
+
+
+def test_dropout_kernel_compiles_for_cuda(tmp_path):
+    """The generator is uint32 adds, xors and shifts: the CUDA dialect renders them on
+    `unsigned int` with unsigned literals (wrapping adds, logical shifts), and NVRTC
+    compiles the fused dropout kernel (no GPU needed)."""
+    try:
+        from zyx.backends.cuda import import_bindings, nvrtc_compiler
+        nvrtc = import_bindings()[1]
+    except ImportError as e:
+        pytest.skip(f"cuda-bindings is not installed: {e}")
+    from zyx.backends.binary_cache import BinaryCache
+    from zyx.codegen.cstyle import CUDADialect
+    from zyx.codegen.gpu.dispatch import lower
+    from zyx.codegen.target import DeviceInfo
+    from zyx.errors import BackendError
+    from gpu_cases import kernels_of
+    try:
+        comp = nvrtc_compiler((9, 0), nvrtc=nvrtc)
+    except BackendError as e:
+        pytest.skip(f"NVRTC is not available: {e}")
+    comp.disk = BinaryCache("cuda", "cubin", str(tmp_path))
+    zyx.manual_seed(0xFFFFFFFFF0000000)
+    y = zyx.Tensor(np.ones((300, 1000), np.float32))
+    kernels = kernels_of(y * F.dropout(y, 0.1))
+    assert len(kernels) == 1
+    src = lower(kernels[0], CUDADialect(), DeviceInfo(), "zyx_k").source
+    # the key words (over 2^31 with this seed) are unsigned literals
+    assert "unsigned int" in src and re.search(r"\b[0-9]{10}u\b", src)
+    assert comp.binary(src)[:4] == b"\x7fELF"
