@@ -373,3 +373,16 @@ def test_dropout_kernel_compiles_for_cuda(tmp_path):
     # the key words (over 2^31 with this seed) are unsigned literals
     assert "unsigned int" in src and re.search(r"\b[0-9]{10}u\b", src)
     assert comp.binary(src)[:4] == b"\x7fELF"
+
+
+def test_output_bits_are_balanced_and_avalanche():
+    """Every output bit is 1 half the time, and neighbouring counters (one flipped low bit
+    for even i) give outputs that differ in half their 64 bits: the rounds mix fully."""
+    zyx.manual_seed(25)
+    y0, y1 = R.bits((1 << 18,))
+    w = (y0.numpy().astype(np.uint64) << np.uint64(32)) | y1.numpy().astype(np.uint64)
+    ones = np.array([((w >> np.uint64(b)) & np.uint64(1)).mean() for b in range(64)])
+    assert np.abs(ones - 0.5).max() < 5 * 0.5 / math.sqrt(w.size)
+    diff = w[0::2] ^ w[1::2]
+    hd = np.array([bin(int(v)).count("1") for v in diff[:50000]])
+    assert abs(hd.mean() - 32) < 5 * 4 / math.sqrt(hd.size) and abs(hd.std() - 4) < 0.1
