@@ -276,7 +276,11 @@ def randint_like(input, low=0, high=None, *, dtype=None, device=None, requires_g
 def randint(low, high=None, size=None, *, dtype=None, device=None, requires_grad=False,
             generator=None):
     """torch.randint(high, size) or randint(low, high, size): integers in [low, high)
-    (int64 by default in torch; zyx gives int32 when the range fits, as zyx.arange)."""
+    (int64 by default in torch; zyx gives int32 when the range fits, as zyx.arange).
+    Computed on the device (zyx/random.py): for ranges up to 2^32 the high word of a
+    random 32-bit word times the range, so each value's probability is within
+    range / 2^32 (relative) of uniform: 2.3e-8 for 100 values, 0.4% at 2^24; wider ranges
+    take 64 bits modulo the range (within range / 2^64)."""
     if size is None and isinstance(high, (tuple, list)):
         low, high, size = 0, low, high        # torch's two-argument form
     if size is None:

@@ -22,6 +22,7 @@ seed gives the same numbers on every device and in every run. A numpy Generator
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -49,14 +50,16 @@ _PARITY = 0x1BD11BDA
 ROUNDS = 16
 _INDEX_CHUNK = 1 << 16      # index buffers up to this size are cached per device
 _INDEX_CACHE = {}
+_LOCK = threading.Lock()
 
 
 def set_seed(seed: int) -> None:
     """Seed the device generator (and the host one used by randperm and friends): the
     seed (any int, taken mod 2^64) is the key; the call number restarts at 0."""
     s = int(seed) & ((1 << 64) - 1)
-    RT.seed = s
-    RT.rng_calls = 0
+    with _LOCK:
+        RT.seed = s
+        RT.rng_calls = 0
     RT.rng = np.random.Generator(np.random.PCG64(s))
 
 
@@ -68,9 +71,10 @@ def seed_state():
 def next_stream():
     """(k0, k1, c1) for the next random call: key words and counter high word; advances
     the call number."""
-    n = RT.rng_calls
-    RT.rng_calls = n + 1
-    s = RT.seed
+    with _LOCK:     # two threads drawing at once must not get the same call number
+        n = RT.rng_calls
+        RT.rng_calls = n + 1
+        s = RT.seed
     return s & MASK32, ((s >> 32) ^ (n >> 32)) & MASK32, n & MASK32
 
 
