@@ -3,7 +3,9 @@ factories, random sampling (multinomial, bernoulli, randperm, randint's two-argu
 form), size queries (numel, element_size, nbytes, itemsize), .t(), .is_contiguous(),
 zyx.Size, set_num_threads/get_num_threads, and `requires_grad=` on every factory.
 
-Random numbers are drawn on the host by zyx's generator (zyx.manual_seed), as zyx.rand.
+Random numbers come from zyx's counter-based device generator (zyx/random.py,
+zyx.manual_seed), as zyx.rand; randperm alone draws on the host (numpy's Generator in
+`RT.rng`, reseeded by manual_seed): a permutation is a sort or a shuffle, not elementwise.
 """
 import builtins
 import os
@@ -13,6 +15,8 @@ import numpy as np
 
 from . import dtype as dt
 from .errors import ShapeError
+from . import random as _random
+from . import sorting as _sorting
 from .runtime import RT
 from .tensor import Tensor
 
@@ -173,10 +177,19 @@ def _rng():
     return RT.rng
 
 
+# Inverse-CDF sampling sums a window per category (cumsum is O(K^2) per row) and Gumbel-max
+# draws S * K numbers; the first is cheaper while K is below this many samples' worth
+_CDF_PER_SAMPLE = 64
+
+
 def multinomial(input, num_samples, replacement=False, *, generator=None):
     """torch.multinomial: `num_samples` category indices per row of non-negative weights
-    (1-D or 2-D input), with or without replacement; int64. Drawn on the host by zyx's
-    generator (zyx.manual_seed), so it realizes input; the draws differ from torch's."""
+    (1-D or 2-D input), with or without replacement; int64. Sampled on the device by zyx's
+    generator (zyx.manual_seed): with replacement by inverse CDF (the count of cumulative
+    weights <= u * total; Gumbel-max over S x K noise when categories outnumber
+    64 x num_samples), without replacement by Gumbel-top-k (the num_samples largest
+    log w + Gumbel noise). The argument checks read the weights on the host. The draws
+    differ from torch's."""
     w = np.asarray(input.numpy(), dtype=np.float64)
     if w.ndim not in (1, 2):
         raise ShapeError(f"multinomial: prob_dist must be 1 or 2 dim, got {w.ndim}")
@@ -193,10 +206,29 @@ def multinomial(input, num_samples, replacement=False, *, generator=None):
     if not replacement and num_samples > np.count_nonzero(rows, 1).min():
         raise ValueError("multinomial: invalid multinomial distribution (with replacement="
                          "False, not enough non-negative category to sample)")
-    rng = _rng()
-    out = np.stack([rng.choice(rows.shape[1], size=num_samples, replace=replacement,
-                               p=r / r.sum()) for r in rows]).astype(np.int64)
-    return Tensor(out.reshape(-1) if w.ndim == 1 else out, dtype=dt.int64, device=input.device)
+    r, k, s = rows.shape[0], rows.shape[1], builtins.int(num_samples)
+    dev = input.device
+    fd = dt.float64 if input.dtype is dt.float64 else dt.float32
+    p = input.cast(fd).reshape(r, k)
+    if s == 0:
+        out = _tensor_module.zeros((r, 0), dtype=dt.int64, device=dev)
+    elif replacement and k <= _CDF_PER_SAMPLE * s:
+        c = p.cumsum(1)
+        u = _random.uniform((r, s), fd, dev) * c[:, k - 1:k]
+        idx = (c.reshape(r, 1, k) <= u.reshape(r, s, 1)).sum(2)
+        # u * total may round up to the total: fall back to the last category with weight
+        pos = _tensor_module.arange(k, dtype=dt.int64, device=dev).reshape(1, k)
+        last = _tensor_module.where(p > 0, pos, 0).amax(1, keepdim=True)
+        out = idx.cast(dt.int64).minimum(last)
+    elif replacement:
+        # realized: argmax compares the values with their maximum, and two kernels that
+        # each recompute a log (vectorized in one, scalar in the other) may disagree
+        g = (_random.gumbel((r, s, k), dev) + p.log().cast(dt.float32).reshape(r, 1, k))
+        out = g.realize().argmax(2).cast(dt.int64)
+    else:
+        g = _random.gumbel((r, k), dev) + p.log().cast(dt.float32)
+        out = _sorting.topk(g.realize(), s, 1).indices.cast(dt.int64)
+    return out.reshape(s) if w.ndim == 1 else out
 
 
 def bernoulli(input, p=None, *, generator=None):
@@ -211,7 +243,9 @@ def bernoulli(input, p=None, *, generator=None):
 
 
 def randperm(n, *, dtype=None, device=None, requires_grad=False, generator=None):
-    """torch.randperm: a random permutation of 0..n-1 (int64 by default)."""
+    """torch.randperm: a random permutation of 0..n-1 (int64 by default). Shuffled on the
+    host by numpy's Generator in `RT.rng` (reseeded by zyx.manual_seed) and uploaded: a
+    permutation is a shuffle, which has no elementwise form."""
     d = dt.to_dtype(dtype) if dtype is not None else dt.int64
     return Tensor(_rng().permutation(builtins.int(n)).astype(d.np if not d.is_float or
                                                               d is not dt.bfloat16 else np.float32),
@@ -242,7 +276,11 @@ def randint_like(input, low=0, high=None, *, dtype=None, device=None, requires_g
 def randint(low, high=None, size=None, *, dtype=None, device=None, requires_grad=False,
             generator=None):
     """torch.randint(high, size) or randint(low, high, size): integers in [low, high)
-    (int64 by default in torch; zyx gives int32 when the range fits, as zyx.arange)."""
+    (int64 by default in torch; zyx gives int32 when the range fits, as zyx.arange).
+    Computed on the device (zyx/random.py): for ranges up to 2^32 the high word of a
+    random 32-bit word times the range, so each value's probability is within
+    range / 2^32 (relative) of uniform: 2.3e-8 for 100 values, 0.4% at 2^24; wider ranges
+    take 64 bits modulo the range (within range / 2^64)."""
     if size is None and isinstance(high, (tuple, list)):
         low, high, size = 0, low, high        # torch's two-argument form
     if size is None:

@@ -161,6 +161,10 @@ class Runtime:
             "ZYX_FLOAT32_MATMUL_PRECISION")
         self.growing_sizes = True   # config "growing_sizes": bounds.py's plans at a bound
         self.checks = Checks()  # value checks (indices, divisors) run with the realization
+        # the random generator's state (zyx/random.py): the device generator's key and call
+        # number; a numpy Generator for host algorithms (randperm, orthogonal_, shuffling)
+        self.seed = 0
+        self.rng_calls = 0
         self.rng = np.random.Generator(np.random.PCG64(0))
         self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
                       "plan_cache_hits": 0, "realizations": 0,

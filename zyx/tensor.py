@@ -23,6 +23,7 @@ from .errors import (BackendError, DimensionError, DTypeError, IndexOutOfRangeEr
 from .device import Device
 from .runtime import RT
 from ._core import tensorbase as _TB
+from . import random as _random
 
 __all__ = ["Tensor", "tensor", "from_numpy", "from_dlpack", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
            "empty", "arange", "linspace", "eye", "rand", "randn", "uniform", "normal", "randint",
@@ -1469,8 +1470,9 @@ def eye(n, m=None, dtype=None, device=None) -> Tensor:
 
 
 def manual_seed(seed: int) -> None:
-    """Seed the generator used by rand/randn/dropout/init: same seed, same numbers."""
-    RT.rng = np.random.Generator(np.random.PCG64(builtins.int(seed)))
+    """Seed the generator used by rand/randn/randint/dropout/init (zyx/random.py): the same
+    seed gives the same numbers on every device and in every run."""
+    _random.set_seed(seed)
 
 
 def _shape_of(shape):
@@ -1481,20 +1483,26 @@ def _shape_of(shape):
 
 
 def rand(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
-    """Uniform [0, 1) (drawn on the host by zyx's generator, so every device gets the
-    same numbers for the same seed)."""
+    """Uniform [0, 1), computed on the device by zyx's counter-based generator
+    (zyx/random.py), so every device gets the same numbers for the same seed."""
     shape = _shape_of(shape)
     d = dt.to_dtype(dtype) if dtype is not None else dt.float32
-    a = RT.rng.random(shape, dtype=np.float32 if d is not dt.float64 else np.float64)
-    return Tensor(a, dtype=d, device=device, requires_grad=requires_grad)
+    if not d.is_float:
+        raise DTypeError(f"rand needs a floating dtype, got {d.name}")
+    t = _random.uniform(shape, d, _backend_device(device))
+    t.requires_grad = requires_grad
+    return t
 
 
 def randn(*shape, dtype=None, device=None, requires_grad=False) -> Tensor:
-    """Standard normal (drawn on the host, like rand)."""
+    """Standard normal (computed on the device, like rand)."""
     shape = _shape_of(shape)
     d = dt.to_dtype(dtype) if dtype is not None else dt.float32
-    a = RT.rng.standard_normal(shape, dtype=np.float32 if d is not dt.float64 else np.float64)
-    return Tensor(a, dtype=d, device=device, requires_grad=requires_grad)
+    if not d.is_float:
+        raise DTypeError(f"randn needs a floating dtype, got {d.name}")
+    t = _random.normal(shape, d, _backend_device(device))
+    t.requires_grad = requires_grad
+    return t
 
 
 def uniform(*shape, low=0.0, high=1.0, dtype=None, device=None) -> Tensor:
@@ -1515,7 +1523,8 @@ def randint(low, high=None, size=(), dtype=None, device=None) -> Tensor:
     else:
         d = dt.int32 if _fits_int32(low, high - 1) else dt.int64
     size = _shape_of(size if isinstance(size, (tuple, list)) else (size,))
-    return Tensor(RT.rng.integers(low, high, size=size).astype(d.np), dtype=d, device=device)
+    return _random.integers(builtins.int(low), builtins.int(high), size, d,
+                            _backend_device(device))
 
 
 def _fits_int32(*values):

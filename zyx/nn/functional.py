@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import dtype as dt
+from .. import random as _random
 from .._core import graph as _G
 from .._core import tensorbase as _TB
 from .._core import kernel as K
@@ -23,7 +24,7 @@ from .._core import replay as _replay
 from ..errors import DTypeError, InvalidArgumentError, ShapeError, ZyxError
 from ..runtime import RT
 from ..tensor import (Tensor, clamp_float_scalars, const_tensor, iota, matmul_nt, rebind,
-                      watch_range, rand, where)
+                      watch_range, where)
 from .init import copy_into   # in-place update of running stats (torch's copy_)
 
 __all__ = [
@@ -1137,7 +1138,9 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
 # dropout, sparse
 def dropout(input, p=0.5, training=True, inplace=False):
     """Zero each element with probability p and scale the rest by 1/(1-p) (training only).
-    The mask comes from zyx.rand, so zyx.manual_seed makes it reproducible."""
+    The mask is computed on the device by zyx's counter-based generator (zyx/random.py)
+    inside the kernel that uses it: no mask buffer, no extra kernel; zyx.manual_seed
+    makes it reproducible."""
     x = _t(input)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
@@ -1145,7 +1148,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
         return x
     if p == 1.0:
         return x * 0
-    keep = rand(*x.shape) >= p
+    keep = _random.keep_mask(x.shape, p, x.device)
     return where(keep, x * (1.0 / (1.0 - p)), 0.0)
 
 
@@ -1157,9 +1160,11 @@ def _feature_dropout(x, p, training, nd, what):
         return x
     if x.ndim not in (nd + 1, nd + 2):
         raise ShapeError(f"{what} expects {nd + 1}-D or {nd + 2}-D input, got {x.shape}")
+    if p == 1.0:
+        return x * 0
     lead = x.ndim - nd
-    keep = rand(*(x.shape[:lead] + (1,) * nd)) >= p
-    return where(keep, x * (1.0 / (1.0 - p)) if p < 1 else x * 0, 0.0)
+    keep = _random.keep_mask(x.shape[:lead] + (1,) * nd, p, x.device)
+    return where(keep, x * (1.0 / (1.0 - p)), 0.0)
 
 
 def dropout1d(input, p=0.5, training=True, inplace=False):

@@ -3,7 +3,10 @@
 Each `*_` function fills a tensor "in place" and returns it. zyx tensors are immutable
 values, so in place means the tensor object is pointed at a new value (its graph node is
 swapped); every holder of the object (a module, an optimizer) sees the new value, as with
-torch. Random numbers come from `zyx.runtime.RT.rng` (seeded by `zyx.manual_seed`).
+torch. Random numbers come from zyx's device generator (zyx/random.py, seeded by
+`zyx.manual_seed`) and are realized at once, as torch fills at once (a lazy initializer
+would be recomputed by every graph that reads the weight until something realizes it);
+orthogonal_ alone draws on the host (numpy's Generator in `RT.rng`) for its QR.
 """
 from __future__ import annotations
 
@@ -13,8 +16,9 @@ import numpy as np
 
 from .. import dtype as dt
 from ..errors import ShapeError
+from .. import random as _random
 from ..runtime import RT
-from ..tensor import Tensor, rebind
+from ..tensor import Tensor, rebind, where
 
 __all__ = ["calculate_gain", "uniform_", "normal_", "constant_", "zeros_", "ones_", "eye_",
            "trunc_normal_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
@@ -88,22 +92,49 @@ def _fan(t, mode):
     raise ValueError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
 
 
+def _fill(tensor: Tensor, value: Tensor) -> Tensor:
+    """Point `tensor` at `value` (cast to its dtype) and realize it on tensor's device."""
+    copy_into(tensor, value)
+    tensor.realize()
+    return tensor
+
+
+def _float_dtype(tensor):
+    return dt.float64 if tensor.dtype is dt.float64 else dt.float32
+
+
 def uniform_(tensor: Tensor, a=0.0, b=1.0, generator=None) -> Tensor:
-    return fill_from_array(tensor, RT.rng.uniform(a, b, size=tensor.shape))
+    """Fill with U(a, b), computed on tensor's device."""
+    u = _random.uniform(tensor.shape, _float_dtype(tensor), tensor.device)
+    return _fill(tensor, u * (float(b) - float(a)) + float(a))
 
 
 def normal_(tensor: Tensor, mean=0.0, std=1.0, generator=None) -> Tensor:
-    return fill_from_array(tensor, RT.rng.normal(mean, std, size=tensor.shape))
+    """Fill with N(mean, std^2), computed on tensor's device."""
+    z = _random.normal(tensor.shape, _float_dtype(tensor), tensor.device)
+    return _fill(tensor, z * float(std) + float(mean))
+
+
+# redraws of trunc_normal_: a value is kept from the first of them inside [a, b]; the
+# chance that all miss is (1 - P[a, b])^8 (6e-12 for the default +-2 std, which are
+# 95% likely), and the rare value left over is clamped into [a, b]
+_TRUNC_DRAWS = 8
 
 
 def trunc_normal_(tensor: Tensor, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None) -> Tensor:
-    """Normal values redrawn until they fall in [a, b]."""
-    v = RT.rng.normal(mean, std, size=tensor.shape)
-    bad = (v < a) | (v > b)
-    while bad.any():
-        v[bad] = RT.rng.normal(mean, std, size=int(bad.sum()))
-        bad = (v < a) | (v > b)
-    return fill_from_array(tensor, v)
+    """Normal values redrawn until they fall in [a, b] (bounds in the values' units, as
+    torch): up to 8 draws per element on the device, the first one inside wins; when all
+    miss (below 1e-11 for +-2 std) the value is clamped."""
+    a, b, mean, std = float(a), float(b), float(mean), float(std)
+    if not a <= b:
+        raise ValueError(f"trunc_normal_ needs a <= b, got a={a}, b={b}")
+    d = _float_dtype(tensor)
+    draws = [_random.normal(tensor.shape, d, tensor.device) * std + mean
+             for _ in range(_TRUNC_DRAWS)]
+    out = draws[-1].clamp(a, b)
+    for v in reversed(draws[:-1]):
+        out = where((v >= a) & (v <= b), v, out)
+    return _fill(tensor, out)
 
 
 def constant_(tensor: Tensor, val) -> Tensor:
