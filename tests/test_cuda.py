@@ -1394,7 +1394,7 @@ def test_products_of_misaligned_dlpack_views(cuda_runtime):
 def test_freed_cuda_tensors_return_memory_to_the_pool(cuda_runtime):
     pool = zyx._RT.device().pool       # (an earlier test may have re-initialized)
     before = pool.used_bytes
-    x = zyx.randn(1 << 20)
+    x = zyx.randn(1 << 20).realize()    # random numbers are lazy: store x too
     y = (x * 2 + 1).realize()
     assert pool.used_bytes >= before + 8 * (1 << 20)
     del x, y
