@@ -39,8 +39,9 @@ from .. import dtype as dt
 from ..errors import AllocationError, BackendError, DTypeError
 from ..codegen.target import DeviceInfo
 from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
-from ..codegen.spirv.strategy import choose
-from ..codegen.spirv.writer import write_kernel
+from ..codegen.gpu.analysis import output_size
+from ..codegen.spirv.strategy import choose, splits
+from ..codegen.spirv.writer import write_kernel, write_split
 from . import Buffer, MemoryPool
 from .binary_cache import BinaryCache, cache_key
 from .blocks import FreeBlocks, configured_limit, default_limit
@@ -432,18 +433,29 @@ class VulkanMemoryPool(MemoryPool):
 
 
 class VulkanProgram:
-    """A compute pipeline of one zyx kernel."""
-    __slots__ = ("kernel", "spirv", "pipeline", "layout", "set_layout", "module", "nargs",
-                 "__weakref__")
+    """The compute pipelines of one zyx kernel (one per launch, run in order) and the
+    scratch buffers they share (allocated at first launch)."""
+    __slots__ = ("kernel", "launches", "pipelines", "layout", "set_layout", "modules",
+                 "nargs", "scratch_bytes", "scratch", "__weakref__")
 
-    def __init__(self, kernel, spirv, pipeline, layout, set_layout, module):
+    def __init__(self, kernel, launches, pipelines, layout, set_layout, modules, scratch):
         self.kernel = kernel
-        self.spirv = spirv
-        self.pipeline = pipeline
+        self.launches = launches
+        self.pipelines = pipelines
         self.layout = layout
         self.set_layout = set_layout
-        self.module = module
-        self.nargs = len(kernel.args)
+        self.modules = modules
+        self.nargs = len(kernel.args) + len(scratch)
+        self.scratch_bytes = scratch
+        self.scratch = None
+
+    @property
+    def spirv(self):
+        return self.launches[0]
+
+
+def _storage_size(d):
+    return 1 if d.is_bool else d.itemsize
 
 
 def _features(vk, pd):
@@ -483,8 +495,9 @@ def supported_dtypes(features):
 class VulkanDevice:
     backend = "vulkan"
 
-    def __init__(self, vk, ctx, pool, props, features, uuid, debug=0):
+    def __init__(self, vk, ctx, pool, props, features, uuid, debug=0, float_controls=()):
         self.vk = vk
+        self.float_controls = float_controls
         self.ctx = ctx
         self.pool = pool
         self.debug = debug
@@ -583,11 +596,21 @@ class VulkanDevice:
                 raise DTypeError(f"{d.name} is not supported by Vulkan device {self.name}")
 
     def render(self, kernel):
-        """The SpirvKernel of `kernel` for this device."""
+        """([SpirvKernel] launched in order, [scratch buffer bytes]) of `kernel` for this
+        device."""
         strategy, local, items, nests = choose(kernel, self._info)
-        sk = write_kernel(kernel, strategy, local, items, nests)
-        self.check_dtypes(kernel, sk)
-        return sk
+        if strategy == "split":
+            n = splits(kernel.ops, nests, local, self._info)
+            launches = write_split(kernel, local, nests, n, self.fp64, self.float_controls)
+            n_out = output_size(kernel.ops)
+            scratch = [n_out * n * max(_storage_size(kernel.ops[acc][1]), 1)
+                       for acc in nests[0].results]
+        else:
+            launches = [write_kernel(kernel, strategy, local, items, nests, self.fp64,
+                                     self.float_controls)]
+            scratch = []
+        self.check_dtypes(kernel, launches[0])
+        return launches, scratch
 
     def _set_layout(self, n):
         lay = self._set_layouts.get(n)
@@ -610,44 +633,50 @@ class VulkanDevice:
             return prog
         vk = self.vk
         t0 = time.perf_counter()
-        sk = self.render(kernel)
-        code = sk.code
-        if self._validate:
-            validate_spirv(code)
-        if self.debug & 8:
-            print(f"zyx: SPIR-V module of {len(code)} bytes, strategy {sk.strategy}",
-                  file=sys.stderr)
+        launches, scratch = self.render(kernel)
         dev = self.ctx.device
-        module = vk.vkCreateShaderModule(dev, vk.VkShaderModuleCreateInfo(
-            codeSize=len(code), pCode=code), None)
-        sl, pl = self._set_layout(len(kernel.args))
-        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
-                                                   module=module, pName="main")
-        try:
-            pipe = vk.vkCreateComputePipelines(dev, self.pipeline_cache, 1, [
-                vk.VkComputePipelineCreateInfo(stage=stage, layout=pl)], None)[0]
-        except vk.VkError as e:
-            vk.vkDestroyShaderModule(dev, module, None)
-            raise BackendError(f"Vulkan pipeline creation failed on {self.name}: {e!r}") \
-                from None
+        sl, pl = self._set_layout(len(kernel.args) + len(scratch))
+        modules, pipes = [], []
+        for sk in launches:
+            code = sk.code
+            if self._validate:
+                validate_spirv(code)
+            if self.debug & 8:
+                print(f"zyx: SPIR-V module of {len(code)} bytes, strategy {sk.strategy}, "
+                      f"{sk.groups} groups of {sk.local_size}", file=sys.stderr)
+            module = vk.vkCreateShaderModule(dev, vk.VkShaderModuleCreateInfo(
+                codeSize=len(code), pCode=code), None)
+            modules.append(module)
+            stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                                                       module=module, pName="main")
+            try:
+                pipes.append(vk.vkCreateComputePipelines(dev, self.pipeline_cache, 1, [
+                    vk.VkComputePipelineCreateInfo(stage=stage, layout=pl)], None)[0])
+            except vk.VkError as e:
+                for mod in modules:
+                    vk.vkDestroyShaderModule(dev, mod, None)
+                raise BackendError(f"Vulkan pipeline creation failed on {self.name}: "
+                                   f"{e!r}") from None
         self._cache_dirty = True
         self.compiled += 1
         if self.debug & 32:
             print(f"zyx: Vulkan compiled a pipeline for {self.name} in "
                   f"{(time.perf_counter() - t0) * 1e3:.1f} ms", file=sys.stderr)
-        prog = self._programs[kernel] = VulkanProgram(kernel, sk, pipe, pl, sl, module)
+        prog = self._programs[kernel] = VulkanProgram(kernel, launches, pipes, pl, sl, modules,
+                                                      scratch)
         return prog
 
     def launch(self, program, pool, args, wait_events=()):
         vk = self.vk
         ctx = self.ctx
-        sk = program.spirv
         n = program.nargs
+        if program.scratch_bytes and program.scratch is None:
+            program.scratch = [ctx.new_buffer(nb, host=False) for nb in program.scratch_bytes]
         b = ctx.batch()
         if b.sets + 1 > SETS_PER_BATCH or b.descriptors + n > DESCRIPTORS_PER_BATCH:
             ctx.submit()
             b = ctx.batch()
-        handles = [a.handle for a in args]
+        handles = [a.handle for a in args] + list(program.scratch or ())
         if n:
             dev = ctx.device
             dset = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
@@ -661,16 +690,17 @@ class VulkanDevice:
             vk.vkUpdateDescriptorSets(dev, n, writes, 0, None)
             b.sets += 1
             b.descriptors += n
-        ro = [a[2] for a in program.kernel.args]
-        reads = [h for h, r in zip(handles, ro)]
+        ro = [a[2] for a in program.kernel.args] + [False] * len(program.scratch or ())
         writes_h = [h for h, r in zip(handles, ro) if not r]
-        ctx.hazard(b, reads, writes_h)
-        vk.vkCmdBindPipeline(b.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, program.pipeline)
-        if n:
-            vk.vkCmdBindDescriptorSets(b.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, program.layout,
-                                       0, 1, [dset], 0, None)
-        gx, gy = fold_groups(sk.groups, self.max_groups)
-        vk.vkCmdDispatch(b.cmd, gx, gy, 1)
+        for sk, pipe in zip(program.launches, program.pipelines):
+            # (the scratch written by a first pass is read by the second: a barrier)
+            ctx.hazard(b, handles, writes_h)
+            vk.vkCmdBindPipeline(b.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe)
+            if n:
+                vk.vkCmdBindDescriptorSets(b.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
+                                           program.layout, 0, 1, [dset], 0, None)
+            gx, gy = fold_groups(sk.groups, self.max_groups)
+            vk.vkCmdDispatch(b.cmd, gx, gy, 1)
         b.keep.append(program)
         return ctx.event(b)
 
@@ -684,8 +714,13 @@ class VulkanDevice:
         # the pipeline may still be referenced by a recorded batch: destroy after it ran
         self.ctx.wait()
         vk = self.vk
-        vk.vkDestroyPipeline(self.ctx.device, program.pipeline, None)
-        vk.vkDestroyShaderModule(self.ctx.device, program.module, None)
+        for pipe in program.pipelines:
+            vk.vkDestroyPipeline(self.ctx.device, pipe, None)
+        for mod in program.modules:
+            vk.vkDestroyShaderModule(self.ctx.device, mod, None)
+        for h in program.scratch or ():
+            self.ctx.destroy(h)
+        program.scratch = None
 
 
 def fold_groups(groups, limits):
@@ -739,6 +774,15 @@ def initialize(cfg, debug=0):
         uuid = bytes(vk.ffi.buffer(idp.deviceUUID, 16)).hex() \
             if not isinstance(idp.deviceUUID, (bytes, list)) else bytes(idp.deviceUUID).hex()
         features = _features(vk, pd)
+        controls = ()
+        if props.apiVersion >= vk.VK_MAKE_VERSION(1, 2, 0):   # float controls are core
+            fc = vk.VkPhysicalDeviceFloatControlsProperties()
+            vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=fc))
+            controls = tuple(k for k, ok in (
+                ("nan32", fc.shaderSignedZeroInfNanPreserveFloat32),
+                ("nan64", fc.shaderSignedZeroInfNanPreserveFloat64),
+                ("denorm32", fc.shaderDenormPreserveFloat32),
+                ("denorm64", fc.shaderDenormPreserveFloat64)) if ok)
         if not features["shaderInt64"]:
             reasons.append(f"Vulkan device {i}: no shaderInt64 (zyx's index math)")
             continue
@@ -748,7 +792,7 @@ def initialize(cfg, debug=0):
             reasons.append(f"Vulkan device {i}: cannot create a device: {e!r}")
             continue
         pool = VulkanMemoryPool(ctx, ctx.heap_size(), limit)
-        dev = VulkanDevice(vk, ctx, pool, props, features, uuid, debug)
+        dev = VulkanDevice(vk, ctx, pool, props, features, uuid, debug, controls)
         dev._instance = instance
         pools.append(pool)
         devices.append(dev)

@@ -25,11 +25,11 @@ OP = dict(
     SConvert=114, FConvert=115, Bitcast=124, SNegate=126, FNegate=127,
     IAdd=128, FAdd=129, ISub=130, FSub=131, IMul=132, FMul=133, UDiv=134, SDiv=135,
     FDiv=136, UMod=137, SRem=138, SMod=139, FRem=140, FMod=141,
-    IsNan=156, LogicalEqual=164, LogicalNotEqual=165, LogicalOr=166, LogicalAnd=167,
+    IsNan=156, IsInf=157, LogicalEqual=164, LogicalNotEqual=165, LogicalOr=166, LogicalAnd=167,
     LogicalNot=168, Select=169, IEqual=170, INotEqual=171, UGreaterThan=172,
     SGreaterThan=173, UGreaterThanEqual=174, SGreaterThanEqual=175, ULessThan=176,
     SLessThan=177, ULessThanEqual=178, SLessThanEqual=179, FOrdEqual=180, FUnordEqual=181,
-    FOrdNotEqual=182, FUnordNotEqual=183, FOrdLessThan=184, FOrdGreaterThan=186,
+    FOrdNotEqual=182, FUnordNotEqual=183, FOrdLessThan=184, FOrdGreaterThan=186, FOrdGreaterThanEqual=190,
     ShiftRightLogical=194, ShiftRightArithmetic=195, ShiftLeftLogical=196,
     BitwiseOr=197, BitwiseXor=198, BitwiseAnd=199, Not=200,
     ControlBarrier=224, Phi=245, LoopMerge=246, SelectionMerge=247, Label=248, Branch=249,
@@ -38,7 +38,10 @@ OP = dict(
 
 # enumerants
 CAP = dict(Shader=1, Float64=10, Int64=11, Int16=22, Int8=39,
-           StorageBuffer16BitAccess=4433, StorageBuffer8BitAccess=4448)
+           StorageBuffer16BitAccess=4433, StorageBuffer8BitAccess=4448,
+           DenormPreserve=4464, SignedZeroInfNanPreserve=4466)
+# execution modes of SPV_KHR_float_controls (operand: the float width)
+MODE = dict(LocalSize=17, DenormPreserve=4459, SignedZeroInfNanPreserve=4461)
 STORAGE = dict(UniformConstant=0, Input=1, Workgroup=4, Function=7, StorageBuffer=12)
 DECO = dict(Block=2, ArrayStride=6, BuiltIn=11, NonWritable=24, Binding=33,
             DescriptorSet=34, Offset=35)
@@ -77,7 +80,9 @@ class Module:
         self.body = []
         self._types = {}
         self._consts = {}
+        self._signed = {}        # integer type id -> signedness
         self.block = None        # label id of the block being written
+        self.extra_modes = []    # (mode name, operand) on the entry point
 
     def id(self):
         i = self.bound
@@ -114,9 +119,16 @@ class Module:
         return self._type(("bool",), "TypeBool", [])
 
     def type_int(self, bits, signed):
-        return self._type(("int", bits, signed), "TypeInt", [bits, int(signed)])
+        # the capability of each width is declared with its type: exactly the ones used
+        if bits != 32:
+            self.capability({8: "Int8", 16: "Int16", 64: "Int64"}[bits])
+        t = self._type(("int", bits, signed), "TypeInt", [bits, int(signed)])
+        self._signed[t] = signed
+        return t
 
     def type_float(self, bits):
+        if bits == 64:
+            self.capability("Float64")
         return self._type(("float", bits), "TypeFloat", [bits])
 
     def type_vector(self, comp, n):
@@ -162,6 +174,8 @@ class Module:
                 words = list(struct.unpack("<H", struct.pack("<e", value)))
         else:
             v = int(value) & ((1 << bits) - 1)
+            if bits < 32 and self._signed.get(t) and v >> (bits - 1):
+                v |= (1 << 32) - (1 << bits)      # a narrow signed literal is sign-extended
             words = [v & 0xFFFFFFFF, v >> 32] if bits == 64 else [v]
         self.globals += _inst(OP["Constant"], [t, c, *words])
         return c
@@ -224,7 +238,9 @@ class Module:
         out += self.imports
         out += _inst(OP["MemoryModel"], [0, 1])              # Logical, GLSL450
         out += _inst(OP["EntryPoint"], [5, entry_fn, *_string_words(name), *interface])
-        out += _inst(OP["ExecutionMode"], [entry_fn, 17, *local_size])   # LocalSize
+        out += _inst(OP["ExecutionMode"], [entry_fn, MODE["LocalSize"], *local_size])
+        for mode, arg in self.extra_modes:
+            out += _inst(OP["ExecutionMode"], [entry_fn, MODE[mode], arg])
         out += self.decos
         out += self.globals
         out += _inst(OP["Function"], [self.type_void(), entry_fn, 0, fn_type])

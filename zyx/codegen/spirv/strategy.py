@@ -8,6 +8,9 @@ what the SPIR-V writer has.
 - reduce kernels the analysis splits over a group ("group": softmax-like rows, a long
   sum per output): one workgroup per output, lanes split each reduce nest, a tree in
   workgroup memory combines;
+- one reduce nest with few outputs and much work ("split": a whole-tensor sum): two
+  passes, the first over `splits` groups per output storing each group's partial
+  accumulators in scratch buffers, the second combining them;
 - the rest (many outputs with short reductions, and the "columns" case): "serial", each
   invocation loops over its output's reduction.
 """
@@ -21,11 +24,14 @@ ELEMENTWISE_LOCAL = 256
 GROUP_LOCAL = 256
 ITEMS = 4                 # outputs per invocation of a large elementwise kernel
 ITEMS_FROM = 1 << 22      # outputs from which invocations take ITEMS each
+SPLIT_WORK = 64           # fewest elements per lane of a split group
+MAX_SPLITS = 1024
 
 
 def choose(kernel, info):
     """(strategy, local size, items per invocation, nests) for `kernel` on a device
-    described by `info` (DeviceInfo)."""
+    described by `info` (DeviceInfo); for "split", `splits(...)` gives the groups per
+    output."""
     ops = kernel.ops
     limit = max(info.max_local_threads, 1)
     if not any(op[0] == K.LOOP for op in ops):
@@ -34,8 +40,30 @@ def choose(kernel, info):
     nests = reduce_nests(ops)
     if choose_strategy(ops, nests, info) == "group" and _barrier_free(ops):
         local = min(GROUP_LOCAL, _pow2_floor(limit))
+        if splits(ops, nests, local, info) > 1:
+            return "split", local, 1, nests
         return "group", local, 1, nests
     return "serial", min(ELEMENTWISE_LOCAL, limit), 1, None
+
+
+def splits(ops, nests, local, info):
+    """Groups per output of the two-pass "split" strategy (1: not split). A kernel of
+    one reduce nest with few outputs and much work per output (a whole-tensor sum) is
+    spread over enough groups to fill the device, each taking SPLIT_WORK elements per
+    lane or more. (lavapipe also needs it: llvmpipe stops an invocation's loops after
+    65535 iterations in all, so a long reduction must be spread over many invocations.)"""
+    if len(nests) != 1 or nests[0].stores or not nests[0].results or nests[0].reads_earlier:
+        return 1
+    nest = nests[0]
+    if any(op[0] == K.STORE and ops[op[2]][2] == K.SCOPE_GLOBAL for op in ops[:nest.end]):
+        return 1
+    n_out = output_size(ops)
+    if n_out >= max(info.num_cores, 1) * 4:
+        return 1
+    outer = ops[nest.root][2] if nest.run[0] != nest.root else nest.flat
+    work = nest.flat * (ops[nest.root][2] if nest.run[0] != nest.root else 1)
+    want = min(MAX_SPLITS, work // (local * SPLIT_WORK), outer)
+    return want if want >= 2 else 1
 
 
 def _barrier_free(ops):

@@ -23,6 +23,7 @@ from ... import dtype as dt
 from ..._core import kernel as K
 from ..gpu.analysis import loop_ends, narrow_index, output_size
 from . import builder as B
+from . import f64math
 
 # GLSL.std.450 instruction numbers
 GLSL = dict(Trunc=3, FAbs=4, Floor=8, Sin=13, Cos=14, Tanh=21, Pow=26, Exp=27, Log=28,
@@ -62,7 +63,12 @@ def uses_dtypes(kernel):
 
 
 class _Writer:
-    def __init__(self, kernel, strategy, local, items, nests, fold):
+    def __init__(self, kernel, strategy, local, items, nests, fold, fp64=True,
+                 float_controls=(), splits=1, phase=0):
+        self.splits = splits      # groups per output (split strategy)
+        self.phase = phase        # split strategy: 1 partials, 2 their combination
+        self.f64_ok = fp64
+        self.float_controls = float_controls
         self.k = kernel
         self.ops = kernel.ops
         self.strategy = strategy
@@ -245,13 +251,32 @@ class _Writer:
         nx = m.op("CompositeExtract", u32, nwg, 0)
         self.lane = m.op("CompositeExtract", u32, lid, 0)
         group = m.op("IAdd", u32, m.op("IMul", u32, wy, nx), wx)   # the 2-D fold undone
-        if self.strategy == "group":
+        if self.strategy == "split":
+            self.write_split(group)
+        elif self.strategy == "group":
             self.write_group(group)
         else:
             self.write_serial(group, nx, nwg)
         m.emit("Return")
+        self.float_modes()
         words = m.words(entry, fn_type, entry_label, self.interface, (self.local, 1, 1))
         return words
+
+    def float_modes(self):
+        """SPV_KHR_float_controls execution modes the device supports, for the float
+        widths the module uses: NaN, infinities and signed zeros kept (torch's max and
+        isnan rely on them), denormals kept (exp of very negative values)."""
+        m = self.m
+        widths = [b for b in (32, 64) if ("float", b) in m._types]
+        modes = [(mode, b) for b in widths
+                 for mode, key in (("SignedZeroInfNanPreserve", "nan"),
+                                   ("DenormPreserve", "denorm"))
+                 if f"{key}{b}" in self.float_controls]
+        if modes:
+            m.extension("SPV_KHR_float_controls")
+            for mode, b in modes:
+                m.capability(mode)
+                m.extra_modes.append((mode, b))
 
     def declare_buffers(self):
         m = self.m
@@ -319,6 +344,67 @@ class _Writer:
         self.body(0, len(self.ops))
         self.close_if()
 
+    def scratch_buffer(self, j, d):
+        """The storage buffer of result register j's partials (binding after the
+        kernel's arguments): dtype d's register values, stored as `stype`."""
+        m = self.m
+        binding = len(self.k.args) + j
+        elem = self.stype(d)
+        st = m.storage_buffer_struct(elem, _stride(d), ("scratch", binding))
+        var = m.global_variable(m.type_pointer("StorageBuffer", st), "StorageBuffer")
+        m.decorate(var, "DescriptorSet", 0)
+        m.decorate(var, "Binding", binding)
+        return var, m.type_pointer("StorageBuffer", elem)
+
+    def write_split(self, group):
+        """The two passes of one huge reduce nest (`nests[0]`, after which only the
+        epilogue follows): pass 1 runs `splits` groups per output, each over a share of
+        the nest's outer loop, and stores each result register's group total in a
+        scratch buffer; pass 2 (one group per output) combines those partials and runs
+        the epilogue."""
+        m = self.m
+        u32, bt = self.u32(), self.boolt()
+        nest = self.nests[0]
+        S = self.splits
+        self.by_root = {nest.run[0]: nest}
+        self.by_end = {nest.end: nest} if nest.run[0] != nest.root else {}
+        self.split_loops = {}
+        self.scratch = {}
+        bufs = [self.scratch_buffer(j, self.ops[acc][1]) for j, acc in enumerate(nest.results)]
+        n_groups = self.n_out * (S if self.phase == 1 else 1)
+        self.open_if(m.op("ULessThan", bt, group, self.c_u32(n_groups)))
+        out = m.op("UDiv", u32, group, self.c_u32(S)) if self.phase == 1 else group
+        self.decode_indices(out)
+        if self.phase == 1:
+            part = m.op("UMod", u32, group, self.c_u32(S))
+            self.share = part
+            self.body(0, nest.end + 1)
+            self.open_if(m.op("IEqual", bt, self.lane, self.c_u32(0)))
+            slot = m.op("IAdd", u32, m.op("IMul", u32, out, self.c_u32(S)), part)
+            for (var, eptr), acc in zip(bufs, nest.results):
+                d = self.ops[acc][1]
+                v = m.op("Load", self.rtype(d), self.regs[acc][0])
+                m.emit("Store", m.op("AccessChain", eptr, var, self.c_u32(0), slot),
+                       self.to_storage(d, v))
+            self.close_if()
+        else:
+            self.body(0, nest.root)
+            for (var, eptr), acc in zip(bufs, nest.results):
+                d, rop = self.ops[acc][1], self.ops[acc][6]
+                t = self.rtype(d)
+                reg = self.regs[acc][0]
+                k = self.open_loop(self.lane, self.c_u32(S), self.c_u32(self.local), u32,
+                                   signed=False)
+                slot = m.op("IAdd", u32, m.op("IMul", u32, out, self.c_u32(S)), k)
+                raw = m.op("Load", self.stype(d),
+                           m.op("AccessChain", eptr, var, self.c_u32(0), slot))
+                v = self.from_storage(d, raw)
+                m.emit("Store", reg, self.combine_values(rop, d, m.op("Load", t, reg), v))
+                self.close_loop()
+            self.combine(nest)
+            self.body(nest.end + 1, len(self.ops))
+        self.close_if()
+
     # -- the walk ----------------------------------------------------------------------
     def body(self, lo, hi):
         ops = self.ops
@@ -331,10 +417,13 @@ class _Writer:
             if c == K.DEFINE:
                 self.define(i, op)
             elif c == K.LOOP:
-                if self.strategy == "group" and i in self.split_loops:
+                if self.strategy != "serial" and i in self.split_loops:
                     continue          # a loop of a split run: decoded from the flat loop
-                if self.strategy == "group" and i in self.by_root:
+                if self.strategy != "serial" and i in self.by_root:
                     self.open_split(self.by_root[i])
+                    continue
+                if self.strategy == "split" and i == self.nests[0].root:
+                    self.val[i] = self.open_share(op[2])
                     continue
                 narrow = i in self.narrow
                 t = self.i32() if narrow else self.rtype(K.IDX)
@@ -343,7 +432,7 @@ class _Writer:
                 n = self.c_i32(op[2]) if narrow else self.const(K.IDX, op[2])
                 self.val[i] = self.open_loop(zero, n, one, t)
             elif c == K.ENDLOOP:
-                if self.strategy == "group" and op[2] in self.split_loops:
+                if self.strategy != "serial" and op[2] in self.split_loops:
                     nest = self.split_loops[op[2]]
                     if op[2] == nest.run[0]:
                         self.close_loop()
@@ -351,7 +440,7 @@ class _Writer:
                             self.combine(nest)
                     continue
                 self.close_loop()
-                if self.strategy == "group" and i in self.by_end:
+                if self.strategy != "serial" and i in self.by_end:
                     self.combine(self.by_end[i])
             elif c == K.IF_OP:
                 self.open_if(self.as_bool(op[2]))
@@ -430,7 +519,7 @@ class _Writer:
             m.emit("Store", self.reg_ptr(ref, index_ref), self.value_as(value_ref, d))
             return
         var, eptr, sd = self.bufs[ref]
-        guarded = (self.strategy == "group" and not self.in_store_nest(i))
+        guarded = (self.strategy != "serial" and not self.in_store_nest(i))
         if guarded:
             self.open_if(m.op("IEqual", self.boolt(), self.lane, self.c_u32(0)))
         v = self.to_storage(sd, self.value_as(value_ref, sd))
@@ -605,17 +694,32 @@ class _Writer:
         if u == K.U_RECIP:
             return m.op("FDiv", t, self.const(d, 1.0), x)
         if u == K.U_ERF:
-            return self.erf(d, x)
+            return f64math.erf(self, x) if d is dt.float64 else self.erf(d, x)
         name = _GLSL_UNARY[u]
         if d is dt.float64 and name not in _F64_OK:
             # GLSL.std.450 has these for 16/32-bit floats only
-            y = self.unary(u, dt.float32, m.op("FConvert", m.type_float(32), x))
-            return m.op("FConvert", t, y)
+            return self.f64_unary(u, x)
         if u == K.U_TANH:
             return self.tanh(d, x)
         return m.ext(self.glsl, t, GLSL[name], x)
 
     f64_ok = True
+
+    def f64_unary(self, u, x):
+        f = f64math.F64(self)
+        if u == K.U_EXP:
+            return f64math.exp(self, x)
+        if u == K.U_EXP2:
+            return f64math.exp(self, f.mul(x, f.c(math.log(2.0))))
+        if u == K.U_LOG:
+            return f64math.log(self, x)
+        if u == K.U_LOG2:
+            return f.mul(f64math.log(self, x), f.c(1.0 / math.log(2.0)))
+        if u in (K.U_SIN, K.U_COS):
+            return f64math.sincos(self, x, u == K.U_COS)
+        if u == K.U_TANH:
+            return f64math.tanh(self, x)
+        raise NotImplementedError(f"float64 {K.UNARY_NAMES[u]}")
 
     def tanh(self, d, x):
         """tanh within a few ulp: GLSL's Tanh is allowed large error near 0; this is
@@ -654,10 +758,7 @@ class _Writer:
             p = m.op("FAdd", t, m.op("FMul", t, p, k), c(a))
         p = m.op("FMul", t, p, k)
         x2 = m.op("FMul", t, ax, ax)
-        e = m.ext(self.glsl, t, GLSL["Exp"], m.op("FNegate", t, x2)) if d is not dt.float64 \
-            else m.op("FConvert", t, m.ext(self.glsl, m.type_float(32), GLSL["Exp"],
-                                           m.op("FConvert", m.type_float(32),
-                                                m.op("FNegate", t, x2))))
+        e = m.ext(self.glsl, t, GLSL["Exp"], m.op("FNegate", t, x2))
         big = m.op("FSub", t, c(1.0), m.op("FMul", t, p, e))
         s = c(1.0 / 216.0)
         for a in (-1.0 / 42.0, 1.0 / 10.0, -1.0 / 3.0, 1.0):
@@ -694,8 +795,9 @@ class _Writer:
         m = self.m
         t = self.rtype(d)
         if d.is_float:
-            name = {K.B_ADD: "FAdd", K.B_SUB: "FSub", K.B_MUL: "FMul", K.B_DIV: "FDiv",
-                    K.B_MOD: "FRem"}.get(b)
+            if b == K.B_MOD:
+                return self.fmod(d, x, y)
+            name = {K.B_ADD: "FAdd", K.B_SUB: "FSub", K.B_MUL: "FMul", K.B_DIV: "FDiv"}.get(b)
             if name is not None:
                 return m.op(name, t, x, y)
             if b in (K.B_MAX, K.B_MIN):
@@ -709,6 +811,43 @@ class _Writer:
                 return self.fpow(d, x, y)
             raise NotImplementedError(f"binary op {K.BINARY_NAMES[b]} on {d.name}")
         return self.int_binary(b, d, t, x, y, y_ref)
+
+    def fmod(self, d, x, y):
+        """C's fmod (exact, the sign of x). OpFRem is x - y * trunc(x / y), off by up to
+        |y| where x / y rounds across an integer: float32 is computed in float64 (the
+        product q * y is exact while |q| < 2^29), and the remainder is moved back into
+        (-|y|, |y|) with x's sign."""
+        m = self.m
+        t = self.rtype(d)
+        bt = self.boolt()
+        wide = d is not dt.float64 and self.f64_ok
+        w = dt.float64 if wide else d
+        wt = self.rtype(w)
+        xw = m.op("FConvert", wt, x) if wide else x
+        yw = m.op("FConvert", wt, y) if wide else y
+        q = m.ext(self.glsl, wt, GLSL["Trunc"], m.op("FDiv", wt, xw, yw))
+        if wide:
+            r = m.op("FSub", wt, xw, m.op("FMul", wt, q, yw))
+        else:     # one rounding where the device fuses (x - q * y is then exact)
+            r = m.ext(self.glsl, wt, 50, m.op("FNegate", wt, q), yw, xw)      # Fma
+        ay = m.ext(self.glsl, wt, GLSL["FAbs"], yw)
+        sy = m.op("Select", wt, m.op("FOrdLessThan", bt, xw, self.const(w, 0.0)),
+                  m.op("FNegate", wt, ay), ay)       # |y| with x's sign
+        wrong = m.op("FOrdLessThan", bt, m.op("FMul", wt, r, xw), self.const(w, 0.0))
+        r = m.op("Select", wt, wrong, m.op("FAdd", wt, r, sy), r)
+        over = m.op("FOrdGreaterThanEqual", bt, m.ext(self.glsl, wt, GLSL["FAbs"], r), ay)
+        r = m.op("Select", wt, over, m.op("FSub", wt, r, sy), r)
+        if wide:
+            r = m.op("FConvert", t, r)
+            big = m.op("FOrdGreaterThanEqual", bt, m.ext(self.glsl, wt, GLSL["FAbs"], q),
+                       self.const(w, 2.0 ** 29))
+            r = m.op("Select", t, big, m.op("FRem", t, x, y), r)
+        # fmod(x, +-inf) is x for finite x; a zero result keeps x's sign
+        yinf = m.op("LogicalAnd", bt, m.op("IsInf", bt, y),
+                    m.op("LogicalNot", bt, m.op("IsInf", bt, x)))
+        r = m.op("Select", t, yinf, x, r)
+        zero = m.op("FOrdEqual", bt, r, self.const(d, 0.0))
+        return m.op("Select", t, zero, m.op("FMul", t, x, self.const(d, 0.0)), r)
 
     def int_binary(self, b, d, t, x, y, y_ref):
         m = self.m
@@ -784,12 +923,11 @@ class _Writer:
         t = self.rtype(d)
         bt = self.boolt()
         c = lambda v: self.const(d, v)      # noqa: E731
-        if d is dt.float64:
-            f32 = m.type_float(32)
-            x32, y32 = m.op("FConvert", f32, x), m.op("FConvert", f32, y)
-            return m.op("FConvert", t, self.fpow(dt.float32, x32, y32))
         ax = m.ext(self.glsl, t, GLSL["FAbs"], x)
-        r = m.ext(self.glsl, t, GLSL["Pow"], ax, y)
+        if d is dt.float64:
+            r = f64math.pow_abs(self, ax, y)
+        else:
+            r = m.ext(self.glsl, t, GLSL["Pow"], ax, y)
         yi = m.op("FOrdEqual", bt, m.ext(self.glsl, t, GLSL["Floor"], y), y)
         odd = m.op("FOrdNotEqual", bt, m.op("FRem", t, y, c(2.0)), c(0.0))
         neg_r = m.op("Select", t, odd, m.op("FNegate", t, r), r)
@@ -798,6 +936,8 @@ class _Writer:
         xz = m.op("FOrdEqual", bt, x, c(0.0))
         zr = m.op("Select", t, m.op("FOrdGreaterThan", bt, y, c(0.0)), c(0.0), c(float("inf")))
         r = m.op("Select", t, xz, zr, r)
+        nan = m.op("LogicalOr", bt, m.op("IsNan", bt, x), m.op("IsNan", bt, y))
+        r = m.op("Select", t, nan, m.op("FAdd", t, x, y), r)
         r = m.op("Select", t, m.op("FOrdEqual", bt, y, c(0.0)), c(1.0), r)
         return m.op("Select", t, m.op("FOrdEqual", bt, x, c(1.0)), c(1.0), r)
 
@@ -835,15 +975,42 @@ class _Writer:
         return m.op(name, bt, x, y)
 
     # -- the group strategy --------------------------------------------------------------
+    def share_bounds(self, length):
+        """[lo, hi) of this group's share of `length` iterations (split pass 1)."""
+        m = self.m
+        u32 = self.u32()
+        chunk = -(-length // self.splits)
+        lo = m.op("IMul", u32, self.share, self.c_u32(chunk))
+        hi = m.ext(self.glsl, u32, 38, m.op("IAdd", u32, lo, self.c_u32(chunk)),
+                   self.c_u32(length))                                     # UMin
+        return lo, hi
+
+    def open_share(self, length):
+        """The nest's outer loop over this group's share (split pass 1, the run below it
+        is split over the lanes)."""
+        lo, hi = self.share_bounds(length)
+        f = self.open_loop(lo, hi, self.c_u32(1), self.u32(), signed=False)
+        return self.index_value(self.nests[0].root, f)
+
+    def index_value(self, ssa, u32_value):
+        self.set_index(ssa, u32_value)
+        return self.val[ssa]
+
     def open_split(self, nest):
         """Open the flat loop `for (f = lane; f < flat; f += local)` of `nest`'s run and
-        give each loop of the run its value from f."""
+        give each loop of the run its value from f (split pass 1 with the run at the
+        nest's root: over this group's share of it)."""
         m = self.m
         u32 = self.u32()
         for loop in nest.run:
             self.split_loops[loop] = nest
-        f = self.open_loop(self.lane, self.c_u32(nest.flat), self.c_u32(self.local), u32,
-                           signed=False)
+        if self.strategy == "split" and nest.run[0] == nest.root:
+            lo, hi = self.share_bounds(nest.flat)
+            f = self.open_loop(m.op("IAdd", u32, lo, self.lane), hi, self.c_u32(self.local),
+                               u32, signed=False)
+        else:
+            f = self.open_loop(self.lane, self.c_u32(nest.flat), self.c_u32(self.local), u32,
+                               signed=False)
         stride = 1
         for loop in reversed(nest.run):
             length = self.ops[loop][2]
@@ -907,10 +1074,26 @@ def _stride(d):
     return d.itemsize
 
 
-def write_kernel(kernel, strategy="serial", local=256, items=1, nests=None, fold=65535):
+def write_split(kernel, local, nests, splits, fp64=True, float_controls=()):
+    """The two SpirvKernels (partials, combination) of a kernel given the split
+    strategy: `splits` groups per output in the first pass."""
+    out = []
+    for phase in (1, 2):
+        w = _Writer(kernel, "split", local, 1, nests, None, fp64, float_controls, splits, phase)
+        words = w.write()
+        groups = w.n_out * (splits if phase == 1 else 1)
+        out.append(SpirvKernel(words, local, groups, "split", 1, uses_dtypes(kernel)))
+    return out
+
+
+def write_kernel(kernel, strategy="serial", local=256, items=1, nests=None, fp64=True,
+                 float_controls=()):
     """The SpirvKernel of `kernel` with `strategy` ("serial" or "group"), `local`
-    invocations per workgroup and, for "serial", `items` outputs per invocation."""
-    w = _Writer(kernel, strategy, local, items, nests, fold)
+    invocations per workgroup and, for "serial", `items` outputs per invocation.
+    `fp64`: the device computes float64 (else integer math functions go through float32).
+    `float_controls`: of "nan32", "nan64", "denorm32", "denorm64", what the device can
+    preserve (VkPhysicalDeviceFloatControlsProperties): those modes are declared."""
+    w = _Writer(kernel, strategy, local, items, nests, None, fp64, float_controls)
     words = w.write()
     n_out = w.n_out
     if strategy == "group":
