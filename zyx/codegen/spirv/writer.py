@@ -692,7 +692,7 @@ class _Writer:
             fd = dt.float64 if d.itemsize >= 4 and self.f64_ok else dt.float32
             return self.convert(fd, d, self.unary(u, fd, self.convert(d, fd, x)))
         if u == K.U_RECIP:
-            return m.op("FDiv", t, self.const(d, 1.0), x)
+            return self.fdiv(d, self.const(d, 1.0), x)
         if u == K.U_ERF:
             return f64math.erf(self, x) if d is dt.float64 else self.erf(d, x)
         name = _GLSL_UNARY[u]
@@ -797,6 +797,8 @@ class _Writer:
         if d.is_float:
             if b == K.B_MOD:
                 return self.fmod(d, x, y)
+            if b == K.B_DIV:
+                return self.fdiv(d, x, y)
             name = {K.B_ADD: "FAdd", K.B_SUB: "FSub", K.B_MUL: "FMul", K.B_DIV: "FDiv"}.get(b)
             if name is not None:
                 return m.op(name, t, x, y)
@@ -811,6 +813,31 @@ class _Writer:
                 return self.fpow(d, x, y)
             raise NotImplementedError(f"binary op {K.BINARY_NAMES[b]} on {d.name}")
         return self.int_binary(b, d, t, x, y, y_ref)
+
+    def fdiv(self, d, x, y):
+        """IEEE x / y: Vulkan defines OpFDiv only for |y| in [2^-126, 2^126] (lavapipe
+        gives garbage for 0 / 0), so division by zero and by infinity are written out:
+        signed infinities and zeros, NaN for 0 / 0, inf / inf and NaN operands."""
+        m = self.m
+        t = self.rtype(d)
+        bt = self.boolt()
+        bits = 64 if d is dt.float64 else 32
+        ut = m.type_int(bits, False)
+        q = m.op("FDiv", t, x, y)
+        sign = m.op("BitwiseAnd", ut, m.op("BitwiseXor", ut, m.op("Bitcast", ut, x),
+                                           m.op("Bitcast", ut, y)),
+                    m.const(ut, 1 << (bits - 1), bits))
+        inf_bits = 0x7FF0000000000000 if bits == 64 else 0x7F800000
+        inf = m.op("Bitcast", t, m.op("BitwiseOr", ut, sign, m.const(ut, inf_bits, bits)))
+        zero = m.op("Bitcast", t, sign)
+        nan = self.const(d, float("nan"))
+        xbad = m.op("LogicalOr", bt, m.op("IsNan", bt, x), m.op("IsInf", bt, x))
+        y0 = m.op("FOrdEqual", bt, y, self.const(d, 0.0))
+        x0 = m.op("LogicalOr", bt, m.op("FOrdEqual", bt, x, self.const(d, 0.0)),
+                  m.op("IsNan", bt, x))
+        q = m.op("Select", t, y0, m.op("Select", t, x0, nan, inf), q)
+        q = m.op("Select", t, m.op("IsInf", bt, y), m.op("Select", t, xbad, nan, zero), q)
+        return m.op("Select", t, m.op("IsNan", bt, y), y, q)
 
     def fmod(self, d, x, y):
         """C's fmod (exact, the sign of x). OpFRem is x - y * trunc(x / y), off by up to
