@@ -253,7 +253,7 @@ class Runtime:
                 warn(f"zyx: default device {self.preferred!r} is not available; using the "
                      "others")
                 self.preferred = None
-        else:
+        if self.preferred is None:      # one physical GPU counts once, by its fastest API
             devices = distinct_hardware(devices)
         # stable: equal compute keeps the backends' order
         return sorted(devices, key=lambda d: d.info().compute, reverse=True)

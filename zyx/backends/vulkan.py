@@ -256,10 +256,28 @@ class VulkanContext:
             b = _Batch(cmd, fence, dpool)
         vk.vkBeginCommandBuffer(b.cmd, vk.VkCommandBufferBeginInfo(
             flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        # batches submitted without a wait between them may overlap: this barrier orders
+        # the batch after every command submitted before it (its first scope)
+        self._barrier(b.cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+                      vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0)
         self._seq += 1
         b.seq = self._seq
         self.pending = b
         return b
+
+    def _barrier(self, cmd, dst_stages, dst_access):
+        """A global memory barrier after every compute and transfer write."""
+        vk = self.vk
+        access = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT |
+                  vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+        stages = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        barrier = vk.VkMemoryBarrier(srcAccessMask=access, dstAccessMask=dst_access or access)
+        vk.vkCmdPipelineBarrier(cmd, stages, dst_stages, 0, 1, [barrier], 0, None, 0, None)
+
+    def host_read_barrier(self, b):
+        """Make the batch's transfer writes visible to the host (read after the fence)."""
+        vk = self.vk
+        self._barrier(b.cmd, vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
 
     def hazard(self, b, reads, writes):
         """Record a barrier before a command reading `reads` and writing `writes` (buffer
@@ -267,11 +285,8 @@ class VulkanContext:
         vk = self.vk
         if any(h in b.written for h in reads) or any(h in b.written or h in b.read
                                                       for h in writes):
-            access = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT |
-                      vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
-            stages = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-            barrier = vk.VkMemoryBarrier(srcAccessMask=access, dstAccessMask=access)
-            vk.vkCmdPipelineBarrier(b.cmd, stages, stages, 0, 1, [barrier], 0, None, 0, None)
+            self._barrier(b.cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+                          vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0)
             b.written.clear()
             b.read.clear()
         b.read.update(reads)
@@ -419,6 +434,7 @@ class VulkanMemoryPool(MemoryPool):
         ctx = self.ctx
         st = ctx.staging(src.nbytes)
         b = ctx.copy(src.handle, st, src.nbytes)
+        ctx.host_read_barrier(b)
         ctx.wait(b.seq)
         dst.reshape(-1).view(np.uint8)[:] = np.frombuffer(st.mapped, np.uint8, src.nbytes)
         ctx.staging_free.put(st, st.size)
