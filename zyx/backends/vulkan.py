@@ -56,6 +56,7 @@ CPU_COMPUTE = 1e9
 # the same GPU through CUDA computes faster: Vulkan ranks below it (runtime keeps the
 # fastest API of one physical device)
 VULKAN_SHARE = 0.5
+LLVMPIPE_LOOPS = 60000    # below llvmpipe's 65535 loop iterations per invocation
 
 _ALL_DTYPES = (dt.bool_, dt.uint8, dt.uint16, dt.uint32, dt.uint64, dt.int8, dt.int16,
                dt.int32, dt.int64, dt.float16, dt.bfloat16, dt.float32, dt.float64)
@@ -561,7 +562,11 @@ class VulkanDevice:
                           register_tiles=register_tiles(), window_tiles=False,
                           tile_min_outputs=tile_min_outputs(cores), sum_block=GPU_SUM_BLOCK,
                           dtypes=supported_dtypes(self.features), hardware=self.uuid,
-                          extra={"cpu": is_cpu, "fp64": self.fp64})
+                          extra={"cpu": is_cpu, "fp64": self.fp64,
+                                 # llvmpipe ends an invocation's loops after 65535
+                                 # iterations in all: the strategy spreads longer ones
+                                 "loop_limit": LLVMPIPE_LOOPS if "llvmpipe" in self.name
+                                 else None})
 
     def info(self):
         return self._info

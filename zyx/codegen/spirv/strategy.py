@@ -16,6 +16,8 @@ what the SPIR-V writer has.
 """
 from __future__ import annotations
 
+import os
+
 from ..._core import kernel as K
 from ..gpu.analysis import output_size, reduce_nests
 from ..gpu.reduce import choose_strategy
@@ -25,21 +27,28 @@ GROUP_LOCAL = 256
 ITEMS = 4                 # outputs per invocation of a large elementwise kernel
 ITEMS_FROM = 1 << 22      # outputs from which invocations take ITEMS each
 SPLIT_WORK = 64           # fewest elements per lane of a split group
-MAX_SPLITS = 1024
+MAX_SPLITS = 4096
 
 
 def choose(kernel, info):
     """(strategy, local size, items per invocation, nests) for `kernel` on a device
     described by `info` (DeviceInfo); for "split", `splits(...)` gives the groups per
-    output."""
+    output. Environment knobs for benchmark sweeps: ZYX_VK_ITEMS and ZYX_VK_LOCAL
+    (elementwise outputs per invocation, workgroup size), ZYX_VK_GROUP (group and split
+    workgroup size), ZYX_VK_SPLITS (most groups per output of a split)."""
     ops = kernel.ops
     limit = max(info.max_local_threads, 1)
     if not any(op[0] == K.LOOP for op in ops):
         items = ITEMS if output_size(ops) >= ITEMS_FROM else 1
-        return "serial", min(ELEMENTWISE_LOCAL, limit), items, None
+        items = int(os.environ.get("ZYX_VK_ITEMS", items))      # (benchmark sweeps)
+        local = int(os.environ.get("ZYX_VK_LOCAL", ELEMENTWISE_LOCAL))
+        return "serial", min(local, limit), items, None
     nests = reduce_nests(ops)
-    if choose_strategy(ops, nests, info) == "group" and _barrier_free(ops):
-        local = min(GROUP_LOCAL, _pow2_floor(limit))
+    limit_iters = info.extra.get("loop_limit")
+    over = limit_iters is not None and iterations(ops) > limit_iters
+    if (choose_strategy(ops, nests, info) == "group" or (over and nests is not None)) \
+            and _barrier_free(ops):
+        local = min(int(os.environ.get("ZYX_VK_GROUP", GROUP_LOCAL)), _pow2_floor(limit))
         if splits(ops, nests, local, info) > 1:
             return "split", local, 1, nests
         return "group", local, 1, nests
@@ -62,8 +71,23 @@ def splits(ops, nests, local, info):
         return 1
     outer = ops[nest.root][2] if nest.run[0] != nest.root else nest.flat
     work = nest.flat * (ops[nest.root][2] if nest.run[0] != nest.root else 1)
-    want = min(MAX_SPLITS, work // (local * SPLIT_WORK), outer)
+    want = min(int(os.environ.get("ZYX_VK_SPLITS", MAX_SPLITS)), work // (local * SPLIT_WORK),
+               outer)
     return want if want >= 2 else 1
+
+
+def iterations(ops):
+    """Loop iterations one invocation of the serial strategy runs (all loops, each
+    counted with its enclosing trip counts)."""
+    total, mult, stack = 0, 1, []
+    for op in ops:
+        if op[0] == K.LOOP:
+            stack.append(mult)
+            mult *= op[2]
+            total += mult
+        elif op[0] == K.ENDLOOP:
+            mult = stack.pop()
+    return total
 
 
 def _barrier_free(ops):

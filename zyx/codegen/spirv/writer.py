@@ -896,9 +896,9 @@ class _Writer:
             yc = yop[2] if yop[0] == K.CONST else None
             zero, one = self.iconst(d, t, 0), self.iconst(d, t, 1)
             if yc is not None and yc != 0 and not (signed and yc == -1):
-                name = ("SDiv" if signed else "UDiv") if b == K.B_DIV else \
-                    ("SRem" if signed else "UMod")
-                return m.op(name, t, x, y)
+                if signed:
+                    return self.sdivrem(b, d, t, x, y)
+                return m.op("UDiv" if b == K.B_DIV else "UMod", t, x, y)
             is0 = m.op("IEqual", bt, y, zero)
             bad = is0
             if signed:
@@ -906,15 +906,33 @@ class _Writer:
                 bad = m.op("LogicalOr", bt, is0, ism1)
             safe = m.op("Select", t, bad, one, y)
             if b == K.B_DIV:
-                q = m.op("SDiv" if signed else "UDiv", t, x, safe)
+                q = self.sdivrem(b, d, t, x, safe) if signed else m.op("UDiv", t, x, safe)
                 if signed:
                     q = m.op("Select", t, ism1, m.op("SNegate", t, x), q)
                 return m.op("Select", t, is0, zero, q)
-            r = m.op("SRem" if signed else "UMod", t, x, safe)
+            r = self.sdivrem(b, d, t, x, safe) if signed else m.op("UMod", t, x, safe)
             return m.op("Select", t, bad, zero, r)
         if b == K.B_POW:
             return self.ipow(d, t, x, y)
         raise NotImplementedError(f"binary op {K.BINARY_NAMES[b]} on {d.name}")
+
+    def sdivrem(self, b, d, t, x, y):
+        """C's signed x / y or x % y (truncating; y neither 0 nor -1 here) through
+        unsigned division of the magnitudes: GLSL leaves % of negative operands
+        undefined, and NVIDIA's OpSRem does not give the dividend's sign."""
+        m = self.m
+        bt = self.boolt()
+        ut = m.type_int(d.itemsize * 8, False)
+        zero = self.iconst(d, t, 0)
+        xneg = m.op("SLessThan", bt, x, zero)
+        yneg = m.op("SLessThan", bt, y, zero)
+        ax = m.op("Bitcast", ut, m.op("Select", t, xneg, m.op("SNegate", t, x), x))
+        ay = m.op("Bitcast", ut, m.op("Select", t, yneg, m.op("SNegate", t, y), y))
+        uq = m.op("Bitcast", t, m.op("UDiv", ut, ax, ay))
+        q = m.op("Select", t, m.op("LogicalNotEqual", bt, xneg, yneg), m.op("SNegate", t, uq), uq)
+        if b == K.B_DIV:
+            return q
+        return m.op("ISub", t, x, m.op("IMul", t, q, y))
 
     def iconst(self, d, t, v):
         return self.m.const(t, v, d.itemsize * 8)
