@@ -29,7 +29,9 @@ import os
 import shutil
 import subprocess
 import sys
+import functools
 import tempfile
+import threading
 import time
 import weakref
 
@@ -100,6 +102,16 @@ def validate_spirv(code, env="vulkan1.1"):
         raise BackendError(f"invalid SPIR-V module: {(r.stdout + r.stderr).strip()}")
 
 
+def _locked(method):
+    """Run `method` holding its context's lock: one thread at a time records into,
+    submits and waits for a device's batches (a command buffer is not thread-safe)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self.ctx.lock:
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
 class VulkanEvent:
     """A command recorded into batch `seq` of a device: complete once that batch ran."""
     __slots__ = ("ctx", "seq")
@@ -146,6 +158,7 @@ class VulkanContext:
         self.physical = physical
         self.family = family
         self.debug = debug
+        self.lock = threading.RLock()
         self.submits = 0             # batches submitted (tests count them)
         self._seq = 0                # number of the batch being recorded
         self._done = 0               # every batch up to this number has completed
@@ -409,6 +422,7 @@ class VulkanMemoryPool(MemoryPool):
     def cached_bytes(self):
         return self._blocks.cached_bytes
 
+    @_locked
     def trim(self, keep=0):
         """Destroy kept free buffers (the oldest first) until `keep` bytes stay kept; waits
         for the device first, since recorded commands may still use them."""
@@ -418,6 +432,7 @@ class VulkanMemoryPool(MemoryPool):
         for h in victims:
             self.ctx.destroy(h)
 
+    @_locked
     def host_to_pool(self, src, dst, wait_events=()):
         if dst.nbytes == 0:
             return None
@@ -429,6 +444,7 @@ class VulkanMemoryPool(MemoryPool):
         b.keep.append(st)
         return ctx.event(b)
 
+    @_locked
     def pool_to_host(self, src, dst, wait_events=()):
         if src.nbytes == 0:
             return
@@ -440,6 +456,7 @@ class VulkanMemoryPool(MemoryPool):
         dst.reshape(-1).view(np.uint8)[:] = np.frombuffer(st.mapped, np.uint8, src.nbytes)
         ctx.staging_free.put(st, st.size)
 
+    @_locked
     def sync_events(self, events):
         seqs = [e.seq for e in events if e is not None]
         if seqs:
@@ -529,6 +546,9 @@ class VulkanDevice:
         lim = props.limits
         self.max_groups = (int(lim.maxComputeWorkGroupCount[0]),
                            int(lim.maxComputeWorkGroupCount[1]))
+        # one storage-buffer descriptor per kernel argument (lavapipe allows 32)
+        self.max_buffers = min(int(lim.maxPerStageDescriptorStorageBuffers),
+                               int(lim.maxDescriptorSetStorageBuffers), DESCRIPTORS_PER_BATCH)
         self.name = vk.ffi.string(props.deviceName).decode() \
             if not isinstance(props.deviceName, str) else props.deviceName
         self._fingerprint = f"{uuid}|{props.driverVersion}|{props.vendorID}|{props.deviceID}"
@@ -655,6 +675,11 @@ class VulkanDevice:
         vk = self.vk
         t0 = time.perf_counter()
         launches, scratch = self.render(kernel)
+        nbuf = len(kernel.args) + len(scratch)
+        if nbuf > self.max_buffers:
+            # (binding more would crash the driver; buffer device addresses would lift it)
+            raise BackendError(f"Vulkan device {self.name} binds at most {self.max_buffers} "
+                               f"storage buffers to a shader; this kernel has {nbuf}")
         dev = self.ctx.device
         sl, pl = self._set_layout(len(kernel.args) + len(scratch))
         modules, pipes = [], []
@@ -687,6 +712,7 @@ class VulkanDevice:
                                                       scratch)
         return prog
 
+    @_locked
     def launch(self, program, pool, args, wait_events=()):
         vk = self.vk
         ctx = self.ctx
@@ -725,10 +751,12 @@ class VulkanDevice:
         b.keep.append(program)
         return ctx.event(b)
 
+    @_locked
     def synchronize(self):
         """Submit what is recorded and wait until it has run."""
         self.ctx.wait()
 
+    @_locked
     def release(self, program):
         if self._programs.get(program.kernel) is program:
             del self._programs[program.kernel]
