@@ -556,6 +556,11 @@ class VulkanDevice:
         self._cache_key = cache_key("pipeline-cache", self._fingerprint)
         self.pipeline_cache_loaded = False
         self.pipeline_cache = self._load_pipeline_cache()
+        # digests of the modules whose pipelines the loaded cache holds: a module seen
+        # there is not counted (nor reported) as compiled again
+        self._index_key = cache_key("pipeline-index", self._fingerprint)
+        index = self._disk.load(self._index_key) if self.pipeline_cache_loaded else None
+        self._cached_modules = set(index.decode().split()) if index else set()
         self._cache_dirty = False
         self._info = self._make_info()
         ref = weakref.ref(self)
@@ -622,6 +627,7 @@ class VulkanDevice:
         if lib.vkGetPipelineCacheData(self.ctx.device, self.pipeline_cache, n, data) != 0:
             return False
         self._disk.store(self._cache_key, bytes(ffi.buffer(data, n[0])))
+        self._disk.store(self._index_key, "\n".join(sorted(self._cached_modules)).encode())
         self._cache_dirty = False
         return True
 
@@ -703,11 +709,18 @@ class VulkanDevice:
                     vk.vkDestroyShaderModule(dev, mod, None)
                 raise BackendError(f"Vulkan pipeline creation failed on {self.name}: "
                                    f"{e!r}") from None
-        self._cache_dirty = True
-        self.compiled += 1
-        if self.debug & 32:
-            print(f"zyx: Vulkan compiled a pipeline for {self.name} in "
-                  f"{(time.perf_counter() - t0) * 1e3:.1f} ms", file=sys.stderr)
+        digest = cache_key(*[sk.code.hex() for sk in launches])
+        if digest in self._cached_modules:
+            if self.debug & 32:
+                print(f"zyx: Vulkan pipeline for {self.name} from the pipeline cache in "
+                      f"{(time.perf_counter() - t0) * 1e3:.1f} ms", file=sys.stderr)
+        else:
+            self._cached_modules.add(digest)
+            self._cache_dirty = True
+            self.compiled += 1
+            if self.debug & 32:
+                print(f"zyx: Vulkan compiled a pipeline for {self.name} in "
+                      f"{(time.perf_counter() - t0) * 1e3:.1f} ms", file=sys.stderr)
         prog = self._programs[kernel] = VulkanProgram(kernel, launches, pipes, pl, sl, modules,
                                                       scratch)
         return prog
