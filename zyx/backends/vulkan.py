@@ -42,7 +42,7 @@ from ..errors import AllocationError, BackendError, DTypeError
 from ..codegen.target import DeviceInfo
 from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from ..codegen.gpu.analysis import output_size
-from ..codegen.spirv.strategy import choose, splits
+from ..codegen.spirv.strategy import candidates, choose, splits
 from ..codegen.spirv.writer import write_kernel, write_split
 from . import Buffer, MemoryPool
 from .binary_cache import BinaryCache, cache_key
@@ -541,6 +541,7 @@ class VulkanDevice:
         self.compiled = 0
         self.fp64 = features["shaderFloat64"]
         self._programs = {}
+        self.schedules = {}          # kernel -> schedule the autotuner chose
         self._set_layouts = {}
         self._validate = os.environ.get(VALIDATE_ENV, "0") not in ("", "0")
         lim = props.limits
@@ -642,10 +643,16 @@ class VulkanDevice:
             if d.name not in allowed:
                 raise DTypeError(f"{d.name} is not supported by Vulkan device {self.name}")
 
-    def render(self, kernel):
+    def schedule_candidates(self, kernel):
+        """Schedules the autotuner may time for `kernel` (strategy.candidates)."""
+        return candidates(kernel, self._info)
+
+    def render(self, kernel, schedule=None):
         """([SpirvKernel] launched in order, [scratch buffer bytes]) of `kernel` for this
-        device."""
-        strategy, local, items, nests = choose(kernel, self._info)
+        device, with `schedule` (None: the one the autotuner chose, or the default)."""
+        if schedule is None:
+            schedule = self.schedules.get(kernel)
+        strategy, local, items, nests = choose(kernel, self._info, schedule)
         if strategy == "split":
             n = splits(kernel.ops, nests, local, self._info)
             launches = write_split(kernel, local, nests, n, self.fp64, self.float_controls)
@@ -678,9 +685,16 @@ class VulkanDevice:
         prog = self._programs.get(kernel)
         if prog is not None:
             return prog
+        prog = self._programs[kernel] = self.compile_variant(kernel, None)
+        return prog
+
+    @_locked
+    def compile_variant(self, kernel, schedule):
+        """A program of `kernel` with `schedule` (None: the chosen or default one), not
+        kept for later plans: the autotuner times these and releases them."""
         vk = self.vk
         t0 = time.perf_counter()
-        launches, scratch = self.render(kernel)
+        launches, scratch = self.render(kernel, schedule)
         nbuf = len(kernel.args) + len(scratch)
         if nbuf > self.max_buffers:
             # (binding more would crash the driver; buffer device addresses would lift it)
@@ -721,9 +735,7 @@ class VulkanDevice:
             if self.debug & 32:
                 print(f"zyx: Vulkan compiled a pipeline for {self.name} in "
                       f"{(time.perf_counter() - t0) * 1e3:.1f} ms", file=sys.stderr)
-        prog = self._programs[kernel] = VulkanProgram(kernel, launches, pipes, pl, sl, modules,
-                                                      scratch)
-        return prog
+        return VulkanProgram(kernel, launches, pipes, pl, sl, modules, scratch)
 
     @_locked
     def launch(self, program, pool, args, wait_events=()):

@@ -30,10 +30,28 @@ SPLIT_WORK = 64           # fewest elements per lane of a split group
 MAX_SPLITS = 4096
 
 
-def choose(kernel, info):
+def candidates(kernel, info):
+    """[(label, schedule)] the autotuner may time for `kernel` (`choose`'s `schedule`),
+    the default (None) first: outputs per invocation and workgroup sizes of elementwise
+    kernels, the workgroup size of group and split kernels; only the default for the
+    serial reduce kernels."""
+    out = [("default", None)]
+    strategy = choose(kernel, info)[0]
+    limit = max(info.max_local_threads, 1)
+    if strategy == "serial" and not any(op[0] == K.LOOP for op in kernel.ops):
+        out += [(f"ew:items={i},local={l}", {"items": i, "local": l})
+                for i, l in ((1, 256), (8, 128), (4, 512), (2, 256)) if l <= limit]
+    elif strategy in ("group", "split"):
+        out += [(f"group:local={l}", {"group": l}) for l in (64, 128, 512) if l <= limit]
+    return out
+
+
+def choose(kernel, info, schedule=None):
     """(strategy, local size, items per invocation, nests) for `kernel` on a device
     described by `info` (DeviceInfo); for "split", `splits(...)` gives the groups per
-    output. Environment knobs for benchmark sweeps: ZYX_VK_ITEMS and ZYX_VK_LOCAL
+    output. `schedule` (the autotuner's choice, `candidates`) overrides the knobs:
+    {"items": n, "local": n} for elementwise kernels, {"group": n} for group and split
+    ones. Environment knobs for benchmark sweeps: ZYX_VK_ITEMS and ZYX_VK_LOCAL
     (elementwise outputs per invocation, workgroup size), ZYX_VK_GROUP (group and split
     workgroup size), ZYX_VK_SPLITS (most groups per output of a split)."""
     ops = kernel.ops
@@ -42,13 +60,18 @@ def choose(kernel, info):
         items = ITEMS if output_size(ops) >= ITEMS_FROM else 1
         items = int(os.environ.get("ZYX_VK_ITEMS", items))      # (benchmark sweeps)
         local = int(os.environ.get("ZYX_VK_LOCAL", ELEMENTWISE_LOCAL))
+        if schedule:
+            items, local = schedule.get("items", items), schedule.get("local", local)
         return "serial", min(local, limit), items, None
     nests = reduce_nests(ops)
     limit_iters = info.extra.get("loop_limit")
     over = limit_iters is not None and iterations(ops) > limit_iters
     if (choose_strategy(ops, nests, info) == "group" or (over and nests is not None)) \
             and _barrier_free(ops):
-        local = min(int(os.environ.get("ZYX_VK_GROUP", GROUP_LOCAL)), _pow2_floor(limit))
+        local = int(os.environ.get("ZYX_VK_GROUP", GROUP_LOCAL))
+        if schedule:
+            local = schedule.get("group", local)
+        local = min(local, _pow2_floor(limit))
         if splits(ops, nests, local, info) > 1:
             return "split", local, 1, nests
         return "group", local, 1, nests
