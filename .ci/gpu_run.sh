@@ -10,6 +10,9 @@
 #   smoke   the backend test files (CUDA, OpenCL, lowering, devices) on the GPU
 #   cuda    the whole test suite with the CUDA device as the default device
 #   opencl  the whole test suite with OpenCL (NVIDIA's) as the default device
+#   vulkan  the whole test suite with Vulkan (NVIDIA's driver) as the default device (f16 and
+#           bf16 included; spirv-val off for speed: tests/test_spirv.py validates), then
+#           benches/bench_vk.py on vulkan (torch CUDA beside it)
 #   bench   benches/bench_gpu.py through benches/report.py (markdown table)
 #   base    the same benchmarks (BENCH_K too) on another checkout, for before/after
 #           figures in one run: BASE_TREE names a folder holding it (e.g. made here with
@@ -79,6 +82,14 @@ EOF
             -x --maxfail=30 tests >"$OUT/suite-$phase.log" 2>&1
         summary "suite on $phase" "$OUT/suite-$phase.log"
         grep -E "^(FAILED|ERROR)" "$OUT/suite-$phase.log" | head -30
+        ;;
+    vulkan)
+        ZYX_DEVICE=vulkan ZYX_SPIRV_VALIDATE=0 timeout "${SUITE_TIMEOUT:-540}" $PY -m pytest -q \
+            -p no:cacheprovider "${XDIST[@]}" --maxfail=30 tests >"$OUT/suite-vulkan.log" 2>&1
+        summary "suite on vulkan" "$OUT/suite-vulkan.log"
+        grep -E "^(FAILED|ERROR)" "$OUT/suite-vulkan.log" | head -30
+        $PY benches/bench_vk.py vulkan >"$OUT/bench-vulkan.md" 2>"$OUT/bench-vulkan.err"
+        cat "$OUT/bench-vulkan.md"; tail -5 "$OUT/bench-vulkan.err"
         ;;
     bench)
         # BENCH_K: a pytest -k expression choosing some of the benchmarks

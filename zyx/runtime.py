@@ -26,7 +26,7 @@ from .backends.disk import DiskMemoryPool
 from .backends.host import HostMemoryPool
 from .codegen.target import FLOAT32_PRECISIONS
 from .device import BACKEND_TYPES, Device
-from .errors import BackendError, IndexOutOfRangeError, ZyxError
+from .errors import BackendError, DTypeError, IndexOutOfRangeError, ZyxError
 
 DEBUG_DEVICES, DEBUG_SCHEDULE, DEBUG_IR, DEBUG_SOURCE, DEBUG_MEMORY, DEBUG_COMPILE, \
     DEBUG_PERF = 1, 2, 4, 8, 16, 32, 64
@@ -66,6 +66,29 @@ def _growing_sizes(config):
         warn(f"zyx: ignoring growing_sizes={v!r}: not true or false; using true")
         return True
     return v
+
+
+def distinct_hardware(devices):
+    """`devices` with each physical device once: among those whose DeviceInfo.hardware
+    key is the same (one GPU reached through CUDA, OpenCL, Vulkan...), only the one of
+    most compute stays (the first listed, i.e. BACKENDS order, on ties). Devices without
+    a key all stay."""
+    best = {}
+    for d in devices:
+        key = getattr(d.info(), "hardware", None)
+        if key and (key not in best or d.info().compute > best[key].info().compute):
+            best[key] = d
+    return [d for d in devices
+            if not getattr(d.info(), "hardware", None) or best[d.info().hardware] is d]
+
+
+def check_dtype(dev, dtype):
+    """Raise DTypeError when device `dev` cannot hold tensors of `dtype`
+    (DeviceInfo.dtypes lists the dtype names it supports; empty: all)."""
+    info = dev.info()
+    allowed = info.dtypes
+    if allowed and dtype.name not in allowed:
+        raise DTypeError(f"{dtype.name} is not supported by device {info.name}")
 
 
 def _preferred_backend(config):
@@ -234,6 +257,8 @@ class Runtime:
                 warn(f"zyx: default device {self.preferred!r} is not available; using the "
                      "others")
                 self.preferred = None
+        if self.preferred is None:      # one physical GPU counts once, by its fastest API
+            devices = distinct_hardware(devices)
         # stable: equal compute keeps the backends' order
         return sorted(devices, key=lambda d: d.info().compute, reverse=True)
 
@@ -374,6 +399,7 @@ class Runtime:
     def copy_to(self, nid, dev):
         """A new leaf on device `dev` holding tensor `nid`'s values (computed first where
         it lives). Through host memory; the source is unchanged."""
+        check_dtype(dev, self.graph.get(nid).dtype)
         self.realize([nid])
         node = self.graph.get(nid)
         src = node.buffer
@@ -421,6 +447,7 @@ class Runtime:
         """A leaf holding a copy of `arr`, on `device` (a backend device; default device
         when None)."""
         self._ensure()
+        check_dtype(device or self.device(), dtype)
         if device is not None:
             self.placed_on(device)
         pool = (device or self.device()).pool

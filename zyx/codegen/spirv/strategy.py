@@ -1,0 +1,125 @@
+"""Which SPIR-V strategy a kernel gets (writer.py writes them): the choice is the C-family
+GPU lowering's (`gpu.reduce.choose_strategy`, made from `gpu.analysis` facts), mapped to
+what the SPIR-V writer has.
+
+- no loops (elementwise): "serial", one output per invocation, or `items` outputs per
+  invocation at a stride of the whole dispatch when there are many more outputs than the
+  device runs at once;
+- reduce kernels the analysis splits over a group ("group": softmax-like rows, a long
+  sum per output): one workgroup per output, lanes split each reduce nest, a tree in
+  workgroup memory combines;
+- one reduce nest with few outputs and much work ("split": a whole-tensor sum): two
+  passes, the first over `splits` groups per output storing each group's partial
+  accumulators in scratch buffers, the second combining them;
+- the rest (many outputs with short reductions, and the "columns" case): "serial", each
+  invocation loops over its output's reduction.
+"""
+from __future__ import annotations
+
+import os
+
+from ..._core import kernel as K
+from ..gpu.analysis import output_size, reduce_nests
+from ..gpu.reduce import choose_strategy
+
+ELEMENTWISE_LOCAL = 256
+GROUP_LOCAL = 256
+ITEMS = 4                 # outputs per invocation of a large elementwise kernel
+ITEMS_FROM = 1 << 22      # outputs from which invocations take ITEMS each
+SPLIT_WORK = 64           # fewest elements per lane of a split group
+MAX_SPLITS = 4096
+
+
+def candidates(kernel, info):
+    """[(label, schedule)] the autotuner may time for `kernel` (`choose`'s `schedule`),
+    the default (None) first: outputs per invocation and workgroup sizes of elementwise
+    kernels, the workgroup size of group and split kernels; only the default for the
+    serial reduce kernels."""
+    out = [("default", None)]
+    strategy = choose(kernel, info)[0]
+    limit = max(info.max_local_threads, 1)
+    if strategy == "serial" and not any(op[0] == K.LOOP for op in kernel.ops):
+        out += [(f"ew:items={i},local={l}", {"items": i, "local": l})
+                for i, l in ((1, 256), (8, 128), (4, 512), (2, 256)) if l <= limit]
+    elif strategy in ("group", "split"):
+        out += [(f"group:local={l}", {"group": l}) for l in (64, 128, 512) if l <= limit]
+    return out
+
+
+def choose(kernel, info, schedule=None):
+    """(strategy, local size, items per invocation, nests) for `kernel` on a device
+    described by `info` (DeviceInfo); for "split", `splits(...)` gives the groups per
+    output. `schedule` (the autotuner's choice, `candidates`) overrides the knobs:
+    {"items": n, "local": n} for elementwise kernels, {"group": n} for group and split
+    ones. Environment knobs for benchmark sweeps: ZYX_VK_ITEMS and ZYX_VK_LOCAL
+    (elementwise outputs per invocation, workgroup size), ZYX_VK_GROUP (group and split
+    workgroup size), ZYX_VK_SPLITS (most groups per output of a split)."""
+    ops = kernel.ops
+    limit = max(info.max_local_threads, 1)
+    if not any(op[0] == K.LOOP for op in ops):
+        items = ITEMS if output_size(ops) >= ITEMS_FROM else 1
+        items = int(os.environ.get("ZYX_VK_ITEMS", items))      # (benchmark sweeps)
+        local = int(os.environ.get("ZYX_VK_LOCAL", ELEMENTWISE_LOCAL))
+        if schedule:
+            items, local = schedule.get("items", items), schedule.get("local", local)
+        return "serial", min(local, limit), items, None
+    nests = reduce_nests(ops)
+    limit_iters = info.extra.get("loop_limit")
+    over = limit_iters is not None and iterations(ops) > limit_iters
+    if (choose_strategy(ops, nests, info) == "group" or (over and nests is not None)) \
+            and _barrier_free(ops):
+        local = int(os.environ.get("ZYX_VK_GROUP", GROUP_LOCAL))
+        if schedule:
+            local = schedule.get("group", local)
+        local = min(local, _pow2_floor(limit))
+        if splits(ops, nests, local, info) > 1:
+            return "split", local, 1, nests
+        return "group", local, 1, nests
+    return "serial", min(ELEMENTWISE_LOCAL, limit), 1, None
+
+
+def splits(ops, nests, local, info):
+    """Groups per output of the two-pass "split" strategy (1: not split). A kernel of
+    one reduce nest with few outputs and much work per output (a whole-tensor sum) is
+    spread over enough groups to fill the device, each taking SPLIT_WORK elements per
+    lane or more. (lavapipe also needs it: llvmpipe stops an invocation's loops after
+    65535 iterations in all, so a long reduction must be spread over many invocations.)"""
+    if len(nests) != 1 or nests[0].stores or not nests[0].results or nests[0].reads_earlier:
+        return 1
+    nest = nests[0]
+    if any(op[0] == K.STORE and ops[op[2]][2] == K.SCOPE_GLOBAL for op in ops[:nest.end]):
+        return 1
+    n_out = output_size(ops)
+    if n_out >= max(info.num_cores, 1) * 4:
+        return 1
+    outer = ops[nest.root][2] if nest.run[0] != nest.root else nest.flat
+    work = nest.flat * (ops[nest.root][2] if nest.run[0] != nest.root else 1)
+    want = min(int(os.environ.get("ZYX_VK_SPLITS", MAX_SPLITS)), work // (local * SPLIT_WORK),
+               outer)
+    return want if want >= 2 else 1
+
+
+def iterations(ops):
+    """Loop iterations one invocation of the serial strategy runs (all loops, each
+    counted with its enclosing trip counts)."""
+    total, mult, stack = 0, 1, []
+    for op in ops:
+        if op[0] == K.LOOP:
+            stack.append(mult)
+            mult *= op[2]
+            total += mult
+        elif op[0] == K.ENDLOOP:
+            mult = stack.pop()
+    return total
+
+
+def _barrier_free(ops):
+    return not any(op[0] in (K.BARRIER, K.IF_OP) or (op[0] == K.DEFINE and
+                                                     op[2] == K.SCOPE_LOCAL) for op in ops)
+
+
+def _pow2_floor(n):
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
