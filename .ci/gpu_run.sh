@@ -10,6 +10,7 @@
 #   smoke   the backend test files (CUDA, OpenCL, lowering, devices) on the GPU
 #   cuda    the whole test suite with the CUDA device as the default device
 #   opencl  the whole test suite with OpenCL (NVIDIA's) as the default device
+#   wgpu    the whole test suite with WebGPU (wgpu-py through Vulkan) as the default device
 #   bench   benches/bench_gpu.py through benches/report.py (markdown table)
 #   base    the same benchmarks (BENCH_K too) on another checkout, for before/after
 #           figures in one run: BASE_TREE names a folder holding it (e.g. made here with
@@ -71,7 +72,7 @@ EOF
         summary smoke "$OUT/smoke.log"
         grep -E "^(FAILED|ERROR)" "$OUT/smoke.log" | head -20
         ;;
-    cuda|opencl)
+    cuda|opencl|wgpu)
         ZYX_DEVICE=$phase timeout "${SUITE_TIMEOUT:-540}" $PY -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
             -x --maxfail=30 tests >"$OUT/suite-$phase.log" 2>&1
         summary "suite on $phase" "$OUT/suite-$phase.log"

@@ -1,0 +1,716 @@
+"""WGSL writer: one compute shader per zyx kernel, written by one walk over the IR.
+
+What WGSL lacks and how the kernels get around it:
+
+* No 8- and 16-bit integers, no bool buffers: bool, uint8, int8, uint16, int16, float16 and
+  bfloat16 buffers are arrays of u32 words, several elements per word. A load shifts and
+  masks its element out of the word (signed types sign-extend with an arithmetic shift);
+  a store clears and sets its element's bits with two atomics on `array<atomic<u32>>`, so
+  invocations storing neighbouring elements of one word never lose each other's writes.
+  In registers the small integers are i32/u32 wrapped back to their width after each
+  operation that can leave it (as C's casts wrap them), float16/bfloat16 are f32 (as the
+  C backend computes them) rounded to their precision where the IR casts to them.
+* No float64 and no 64-bit integers (core WGSL): kernels reading or writing float64,
+  int64 or uint64 buffers are refused (`supports`). Index arithmetic, int64 in the IR
+  (IDX), is written in i32: buffers beyond 2^31 - 1 elements are refused. Float64
+  accumulators the kernelizer adds to long float sums are f32 here (the device says
+  fp64 = False, so the runtime asks for no float64 elsewhere).
+* No inf/NaN literals (WGSL constant expressions must be finite): they are bitcasts of
+  their bits.
+* At most 65,535 workgroups per dispatch dimension: larger grids are folded into 2-D
+  (`groups`), the shader recovering the linear id from both.
+
+Strategies (`WGSLKernel.strategy`):
+
+* "serial": one invocation per output element (the grid of the kernel's INDEX ops), its
+  reduce loops run serially. Every kernel can take it.
+* "rows": one workgroup per output element for kernels with long reduce loops (row sums,
+  softmax rows, a single sum): each top-level loop is spread over the workgroup's
+  invocations, accumulators are combined by a tree in workgroup memory (barriers only in
+  uniform control flow) and every invocation continues with the combined value.
+"""
+from __future__ import annotations
+
+import math
+import struct
+
+from ... import dtype as dt
+from ..._core import kernel as K
+
+WORKGROUP = 256              # invocations per workgroup of the serial strategy
+ROW_WORKGROUP = 256          # invocations per workgroup of the rows strategy
+ROW_MIN_LOOP = 256           # fewest iterations of a reduce loop the rows strategy takes
+ROW_MIN_SERIAL_WORK = 1 << 15  # "rows" only where one invocation's serial work would exceed this
+MAX_GROUPS = 65535           # WebGPU's maxComputeWorkgroupsPerDimension default
+INT32_MAX = 2**31 - 1
+
+# bits per element of the dtypes packed in u32 words
+PACKED = {dt.bool_: 8, dt.uint8: 8, dt.int8: 8, dt.uint16: 16, dt.int16: 16,
+          dt.float16: 16, dt.bfloat16: 16}
+# dtypes a WGSL kernel may hold in its buffers
+BUFFER_DTYPES = (dt.bool_, dt.uint8, dt.uint16, dt.uint32, dt.int8, dt.int16, dt.int32,
+                 dt.float16, dt.bfloat16, dt.float32)
+UNSUPPORTED = (dt.float64, dt.int64, dt.uint64)
+
+_UNARY_F = {K.U_EXP2: "exp2", K.U_LOG2: "log2", K.U_SQRT: "sqrt", K.U_SIN: "sin",
+            K.U_COS: "cos", K.U_FLOOR: "floor", K.U_TRUNC: "trunc", K.U_ABS: "abs",
+            K.U_EXP: "exp", K.U_LOG: "log", K.U_TANH: "zyx_tanh", K.U_ERF: "zyx_erf"}
+_ARITH = {K.B_ADD: "+", K.B_SUB: "-", K.B_MUL: "*"}
+_COMPARE = {K.B_CMPLT: "<", K.B_CMPGT: ">", K.B_NOTEQ: "!=", K.B_EQ: "=="}
+_BITS = {K.B_BITXOR: "^", K.B_BITOR: "|", K.B_BITAND: "&"}
+
+# Helpers every shader may call (naga drops the unused ones).
+PRELUDE = r"""
+fn zyx_tanh(x: f32) -> f32 {
+  // tanh's exp-based forms overflow to NaN for large |x| on some drivers
+  if (abs(x) > 9.0) { return sign(x); }
+  if (abs(x) < 0.0625) { let x2 = x * x; return x * (1.0 + x2 * (-0.33333334 + x2 * (0.13333334 - x2 * 0.053968254))); }
+  let e = exp(2.0 * x); return (e - 1.0) / (e + 1.0);
+}
+fn zyx_erf(x: f32) -> f32 {
+  // erf by its Taylor series near 0 and erfc's continued-fraction-free rational fit
+  // (Numerical Recipes' erfcc, relative error < 1.2e-7) elsewhere
+  let a = abs(x);
+  if (a < 0.5) {
+    let x2 = x * x;
+    return x * (1.1283791671 + x2 * (-0.3761263890 + x2 * (0.1128379167 + x2 * (-0.0268661707 + x2 * (0.0052239776 - x2 * 0.0008548327)))));
+  }
+  let t = 1.0 / (1.0 + 0.5 * a);
+  let y = t * exp(-a * a - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))));
+  return sign(x) * (1.0 - y);
+}
+fn zyx_pow(x: f32, y: f32) -> f32 {
+  // C's pow: negative bases with integral exponents, pow(x, 0) = 1, pow(1, y) = 1
+  if (y == 0.0 || x == 1.0) { return 1.0; }
+  let r = exp2(y * log2(abs(x)));
+  if (x < 0.0) {
+    if (y != trunc(y)) { return bitcast<f32>(0x7fc00000u); }
+    if (0.5 * y != trunc(0.5 * y)) { return -r; }
+  }
+  return r;
+}
+fn zyx_ipow(b: i32, e: i32) -> i32 {
+  if (e < 0) { if (b == 1) { return 1; } if (b == -1) { return select(1, -1, (e & 1) != 0); } return 0; }
+  var r: i32 = 1; var x: i32 = b; var k: i32 = e;
+  loop { if (k == 0) { break; } if ((k & 1) != 0) { r = r * x; } x = x * x; k = k >> 1u; }
+  return r;
+}
+fn zyx_upow(b: u32, e: u32) -> u32 {
+  var r: u32 = 1u; var x: u32 = b; var k: u32 = e;
+  loop { if (k == 0u) { break; } if ((k & 1u) != 0u) { r = r * x; } x = x * x; k = k >> 1u; }
+  return r;
+}
+fn zyx_f2bf(x: f32) -> u32 {
+  // float -> bfloat16 bits, rounded to nearest even, NaN kept quiet
+  let u = bitcast<u32>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) { return ((u >> 16u) | 64u) & 0xffffu; }
+  return ((u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u) & 0xffffu;
+}
+fn zyx_bf2f(h: u32) -> f32 { return bitcast<f32>(h << 16u); }
+fn zyx_f2h(x: f32) -> u32 { return pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu; }
+fn zyx_h2f(h: u32) -> f32 { return unpack2x16float(h).x; }
+"""
+
+
+class WGSLKernel:
+    """A kernel written as WGSL: `source` (entry point `main`), the workgroups to dispatch
+    (`groups`, x and y), the number of storage buffers it binds (`nargs`, in argument
+    order) and the strategy that wrote it."""
+    __slots__ = ("source", "groups", "nargs", "strategy", "threads")
+
+    def __init__(self, source, groups, nargs, strategy, threads):
+        self.source = source
+        self.groups = groups
+        self.nargs = nargs
+        self.strategy = strategy
+        self.threads = threads
+
+    def __repr__(self):
+        return f"WGSLKernel({self.strategy}, groups={self.groups}, nargs={self.nargs})"
+
+
+def supports(kernel):
+    """None when WGSL can run `kernel`, else the reason: a buffer of a dtype it has no type
+    for (float64, int64, uint64), a uint64 value, or a buffer beyond 2^31 - 1 elements."""
+    for d, n, _ in kernel.args:
+        if d in UNSUPPORTED:
+            return f"{d.name} buffers"
+        if n > INT32_MAX:
+            return f"a buffer of {n} elements (index math is 32-bit)"
+    for op in kernel.ops:
+        if op[0] != K.CONST and op[1] is dt.uint64:
+            return "uint64 values"
+        if op[0] == K.DEFINE and op[2] == K.SCOPE_LOCAL:
+            return "workgroup-memory buffers in the IR"
+    return None
+
+
+def fold(groups, limit=MAX_GROUPS):
+    """(x, y) workgroup counts covering `groups` (x * y >= groups), y > 1 only when
+    `groups` exceeds `limit` in one dimension."""
+    if groups <= limit:
+        return (max(groups, 1), 1)
+    y = -(-groups // limit)
+    return (-(-groups // y), y)
+
+
+def wtype(d):
+    """The WGSL type a value of zyx dtype d is computed in."""
+    if d.is_bool:
+        return "bool"
+    if d.is_float:
+        return "f32"
+    return "u32" if d.kind == "u" else "i32"
+
+
+def literal(d, v):
+    """WGSL literal of value v as zyx dtype d (computed in wtype(d))."""
+    if d.is_bool:
+        return "true" if v else "false"
+    if d.is_float:
+        v = float(v)
+        if math.isnan(v):
+            return "bitcast<f32>(0x7fc00000u)"
+        try:
+            bits = struct.unpack("<I", struct.pack("<f", v))[0]
+        except OverflowError:         # beyond float32: infinity, as a float32 cast gives
+            bits = 0x7f800000 if v > 0 else 0xff800000
+        f = struct.unpack("<f", struct.pack("<I", bits))[0]
+        if math.isinf(f):
+            return f"bitcast<f32>({bits:#x}u)"
+        if f == 0.0:
+            return "-0.0f" if math.copysign(1.0, f) < 0 else "0.0f"
+        return f"bitcast<f32>({bits:#x}u)" if abs(f) < 1.2e-38 else f"{f!r}f"
+    v = int(v)
+    if d.kind == "u":
+        return f"{v & 0xffffffff}u"
+    if v == -(1 << 31):
+        return "i32(-2147483647 - 1)"
+    if not -(1 << 31) < v < (1 << 31):
+        v = ((v + (1 << 31)) & 0xffffffff) - (1 << 31)   # int64 index constants wrap as i32
+        if v == -(1 << 31):
+            return "i32(-2147483647 - 1)"
+    return f"{v}i" if v >= 0 else f"({v}i)"
+
+
+def wrap(d, e):
+    """Expression e (computed in wtype(d)) brought back into dtype d's range, as a C cast to
+    the narrow type would: masked for unsigned, sign-extended for signed."""
+    if d.is_int and d.itemsize < 4:
+        bits = d.itemsize * 8
+        if d.kind == "u":
+            return f"(({e}) & {(1 << bits) - 1}u)"
+        return f"((({e}) << {32 - bits}u) >> {32 - bits}u)"
+    return e
+
+
+def _as_bool(d, e):
+    return e if d.is_bool else f"({e} != {literal(d, 0)})"
+
+
+class _Writer:
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.ops = kernel.ops
+        self.names = {}
+        self.lines = []
+        self.globals = {}            # DEFINE position -> (argno, dtype, written)
+        written = {op[2] for op in self.ops if op[0] == K.STORE}
+        for i, op in enumerate(self.ops):
+            if op[0] == K.DEFINE and op[2] == K.SCOPE_GLOBAL:
+                self.globals[i] = (op[3], op[1], i in written)
+
+    # -- buffers ----------------------------------------------------------------------------
+    def declarations(self):
+        out = []
+        for i, (argno, d, written) in sorted(self.globals.items(), key=lambda t: t[1][0]):
+            if d in PACKED:
+                t = "array<atomic<u32>>" if written else "array<u32>"
+            else:
+                t = f"array<{wtype(d)}>"
+            out.append(f"@group(0) @binding({argno}) var<storage, read_write> g{argno}: {t};")
+        return out
+
+    def load_global(self, define, index):
+        argno, d, written = self.globals[define]
+        buf = f"g{argno}"
+        if d not in PACKED:
+            return f"{buf}[{index}]"
+        bits = PACKED[d]
+        per = 32 // bits
+        word = f"{buf}[({index}) >> {per.bit_length() - 1}u]"
+        if written:
+            word = f"atomicLoad(&{word})"
+        shift = f"(u32(({index}) & {per - 1}) * {bits}u)"
+        mask = f"{(1 << bits) - 1}u"
+        if d.kind == "i":
+            return f"(bitcast<i32>({word} << ({32 - bits}u - {shift})) >> {32 - bits}u)"
+        raw = f"(({word} >> {shift}) & {mask})"
+        if d.is_bool:
+            return f"({raw} != 0u)"
+        if d is dt.float16:
+            return f"zyx_h2f({raw})"
+        if d is dt.bfloat16:
+            return f"zyx_bf2f({raw})"
+        return raw
+
+    def store_global(self, define, index, value, ind):
+        argno, d, _ = self.globals[define]
+        buf = f"g{argno}"
+        if d not in PACKED:
+            return [f"{ind}{buf}[{index}] = {value};"]
+        bits = PACKED[d]
+        per = 32 // bits
+        mask = (1 << bits) - 1
+        if d.is_bool:
+            raw = f"select(0u, 1u, {value})"
+        elif d is dt.float16:
+            raw = f"zyx_f2h({value})"
+        elif d is dt.bfloat16:
+            raw = f"zyx_f2bf({value})"
+        elif d.kind == "i":
+            raw = f"(bitcast<u32>({value}) & {mask}u)"
+        else:
+            raw = f"({value} & {mask}u)"
+        # the element's bits are cleared, then set: two atomics, each on the whole word, so
+        # a neighbour's store into the same word in between keeps its bits
+        return [f"{ind}{{",
+                f"{ind}  let w = ({index}) >> {per.bit_length() - 1}u;",
+                f"{ind}  let s = u32(({index}) & {per - 1}) * {bits}u;",
+                f"{ind}  atomicAnd(&{buf}[w], ~({mask}u << s));",
+                f"{ind}  atomicOr(&{buf}[w], {raw} << s);",
+                f"{ind}}}"]
+
+    # -- values -----------------------------------------------------------------------------
+    def v(self, j):
+        return self.names[j]
+
+    def alu(self, i, op):
+        c, d = op[0], op[1]
+        ops, v = self.ops, self.v
+        t = wtype(d)
+        if c == K.CAST:
+            sd = ops[op[2]][1]
+            x = v(op[2])
+            if d.is_bool:
+                return _as_bool(sd, x)
+            if sd.is_bool:
+                return f"select({literal(d, 0)}, {literal(d, 1)}, {x})"
+            if d.is_float:
+                e = f"f32({x})"
+                if d is dt.float16:
+                    return f"zyx_h2f(zyx_f2h({e}))"
+                if d is dt.bfloat16:
+                    return f"zyx_bf2f(zyx_f2bf({e}))"
+                return e
+            if sd.is_float:
+                # NaN converts to 0 (C leaves it undefined; the C backend pins it to 0);
+                # WGSL's float -> int conversion saturates
+                if d.kind == "u" and d.itemsize == 4:
+                    e = f"select(0u, select(u32(i32({x})), u32({x}), {x} >= 0.0), {x} == {x})"
+                elif d.kind == "u":
+                    e = f"select(0u, u32(i32({x})), {x} == {x})"
+                else:
+                    e = f"select(0i, i32({x}), {x} == {x})"
+                return wrap(d, e)
+            return wrap(d, f"{t}({x})") if wtype(sd) != t else wrap(d, x) if (
+                sd.itemsize > d.itemsize or (sd.kind != d.kind)) else x
+        if c == K.WHERE:
+            cond = _as_bool(ops[op[2]][1], v(op[2]))
+            return f"select({v(op[4])}, {v(op[3])}, {cond})"
+        if c == K.MAD:
+            return wrap(d, f"({v(op[2])} * {v(op[3])} + {v(op[4])})")
+        if c == K.UNARY:
+            u, x = op[2], v(op[3])
+            if u == K.U_NEG:
+                if d.is_bool:
+                    return f"(!{x})"
+                return wrap(d, f"(0u - {x})" if d.kind == "u" else f"(-{x})")
+            if u == K.U_BITNOT:
+                return f"(!{x})" if d.is_bool else wrap(d, f"(~{x})")
+            if u == K.U_RECIP:
+                if d.is_float:
+                    return f"(1.0f / {x})"
+                return wrap(d, f"select({literal(d, 0)}, {literal(d, 1)} / {x}, {x} != {literal(d, 0)})")
+            if not d.is_float:
+                if u in (K.U_FLOOR, K.U_TRUNC):
+                    return x
+                if u == K.U_ABS:
+                    return f"abs({x})" if d.kind == "i" else x
+                if d.is_bool:
+                    return f"({_UNARY_F[u]}(f32({x})) != 0.0)"
+                return wrap(d, f"{t}({_UNARY_F[u]}(f32({x})))")
+            return f"{_UNARY_F[u]}({x})"
+        # BINARY
+        b, x, y = op[2], v(op[3]), v(op[4])
+        xd = ops[op[3]][1]
+        if d.is_bool and b in (K.B_ADD, K.B_MUL):
+            b = K.B_OR if b == K.B_ADD else K.B_AND
+        if b in _COMPARE:
+            return f"({x} {_COMPARE[b]} {y})"
+        if b == K.B_OR:
+            return f"({_as_bool(xd, x)} || {_as_bool(ops[op[4]][1], y)})"
+        if b == K.B_AND:
+            return f"({_as_bool(xd, x)} && {_as_bool(ops[op[4]][1], y)})"
+        if b in _ARITH:
+            return wrap(d, f"({x} {_ARITH[b]} {y})")
+        if b in _BITS:
+            if d.is_bool:
+                return {"^": f"({x} != {y})", "|": f"({x} | {y})", "&": f"({x} & {y})"}[_BITS[b]]
+            return wrap(d, f"({x} {_BITS[b]} {y})")
+        if b in (K.B_SHL, K.B_SHR):
+            sh = f"(u32({y}) & 31u)"
+            return wrap(d, f"({x} {'<<' if b == K.B_SHL else '>>'} {sh})")
+        if b == K.B_MAX:
+            if d.is_float:
+                return f"select({y}, {x}, {x} > {y} || {x} != {x})"
+            return f"max({x}, {y})" if not d.is_bool else f"({x} || {y})"
+        if b == K.B_MIN:
+            if d.is_float:
+                return f"select({y}, {x}, {x} < {y} || {x} != {x})"
+            return f"min({x}, {y})" if not d.is_bool else f"({x} && {y})"
+        if b in (K.B_DIV, K.B_MOD) and not d.is_float:
+            # x / 0 and x % 0 are 0 (the C backend's rule); WGSL defines MIN / -1 as MIN
+            z = literal(d, 0)
+            sym = "/" if b == K.B_DIV else "%"
+            return wrap(d, f"select({x} {sym} {y}, {z}, {y} == {z})")
+        if b == K.B_DIV:
+            return f"({x} / {y})"
+        if b == K.B_MOD:
+            return f"({x} % {y})"      # WGSL's float % truncates, as C's fmod
+        if b == K.B_POW:
+            if d.is_float:
+                return f"zyx_pow({x}, {y})"
+            if d.kind == "u":
+                return wrap(d, f"zyx_upow({x}, {y})")
+            return wrap(d, f"zyx_ipow({x}, {y})")
+        raise AssertionError(f"cannot write binary op {b}")
+
+    def value(self, i, op, ind):
+        """The line defining SSA value i (a LOAD or an ALU op)."""
+        d = op[1]
+        self.names[i] = f"v{i}"
+        if op[0] == K.LOAD:
+            src = self.ops[op[2]]
+            if src[2] == K.SCOPE_REGISTER:
+                e = self.v(op[2]) + (f"[{self.v(op[3])}]" if op[3] >= 0 else "")
+            else:
+                e = self.load_global(op[2], self.v(op[3]))
+                if op[4] >= 0:
+                    # WebGPU clamps out-of-bounds accesses, so the unguarded load is safe
+                    e = f"select({literal(d, 0)}, {e}, {_as_bool(self.ops[op[4]][1], self.v(op[4]))})"
+            return f"{ind}let v{i}: {wtype(d)} = {e};"
+        return f"{ind}let v{i}: {wtype(d)} = {self.alu(i, op)};"
+
+    def register_define(self, i, op, ind):
+        d = op[1]
+        self.names[i] = f"acc{i}"
+        if op[5] == 1:
+            return [f"{ind}var acc{i}: {wtype(d)} = {literal(d, op[3])};"]
+        out = [f"{ind}var acc{i}: array<{wtype(d)}, {op[5]}>;"]
+        if op[3] is not None:
+            out.append(f"{ind}for (var q: i32 = 0; q < {op[5]}; q++) {{ acc{i}[q] = "
+                       f"{literal(d, op[3])}; }}")
+        return out
+
+
+def _index_names(ops):
+    """INDEX position -> (axis, length), in op order."""
+    return {i: (op[2], op[3]) for i, op in enumerate(ops) if op[0] == K.INDEX}
+
+
+def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP):
+    """The WGSLKernel of `kernel` (a zyx Kernel); the caller checked `supports`."""
+    ops = kernel.ops
+    index = _index_names(ops)
+    outputs = 1
+    for _, n in index.values():
+        outputs *= n
+    plan = _rows_plan(kernel, outputs)
+    if plan is not None:
+        return _write_rows(kernel, index, outputs, plan, max_groups)
+    return _write_serial(kernel, index, outputs, max_groups, min(max_threads, WORKGROUP))
+
+
+def _decompose(index, gid, ind):
+    """Lines naming each INDEX value from the linear output id `gid` (u32): the highest
+    axis moves fastest (row-major, as the C backend's loop nest)."""
+    out, stride = [], 1
+    names = {}
+    for i, (axis, n) in sorted(index.items(), key=lambda t: -t[1][0]):
+        e = f"{gid} / {stride}u" if stride > 1 else gid
+        out.append(f"{ind}let i{i}: i32 = i32(({e}) % {n}u);")
+        names[i] = f"i{i}"
+        stride *= n
+    return out, names
+
+
+def _body(w, start, ind, skip=None, hooks=None):
+    """Walk ops from `start`, writing them into w.lines (the plain serial walk); `hooks`
+    may replace the writing of LOOP/ENDLOOP ops (the rows strategy)."""
+    ops = w.ops
+    depth = len(ind) // 2
+    for i in range(start, len(ops)):
+        op = ops[i]
+        c = op[0]
+        ind = "  " * depth
+        if c == K.CONST:
+            w.names[i] = literal(op[1], op[2])
+        elif c == K.DEFINE:
+            if op[2] == K.SCOPE_GLOBAL:
+                w.names[i] = f"g{op[3]}"
+            else:
+                w.lines.extend(w.register_define(i, op, ind))
+        elif c == K.INDEX:
+            pass                      # named by the frame
+        elif c == K.LOOP:
+            w.names[i] = f"r{i}"
+            opened = hooks.open_loop(i, op, ind) if hooks else None
+            w.lines.extend(opened if opened is not None else
+                           [f"{ind}for (var r{i}: i32 = 0; r{i} < {op[2]}; r{i}++) {{"])
+            depth += 1
+        elif c == K.ENDLOOP:
+            depth -= 1
+            ind = "  " * depth
+            closed = hooks.close_loop(i, op, ind) if hooks else None
+            w.lines.extend(closed if closed is not None else [f"{ind}}}"])
+        elif c == K.END_IF:
+            depth -= 1
+            w.lines.append("  " * depth + "}")
+        elif c == K.IF_OP:
+            w.lines.append(f"{ind}if ({_as_bool(ops[op[2]][1], w.v(op[2]))}) {{")
+            depth += 1
+        elif c == K.STORE:
+            dst = ops[op[2]]
+            if dst[2] == K.SCOPE_REGISTER:
+                sub = f"[{w.v(op[3])}]" if op[3] >= 0 else ""
+                w.lines.append(f"{ind}{w.v(op[2])}{sub} = {w.v(op[4])};")
+            else:
+                w.lines.extend(w.store_global(op[2], w.v(op[3]), w.v(op[4]), ind))
+        elif c == K.BARRIER:
+            raise AssertionError("BARRIER in a kernel given to the WGSL writer")
+        else:
+            w.lines.append(w.value(i, op, ind))
+
+
+def _assemble(w, head, groups, strategy, threads, workgroup, extra_decls=()):
+    src = "\n".join([*w.declarations(), *extra_decls, PRELUDE,
+                     f"@compute @workgroup_size({workgroup})",
+                     "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+                     "@builtin(local_invocation_id) lid: vec3<u32>) {",
+                     *head, *w.lines, "}", ""])
+    return WGSLKernel(src, groups, len(w.kernel.args), strategy, threads)
+
+
+def _write_serial(kernel, index, outputs, max_groups, workgroup):
+    w = _Writer(kernel)
+    nwg = -(-outputs // workgroup)
+    groups = fold(nwg, max_groups)
+    head = [f"  let gid: u32 = (wid.y * {groups[0]}u + wid.x) * {workgroup}u + lid.x;"]
+    if groups[0] * groups[1] * workgroup != outputs:
+        head.append(f"  if (gid >= {outputs}u) {{ return; }}")
+    lines, names = _decompose(index, "gid", "  ")
+    head.extend(lines)
+    w.names.update(names)
+    _body(w, 0, "  ")
+    return _assemble(w, head, groups, "serial", outputs, workgroup)
+
+
+# -- the rows strategy ----------------------------------------------------------------------
+
+def _rows_plan(kernel, outputs):
+    """None, or what the rows strategy needs: the top-level loops of the kernel (each spread
+    over a workgroup) and, per loop, the register accumulators it reduces into. Taken when
+    every top-level loop is long, one invocation's serial work would be large, and each
+    loop's body touches registers only as `acc = acc op x` on length-1 accumulators
+    defined outside it (the kernelizer's reduce form), with no IF and no nested register
+    arrays."""
+    ops = kernel.ops
+    ends = {op[2]: i for i, op in enumerate(ops) if op[0] == K.ENDLOOP}
+    tops, depth = [], 0
+    for i, op in enumerate(ops):
+        c = op[0]
+        if c == K.IF_OP:
+            return None
+        if c == K.LOOP:
+            if depth == 0:
+                tops.append(i)
+            depth += 1
+        elif c == K.ENDLOOP:
+            depth -= 1
+    if not tops:
+        return None
+    work = 0
+    for t in tops:
+        if ops[t][2] < ROW_MIN_LOOP:
+            return None
+        trip = 1
+        for j in range(t, ends[t]):
+            if ops[j][0] == K.LOOP:
+                trip *= ops[j][2]
+        work += trip
+    if work < ROW_MIN_SERIAL_WORK and outputs > 1:
+        return None
+    if outputs > MAX_GROUPS * MAX_GROUPS:
+        return None
+    loops = {}
+    for t in tops:
+        accs = {}
+        for j in range(t + 1, ends[t]):
+            op = ops[j]
+            if op[0] == K.DEFINE and op[2] == K.SCOPE_REGISTER:
+                return None       # a register defined inside a spread loop
+            if op[0] == K.STORE and ops[op[2]][0] == K.DEFINE and ops[op[2]][2] == K.SCOPE_REGISTER:
+                acc = op[2]
+                dop = ops[acc]
+                if dop[5] != 1 or op[3] >= 0 or acc > t:
+                    return None
+                val = ops[op[4]]
+                if val[0] != K.BINARY or val[2] not in K.REDUCE_BINARY:
+                    return None
+                rop = K.REDUCE_BINARY.index(val[2])
+                if dop[6] is not None and dop[6] != rop:
+                    return None
+                accs[acc] = rop
+        # the accumulators must be read inside the loop only by their own update (a
+        # value read mid-loop would be a partial sum on one invocation)
+        for j in range(t + 1, ends[t]):
+            op = ops[j]
+            if op[0] == K.LOAD and op[2] in accs:
+                users = [k for k in range(j + 1, ends[t]) if j in _operands(ops[k])]
+                if len(users) != 1 or ops[users[0]][0] != K.BINARY:
+                    return None
+        for acc in accs:
+            if ops[acc][1] is dt.bool_:
+                return None
+        loops[t] = (ends[t], accs)
+    # registers read after a spread loop but written inside none of them (nothing to
+    # combine) are fine; registers written outside loops are per-invocation copies of the
+    # same value, fine too
+    return loops
+
+
+def _operands(op):
+    c = op[0]
+    if c == K.CAST:
+        return (op[2],)
+    if c == K.UNARY:
+        return (op[3],)
+    if c == K.BINARY:
+        return (op[3], op[4])
+    if c in (K.WHERE, K.MAD):
+        return (op[2], op[3], op[4])
+    if c == K.LOAD:
+        return (op[3], op[4])
+    if c == K.STORE:
+        return (op[3], op[4])
+    if c == K.IF_OP:
+        return (op[2],)
+    return ()
+
+
+class _RowHooks:
+    """Opens each top-level loop as a loop strided over the workgroup's invocations and
+    closes it with a workgroup tree reduction of its accumulators."""
+
+    def __init__(self, w, plan, wg):
+        self.w = w
+        self.plan = plan
+        self.wg = wg
+        self.ends = {end: t for t, (end, _) in plan.items()}
+        self.slots = 0
+
+    def open_loop(self, i, op, ind):
+        if i not in self.plan:
+            return None
+        return [f"{ind}for (var r{i}: i32 = i32(lid.x); r{i} < {op[2]}; r{i} += {self.wg}) {{"]
+
+    def close_loop(self, i, op, ind):
+        t = self.ends.get(i)
+        if t is None:
+            return None
+        accs = self.plan[t][1]
+        lines = [f"{ind}}}"]
+        w = self.w
+        for acc, rop in sorted(accs.items()):
+            d = w.ops[acc][1]
+            name = f"acc{acc}"
+            arr = f"red_{wtype(d)}"
+            b = K.REDUCE_BINARY[rop]
+            x, y = f"{arr}[lid.x]", f"{arr}[lid.x + s]"
+            if b == K.B_ADD:
+                comb = f"{x} + {y}" if not d.is_bool else f"{x} || {y}"
+            elif b == K.B_MUL:
+                comb = f"{x} * {y}"
+            elif b == K.B_MAX:
+                comb = (f"select({y}, {x}, {x} > {y} || {x} != {x})" if d.is_float
+                        else f"max({x}, {y})")
+            else:
+                comb = (f"select({y}, {x}, {x} < {y} || {x} != {x})" if d.is_float
+                        else f"min({x}, {y})")
+            comb = wrap(d, f"({comb})")
+            self.slots |= {"f32": 1, "i32": 2, "u32": 4}[wtype(d)]
+            lines += [f"{ind}{arr}[lid.x] = {name};",
+                      f"{ind}workgroupBarrier();",
+                      f"{ind}for (var s: u32 = {self.wg // 2}u; s > 0u; s = s >> 1u) {{",
+                      f"{ind}  if (lid.x < s) {{ {arr}[lid.x] = {comb}; }}",
+                      f"{ind}  workgroupBarrier();",
+                      f"{ind}}}",
+                      f"{ind}{name} = {arr}[0];",
+                      f"{ind}workgroupBarrier();"]
+        return lines
+
+
+def _write_rows(kernel, index, outputs, plan, max_groups):
+    """One workgroup per output element: see the module docstring. Stores after the loops
+    are written by every invocation with the same value (harmless for plain buffers; for
+    packed ones the atomics make the repeated clear-and-set give the same word), except
+    that only invocation 0 stores, to save bandwidth."""
+    w = _Writer(kernel)
+    wg = ROW_WORKGROUP
+    groups = fold(outputs, max_groups)
+    head = [f"  let gid: u32 = wid.y * {groups[0]}u + wid.x;"]
+    # no early return: every invocation must reach the barriers; out-of-range groups
+    # compute on a clamped id and do not store
+    live = groups[0] * groups[1] == outputs
+    if not live:
+        head.append(f"  let live: bool = gid < {outputs}u;")
+        head.append(f"  let row: u32 = min(gid, {outputs - 1}u);")
+    else:
+        head.append("  let row: u32 = gid;")
+    lines, names = _decompose(index, "row", "  ")
+    head.extend(lines)
+    w.names.update(names)
+    hooks = _RowHooks(w, plan, wg)
+    _guard_stores(w, plan, live)
+    _body(w, 0, "  ", hooks=hooks)
+    decls = [f"var<workgroup> red_{t}: array<{t}, {wg}>;"
+             for bit, t in ((1, "f32"), (2, "i32"), (4, "u32")) if hooks.slots & bit]
+    return _assemble(w, head, groups, "rows", outputs * wg, wg, decls)
+
+
+def _guard_stores(w, plan, live):
+    """Global stores inside a spread loop are each done by the invocation that owns the
+    iteration; those outside every spread loop by invocation 0 only, and by no one in a
+    padding group."""
+    inside = set()
+    for t, (end, _) in plan.items():
+        inside.update(range(t, end))
+    store_global = w.store_global
+    order = []
+    for i, op in enumerate(w.ops):
+        if op[0] == K.STORE and w.ops[op[2]][2] == K.SCOPE_GLOBAL:
+            order.append((i, i in inside))
+    flags = iter(order)
+    cond = "lid.x == 0u" + ("" if live else " && live")
+    cond_in = None if live else "live"
+
+    def store(define, index, value, ind):
+        _, is_inside = next(flags)
+        c = cond_in if is_inside else cond
+        body = store_global(define, index, value, ind + ("  " if c else ""))
+        if c is None:
+            return body
+        return [f"{ind}if ({c}) {{", *body, f"{ind}}}"]
+
+    w.store_global = store
