@@ -216,14 +216,17 @@ class WGPUMemoryPool(MemoryPool):
 
 
 class WGPUProgram:
-    """A kernel's pipeline and what a dispatch needs: the WGSL kernel (groups, buffers)."""
-    __slots__ = ("kernel", "wgsl", "pipeline", "layout", "__weakref__")
+    """A kernel's pipelines (one per pass) and what a dispatch needs: the WGSL kernel
+    (workgroups, buffers) and the scratch buffer of a split reduction (allocated at the
+    first launch, kept with the program: dispatches on the one queue never overlap)."""
+    __slots__ = ("kernel", "wgsl", "pipelines", "layout", "scratch", "__weakref__")
 
-    def __init__(self, kernel, wgsl, pipeline, layout):
+    def __init__(self, kernel, wgsl, pipelines, layout):
         self.kernel = kernel
         self.wgsl = wgsl
-        self.pipeline = pipeline
+        self.pipelines = pipelines
         self.layout = layout
+        self.scratch = None
 
     @property
     def source(self):
@@ -338,26 +341,30 @@ class WGPUDevice:
 
     def _compile(self, kernel):
         wgsl = self.render(kernel)
-        layout = self._layout(len(kernel.args))
-        pipeline = self._by_source.get(wgsl.source)
+        layout = self._layout(len(kernel.args) + (1 if wgsl.scratch else 0))
+        return WGPUProgram(kernel, wgsl, [self._pipeline(src, layout[1])
+                                          for src, _ in wgsl.passes], layout[0])
+
+    def _pipeline(self, src, layout):
+        pipeline = self._by_source.get(src)
         if pipeline is None:
             if self.debug & 8:
-                print(f"zyx: WGSL source\n{wgsl.source}", file=sys.stderr)
+                print(f"zyx: WGSL source\n{src}", file=sys.stderr)
             t0 = time.perf_counter()
             try:
-                module = self.device.create_shader_module(code=wgsl.source)
+                module = self.device.create_shader_module(code=src)
                 pipeline = self.device.create_compute_pipeline(
-                    layout=layout[1], compute={"module": module, "entry_point": "main"})
+                    layout=layout, compute={"module": module, "entry_point": "main"})
             except Exception as e:   # noqa: BLE001 - wgpu's validation errors
                 raise BackendError(f"wgpu: shader build failed on {self.adapter_name}:\n{e}\n"
-                                   f"--- source ---\n{wgsl.source}") from None
-            self._by_source[wgsl.source] = pipeline
+                                   f"--- source ---\n{src}") from None
+            self._by_source[src] = pipeline
             self.compiled += 1
             self.pipelines_created += 1
             if self.debug & 32:
                 print(f"zyx: wgpu built a pipeline in {(time.perf_counter() - t0) * 1e3:.1f} ms",
                       file=sys.stderr)
-        return WGPUProgram(kernel, wgsl, pipeline, layout[0])
+        return pipeline
 
     # -- launch -----------------------------------------------------------------------------
     def _bind_group(self, layout, handles):
@@ -384,13 +391,21 @@ class WGPUDevice:
 
     def launch(self, program, pool, args, wait_events=()):
         handles = tuple(b.handle for b in args)
+        wgsl = program.wgsl
+        if wgsl.scratch:
+            if program.scratch is None:
+                program.scratch = pool._new_buffer(_round4(wgsl.scratch))
+            handles += (program.scratch,)
         bg = self._bind_group(program.layout, handles)
         cp = pool.compute_pass()
-        cp.set_pipeline(program.pipeline)
-        cp.set_bind_group(0, bg)
-        gx, gy = program.wgsl.groups
-        cp.dispatch_workgroups(gx, gy, 1)
-        pool.dispatched()
+        # dispatches of one pass run in order, each seeing the previous one's writes
+        for pipeline, (_, (gx, gy)) in zip(program.pipelines, wgsl.passes):
+            cp.set_pipeline(pipeline)
+            cp.set_bind_group(0, bg)
+            cp.dispatch_workgroups(gx, gy, 1)
+            pool.dispatched()
+            if pool.cpass is None:           # the encoder was just submitted
+                cp = pool.compute_pass()
         return None          # one queue, in order: later commands see the results
 
     def synchronize(self):
@@ -403,6 +418,10 @@ class WGPUDevice:
     def release(self, program):
         if self._programs.get(program.kernel) is program:
             del self._programs[program.kernel]
+        if program.scratch is not None:
+            self.pool.flush()                # pending dispatches may use it
+            self._forget_buffers([program.scratch])
+            program.scratch = None
 
 
 def _adapters(wgpu, cfg):

@@ -42,6 +42,9 @@ ROW_WORKGROUP = 256          # invocations per workgroup of the rows strategy
 ROW_MIN_LOOP = 256           # fewest iterations of a reduce loop the rows strategy takes
 ROW_MIN_SERIAL_WORK = 1 << 15  # "rows" only where one invocation's serial work would exceed this
 MAX_GROUPS = 65535           # WebGPU's maxComputeWorkgroupsPerDimension default
+# Longest loop written as one WGSL loop: lavapipe (llvmpipe) stops every shader loop after
+# 65,535 iterations, silently, so longer loops are written as a loop of chunks
+LOOP_CHUNK = 32768
 INT32_MAX = 2**31 - 1
 
 # bits per element of the dtypes packed in u32 words
@@ -51,6 +54,10 @@ PACKED = {dt.bool_: 8, dt.uint8: 8, dt.int8: 8, dt.uint16: 16, dt.int16: 16,
 BUFFER_DTYPES = (dt.bool_, dt.uint8, dt.uint16, dt.uint32, dt.int8, dt.int16, dt.int32,
                  dt.float16, dt.bfloat16, dt.float32)
 UNSUPPORTED = (dt.float64, dt.int64, dt.uint64)
+# The runtime passes values that change between launches (slice starts of windows into a
+# realized tensor) in small read-only int64 buffers; they are index values, so they fit
+# 32 bits and are read as the low word. Longer int64 buffers are data and are refused.
+PARAM_LEN = 64
 
 _UNARY_F = {K.U_EXP2: "exp2", K.U_LOG2: "log2", K.U_SQRT: "sqrt", K.U_SIN: "sin",
             K.U_COS: "cos", K.U_FLOOR: "floor", K.U_TRUNC: "trunc", K.U_ABS: "abs",
@@ -61,6 +68,11 @@ _BITS = {K.B_BITXOR: "^", K.B_BITOR: "|", K.B_BITAND: "&"}
 
 # Helpers every shader may call (naga drops the unused ones).
 PRELUDE = r"""
+fn zyx_isnan(x: f32) -> bool {
+  // by the bits: drivers compile x != x as ordered (false for NaN) or fold it away
+  return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+fn zyx_isfinite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u; }
 fn zyx_tanh(x: f32) -> f32 {
   // tanh's exp-based forms overflow to NaN for large |x| on some drivers
   if (abs(x) > 9.0) { return sign(x); }
@@ -82,12 +94,29 @@ fn zyx_erf(x: f32) -> f32 {
 fn zyx_pow(x: f32, y: f32) -> f32 {
   // C's pow: negative bases with integral exponents, pow(x, 0) = 1, pow(1, y) = 1
   if (y == 0.0 || x == 1.0) { return 1.0; }
+  if (zyx_isnan(x) || zyx_isnan(y)) { return bitcast<f32>(0x7fc00000u); }
   let r = exp2(y * log2(abs(x)));
   if (x < 0.0) {
     if (y != trunc(y)) { return bitcast<f32>(0x7fc00000u); }
     if (0.5 * y != trunc(0.5 * y)) { return -r; }
   }
   return r;
+}
+fn zyx_fmod(x: f32, y: f32) -> f32 {
+  // C's fmod, exact: WGSL's x - y * trunc(x / y) rounds (fmod(0.3, 0.1)) and gives NaN for
+  // an infinite y. Long division in powers of two: each step subtracts y scaled to just
+  // below the remainder, which is exact.
+  if (zyx_isnan(x) || zyx_isnan(y) || !zyx_isfinite(x) || y == 0.0) { return bitcast<f32>(0x7fc00000u); }
+  let b = abs(y);
+  var a = abs(x);
+  if (!zyx_isfinite(y) || a < b) { return x; }
+  for (var k: i32 = 0; k < 300; k++) {
+    if (a < b) { break; }
+    var t = ldexp(b, frexp(a).exp - frexp(b).exp);
+    if (t > a) { t = 0.5 * t; }
+    a = a - t;
+  }
+  return select(a, -a, x < 0.0);
 }
 fn zyx_ipow(b: i32, e: i32) -> i32 {
   if (e < 0) { if (b == 1) { return 1; } if (b == -1) { return select(1, -1, (e & 1) != 0); } return 0; }
@@ -113,26 +142,37 @@ fn zyx_h2f(h: u32) -> f32 { return unpack2x16float(h).x; }
 
 
 class WGSLKernel:
-    """A kernel written as WGSL: `source` (entry point `main`), the workgroups to dispatch
-    (`groups`, x and y), the number of storage buffers it binds (`nargs`, in argument
-    order) and the strategy that wrote it."""
-    __slots__ = ("source", "groups", "nargs", "strategy", "threads")
+    """A kernel written as WGSL: its dispatches (`passes`: (source, (x, y) workgroups) in
+    order, entry point `main`), the storage buffers they bind (`nargs`, in argument
+    order, then a scratch buffer of `scratch` bytes at binding `nargs` when `scratch` > 0:
+    the partial results of a split reduction) and the strategy that wrote it."""
+    __slots__ = ("passes", "nargs", "strategy", "threads", "scratch")
 
-    def __init__(self, source, groups, nargs, strategy, threads):
-        self.source = source
-        self.groups = groups
+    def __init__(self, passes, nargs, strategy, threads, scratch=0):
+        self.passes = passes
         self.nargs = nargs
         self.strategy = strategy
         self.threads = threads
+        self.scratch = scratch
+
+    @property
+    def source(self):
+        return "\n".join(src for src, _ in self.passes)
+
+    @property
+    def groups(self):
+        return self.passes[0][1]
 
     def __repr__(self):
-        return f"WGSLKernel({self.strategy}, groups={self.groups}, nargs={self.nargs})"
+        return f"WGSLKernel({self.strategy}, passes={len(self.passes)}, nargs={self.nargs})"
 
 
 def supports(kernel):
     """None when WGSL can run `kernel`, else the reason: a buffer of a dtype it has no type
     for (float64, int64, uint64), a uint64 value, or a buffer beyond 2^31 - 1 elements."""
-    for d, n, _ in kernel.args:
+    for d, n, ro in kernel.args:
+        if d is dt.int64 and ro and n <= PARAM_LEN:
+            continue          # values read at launch (slice starts): see load_global
         if d in UNSUPPORTED:
             return f"{d.name} buffers"
         if n > INT32_MAX:
@@ -224,7 +264,7 @@ class _Writer:
     def declarations(self):
         out = []
         for i, (argno, d, written) in sorted(self.globals.items(), key=lambda t: t[1][0]):
-            if d in PACKED:
+            if d in PACKED or d is dt.int64:
                 t = "array<atomic<u32>>" if written else "array<u32>"
             else:
                 t = f"array<{wtype(d)}>"
@@ -234,6 +274,8 @@ class _Writer:
     def load_global(self, define, index):
         argno, d, written = self.globals[define]
         buf = f"g{argno}"
+        if d is dt.int64:         # a launch value: its low word (PARAM_LEN)
+            return f"bitcast<i32>({buf}[2 * ({index})])"
         if d not in PACKED:
             return f"{buf}[{index}]"
         bits = PACKED[d]
@@ -307,11 +349,11 @@ class _Writer:
                 # NaN converts to 0 (C leaves it undefined; the C backend pins it to 0);
                 # WGSL's float -> int conversion saturates
                 if d.kind == "u" and d.itemsize == 4:
-                    e = f"select(0u, select(u32(i32({x})), u32({x}), {x} >= 0.0), {x} == {x})"
+                    e = f"select(0u, select(u32(i32({x})), u32({x}), {x} >= 0.0), !zyx_isnan({x}))"
                 elif d.kind == "u":
-                    e = f"select(0u, u32(i32({x})), {x} == {x})"
+                    e = f"select(0u, u32(i32({x})), !zyx_isnan({x}))"
                 else:
-                    e = f"select(0i, i32({x}), {x} == {x})"
+                    e = f"select(0i, i32({x}), !zyx_isnan({x}))"
                 return wrap(d, e)
             return wrap(d, f"{t}({x})") if wtype(sd) != t else wrap(d, x) if (
                 sd.itemsize > d.itemsize or (sd.kind != d.kind)) else x
@@ -346,12 +388,23 @@ class _Writer:
         xd = ops[op[3]][1]
         if d.is_bool and b in (K.B_ADD, K.B_MUL):
             b = K.B_OR if b == K.B_ADD else K.B_AND
+        if b in _COMPARE and xd.is_bool and b in (K.B_CMPLT, K.B_CMPGT):
+            return f"(u32({x}) {_COMPARE[b]} u32({y}))"
         if b in _COMPARE:
+            if xd.is_float and op[3] == op[4] and b in (K.B_NOTEQ, K.B_EQ):
+                return f"zyx_isnan({x})" if b == K.B_NOTEQ else f"(!zyx_isnan({x}))"
+            if xd.is_float and b == K.B_NOTEQ:
+                # unordered: true when either is NaN, whatever the driver makes of !=
+                return f"(!({x} == {y}))"
             return f"({x} {_COMPARE[b]} {y})"
         if b == K.B_OR:
             return f"({_as_bool(xd, x)} || {_as_bool(ops[op[4]][1], y)})"
         if b == K.B_AND:
             return f"({_as_bool(xd, x)} && {_as_bool(ops[op[4]][1], y)})"
+        if b == K.B_SUB and d.is_float and op[3] == op[4]:
+            # x - x (isfinite's test): NaN for inf and NaN, 0 otherwise, spelled out since
+            # drivers fold it to 0
+            return f"select(bitcast<f32>(0x7fc00000u), 0.0f, zyx_isfinite({x}))"
         if b in _ARITH:
             return wrap(d, f"({x} {_ARITH[b]} {y})")
         if b in _BITS:
@@ -363,11 +416,11 @@ class _Writer:
             return wrap(d, f"({x} {'<<' if b == K.B_SHL else '>>'} {sh})")
         if b == K.B_MAX:
             if d.is_float:
-                return f"select({y}, {x}, {x} > {y} || {x} != {x})"
+                return f"select({y}, {x}, {x} > {y} || zyx_isnan({x}))"
             return f"max({x}, {y})" if not d.is_bool else f"({x} || {y})"
         if b == K.B_MIN:
             if d.is_float:
-                return f"select({y}, {x}, {x} < {y} || {x} != {x})"
+                return f"select({y}, {x}, {x} < {y} || zyx_isnan({x}))"
             return f"min({x}, {y})" if not d.is_bool else f"({x} && {y})"
         if b in (K.B_DIV, K.B_MOD) and not d.is_float:
             # x / 0 and x % 0 are 0 (the C backend's rule); WGSL defines MIN / -1 as MIN
@@ -375,9 +428,17 @@ class _Writer:
             sym = "/" if b == K.B_DIV else "%"
             return wrap(d, f"select({x} {sym} {y}, {z}, {y} == {z})")
         if b == K.B_DIV:
+            yop = ops[op[4]]
+            if yop[0] == K.CONST and float(yop[2]) == 0.0:
+                # x / 0 spelled out: drivers fold a division by a zero constant to 0
+                neg = math.copysign(1.0, float(yop[2])) < 0
+                inf, ninf = "bitcast<f32>(0x7f800000u)", "bitcast<f32>(0xff800000u)"
+                pos, negv = (ninf, inf) if neg else (inf, ninf)
+                return (f"select(select({negv}, {pos}, {x} > 0.0f), bitcast<f32>(0x7fc00000u), "
+                        f"{x} == 0.0f || zyx_isnan({x}))")
             return f"({x} / {y})"
         if b == K.B_MOD:
-            return f"({x} % {y})"      # WGSL's float % truncates, as C's fmod
+            return f"zyx_fmod({x}, {y})"
         if b == K.B_POW:
             if d.is_float:
                 return f"zyx_pow({x}, {y})"
@@ -412,6 +473,19 @@ class _Writer:
             out.append(f"{ind}for (var q: i32 = 0; q < {op[5]}; q++) {{ acc{i}[q] = "
                        f"{literal(d, op[3])}; }}")
         return out
+
+
+def loop_lines(var, n, ind, start="0", step=1):
+    """The line(s) opening a loop of `var` over start, start + step, ... < n (closed by one
+    `}`, or `}}` when chunked: see LOOP_CHUNK)."""
+    if -(-n // step) <= LOOP_CHUNK:
+        inc = f"{var}++" if step == 1 else f"{var} += {step}"
+        return [f"{ind}for (var {var}: i32 = {start}; {var} < {n}; {inc}) {{"]
+    span = step * LOOP_CHUNK
+    inc = f"{var}++" if step == 1 else f"{var} += {step}"
+    return [f"{ind}for (var {var}_c: i32 = {start}; {var}_c < {n}; {var}_c += {span}) {{ "
+            f"let {var}_e: i32 = min({n}, {var}_c + {span});",
+            f"{ind}for (var {var}: i32 = {var}_c; {var} < {var}_e; {inc}) {{"]
 
 
 def _index_names(ops):
@@ -450,10 +524,17 @@ def _body(w, start, ind, skip=None, hooks=None):
     may replace the writing of LOOP/ENDLOOP ops (the rows strategy)."""
     ops = w.ops
     depth = len(ind) // 2
+    skip = hooks.skip if hooks else ()
     for i in range(start, len(ops)):
+        if hooks is not None and i == hooks.stop:
+            break
         op = ops[i]
         c = op[0]
         ind = "  " * depth
+        if i in skip:
+            if c == K.CONST:
+                w.names[i] = literal(op[1], op[2])
+            continue
         if c == K.CONST:
             w.names[i] = literal(op[1], op[2])
         elif c == K.DEFINE:
@@ -466,14 +547,14 @@ def _body(w, start, ind, skip=None, hooks=None):
         elif c == K.LOOP:
             w.names[i] = f"r{i}"
             opened = hooks.open_loop(i, op, ind) if hooks else None
-            w.lines.extend(opened if opened is not None else
-                           [f"{ind}for (var r{i}: i32 = 0; r{i} < {op[2]}; r{i}++) {{"])
+            w.lines.extend(opened if opened is not None else loop_lines(f"r{i}", op[2], ind))
             depth += 1
         elif c == K.ENDLOOP:
             depth -= 1
             ind = "  " * depth
             closed = hooks.close_loop(i, op, ind) if hooks else None
-            w.lines.extend(closed if closed is not None else [f"{ind}}}"])
+            w.lines.extend(closed if closed is not None else
+                           [f"{ind}}}" + ("}" if ops[op[2]][2] > LOOP_CHUNK else "")])
         elif c == K.END_IF:
             depth -= 1
             w.lines.append("  " * depth + "}")
@@ -499,7 +580,7 @@ def _assemble(w, head, groups, strategy, threads, workgroup, extra_decls=()):
                      "fn main(@builtin(workgroup_id) wid: vec3<u32>, "
                      "@builtin(local_invocation_id) lid: vec3<u32>) {",
                      *head, *w.lines, "}", ""])
-    return WGSLKernel(src, groups, len(w.kernel.args), strategy, threads)
+    return WGSLKernel([(src, groups)], len(w.kernel.args), strategy, threads)
 
 
 def _write_serial(kernel, index, outputs, max_groups, workgroup):
@@ -609,46 +690,73 @@ def _operands(op):
     return ()
 
 
+def combine(d, rop, x, y):
+    """WGSL expression combining two partial accumulators x, y of reduce op rop."""
+    b = K.REDUCE_BINARY[rop]
+    if b == K.B_ADD:
+        e = f"{x} + {y}" if not d.is_bool else f"{x} || {y}"
+    elif b == K.B_MUL:
+        e = f"{x} * {y}"
+    elif b == K.B_MAX:
+        e = f"select({y}, {x}, {x} > {y} || zyx_isnan({x}))" if d.is_float else f"max({x}, {y})"
+    else:
+        e = f"select({y}, {x}, {x} < {y} || zyx_isnan({x}))" if d.is_float else f"min({x}, {y})"
+    return wrap(d, f"({e})")
+
+
 class _RowHooks:
     """Opens each top-level loop as a loop strided over the workgroup's invocations and
-    closes it with a workgroup tree reduction of its accumulators."""
+    closes it with a workgroup tree reduction of its accumulators. With `split` = (parts,
+    phase): phase 1 spreads the one loop over `parts` workgroups per output and stops after
+    it (invocation 0 stores the group's partial into the scratch buffer); phase 2 replaces
+    the loop by one over the parts' partials and goes on with the rest of the kernel."""
 
-    def __init__(self, w, plan, wg):
+    def __init__(self, w, plan, wg, split=None):
         self.w = w
         self.plan = plan
         self.wg = wg
         self.ends = {end: t for t, (end, _) in plan.items()}
         self.slots = 0
+        self.split = split
+        self.stop = None
+        self.skip = frozenset()
+        if split is not None:
+            (t, (end, _)), = plan.items()
+            if split[1] == 1:
+                self.stop = end + 1
+            else:
+                self.skip = frozenset(range(t + 1, end))
 
     def open_loop(self, i, op, ind):
         if i not in self.plan:
             return None
-        return [f"{ind}for (var r{i}: i32 = i32(lid.x); r{i} < {op[2]}; r{i} += {self.wg}) {{"]
+        if self.split is None:
+            return loop_lines(f"r{i}", op[2], ind, "i32(lid.x)", self.wg)
+        parts, phase = self.split
+        if phase == 1:
+            return loop_lines(f"r{i}", op[2], ind, f"i32(part) * {self.wg} + i32(lid.x)",
+                              self.wg * parts)
+        (acc, rop), = self.plan[i][1].items()
+        d = self.w.ops[acc][1]
+        x = f"zyx_part[i32(row) * {parts} + q]"
+        return [f"{ind}for (var q: i32 = i32(lid.x); q < {parts}; q += {self.wg}) {{",
+                f"{ind}  acc{acc} = {combine(d, rop, f'acc{acc}', x)};"]
 
     def close_loop(self, i, op, ind):
         t = self.ends.get(i)
         if t is None:
             return None
         accs = self.plan[t][1]
-        lines = [f"{ind}}}"]
-        w = self.w
+        if self.split is not None and self.split[1] == 2:
+            lines = [f"{ind}}}"]
+        else:
+            step = self.wg * (self.split[0] if self.split else 1)
+            lines = [f"{ind}}}" + ("}" if -(-self.w.ops[t][2] // step) > LOOP_CHUNK else "")]
         for acc, rop in sorted(accs.items()):
-            d = w.ops[acc][1]
+            d = self.w.ops[acc][1]
             name = f"acc{acc}"
             arr = f"red_{wtype(d)}"
-            b = K.REDUCE_BINARY[rop]
-            x, y = f"{arr}[lid.x]", f"{arr}[lid.x + s]"
-            if b == K.B_ADD:
-                comb = f"{x} + {y}" if not d.is_bool else f"{x} || {y}"
-            elif b == K.B_MUL:
-                comb = f"{x} * {y}"
-            elif b == K.B_MAX:
-                comb = (f"select({y}, {x}, {x} > {y} || {x} != {x})" if d.is_float
-                        else f"max({x}, {y})")
-            else:
-                comb = (f"select({y}, {x}, {x} < {y} || {x} != {x})" if d.is_float
-                        else f"min({x}, {y})")
-            comb = wrap(d, f"({comb})")
+            comb = combine(d, rop, f"{arr}[lid.x]", f"{arr}[lid.x + s]")
             self.slots |= {"f32": 1, "i32": 2, "u32": 4}[wtype(d)]
             lines += [f"{ind}{arr}[lid.x] = {name};",
                       f"{ind}workgroupBarrier();",
@@ -658,35 +766,75 @@ class _RowHooks:
                       f"{ind}}}",
                       f"{ind}{name} = {arr}[0];",
                       f"{ind}workgroupBarrier();"]
+            if self.split is not None and self.split[1] == 1:
+                lines.append(f"{ind}if (lid.x == 0u && live) {{ zyx_part[gid] = {name}; }}")
         return lines
 
 
+SPLIT_MIN_LOOP = 1 << 16      # a reduce loop at least this long over few outputs is split
+SPLIT_MAX_OUTPUTS = 64        # ... when the kernel has at most this many outputs
+SPLIT_ELEMENTS = 256          # loop iterations per invocation aimed at by a split
+
+
+def _split_parts(kernel, outputs, plan):
+    """How many workgroups share each output's reduce loop (0: no split): for a kernel of
+    few outputs with one long top-level loop reducing into one accumulator and storing
+    nothing inside it."""
+    if outputs > SPLIT_MAX_OUTPUTS or len(plan) != 1:
+        return 0
+    (t, (end, accs)), = plan.items()
+    n = kernel.ops[t][2]
+    if n < SPLIT_MIN_LOOP or len(accs) != 1:
+        return 0
+    if any(kernel.ops[j][0] == K.STORE and kernel.ops[kernel.ops[j][2]][2] == K.SCOPE_GLOBAL
+           for j in range(t, end)):
+        return 0
+    return max(2, min(1024, -(-n // (ROW_WORKGROUP * SPLIT_ELEMENTS))))
+
+
 def _write_rows(kernel, index, outputs, plan, max_groups):
-    """One workgroup per output element: see the module docstring. Stores after the loops
-    are written by every invocation with the same value (harmless for plain buffers; for
-    packed ones the atomics make the repeated clear-and-set give the same word), except
-    that only invocation 0 stores, to save bandwidth."""
+    """One workgroup per output element (see the module docstring); a long loop over few
+    outputs is split over several workgroups per output and a second pass (`_split_parts`)."""
+    parts = _split_parts(kernel, outputs, plan)
+    if not parts:
+        src, groups, _ = _rows_pass(kernel, index, outputs, plan, max_groups, None)
+        return WGSLKernel([(src, groups)], len(kernel.args), "rows", outputs * ROW_WORKGROUP)
+    passes = [_rows_pass(kernel, index, outputs, plan, max_groups, (parts, phase))[:2]
+              for phase in (1, 2)]
+    return WGSLKernel(passes, len(kernel.args), "split", outputs * parts * ROW_WORKGROUP,
+                      scratch=4 * outputs * parts)
+
+
+def _rows_pass(kernel, index, outputs, plan, max_groups, split):
     w = _Writer(kernel)
     wg = ROW_WORKGROUP
-    groups = fold(outputs, max_groups)
+    parts = split[0] if split is not None and split[1] == 1 else 1
+    groups = fold(outputs * parts, max_groups)
     head = [f"  let gid: u32 = wid.y * {groups[0]}u + wid.x;"]
     # no early return: every invocation must reach the barriers; out-of-range groups
     # compute on a clamped id and do not store
-    live = groups[0] * groups[1] == outputs
-    if not live:
-        head.append(f"  let live: bool = gid < {outputs}u;")
-        head.append(f"  let row: u32 = min(gid, {outputs - 1}u);")
+    live = groups[0] * groups[1] == outputs * parts
+    head.append(f"  let live: bool = {'true' if live else f'gid < {outputs * parts}u'};")
+    g = "gid" if live else f"min(gid, {outputs * parts - 1}u)"
+    if parts > 1:
+        head.append(f"  let row: u32 = {g} / {parts}u;")
+        head.append(f"  let part: u32 = {g} % {parts}u;")
     else:
-        head.append("  let row: u32 = gid;")
+        head.append(f"  let row: u32 = {g};")
     lines, names = _decompose(index, "row", "  ")
     head.extend(lines)
     w.names.update(names)
-    hooks = _RowHooks(w, plan, wg)
+    hooks = _RowHooks(w, plan, wg, split)
     _guard_stores(w, plan, live)
     _body(w, 0, "  ", hooks=hooks)
     decls = [f"var<workgroup> red_{t}: array<{t}, {wg}>;"
              for bit, t in ((1, "f32"), (2, "i32"), (4, "u32")) if hooks.slots & bit]
-    return _assemble(w, head, groups, "rows", outputs * wg, wg, decls)
+    if split is not None:
+        (acc, _), = next(iter(plan.values()))[1].items()
+        decls.append(f"@group(0) @binding({len(kernel.args)}) var<storage, read_write> "
+                     f"zyx_part: array<{wtype(kernel.ops[acc][1])}>;")
+    src = _assemble(w, head, groups, "rows", 0, wg, decls).passes[0][0]
+    return src, groups, None
 
 
 def _guard_stores(w, plan, live):
@@ -702,8 +850,8 @@ def _guard_stores(w, plan, live):
         if op[0] == K.STORE and w.ops[op[2]][2] == K.SCOPE_GLOBAL:
             order.append((i, i in inside))
     flags = iter(order)
-    cond = "lid.x == 0u" + ("" if live else " && live")
-    cond_in = None if live else "live"
+    cond = "lid.x == 0u && live"
+    cond_in = "live"
 
     def store(define, index, value, ind):
         _, is_inside = next(flags)
