@@ -154,14 +154,17 @@ _NO_WIDE_DTYPES = ("wgpu", "vulkan")   # backends without float64 / 64-bit integ
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
-    """A device-parametrized test that runs into UnsupportedDTypeError on a WebGPU or Vulkan
-    device (float64, int64: their shading languages have no such types) is skipped with
-    that error as the reason; on any other device, and any other error, it fails."""
+    """A test that runs into UnsupportedDTypeError on a WebGPU or Vulkan device (float64,
+    int64: their shading languages have no such types) is skipped with that error as the
+    reason: the `device` it is parametrized with, or the default device (ZYX_DEVICE=wgpu)
+    for a test that takes none. On any other device, and any other error, it fails."""
     try:
         return (yield)
     except UnsupportedDTypeError as e:
         dev = pyfuncitem.funcargs.get("device")
-        if dev is not None and str(dev).split(":")[0] in _NO_WIDE_DTYPES:
+        if dev is None:
+            dev = zyx.get_default_device()
+        if str(dev).split(":")[0] in _NO_WIDE_DTYPES:
             pytest.skip(f"unsupported dtype on {dev}: {e}")
         raise
 

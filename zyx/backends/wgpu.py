@@ -40,6 +40,7 @@ the pool).
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import numpy as np
@@ -54,6 +55,11 @@ from .blocks import FreeBlocks, configured_limit, default_limit
 
 # A CPU adapter (lavapipe) ranks below the C backend (2e10 FLOP/s per core), as PoCL does
 CPU_COMPUTE = 1e9
+# WebGPU reports no clock or core count. A GPU adapter ranks below CUDA and OpenCL on the
+# same GPU (their estimates come from SMs and clocks: an H100 is 6.7e13 through CUDA,
+# 5.2e11 through OpenCL) and above the C backend on up to 16 cores (2e10 each)
+GPU_COMPUTE = 4e11
+LLVMPIPE_LOOP_CAP = 65535
 MAX_PENDING = 1024           # dispatches recorded before the encoder is submitted anyway
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
           "max-storage-buffers-per-shader-stage", "max-compute-workgroups-per-dimension",
@@ -89,20 +95,24 @@ class WGPUMemoryPool(MemoryPool):
         self.staging = None          # MAP_READ buffer reused by every read
         self.staging_created = 0
         self.on_trim = None          # the device's hook: forget bind groups of freed buffers
+        # the pending encoder is one object: threads reading results while another records
+        # dispatches take turns (wgpu-native aborts on an encoder used from two threads)
+        self.lock = threading.RLock()
 
     # -- buffers ----------------------------------------------------------------------------
     def allocate(self, nbytes):
-        if nbytes > self.free_bytes:
-            raise AllocationError(f"wgpu pool: {nbytes} bytes requested, {self.free_bytes} free")
-        size = _round4(nbytes)
-        if size > self.max_buffer:
-            raise AllocationError(f"wgpu pool: {nbytes} bytes exceed the device's largest "
-                                  f"buffer ({self.max_buffer} bytes)")
-        handle = self._blocks.take(size)
-        if handle is None:
-            handle = self._new_buffer(size)
-        self.used_bytes += nbytes
-        return Buffer(self, handle, nbytes), None
+        with self.lock:
+            if nbytes > self.free_bytes:
+                raise AllocationError(f"wgpu pool: {nbytes} bytes requested, {self.free_bytes} free")
+            size = _round4(nbytes)
+            if size > self.max_buffer:
+                raise AllocationError(f"wgpu pool: {nbytes} bytes exceed the device's largest "
+                                      f"buffer ({self.max_buffer} bytes)")
+            handle = self._blocks.take(size)
+            if handle is None:
+                handle = self._new_buffer(size)
+            self.used_bytes += nbytes
+            return Buffer(self, handle, nbytes), None
 
     def _new_buffer(self, size):
         try:
@@ -115,12 +125,13 @@ class WGPUMemoryPool(MemoryPool):
                 raise AllocationError(f"wgpu pool: cannot allocate {size} bytes: {e}") from None
 
     def deallocate(self, buf, wait_events=()):
-        # commands are submitted in order: later dispatches reusing this buffer run after
-        # the ones still reading it
-        self.used_bytes -= buf.nbytes
-        if self._blocks.put(buf.handle, _round4(buf.nbytes)):
-            self.trim(self._blocks.limit * 3 // 4)
-        buf.handle = None
+        with self.lock:
+            # commands are submitted in order: later dispatches reusing this buffer run after
+            # the ones still reading it
+            self.used_bytes -= buf.nbytes
+            if self._blocks.put(buf.handle, _round4(buf.nbytes)):
+                self.trim(self._blocks.limit * 3 // 4)
+            buf.handle = None
 
     @property
     def cached_bytes(self):
@@ -131,13 +142,14 @@ class WGPUMemoryPool(MemoryPool):
         """Release kept free buffers until at most `keep` bytes stay kept (0: all). Pending
         commands are submitted first (they may use them); bind groups naming them are
         dropped by the device's hook."""
-        dropped = list(self._blocks.evict(keep))
-        if dropped:
-            self.flush()
-            if self.on_trim is not None:
-                self.on_trim(dropped)
+        with self.lock:
+            dropped = list(self._blocks.evict(keep))
+            if dropped:
+                self.flush()
+                if self.on_trim is not None:
+                    self.on_trim(dropped)
 
-    # -- the pending encoder ----------------------------------------------------------------
+        # -- the pending encoder ----------------------------------------------------------------
     def compute_pass(self):
         """The open compute pass of the pending encoder (begun when needed)."""
         if self.cpass is None:
@@ -153,13 +165,14 @@ class WGPUMemoryPool(MemoryPool):
 
     def flush(self):
         """Submit the pending encoder, if any (one queue.submit for everything recorded)."""
-        if self.encoder is None:
-            return
-        self._end_pass()
-        self.queue.submit([self.encoder.finish()])
-        self.submits += 1
-        self.encoder = None
-        self.pending = 0
+        with self.lock:
+            if self.encoder is None:
+                return
+            self._end_pass()
+            self.queue.submit([self.encoder.finish()])
+            self.submits += 1
+            self.encoder = None
+            self.pending = 0
 
     def dispatched(self):
         self.pending += 1
@@ -168,14 +181,15 @@ class WGPUMemoryPool(MemoryPool):
 
     # -- copies -----------------------------------------------------------------------------
     def host_to_pool(self, src, dst, wait_events=()):
-        if dst.nbytes == 0:
+        with self.lock:
+            if dst.nbytes == 0:
+                return None
+            data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+            if data.nbytes % 4:
+                data = np.concatenate([data, np.zeros(4 - data.nbytes % 4, np.uint8)])
+            self.flush()      # pending dispatches may still read dst's old contents
+            self.queue.write_buffer(dst.handle, 0, data)
             return None
-        data = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
-        if data.nbytes % 4:
-            data = np.concatenate([data, np.zeros(4 - data.nbytes % 4, np.uint8)])
-        self.flush()      # pending dispatches may still read dst's old contents
-        self.queue.write_buffer(dst.handle, 0, data)
-        return None
 
     def _staging(self, size):
         if self.staging is None or self.staging.size < size:
@@ -186,33 +200,35 @@ class WGPUMemoryPool(MemoryPool):
         return self.staging
 
     def pool_to_host(self, src, dst, wait_events=()):
-        if src.nbytes == 0:
-            return
-        size = _round4(src.nbytes)
-        staging = self._staging(size)
-        self._end_pass()
-        if self.encoder is None:
-            self.encoder = self.device.create_command_encoder()
-        self.encoder.copy_buffer_to_buffer(src.handle, 0, staging, 0, size)
-        self.flush()
-        staging.map_sync(self.wgpu.MapMode.READ, 0, size)
-        try:
-            data = staging.read_mapped(0, size, copy=False)
-            dst.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8, src.nbytes)
-        finally:
-            staging.unmap()
+        with self.lock:
+            if src.nbytes == 0:
+                return
+            size = _round4(src.nbytes)
+            staging = self._staging(size)
+            self._end_pass()
+            if self.encoder is None:
+                self.encoder = self.device.create_command_encoder()
+            self.encoder.copy_buffer_to_buffer(src.handle, 0, staging, 0, size)
+            self.flush()
+            staging.map_sync(self.wgpu.MapMode.READ, 0, size)
+            try:
+                data = staging.read_mapped(0, size, copy=False)
+                dst.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8, src.nbytes)
+            finally:
+                staging.unmap()
 
     def wait(self):
         """Submit what is pending and wait until the queue has run it: a 4-byte copy into
         the staging buffer, whose mapping completes after every earlier submit."""
-        staging = self._staging(4)
-        if self.encoder is None:
-            self.encoder = self.device.create_command_encoder()
-        self._end_pass()
-        self.encoder.clear_buffer(staging, 0, 4)
-        self.flush()
-        staging.map_sync(self.wgpu.MapMode.READ, 0, 4)
-        staging.unmap()
+        with self.lock:
+            staging = self._staging(4)
+            if self.encoder is None:
+                self.encoder = self.device.create_command_encoder()
+            self._end_pass()
+            self.encoder.clear_buffer(staging, 0, 4)
+            self.flush()
+            staging.map_sync(self.wgpu.MapMode.READ, 0, 4)
+            staging.unmap()
 
 
 class WGPUProgram:
@@ -247,6 +263,9 @@ class WGPUDevice:
         info = adapter.info
         self.adapter_name = info.get("device") or info.get("description") or "adapter"
         self.is_cpu = str(info.get("adapter_type", "")).lower() == "cpu"
+        self.features = set(device.features)
+        # llvmpipe (lavapipe) ends every shader's loops after 65,535 iterations silently
+        self.loop_cap = LLVMPIPE_LOOP_CAP if "llvmpipe" in self.adapter_name.lower() else 0
         self.compiled = 0              # shader modules + pipelines built (zyx.stats)
         self.pipelines_created = 0
         self.bind_groups_created = 0
@@ -261,7 +280,7 @@ class WGPUDevice:
         lim = self.limits
         info = self.adapter.info
         vendor, device_id = info.get("vendor_id", 0), info.get("device_id", 0)
-        compute = 1e13 if not self.is_cpu else CPU_COMPUTE
+        compute = GPU_COMPUTE if not self.is_cpu else CPU_COMPUTE
         di = DeviceInfo(name=f"WebGPU {self.adapter_name} ({info.get('backend_type', '')})",
                         compute=compute,
                         max_global_work_dims=(lim["max-compute-workgroups-per-dimension"],) * 3,
@@ -272,6 +291,7 @@ class WGPUDevice:
                         local_mem_size=lim["max-compute-workgroup-storage-size"],
                         warp_size=32 if not self.is_cpu else 1,
                         register_tiles=False, window_tiles=False,
+                        own_tiles=_no_tiles,
                         # one reduce loop per sum: the writer spreads long loops over a
                         # workgroup and combines them by a tree, which is the blocking
                         sum_block=1 << 30,
@@ -296,6 +316,11 @@ class WGPUDevice:
     def render(self, kernel):
         """The WGSLKernel of `kernel`, or UnsupportedDTypeError / BackendError when the
         device cannot run it (checked here, when the plan is built, never at launch)."""
+        for d, n, _ in kernel.args:
+            if _round4(n * d.itemsize) > self.limits["max-storage-buffer-binding-size"]:
+                raise AllocationError(f"wgpu device {self.adapter_name}: a buffer of {n} "
+                                      f"{d.name} exceeds the largest storage binding "
+                                      f"({self.limits['max-storage-buffer-binding-size']} bytes)")
         why = supports(kernel)
         if why is not None:
             if "elements" in why or "workgroup" in why:
@@ -310,13 +335,15 @@ class WGPUDevice:
             raise BackendError(f"wgpu device {self.adapter_name}: a kernel with {nbuf} "
                                f"buffers exceeds the device's {most} storage buffers per "
                                f"shader stage (maxStorageBuffersPerShaderStage)")
-        for d, n, _ in kernel.args:
-            if _round4(n * d.itemsize) > self.limits["max-storage-buffer-binding-size"]:
-                raise BackendError(f"wgpu device {self.adapter_name}: a buffer of {n} "
-                                   f"{d.name} exceeds the largest storage binding "
-                                   f"({self.limits['max-storage-buffer-binding-size']} bytes)")
-        return write(kernel, self.limits["max-compute-workgroups-per-dimension"],
-                     self.limits["max-compute-invocations-per-workgroup"])
+        wgsl = write(kernel, self.limits["max-compute-workgroups-per-dimension"],
+                     self.limits["max-compute-invocations-per-workgroup"],
+                     "shader-f64" in self.features)
+        if self.loop_cap and wgsl.iterations > self.loop_cap:
+            raise BackendError(f"wgpu device {self.adapter_name}: this driver stops shader "
+                               f"loops after {self.loop_cap} iterations and the kernel's "
+                               f"invocations loop {wgsl.iterations} times (a wrong result "
+                               f"would follow); run it on another device")
+        return wgsl
 
     def _layout(self, n):
         got = self._layouts.get(n)
@@ -393,9 +420,14 @@ class WGPUDevice:
         handles = tuple(b.handle for b in args)
         wgsl = program.wgsl
         if wgsl.scratch:
-            if program.scratch is None:
+            if program.scratch is None:   # (under the runtime's lock: one plan at a time)
                 program.scratch = pool._new_buffer(_round4(wgsl.scratch))
             handles += (program.scratch,)
+        with pool.lock:
+            self._record(program, pool, wgsl, handles)
+        return None          # one queue, in order: later commands see the results
+
+    def _record(self, program, pool, wgsl, handles):
         bg = self._bind_group(program.layout, handles)
         cp = pool.compute_pass()
         # dispatches of one pass run in order, each seeing the previous one's writes
@@ -406,7 +438,6 @@ class WGPUDevice:
             pool.dispatched()
             if pool.cpass is None:           # the encoder was just submitted
                 cp = pool.compute_pass()
-        return None          # one queue, in order: later commands see the results
 
     def synchronize(self):
         """Submit what is pending and wait until the device has run it."""
@@ -422,6 +453,12 @@ class WGPUDevice:
             self.pool.flush()                # pending dispatches may use it
             self._forget_buffers([program.scratch])
             program.scratch = None
+
+
+def _no_tiles(ops):
+    """DeviceInfo.own_tiles: the writer tiles no product (kernelize adds no register tiles
+    either: register_tiles=False); not None marks a GPU device."""
+    return False
 
 
 def _adapters(wgpu, cfg):
@@ -458,7 +495,8 @@ def initialize(cfg, debug=0):
     for a in adapters:
         offered = a.limits
         want = {k: offered[k] for k in LIMITS if k in offered}
-        features = [f for f in ("timestamp-query",) if f in a.features]
+        # shader-f64: float64 totals of long float sums inside kernels (not tensors)
+        features = [f for f in ("timestamp-query", "shader-f64") if f in a.features]
         try:
             device = a.request_device_sync(required_features=features, required_limits=want)
         except Exception as e:   # noqa: BLE001

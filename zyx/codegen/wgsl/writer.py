@@ -36,6 +36,7 @@ import struct
 
 from ... import dtype as dt
 from ..._core import kernel as K
+from ..gpu.analysis import contiguous_loads
 
 WORKGROUP = 256              # invocations per workgroup of the serial strategy
 ROW_WORKGROUP = 256          # invocations per workgroup of the rows strategy
@@ -146,14 +147,15 @@ class WGSLKernel:
     order, entry point `main`), the storage buffers they bind (`nargs`, in argument
     order, then a scratch buffer of `scratch` bytes at binding `nargs` when `scratch` > 0:
     the partial results of a split reduction) and the strategy that wrote it."""
-    __slots__ = ("passes", "nargs", "strategy", "threads", "scratch")
+    __slots__ = ("passes", "nargs", "strategy", "threads", "scratch", "iterations")
 
-    def __init__(self, passes, nargs, strategy, threads, scratch=0):
+    def __init__(self, passes, nargs, strategy, threads, scratch=0, iterations=0):
         self.passes = passes
         self.nargs = nargs
         self.strategy = strategy
         self.threads = threads
         self.scratch = scratch
+        self.iterations = iterations    # most loop iterations one invocation runs
 
     @property
     def source(self):
@@ -488,13 +490,29 @@ def loop_lines(var, n, ind, start="0", step=1):
             f"{ind}for (var {var}: i32 = {var}_c; {var} < {var}_e; {inc}) {{"]
 
 
+def loop_iterations(ops, spread=None):
+    """Loop iterations one invocation runs (every loop's trips times its enclosing loops'),
+    top-level loops in `spread` ({LOOP position: invocations sharing it}) divided."""
+    spread = spread or {}
+    total, stack = 0, [1]
+    for i, op in enumerate(ops):
+        if op[0] == K.LOOP:
+            trips = -(-op[2] // spread.get(i, 1)) * stack[-1]
+            total += trips
+            stack.append(trips)
+        elif op[0] == K.ENDLOOP:
+            stack.pop()
+    return total
+
+
 def _index_names(ops):
     """INDEX position -> (axis, length), in op order."""
     return {i: (op[2], op[3]) for i, op in enumerate(ops) if op[0] == K.INDEX}
 
 
-def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP):
-    """The WGSLKernel of `kernel` (a zyx Kernel); the caller checked `supports`."""
+def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False):
+    """The WGSLKernel of `kernel` (a zyx Kernel); the caller checked `supports`.
+    `f64_totals`: the device has `shader-f64`, so long serial float sums may total in f64."""
     ops = kernel.ops
     index = _index_names(ops)
     outputs = 1
@@ -503,7 +521,8 @@ def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP):
     plan = _rows_plan(kernel, outputs)
     if plan is not None:
         return _write_rows(kernel, index, outputs, plan, max_groups)
-    return _write_serial(kernel, index, outputs, max_groups, min(max_threads, WORKGROUP))
+    return _write_serial(kernel, index, outputs, max_groups, min(max_threads, WORKGROUP),
+                         f64_totals)
 
 
 def _decompose(index, gid, ind):
@@ -583,7 +602,70 @@ def _assemble(w, head, groups, strategy, threads, workgroup, extra_decls=()):
     return WGSLKernel([(src, groups)], len(w.kernel.args), strategy, threads)
 
 
-def _write_serial(kernel, index, outputs, max_groups, workgroup):
+SUM_BLOCK = 256       # iterations a serial float sum adds before folding into its total
+
+
+class _SerialHooks:
+    """Long float sums of the serial strategy in blocks: each block of SUM_BLOCK
+    iterations sums into a fresh partial that is then added to the accumulator with Kahan's
+    compensation, or into a float64 total where the adapter has `shader-f64` (the float64
+    totals the kernelizer makes elsewhere; tensors stay without float64), so rounding
+    grows with the block length, not the loop's."""
+    skip = frozenset()
+    stop = None
+
+    def __init__(self, w, f64_totals=False):
+        self.w = w
+        self.f64 = f64_totals
+        ops = w.ops
+        ends = {op[2]: i for i, op in enumerate(ops) if op[0] == K.ENDLOOP}
+        self.loops = {}
+        for t, end in ends.items():
+            if ops[t][2] <= SUM_BLOCK:
+                continue
+            accs = _loop_accumulators(ops, t, end)
+            sums = [a for a, rop in (accs or {}).items()
+                    if rop == K.R_SUM and ops[a][1].is_float]
+            if accs is not None and sums:
+                self.loops[t] = sums
+        self.ends = {ends[t]: t for t in self.loops}
+
+    def open_loop(self, i, op, ind):
+        sums = self.loops.get(i)
+        if sums is None:
+            return None
+        w, n, b = self.w, op[2], SUM_BLOCK
+        if self.f64:
+            lines = [f"{ind}var acc{a}_t: f64 = f64(acc{a});" for a in sums]
+        else:
+            lines = [f"{ind}var acc{a}_c: f32 = 0.0f;" for a in sums]
+        lines.append(f"{ind}for (var r{i}_b: i32 = 0; r{i}_b < {n}; r{i}_b += {b}) {{")
+        for a in sums:
+            lines.append(f"{ind}var acc{a}_p: f32 = 0.0f;")
+            w.names[a] = f"acc{a}_p"
+        lines.append(f"{ind}for (var r{i}: i32 = r{i}_b; r{i} < min({n}, r{i}_b + {b}); r{i}++) {{")
+        return lines
+
+    def close_loop(self, i, op, ind):
+        t = self.ends.get(i)
+        if t is None:
+            return None
+        lines = [f"{ind}}}"]
+        for a in self.loops[t]:
+            self.w.names[a] = f"acc{a}"
+            if self.f64:
+                lines.append(f"{ind}acc{a}_t = acc{a}_t + f64(acc{a}_p);")
+            else:
+                # Kahan's compensation (drivers that reassociate float math may drop it)
+                lines += [f"{ind}{{ let y = acc{a}_p - acc{a}_c; let t = acc{a} + y; "
+                          f"acc{a}_c = (t - acc{a}) - y; acc{a} = t; }}"]
+        lines.append(f"{ind}}}")
+        if self.f64:
+            lines += [f"{ind}acc{a} = f32(acc{a}_t);" for a in self.loops[t]]
+        return lines
+
+
+def _write_serial(kernel, index, outputs, max_groups, workgroup, f64_totals=False):
     w = _Writer(kernel)
     nwg = -(-outputs // workgroup)
     groups = fold(nwg, max_groups)
@@ -593,8 +675,10 @@ def _write_serial(kernel, index, outputs, max_groups, workgroup):
     lines, names = _decompose(index, "gid", "  ")
     head.extend(lines)
     w.names.update(names)
-    _body(w, 0, "  ")
-    return _assemble(w, head, groups, "serial", outputs, workgroup)
+    _body(w, 0, "  ", hooks=_SerialHooks(w, f64_totals))
+    k = _assemble(w, head, groups, "serial", outputs, workgroup)
+    k.iterations = loop_iterations(kernel.ops)
+    return k
 
 
 # -- the rows strategy ----------------------------------------------------------------------
@@ -630,45 +714,55 @@ def _rows_plan(kernel, outputs):
             if ops[j][0] == K.LOOP:
                 trip *= ops[j][2]
         work += trip
-    if work < ROW_MIN_SERIAL_WORK and outputs > 1:
+    # short loops over many outputs stay serial, unless their loads walk memory along the
+    # loop (softmax rows): then one invocation per row reads with a stride and a workgroup
+    # per row reads consecutive words
+    if work < ROW_MIN_SERIAL_WORK and outputs > 1 and not all(
+            contiguous_loads(ops, range(t, ends[t]), t) for t in tops):
         return None
     if outputs > MAX_GROUPS * MAX_GROUPS:
         return None
     loops = {}
     for t in tops:
-        accs = {}
-        for j in range(t + 1, ends[t]):
-            op = ops[j]
-            if op[0] == K.DEFINE and op[2] == K.SCOPE_REGISTER:
-                return None       # a register defined inside a spread loop
-            if op[0] == K.STORE and ops[op[2]][0] == K.DEFINE and ops[op[2]][2] == K.SCOPE_REGISTER:
-                acc = op[2]
-                dop = ops[acc]
-                if dop[5] != 1 or op[3] >= 0 or acc > t:
-                    return None
-                val = ops[op[4]]
-                if val[0] != K.BINARY or val[2] not in K.REDUCE_BINARY:
-                    return None
-                rop = K.REDUCE_BINARY.index(val[2])
-                if dop[6] is not None and dop[6] != rop:
-                    return None
-                accs[acc] = rop
-        # the accumulators must be read inside the loop only by their own update (a
-        # value read mid-loop would be a partial sum on one invocation)
-        for j in range(t + 1, ends[t]):
-            op = ops[j]
-            if op[0] == K.LOAD and op[2] in accs:
-                users = [k for k in range(j + 1, ends[t]) if j in _operands(ops[k])]
-                if len(users) != 1 or ops[users[0]][0] != K.BINARY:
-                    return None
-        for acc in accs:
-            if ops[acc][1] is dt.bool_:
-                return None
+        accs = _loop_accumulators(ops, t, ends[t])
+        if accs is None or any(ops[a][1] is dt.bool_ for a in accs):
+            return None
         loops[t] = (ends[t], accs)
     # registers read after a spread loop but written inside none of them (nothing to
     # combine) are fine; registers written outside loops are per-invocation copies of the
     # same value, fine too
     return loops
+
+
+def _loop_accumulators(ops, t, end):
+    """{register DEFINE: reduce op} of the length-1 registers defined before LOOP t that its
+    body updates as `acc = acc op x` (the kernelizer's reduce form), or None when the body
+    touches such registers any other way (a partial value read mid-loop, an indexed
+    register). Registers defined inside the body are private to an iteration: left out."""
+    accs = {}
+    for j in range(t + 1, end):
+        op = ops[j]
+        if op[0] == K.STORE and ops[op[2]][0] == K.DEFINE and ops[op[2]][2] == K.SCOPE_REGISTER:
+            acc = op[2]
+            if acc > t:
+                continue
+            dop = ops[acc]
+            if dop[5] != 1 or op[3] >= 0:
+                return None
+            val = ops[op[4]]
+            if val[0] != K.BINARY or val[2] not in K.REDUCE_BINARY:
+                return None
+            rop = K.REDUCE_BINARY.index(val[2])
+            if dop[6] is not None and dop[6] != rop:
+                return None
+            accs[acc] = rop
+    for j in range(t + 1, end):
+        op = ops[j]
+        if op[0] == K.LOAD and op[2] in accs:
+            users = [k for k in range(j + 1, end) if j in _operands(ops[k])]
+            if len(users) != 1 or ops[users[0]][0] != K.BINARY:
+                return None
+    return accs
 
 
 def _operands(op):
@@ -798,11 +892,13 @@ def _write_rows(kernel, index, outputs, plan, max_groups):
     parts = _split_parts(kernel, outputs, plan)
     if not parts:
         src, groups, _ = _rows_pass(kernel, index, outputs, plan, max_groups, None)
-        return WGSLKernel([(src, groups)], len(kernel.args), "rows", outputs * ROW_WORKGROUP)
+        return WGSLKernel([(src, groups)], len(kernel.args), "rows", outputs * ROW_WORKGROUP,
+                          iterations=loop_iterations(kernel.ops, dict.fromkeys(plan, ROW_WORKGROUP)))
     passes = [_rows_pass(kernel, index, outputs, plan, max_groups, (parts, phase))[:2]
               for phase in (1, 2)]
     return WGSLKernel(passes, len(kernel.args), "split", outputs * parts * ROW_WORKGROUP,
-                      scratch=4 * outputs * parts)
+                      scratch=4 * outputs * parts, iterations=loop_iterations(
+                          kernel.ops, dict.fromkeys(plan, ROW_WORKGROUP * parts)))
 
 
 def _rows_pass(kernel, index, outputs, plan, max_groups, split):
