@@ -186,6 +186,7 @@ def test_float64_and_int64_are_refused_naming_the_device(wgpu_device):
 
 def test_too_many_buffers_is_refused_when_planned(wgpu_device, monkeypatch):
     monkeypatch.setitem(wgpu_device.limits, "max-storage-buffers-per-shader-stage", 3)
+    monkeypatch.setitem(wgpu_device.limits, "max-uniform-buffers-per-shader-stage", 0)
     monkeypatch.setattr(wgpu_device, "_programs", {})
     zyx._RT.plans.clear()
     xs = [zyx.Tensor(np.full(8, i, np.float32)) for i in range(4)]
@@ -249,3 +250,22 @@ def test_long_sum_and_softmax_rows(wgpu_device):
     e = np.exp(b - b.max(1, keepdims=True))
     np.testing.assert_allclose(zyx.Tensor(b).softmax(1).numpy(), e / e.sum(1, keepdims=True),
                                rtol=1e-5, atol=1e-7)
+
+
+def test_small_read_only_buffers_become_uniforms_past_the_storage_limit(wgpu_device, monkeypatch):
+    """A kernel over the storage-buffer limit binds its smallest read-only buffers (the
+    runtime's scalars) as uniform buffers instead of being refused."""
+    monkeypatch.setitem(wgpu_device.limits, "max-storage-buffers-per-shader-stage", 3)
+    monkeypatch.setattr(wgpu_device, "_programs", {})
+    zyx._RT.plans.clear()
+    a = np.random.rand(100).astype(np.float32)
+    s = [np.array([v], np.float32) for v in (1.5, -2.0, 0.25)]
+    i8 = np.array([-3, 7, -128, 127, 5], np.int8)
+    try:
+        x = zyx.Tensor(a)
+        out = (x * zyx.Tensor(s[0]) + zyx.Tensor(s[1]) - zyx.Tensor(s[2])).numpy()
+        np.testing.assert_allclose(out, a * 1.5 - 2.0 - 0.25, rtol=1e-6)
+        y = (x[:5] + zyx.Tensor(i8).float() * zyx.Tensor(s[0]) + zyx.Tensor(s[1])).numpy()
+        np.testing.assert_allclose(y, a[:5] + i8 * 1.5 - 2.0, rtol=1e-6)
+    finally:
+        zyx._RT.plans.clear()

@@ -49,7 +49,7 @@ from .. import dtype as dt
 from ..errors import AllocationError, BackendError, UnsupportedDTypeError
 from ..codegen.target import DeviceInfo
 from ..codegen.wgsl import supports, write
-from ..codegen.wgsl.writer import BUFFER_DTYPES
+from ..codegen.wgsl.writer import BUFFER_DTYPES, uniform_args
 from . import Buffer, MemoryPool
 from .blocks import FreeBlocks, configured_limit, default_limit
 
@@ -65,11 +65,14 @@ LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
           "max-storage-buffers-per-shader-stage", "max-compute-workgroups-per-dimension",
           "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
           "max-compute-workgroup-size-y", "max-compute-workgroup-size-z",
-          "max-compute-workgroup-storage-size", "max-bindings-per-bind-group")
+          "max-compute-workgroup-storage-size", "max-bindings-per-bind-group",
+          "max-uniform-buffers-per-shader-stage", "max-uniform-buffer-binding-size")
 
 
 def _round4(n):
-    return max((n + 3) & ~3, 4)
+    """Bytes a buffer of n bytes takes: a multiple of 16 (uniform bindings read 16-byte
+    vectors; copies need multiples of 4)."""
+    return max((n + 15) & ~15, 16)
 
 
 class WGPUMemoryPool(MemoryPool):
@@ -86,8 +89,10 @@ class WGPUMemoryPool(MemoryPool):
         self.queue = device.queue
         self.max_buffer = max_buffer
         self._blocks = FreeBlocks(default_limit(self.total_bytes, cache_limit))
-        self.usage = (wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
-                      | wgpu.BufferUsage.COPY_DST)
+        # UNIFORM too: small read-only buffers of a kernel over the storage-buffer limit
+        # are bound as uniform buffers (uniform_args)
+        self.usage = (wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.UNIFORM
+                      | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST)
         self.encoder = None          # pending command encoder
         self.cpass = None            # its open compute pass
         self.pending = 0             # dispatches recorded since the last submit
@@ -129,7 +134,8 @@ class WGPUMemoryPool(MemoryPool):
             # commands are submitted in order: later dispatches reusing this buffer run after
             # the ones still reading it
             self.used_bytes -= buf.nbytes
-            if self._blocks.put(buf.handle, _round4(buf.nbytes)):
+            # (arithmetic inline: this also runs at interpreter exit, globals gone)
+            if self._blocks.put(buf.handle, ((buf.nbytes + 15) & ~15) or 16):
                 self.trim(self._blocks.limit * 3 // 4)
             buf.handle = None
 
@@ -329,15 +335,16 @@ class WGPUDevice:
             raise UnsupportedDTypeError(f"{why} are not supported by WebGPU device "
                                         f"wgpu ({self.adapter_name}): WGSL has no "
                                         f"float64, int64 or uint64")
-        nbuf = len(kernel.args)
         most = self.limits["max-storage-buffers-per-shader-stage"]
+        uniforms = uniform_args(kernel, most, self.limits.get("max-uniform-buffers-per-shader-stage", 0))
+        nbuf = len(kernel.args) - len(uniforms)
         if nbuf > most:
             raise BackendError(f"wgpu device {self.adapter_name}: a kernel with {nbuf} "
                                f"buffers exceeds the device's {most} storage buffers per "
                                f"shader stage (maxStorageBuffersPerShaderStage)")
         wgsl = write(kernel, self.limits["max-compute-workgroups-per-dimension"],
                      self.limits["max-compute-invocations-per-workgroup"],
-                     "shader-f64" in self.features)
+                     "shader-f64" in self.features, uniforms)
         if self.loop_cap and wgsl.iterations > self.loop_cap:
             raise BackendError(f"wgpu device {self.adapter_name}: this driver stops shader "
                                f"loops after {self.loop_cap} iterations and the kernel's "
@@ -345,14 +352,16 @@ class WGPUDevice:
                                f"would follow); run it on another device")
         return wgsl
 
-    def _layout(self, n):
-        got = self._layouts.get(n)
+    def _layout(self, n, uniforms=frozenset()):
+        key = (n, uniforms)
+        got = self._layouts.get(key)
         if got is None:
             w = self.wgpu
             entries = [{"binding": i, "visibility": w.ShaderStage.COMPUTE,
-                        "buffer": {"type": w.BufferBindingType.storage}} for i in range(n)]
+                        "buffer": {"type": w.BufferBindingType.uniform if i in uniforms
+                                   else w.BufferBindingType.storage}} for i in range(n)]
             bgl = self.device.create_bind_group_layout(entries=entries)
-            got = self._layouts[n] = (bgl, self.device.create_pipeline_layout(
+            got = self._layouts[key] = (bgl, self.device.create_pipeline_layout(
                 bind_group_layouts=[bgl]))
         return got
 
@@ -368,7 +377,7 @@ class WGPUDevice:
 
     def _compile(self, kernel):
         wgsl = self.render(kernel)
-        layout = self._layout(len(kernel.args) + (1 if wgsl.scratch else 0))
+        layout = self._layout(len(kernel.args) + (1 if wgsl.scratch else 0), wgsl.uniforms)
         return WGPUProgram(kernel, wgsl, [self._pipeline(src, layout[1])
                                           for src, _ in wgsl.passes], layout[0])
 

@@ -147,7 +147,8 @@ class WGSLKernel:
     order, entry point `main`), the storage buffers they bind (`nargs`, in argument
     order, then a scratch buffer of `scratch` bytes at binding `nargs` when `scratch` > 0:
     the partial results of a split reduction) and the strategy that wrote it."""
-    __slots__ = ("passes", "nargs", "strategy", "threads", "scratch", "iterations")
+    __slots__ = ("passes", "nargs", "strategy", "threads", "scratch", "iterations",
+                 "uniforms")
 
     def __init__(self, passes, nargs, strategy, threads, scratch=0, iterations=0):
         self.passes = passes
@@ -156,6 +157,7 @@ class WGSLKernel:
         self.threads = threads
         self.scratch = scratch
         self.iterations = iterations    # most loop iterations one invocation runs
+        self.uniforms = frozenset()     # argument numbers bound as uniform buffers
 
     @property
     def source(self):
@@ -251,8 +253,9 @@ def _as_bool(d, e):
 
 
 class _Writer:
-    def __init__(self, kernel):
+    def __init__(self, kernel, uniforms=frozenset()):
         self.kernel = kernel
+        self.uniforms = uniforms     # argument numbers bound as uniform buffers
         self.ops = kernel.ops
         self.names = {}
         self.lines = []
@@ -266,6 +269,11 @@ class _Writer:
     def declarations(self):
         out = []
         for i, (argno, d, written) in sorted(self.globals.items(), key=lambda t: t[1][0]):
+            if argno in self.uniforms:
+                words = -(-self.kernel.args[argno][1] * d.itemsize // 16)
+                out.append(f"@group(0) @binding({argno}) var<uniform> g{argno}: "
+                           f"array<vec4<u32>, {max(words, 1)}>;")
+                continue
             if d in PACKED or d is dt.int64:
                 t = "array<atomic<u32>>" if written else "array<u32>"
             else:
@@ -276,13 +284,22 @@ class _Writer:
     def load_global(self, define, index):
         argno, d, written = self.globals[define]
         buf = f"g{argno}"
+        if argno in self.uniforms:
+            # a uniform array's elements are 16 bytes: word w is lane w & 3 of vector w >> 2
+            def at(w):
+                return f"{buf}[({w}) >> 2u][({w}) & 3]"
+        else:
+            def at(w):
+                return f"{buf}[{w}]"
         if d is dt.int64:         # a launch value: its low word (PARAM_LEN)
-            return f"bitcast<i32>({buf}[2 * ({index})])"
+            return f"bitcast<i32>({at(f'2 * ({index})')})"
         if d not in PACKED:
+            if argno in self.uniforms:
+                return at(index) if wtype(d) == "u32" else f"bitcast<{wtype(d)}>({at(index)})"
             return f"{buf}[{index}]"
         bits = PACKED[d]
         per = 32 // bits
-        word = f"{buf}[({index}) >> {per.bit_length() - 1}u]"
+        word = at(f"({index}) >> {per.bit_length() - 1}u")
         if written:
             word = f"atomicLoad(&{word})"
         shift = f"(u32(({index}) & {per - 1}) * {bits}u)"
@@ -510,9 +527,26 @@ def _index_names(ops):
     return {i: (op[2], op[3]) for i, op in enumerate(ops) if op[0] == K.INDEX}
 
 
-def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False):
+UNIFORM_MAX_BYTES = 1024     # read-only buffers this small may be bound as uniforms
+
+
+def uniform_args(kernel, max_storage, max_uniform):
+    """Argument numbers to bind as uniform buffers: none while the kernel's buffers fit the
+    storage-buffer limit; else its smallest read-only ones (the runtime's values read at
+    launch: scalars, slice starts), at most `max_uniform`, until the rest fit."""
+    n = len(kernel.args)
+    if n <= max_storage:
+        return frozenset()
+    small = sorted((nel * d.itemsize, a) for a, (d, nel, ro) in enumerate(kernel.args)
+                   if ro and 0 < nel * d.itemsize <= UNIFORM_MAX_BYTES)
+    return frozenset(a for _, a in small[:min(max_uniform, n - max_storage)])
+
+
+def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False,
+          uniforms=frozenset()):
     """The WGSLKernel of `kernel` (a zyx Kernel); the caller checked `supports`.
-    `f64_totals`: the device has `shader-f64`, so long serial float sums may total in f64."""
+    `f64_totals`: the device has `shader-f64`, so long serial float sums may total in f64.
+    `uniforms`: argument numbers bound as uniform buffers (`uniform_args`)."""
     ops = kernel.ops
     index = _index_names(ops)
     outputs = 1
@@ -520,9 +554,12 @@ def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False
         outputs *= n
     plan = _rows_plan(kernel, outputs)
     if plan is not None:
-        return _write_rows(kernel, index, outputs, plan, max_groups)
-    return _write_serial(kernel, index, outputs, max_groups, min(max_threads, WORKGROUP),
-                         f64_totals)
+        k = _write_rows(kernel, index, outputs, plan, max_groups, f64_totals, uniforms)
+    else:
+        k = _write_serial(kernel, index, outputs, max_groups, min(max_threads, WORKGROUP),
+                          f64_totals, uniforms)
+    k.uniforms = uniforms
+    return k
 
 
 def _decompose(index, gid, ind):
@@ -665,8 +702,9 @@ class _SerialHooks:
         return lines
 
 
-def _write_serial(kernel, index, outputs, max_groups, workgroup, f64_totals=False):
-    w = _Writer(kernel)
+def _write_serial(kernel, index, outputs, max_groups, workgroup, f64_totals=False,
+                  uniforms=frozenset()):
+    w = _Writer(kernel, uniforms)
     nwg = -(-outputs // workgroup)
     groups = fold(nwg, max_groups)
     head = [f"  let gid: u32 = (wid.y * {groups[0]}u + wid.x) * {workgroup}u + lid.x;"]
@@ -805,9 +843,10 @@ class _RowHooks:
     it (invocation 0 stores the group's partial into the scratch buffer); phase 2 replaces
     the loop by one over the parts' partials and goes on with the rest of the kernel."""
 
-    def __init__(self, w, plan, wg, split=None):
+    def __init__(self, w, plan, wg, split=None, f64_totals=False):
         self.w = w
         self.plan = plan
+        self.inner = _SerialHooks(w, f64_totals)    # long float sums inside spread loops
         self.wg = wg
         self.ends = {end: t for t, (end, _) in plan.items()}
         self.slots = 0
@@ -823,7 +862,7 @@ class _RowHooks:
 
     def open_loop(self, i, op, ind):
         if i not in self.plan:
-            return None
+            return self.inner.open_loop(i, op, ind)
         if self.split is None:
             return loop_lines(f"r{i}", op[2], ind, "i32(lid.x)", self.wg)
         parts, phase = self.split
@@ -839,7 +878,7 @@ class _RowHooks:
     def close_loop(self, i, op, ind):
         t = self.ends.get(i)
         if t is None:
-            return None
+            return self.inner.close_loop(i, op, ind)
         accs = self.plan[t][1]
         if self.split is not None and self.split[1] == 2:
             lines = [f"{ind}}}"]
@@ -886,23 +925,27 @@ def _split_parts(kernel, outputs, plan):
     return max(2, min(1024, -(-n // (ROW_WORKGROUP * SPLIT_ELEMENTS))))
 
 
-def _write_rows(kernel, index, outputs, plan, max_groups):
+def _write_rows(kernel, index, outputs, plan, max_groups, f64_totals=False,
+                uniforms=frozenset()):
     """One workgroup per output element (see the module docstring); a long loop over few
     outputs is split over several workgroups per output and a second pass (`_split_parts`)."""
     parts = _split_parts(kernel, outputs, plan)
     if not parts:
-        src, groups, _ = _rows_pass(kernel, index, outputs, plan, max_groups, None)
+        src, groups, _ = _rows_pass(kernel, index, outputs, plan, max_groups, None, f64_totals,
+                                    uniforms)
         return WGSLKernel([(src, groups)], len(kernel.args), "rows", outputs * ROW_WORKGROUP,
                           iterations=loop_iterations(kernel.ops, dict.fromkeys(plan, ROW_WORKGROUP)))
-    passes = [_rows_pass(kernel, index, outputs, plan, max_groups, (parts, phase))[:2]
+    passes = [_rows_pass(kernel, index, outputs, plan, max_groups, (parts, phase),
+                         f64_totals, uniforms)[:2]
               for phase in (1, 2)]
     return WGSLKernel(passes, len(kernel.args), "split", outputs * parts * ROW_WORKGROUP,
                       scratch=4 * outputs * parts, iterations=loop_iterations(
                           kernel.ops, dict.fromkeys(plan, ROW_WORKGROUP * parts)))
 
 
-def _rows_pass(kernel, index, outputs, plan, max_groups, split):
-    w = _Writer(kernel)
+def _rows_pass(kernel, index, outputs, plan, max_groups, split, f64_totals=False,
+               uniforms=frozenset()):
+    w = _Writer(kernel, uniforms)
     wg = ROW_WORKGROUP
     parts = split[0] if split is not None and split[1] == 1 else 1
     groups = fold(outputs * parts, max_groups)
@@ -920,7 +963,7 @@ def _rows_pass(kernel, index, outputs, plan, max_groups, split):
     lines, names = _decompose(index, "row", "  ")
     head.extend(lines)
     w.names.update(names)
-    hooks = _RowHooks(w, plan, wg, split)
+    hooks = _RowHooks(w, plan, wg, split, f64_totals)
     _guard_stores(w, plan, live)
     _body(w, 0, "  ", hooks=hooks)
     decls = [f"var<workgroup> red_{t}: array<{t}, {wg}>;"
