@@ -46,10 +46,11 @@ import time
 import numpy as np
 
 from .. import dtype as dt
+from .._core import kernel as K
 from ..errors import AllocationError, BackendError, UnsupportedDTypeError
 from ..codegen.target import DeviceInfo
 from ..codegen.wgsl import supports, write
-from ..codegen.wgsl.writer import BUFFER_DTYPES, uniform_args
+from ..codegen.wgsl.writer import BUFFER_DTYPES, strategies, uniform_args
 from . import Buffer, MemoryPool
 from .blocks import FreeBlocks, configured_limit, default_limit
 
@@ -279,6 +280,7 @@ class WGPUDevice:
         self._programs = {}            # zyx kernel -> WGPUProgram
         self._layouts = {}             # buffer count -> (bind group layout, pipeline layout)
         self._bind_groups = {}         # (layout id, buffer handles) -> bind group
+        self.schedules = {}            # zyx kernel -> strategy the autotuner chose
         pool.on_trim = self._forget_buffers
         self._info = self._make_info()
 
@@ -319,9 +321,29 @@ class WGPUDevice:
         return f"wgpu|{self.adapter_name}|{info.get('description', '')}|{info.get('backend_type', '')}"
 
     # -- compile ----------------------------------------------------------------------------
-    def render(self, kernel):
+    def schedule_candidates(self, kernel):
+        """[(label, schedule)] the autotuner may time: the heuristic's choice (None) first,
+        then invocations per workgroup for elementwise kernels ("ew:"), and the writer's
+        strategies (serial, rows) with their workgroup sizes for kernels with loops
+        ("group:")."""
+        out = [("default", None)]
+        most = self.limits["max-compute-invocations-per-workgroup"]
+        if not any(op[0] == K.LOOP for op in kernel.ops):
+            return out + [(f"ew:wg={n}", ("serial", n)) for n in (64, 128, 512) if n <= most]
+        return out + [(f"group:{s},wg={n}", (s, n)) for s in strategies(kernel)
+                      for n in (64, 128, 256, 512) if n <= most]
+
+    def compile_variant(self, kernel, schedule):
+        """A program of `kernel` written with `schedule` (a strategy name, None: the chosen
+        or default one), not kept: the autotuner times these and releases them."""
+        return self._compile(kernel, schedule)
+
+    def render(self, kernel, schedule=None):
         """The WGSLKernel of `kernel`, or UnsupportedDTypeError / BackendError when the
         device cannot run it (checked here, when the plan is built, never at launch)."""
+        if schedule is None:
+            schedule = self.schedules.get(kernel)
+        strategy, wg = schedule if schedule is not None else (None, None)
         for d, n, _ in kernel.args:
             if _round4(n * d.itemsize) > self.limits["max-storage-buffer-binding-size"]:
                 raise AllocationError(f"wgpu device {self.adapter_name}: a buffer of {n} "
@@ -344,7 +366,7 @@ class WGPUDevice:
                                f"shader stage (maxStorageBuffersPerShaderStage)")
         wgsl = write(kernel, self.limits["max-compute-workgroups-per-dimension"],
                      self.limits["max-compute-invocations-per-workgroup"],
-                     "shader-f64" in self.features, uniforms)
+                     "shader-f64" in self.features, uniforms, strategy, wg)
         if self.loop_cap and wgsl.iterations > self.loop_cap:
             raise BackendError(f"wgpu device {self.adapter_name}: this driver stops shader "
                                f"loops after {self.loop_cap} iterations and the kernel's "
@@ -375,8 +397,8 @@ class WGPUDevice:
         """Programs of a plan's kernels (checked and built at plan time)."""
         return [self.compile(k) for k in kernels]
 
-    def _compile(self, kernel):
-        wgsl = self.render(kernel)
+    def _compile(self, kernel, schedule=None):
+        wgsl = self.render(kernel, schedule)
         layout = self._layout(len(kernel.args) + (1 if wgsl.scratch else 0), wgsl.uniforms)
         return WGPUProgram(kernel, wgsl, [self._pipeline(src, layout[1])
                                           for src, _ in wgsl.passes], layout[0])

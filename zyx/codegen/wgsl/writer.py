@@ -543,21 +543,25 @@ def uniform_args(kernel, max_storage, max_uniform):
 
 
 def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False,
-          uniforms=frozenset()):
+          uniforms=frozenset(), strategy=None, wg=None):
     """The WGSLKernel of `kernel` (a zyx Kernel); the caller checked `supports`.
     `f64_totals`: the device has `shader-f64`, so long serial float sums may total in f64.
-    `uniforms`: argument numbers bound as uniform buffers (`uniform_args`)."""
+    `uniforms`: argument numbers bound as uniform buffers (`uniform_args`).
+    `strategy`: None (chosen by the heuristics below), "serial" or "rows" (the autotuner's
+    candidates, `strategies`; "rows" falls back to serial where it cannot apply); `wg`
+    the invocations per workgroup (None: 256; a power of two for rows)."""
     ops = kernel.ops
     index = _index_names(ops)
     outputs = 1
     for _, n in index.values():
         outputs *= n
-    plan = _rows_plan(kernel, outputs)
+    plan = None if strategy == "serial" else _rows_plan(kernel, outputs, strategy == "rows")
     if plan is not None:
-        k = _write_rows(kernel, index, outputs, plan, max_groups, f64_totals, uniforms)
+        k = _write_rows(kernel, index, outputs, plan, max_groups, f64_totals, uniforms,
+                        min(max_threads, wg or ROW_WORKGROUP))
     else:
-        k = _write_serial(kernel, index, outputs, max_groups, min(max_threads, WORKGROUP),
-                          f64_totals, uniforms)
+        k = _write_serial(kernel, index, outputs, max_groups,
+                          min(max_threads, wg or WORKGROUP), f64_totals, uniforms)
     k.uniforms = uniforms
     return k
 
@@ -721,7 +725,16 @@ def _write_serial(kernel, index, outputs, max_groups, workgroup, f64_totals=Fals
 
 # -- the rows strategy ----------------------------------------------------------------------
 
-def _rows_plan(kernel, outputs):
+def strategies(kernel):
+    """The strategies `write` can take for `kernel` ("serial" always; "rows" where its
+    loops allow it), for the autotuner."""
+    out = ["serial"]
+    if _rows_plan(kernel, 1, True) is not None:
+        out.append("rows")
+    return out
+
+
+def _rows_plan(kernel, outputs, force=False):
     """None, or what the rows strategy needs: the top-level loops of the kernel (each spread
     over a workgroup) and, per loop, the register accumulators it reduces into. Taken when
     every top-level loop is long, one invocation's serial work would be large, and each
@@ -743,6 +756,8 @@ def _rows_plan(kernel, outputs):
             depth -= 1
     if not tops:
         return None
+    if force:
+        return _rows_loops(ops, tops, ends)
     work = 0
     for t in tops:
         if ops[t][2] < ROW_MIN_LOOP:
@@ -760,6 +775,12 @@ def _rows_plan(kernel, outputs):
         return None
     if outputs > MAX_GROUPS * MAX_GROUPS:
         return None
+    return _rows_loops(ops, tops, ends)
+
+
+def _rows_loops(ops, tops, ends):
+    """{top-level LOOP: (its ENDLOOP, accumulators)} or None where a loop's registers
+    cannot be combined across invocations (`_loop_accumulators`)."""
     loops = {}
     for t in tops:
         accs = _loop_accumulators(ops, t, ends[t])
@@ -909,7 +930,7 @@ SPLIT_MAX_OUTPUTS = 64        # ... when the kernel has at most this many output
 SPLIT_ELEMENTS = 256          # loop iterations per invocation aimed at by a split
 
 
-def _split_parts(kernel, outputs, plan):
+def _split_parts(kernel, outputs, plan, wg):
     """How many workgroups share each output's reduce loop (0: no split): for a kernel of
     few outputs with one long top-level loop reducing into one accumulator and storing
     nothing inside it."""
@@ -922,31 +943,30 @@ def _split_parts(kernel, outputs, plan):
     if any(kernel.ops[j][0] == K.STORE and kernel.ops[kernel.ops[j][2]][2] == K.SCOPE_GLOBAL
            for j in range(t, end)):
         return 0
-    return max(2, min(1024, -(-n // (ROW_WORKGROUP * SPLIT_ELEMENTS))))
+    return max(2, min(1024, -(-n // (wg * SPLIT_ELEMENTS))))
 
 
 def _write_rows(kernel, index, outputs, plan, max_groups, f64_totals=False,
-                uniforms=frozenset()):
+                uniforms=frozenset(), wg=ROW_WORKGROUP):
     """One workgroup per output element (see the module docstring); a long loop over few
     outputs is split over several workgroups per output and a second pass (`_split_parts`)."""
-    parts = _split_parts(kernel, outputs, plan)
+    parts = _split_parts(kernel, outputs, plan, wg)
     if not parts:
         src, groups, _ = _rows_pass(kernel, index, outputs, plan, max_groups, None, f64_totals,
-                                    uniforms)
-        return WGSLKernel([(src, groups)], len(kernel.args), "rows", outputs * ROW_WORKGROUP,
-                          iterations=loop_iterations(kernel.ops, dict.fromkeys(plan, ROW_WORKGROUP)))
+                                    uniforms, wg)
+        return WGSLKernel([(src, groups)], len(kernel.args), "rows", outputs * wg,
+                          iterations=loop_iterations(kernel.ops, dict.fromkeys(plan, wg)))
     passes = [_rows_pass(kernel, index, outputs, plan, max_groups, (parts, phase),
-                         f64_totals, uniforms)[:2]
+                         f64_totals, uniforms, wg)[:2]
               for phase in (1, 2)]
-    return WGSLKernel(passes, len(kernel.args), "split", outputs * parts * ROW_WORKGROUP,
+    return WGSLKernel(passes, len(kernel.args), "split", outputs * parts * wg,
                       scratch=4 * outputs * parts, iterations=loop_iterations(
-                          kernel.ops, dict.fromkeys(plan, ROW_WORKGROUP * parts)))
+                          kernel.ops, dict.fromkeys(plan, wg * parts)))
 
 
 def _rows_pass(kernel, index, outputs, plan, max_groups, split, f64_totals=False,
-               uniforms=frozenset()):
+               uniforms=frozenset(), wg=ROW_WORKGROUP):
     w = _Writer(kernel, uniforms)
-    wg = ROW_WORKGROUP
     parts = split[0] if split is not None and split[1] == 1 else 1
     groups = fold(outputs * parts, max_groups)
     head = [f"  let gid: u32 = wid.y * {groups[0]}u + wid.x;"]
