@@ -269,3 +269,27 @@ def test_small_read_only_buffers_become_uniforms_past_the_storage_limit(wgpu_dev
         np.testing.assert_allclose(y, a[:5] + i8 * 1.5 - 2.0, rtol=1e-6)
     finally:
         zyx._RT.plans.clear()
+
+
+def test_launch_values_share_one_uniform_arena_past_every_limit(wgpu_device, monkeypatch):
+    """Past both the storage and the uniform limits, the small read-only buffers are copied
+    at launch into one uniform buffer (the arena), in queue order: each launch reads its
+    own values."""
+    monkeypatch.setitem(wgpu_device.limits, "max-storage-buffers-per-shader-stage", 2)
+    monkeypatch.setitem(wgpu_device.limits, "max-uniform-buffers-per-shader-stage", 1)
+    monkeypatch.setattr(wgpu_device, "_programs", {})
+    zyx._RT.plans.clear()
+    a = np.random.rand(50).astype(np.float32)
+    x = zyx.Tensor(a)
+    try:
+        outs = []
+        for k in range(3):
+            s = [zyx.Tensor(np.array([v + k], np.float32)) for v in (1.5, -2.0, 0.25, 3.0)]
+            outs.append(x * s[0] + s[1] - s[2] * s[3])
+        for k, o in enumerate(outs):     # realized together: one encoder, three launches
+            np.testing.assert_allclose(o.numpy(), a * (1.5 + k) + (-2.0 + k)
+                                       - (0.25 + k) * (3.0 + k), rtol=1e-6)
+        prog = next(p for p in wgpu_device._programs.values() if p.wgsl.uniforms.arena)
+        assert prog.arena is not None
+    finally:
+        zyx._RT.plans.clear()

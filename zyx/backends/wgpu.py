@@ -242,7 +242,7 @@ class WGPUProgram:
     """A kernel's pipelines (one per pass) and what a dispatch needs: the WGSL kernel
     (workgroups, buffers) and the scratch buffer of a split reduction (allocated at the
     first launch, kept with the program: dispatches on the one queue never overlap)."""
-    __slots__ = ("kernel", "wgsl", "pipelines", "layout", "scratch", "__weakref__")
+    __slots__ = ("kernel", "wgsl", "pipelines", "layout", "scratch", "arena", "__weakref__")
 
     def __init__(self, kernel, wgsl, pipelines, layout):
         self.kernel = kernel
@@ -250,6 +250,7 @@ class WGPUProgram:
         self.pipelines = pipelines
         self.layout = layout
         self.scratch = None
+        self.arena = None            # the uniform buffer of its launch values (UniformPlan)
 
     @property
     def source(self):
@@ -359,7 +360,7 @@ class WGPUDevice:
                                         f"float64, int64 or uint64")
         most = self.limits["max-storage-buffers-per-shader-stage"]
         uniforms = uniform_args(kernel, most, self.limits.get("max-uniform-buffers-per-shader-stage", 0))
-        nbuf = len(kernel.args) - len(uniforms)
+        nbuf = len(kernel.args) - len(uniforms.single) - len(uniforms.arena)
         if nbuf > most:
             raise BackendError(f"wgpu device {self.adapter_name}: a kernel with {nbuf} "
                                f"buffers exceeds the device's {most} storage buffers per "
@@ -374,14 +375,22 @@ class WGPUDevice:
                                f"would follow); run it on another device")
         return wgsl
 
-    def _layout(self, n, uniforms=frozenset()):
-        key = (n, uniforms)
+    def _layout(self, n, scratch, uniforms):
+        """(bind group layout, pipeline layout) of n argument bindings (those in the arena
+        left out), the scratch buffer at n, the arena at n + 1."""
+        key = (n, scratch, uniforms.key())
         got = self._layouts.get(key)
         if got is None:
             w = self.wgpu
+            kinds = [(i, w.BufferBindingType.uniform if i in uniforms.single
+                      else w.BufferBindingType.storage)
+                     for i in range(n) if i not in uniforms.arena]
+            if scratch:
+                kinds.append((n, w.BufferBindingType.storage))
+            if uniforms.arena:
+                kinds.append((n + 1, w.BufferBindingType.uniform))
             entries = [{"binding": i, "visibility": w.ShaderStage.COMPUTE,
-                        "buffer": {"type": w.BufferBindingType.uniform if i in uniforms
-                                   else w.BufferBindingType.storage}} for i in range(n)]
+                        "buffer": {"type": t}} for i, t in kinds]
             bgl = self.device.create_bind_group_layout(entries=entries)
             got = self._layouts[key] = (bgl, self.device.create_pipeline_layout(
                 bind_group_layouts=[bgl]))
@@ -399,7 +408,7 @@ class WGPUDevice:
 
     def _compile(self, kernel, schedule=None):
         wgsl = self.render(kernel, schedule)
-        layout = self._layout(len(kernel.args) + (1 if wgsl.scratch else 0), wgsl.uniforms)
+        layout = self._layout(len(kernel.args), bool(wgsl.scratch), wgsl.uniforms)
         return WGPUProgram(kernel, wgsl, [self._pipeline(src, layout[1])
                                           for src, _ in wgsl.passes], layout[0])
 
@@ -426,16 +435,17 @@ class WGPUDevice:
 
     # -- launch -----------------------------------------------------------------------------
     def _bind_group(self, layout, handles):
-        key = (id(layout), *map(id, handles))
+        """The bind group of `handles` ((binding, buffer) pairs) in `layout`, cached."""
+        key = (id(layout), *[id(h) for _, h in handles])
         got = self._bind_groups.get(key)
         if got is None:
             if len(self._bind_groups) >= 8192:
                 self._bind_groups.clear()
             got = self.device.create_bind_group(layout=layout, entries=[
                 {"binding": i, "resource": {"buffer": h, "offset": 0, "size": h.size}}
-                for i, h in enumerate(handles)])
+                for i, h in handles])
             # the handles are kept with the entry: an id is only unique while its object lives
-            self._bind_groups[key] = (got, handles)
+            self._bind_groups[key] = (got, [h for _, h in handles])
             self.bind_groups_created += 1
             return got
         return got[0]
@@ -448,13 +458,29 @@ class WGPUDevice:
             h.destroy()
 
     def launch(self, program, pool, args, wait_events=()):
-        handles = tuple(b.handle for b in args)
         wgsl = program.wgsl
+        arena = wgsl.uniforms.arena
+        n = len(args)
+        handles = [(i, b.handle) for i, b in enumerate(args) if i not in arena]
         if wgsl.scratch:
             if program.scratch is None:   # (under the runtime's lock: one plan at a time)
                 program.scratch = pool._new_buffer(_round4(wgsl.scratch))
-            handles += (program.scratch,)
+            handles.append((n, program.scratch))
+        if arena and program.arena is None:
+            program.arena = pool._new_buffer(_round4(4 * wgsl.uniforms.arena_words))
+        if arena:
+            handles.append((n + 1, program.arena))
         with pool.lock:
+            if arena:
+                # the arena's values are copied in between passes, in queue order: this
+                # dispatch reads the values of this launch
+                pool._end_pass()
+                if pool.encoder is None:
+                    pool.encoder = self.device.create_command_encoder()
+                for a, off in arena.items():
+                    size = (args[a].nbytes + 3) & ~3
+                    pool.encoder.copy_buffer_to_buffer(args[a].handle, 0, program.arena,
+                                                       4 * off, size)
             self._record(program, pool, wgsl, handles)
         return None          # one queue, in order: later commands see the results
 
@@ -480,10 +506,11 @@ class WGPUDevice:
     def release(self, program):
         if self._programs.get(program.kernel) is program:
             del self._programs[program.kernel]
-        if program.scratch is not None:
-            self.pool.flush()                # pending dispatches may use it
-            self._forget_buffers([program.scratch])
-            program.scratch = None
+        own = [b for b in (program.scratch, program.arena) if b is not None]
+        if own:
+            self.pool.flush()                # pending dispatches may use them
+            self._forget_buffers(own)
+            program.scratch = program.arena = None
 
 
 def _no_tiles(ops):

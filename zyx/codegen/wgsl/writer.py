@@ -142,6 +142,32 @@ fn zyx_h2f(h: u32) -> f32 { return unpack2x16float(h).x; }
 """
 
 
+class UniformPlan:
+    """How a kernel over the storage-buffer limit binds its small read-only buffers (the
+    runtime's values read at launch): `single`, argument numbers bound as uniform buffers
+    of their own; `arena`, {argument number: word offset} of those copied at launch into
+    one uniform buffer (binding `nargs + 1`, `arena_words` words), once the uniform
+    bindings run out too. Empty when the kernel fits."""
+    __slots__ = ("single", "arena", "arena_words")
+
+    def __init__(self, single=frozenset(), arena=None, arena_words=0):
+        self.single = frozenset(single)
+        self.arena = dict(arena or {})
+        self.arena_words = arena_words
+
+    def key(self):
+        return (self.single, tuple(sorted(self.arena.items())))
+
+    def __bool__(self):
+        return bool(self.single or self.arena)
+
+    def __contains__(self, argno):
+        return argno in self.single or argno in self.arena
+
+
+NO_UNIFORMS = UniformPlan()
+
+
 class WGSLKernel:
     """A kernel written as WGSL: its dispatches (`passes`: (source, (x, y) workgroups) in
     order, entry point `main`), the storage buffers they bind (`nargs`, in argument
@@ -157,7 +183,7 @@ class WGSLKernel:
         self.threads = threads
         self.scratch = scratch
         self.iterations = iterations    # most loop iterations one invocation runs
-        self.uniforms = frozenset()     # argument numbers bound as uniform buffers
+        self.uniforms = NO_UNIFORMS     # small read-only buffers as uniforms (UniformPlan)
 
     @property
     def source(self):
@@ -253,7 +279,7 @@ def _as_bool(d, e):
 
 
 class _Writer:
-    def __init__(self, kernel, uniforms=frozenset()):
+    def __init__(self, kernel, uniforms=NO_UNIFORMS):
         self.kernel = kernel
         self.uniforms = uniforms     # argument numbers bound as uniform buffers
         self.ops = kernel.ops
@@ -269,6 +295,8 @@ class _Writer:
     def declarations(self):
         out = []
         for i, (argno, d, written) in sorted(self.globals.items(), key=lambda t: t[1][0]):
+            if argno in self.uniforms.arena:
+                continue
             if argno in self.uniforms:
                 words = -(-self.kernel.args[argno][1] * d.itemsize // 16)
                 out.append(f"@group(0) @binding({argno}) var<uniform> g{argno}: "
@@ -279,12 +307,20 @@ class _Writer:
             else:
                 t = f"array<{wtype(d)}>"
             out.append(f"@group(0) @binding({argno}) var<storage, read_write> g{argno}: {t};")
+        if self.uniforms.arena:
+            out.append(f"@group(0) @binding({len(self.kernel.args) + 1}) var<uniform> "
+                       f"zyx_arena: array<vec4<u32>, {self.uniforms.arena_words // 4}>;")
         return out
 
     def load_global(self, define, index):
         argno, d, written = self.globals[define]
         buf = f"g{argno}"
-        if argno in self.uniforms:
+        if argno in self.uniforms.arena:
+            off = self.uniforms.arena[argno]
+
+            def at(w):
+                return f"zyx_arena[({off} + {w}) >> 2u][({off} + {w}) & 3]"
+        elif argno in self.uniforms:
             # a uniform array's elements are 16 bytes: word w is lane w & 3 of vector w >> 2
             def at(w):
                 return f"{buf}[({w}) >> 2u][({w}) & 3]"
@@ -530,20 +566,32 @@ def _index_names(ops):
 UNIFORM_MAX_BYTES = 1024     # read-only buffers this small may be bound as uniforms
 
 
+
+
 def uniform_args(kernel, max_storage, max_uniform):
-    """Argument numbers to bind as uniform buffers: none while the kernel's buffers fit the
-    storage-buffer limit; else its smallest read-only ones (the runtime's values read at
-    launch: scalars, slice starts), at most `max_uniform`, until the rest fit."""
+    """The UniformPlan of `kernel`: nothing while its buffers fit the storage-buffer limit;
+    else its smallest read-only buffers, up to the uniform-buffer limit as uniform buffers
+    of their own, the rest in one arena (16-byte slots) until the storage buffers left fit."""
     n = len(kernel.args)
     if n <= max_storage:
-        return frozenset()
+        return NO_UNIFORMS
     small = sorted((nel * d.itemsize, a) for a, (d, nel, ro) in enumerate(kernel.args)
                    if ro and 0 < nel * d.itemsize <= UNIFORM_MAX_BYTES)
-    return frozenset(a for _, a in small[:min(max_uniform, n - max_storage)])
+    need = n - max_storage
+    if need <= max_uniform:
+        return UniformPlan(a for _, a in small[:need])
+    single = [a for _, a in small[:max(max_uniform - 1, 0)]]
+    arena, off = {}, 0
+    for size, a in small[len(single):]:
+        if len(arena) >= need - len(single) + 1 or max_uniform < 1:
+            break
+        arena[a] = off
+        off += -(-size // 16) * 4            # 16-byte slots (the arena is read as vec4s)
+    return UniformPlan(single, arena, off)
 
 
 def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False,
-          uniforms=frozenset(), strategy=None, wg=None):
+          uniforms=NO_UNIFORMS, strategy=None, wg=None):
     """The WGSLKernel of `kernel` (a zyx Kernel); the caller checked `supports`.
     `f64_totals`: the device has `shader-f64`, so long serial float sums may total in f64.
     `uniforms`: argument numbers bound as uniform buffers (`uniform_args`).
@@ -707,7 +755,7 @@ class _SerialHooks:
 
 
 def _write_serial(kernel, index, outputs, max_groups, workgroup, f64_totals=False,
-                  uniforms=frozenset()):
+                  uniforms=NO_UNIFORMS):
     w = _Writer(kernel, uniforms)
     nwg = -(-outputs // workgroup)
     groups = fold(nwg, max_groups)
@@ -947,7 +995,7 @@ def _split_parts(kernel, outputs, plan, wg):
 
 
 def _write_rows(kernel, index, outputs, plan, max_groups, f64_totals=False,
-                uniforms=frozenset(), wg=ROW_WORKGROUP):
+                uniforms=NO_UNIFORMS, wg=ROW_WORKGROUP):
     """One workgroup per output element (see the module docstring); a long loop over few
     outputs is split over several workgroups per output and a second pass (`_split_parts`)."""
     parts = _split_parts(kernel, outputs, plan, wg)
@@ -965,7 +1013,7 @@ def _write_rows(kernel, index, outputs, plan, max_groups, f64_totals=False,
 
 
 def _rows_pass(kernel, index, outputs, plan, max_groups, split, f64_totals=False,
-               uniforms=frozenset(), wg=ROW_WORKGROUP):
+               uniforms=NO_UNIFORMS, wg=ROW_WORKGROUP):
     w = _Writer(kernel, uniforms)
     parts = split[0] if split is not None and split[1] == 1 else 1
     groups = fold(outputs * parts, max_groups)
