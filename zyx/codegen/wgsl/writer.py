@@ -274,6 +274,25 @@ def wrap(d, e):
     return e
 
 
+def _wide_compare(ops, op):
+    """"true"/"false" for a comparison of a 32-bit value with an int64 constant outside
+    the 32-bit range (`a == 2**40` on int32 `a`: the mathematical answer, as the C
+    backend's 64-bit compare gives), None otherwise."""
+    b = op[2]
+    for side in (0, 1):
+        c = ops[op[4 - side]]      # side 0: the constant on the right
+        if c[0] == K.CONST and c[1] is dt.int64 and not -(1 << 31) <= int(c[2]) < (1 << 31):
+            big = int(c[2]) > 0
+            if b == K.B_EQ:
+                return "false"
+            if b == K.B_NOTEQ:
+                return "true"
+            # x < C is true when C is above every 32-bit value; C < x mirrors it
+            less = (b == K.B_CMPLT) == (side == 0)
+            return "true" if less == big else "false"
+    return None
+
+
 def _as_bool(d, e):
     return e if d.is_bool else f"({e} != {literal(d, 0)})"
 
@@ -443,6 +462,10 @@ class _Writer:
         xd = ops[op[3]][1]
         if d.is_bool and b in (K.B_ADD, K.B_MUL):
             b = K.B_OR if b == K.B_ADD else K.B_AND
+        if b in _COMPARE and not xd.is_float:
+            known = _wide_compare(ops, op)
+            if known is not None:
+                return known
         if b in _COMPARE and xd.is_bool and b in (K.B_CMPLT, K.B_CMPGT):
             return f"(u32({x}) {_COMPARE[b]} u32({y}))"
         if b in _COMPARE:
