@@ -293,3 +293,17 @@ def test_launch_values_share_one_uniform_arena_past_every_limit(wgpu_device, mon
         assert prog.arena is not None
     finally:
         zyx._RT.plans.clear()
+
+
+def test_several_outputs_per_invocation_cover_every_element():
+    k = write(_copy_kernel(dt.float32, dt.float32, 1000003), per=4)
+    assert "for (var e: u32 = 0u; e < 4u; e++)" in k.source
+    # enough invocations for every element: groups * 256 * 4 >= n
+    assert k.groups[0] * k.groups[1] * 256 * 4 >= 1000003
+
+
+def test_large_elementwise_with_several_outputs_per_invocation(wgpu_device):
+    a = np.random.rand((1 << 20) + 5).astype(np.float32)
+    i8 = np.random.randint(-128, 128, (1 << 20) + 3).astype(np.int8)
+    np.testing.assert_allclose((zyx.Tensor(a) * 2 + 1).numpy(), a * 2 + 1, rtol=1e-6)
+    np.testing.assert_array_equal((zyx.Tensor(i8) * 3).numpy(), i8 * np.int8(3))

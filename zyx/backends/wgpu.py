@@ -330,8 +330,9 @@ class WGPUDevice:
         out = [("default", None)]
         most = self.limits["max-compute-invocations-per-workgroup"]
         if not any(op[0] == K.LOOP for op in kernel.ops):
-            return out + [(f"ew:wg={n}", ("serial", n)) for n in (64, 128, 512) if n <= most]
-        return out + [(f"group:{s},wg={n}", (s, n)) for s in strategies(kernel)
+            return out + [(f"ew:wg={n},per={p}", ("serial", n, p)) for n in (64, 256, 512)
+                          for p in (1, 2, 4, 8) if n <= most]
+        return out + [(f"group:{s},wg={n}", (s, n, None)) for s in strategies(kernel)
                       for n in (64, 128, 256, 512) if n <= most]
 
     def compile_variant(self, kernel, schedule):
@@ -344,7 +345,7 @@ class WGPUDevice:
         device cannot run it (checked here, when the plan is built, never at launch)."""
         if schedule is None:
             schedule = self.schedules.get(kernel)
-        strategy, wg = schedule if schedule is not None else (None, None)
+        strategy, wg, per = schedule if schedule is not None else (None, None, None)
         for d, n, _ in kernel.args:
             if _round4(n * d.itemsize) > self.limits["max-storage-buffer-binding-size"]:
                 raise AllocationError(f"wgpu device {self.adapter_name}: a buffer of {n} "
@@ -367,7 +368,7 @@ class WGPUDevice:
                                f"shader stage (maxStorageBuffersPerShaderStage)")
         wgsl = write(kernel, self.limits["max-compute-workgroups-per-dimension"],
                      self.limits["max-compute-invocations-per-workgroup"],
-                     "shader-f64" in self.features, uniforms, strategy, wg)
+                     "shader-f64" in self.features, uniforms, strategy, wg, per)
         if self.loop_cap and wgsl.iterations > self.loop_cap:
             raise BackendError(f"wgpu device {self.adapter_name}: this driver stops shader "
                                f"loops after {self.loop_cap} iterations and the kernel's "
