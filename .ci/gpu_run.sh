@@ -13,6 +13,7 @@
 #   vulkan  the whole test suite with Vulkan (NVIDIA's driver) as the default device (f16 and
 #           bf16 included; spirv-val off for speed: tests/test_spirv.py validates), then
 #           benches/bench_vk.py on vulkan (torch CUDA beside it)
+#   wgpu    the whole test suite with WebGPU (wgpu-py through Vulkan) as the default device
 #   bench   benches/bench_gpu.py through benches/report.py (markdown table)
 #   base    the same benchmarks (BENCH_K too) on another checkout, for before/after
 #           figures in one run: BASE_TREE names a folder holding it (e.g. made here with
@@ -77,7 +78,7 @@ EOF
         summary smoke "$OUT/smoke.log"
         grep -E "^(FAILED|ERROR)" "$OUT/smoke.log" | head -20
         ;;
-    cuda|opencl)
+    cuda|opencl|wgpu)
         ZYX_DEVICE=$phase timeout "${SUITE_TIMEOUT:-540}" $PY -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
             -x --maxfail=30 tests >"$OUT/suite-$phase.log" 2>&1
         summary "suite on $phase" "$OUT/suite-$phase.log"

@@ -48,7 +48,7 @@ print("RESULT OK")
 
 # these tests are about the C backend: in their child processes GPU backends stay off
 # unless a test's config says otherwise
-C_ONLY = {name: {"enabled": False} for name in ("opencl", "cuda", "hip")}
+C_ONLY = {name: {"enabled": False} for name in ("opencl", "cuda", "hip", "vulkan", "wgpu")}
 
 
 def run_zyx(tmp_path, code, config=None, env=None, cache=None, timeout=120):

@@ -13,6 +13,11 @@ class DTypeError(ZyxError, TypeError):
     """A dtype is not supported by the operation."""
 
 
+class UnsupportedDTypeError(DTypeError):
+    """A device cannot hold or compute a dtype at all (float64, int64 on WebGPU/Vulkan):
+    the tensor or kernel belongs on another device. The message names the device."""
+
+
 class AllocationError(ZyxError, MemoryError):
     """A memory pool could not provide the requested bytes."""
 

@@ -1,0 +1,309 @@
+"""The WebGPU backend (wgpu-py) against numpy, on whatever adapter wgpu finds (lavapipe,
+Mesa's Vulkan CPU driver, in CI). Skipped, with the reason, when wgpu-py or an adapter is
+missing. The runtime is re-initialized with the wgpu backend alone for this module.
+
+The WGSL writer's own checks (text of packed loads and stores, 2-D folding, the split
+reduction's passes) need no device and run everywhere wgpu-py is not needed for them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import zyx
+from zyx import dtype as dt
+from zyx._core import kernel as K
+from zyx.codegen.wgsl import supports, write
+from zyx.codegen.wgsl.writer import fold
+from zyx.errors import BackendError, UnsupportedDTypeError
+from conftest import bf16_round, only_backend
+
+
+# -- the writer, without a device -----------------------------------------------------------
+
+def _copy_kernel(d_out, d_in, n, op=None):
+    """IR of out[i] = f(in[i]) over n elements (f: None copies, else a BINARY op with 1)."""
+    ops = [(K.DEFINE, d_out, K.SCOPE_GLOBAL, 0, False, n, None),
+           (K.INDEX, K.IDX, 0, n),
+           (K.DEFINE, d_in, K.SCOPE_GLOBAL, 1, True, n, None),
+           (K.LOAD, d_in, 2, 1, -1)]
+    v = 3
+    if d_in is not d_out:
+        ops.append((K.CAST, d_out, 3))
+        v = 4
+    ops.append((K.STORE, None, 0, 1, v))
+    return K.Kernel(ops, [(d_out, n, False), (d_in, n, True)])
+
+
+def _sum_kernel(n, d=dt.float32):
+    ops = [(K.DEFINE, d, K.SCOPE_GLOBAL, 0, False, 1, None),
+           (K.DEFINE, d, K.SCOPE_GLOBAL, 1, True, n, None),
+           (K.DEFINE, d, K.SCOPE_REGISTER, 0.0, False, 1, K.R_SUM),
+           (K.LOOP, K.IDX, n),
+           (K.LOAD, d, 1, 3, -1),
+           (K.LOAD, d, 2, -1, -1),
+           (K.BINARY, d, K.B_ADD, 5, 4),
+           (K.STORE, None, 2, -1, 6),
+           (K.ENDLOOP, None, 3),
+           (K.LOAD, d, 2, -1, -1),
+           (K.CONST, K.IDX, 0),
+           (K.STORE, None, 0, 10, 9)]
+    return K.Kernel(ops, [(d, 1, False), (d, n, True)])
+
+
+def test_packed_int8_load_sign_extends_and_store_uses_atomics():
+    src = write(_copy_kernel(dt.int8, dt.int8, 10)).source
+    # the output shares words between invocations: atomics; the input is plain words
+    assert "g0: array<atomic<u32>>" in src and "g1: array<u32>;" in src
+    assert "atomicAnd(&g0[w]" in src and "atomicOr(&g0[w]" in src
+    # sign extension: the byte is shifted to the top of the word, then arithmetically down
+    assert "bitcast<i32>(g1[" in src and ">> 24u" in src
+
+
+@pytest.mark.parametrize("d", [dt.bool_, dt.uint8, dt.int8, dt.uint16, dt.int16,
+                               dt.float16, dt.bfloat16], ids=lambda d: d.name)
+def test_small_dtypes_are_packed_words(d):
+    src = write(_copy_kernel(d, d, 7)).source
+    assert "array<atomic<u32>>" in src
+    shift = "2u" if d.itemsize == 1 else "1u"
+    assert f">> {shift}]" in src
+
+
+def test_fold_into_two_dimensions():
+    assert fold(100) == (100, 1)
+    assert fold(65535) == (65535, 1)
+    x, y = fold(65536)
+    assert y == 2 and x * y >= 65536 and x <= 65535
+    x, y = fold(10**7)
+    assert x <= 65535 and y <= 65535 and x * y >= 10**7
+    # a grid beyond the limit is written 2-D: the linear id uses both group ids
+    k = write(_copy_kernel(dt.float32, dt.float32, 70000), max_groups=100)
+    assert k.groups[1] > 1 and k.groups[0] <= 100
+    assert f"wid.y * {k.groups[0]}u + wid.x" in k.source
+
+
+def test_refuses_wide_dtypes():
+    assert "float64" in supports(_copy_kernel(dt.float64, dt.float32, 4))
+    assert "int64" in supports(_copy_kernel(dt.float32, dt.int64, 100))
+    # a short read-only int64 buffer is a value read at launch (a slice start): allowed
+    assert supports(_copy_kernel(dt.float32, dt.int64, 1)) is None
+    assert "uint64" in supports(_copy_kernel(dt.uint64, dt.uint64, 4))
+    assert supports(_copy_kernel(dt.float32, dt.int32, 4)) is None
+
+
+def test_long_single_sum_is_split_in_two_passes():
+    k = write(_sum_kernel(1 << 20))
+    assert k.strategy == "split" and len(k.passes) == 2 and k.scratch > 0
+    assert "zyx_part[gid]" in k.passes[0][0] and "workgroupBarrier" in k.passes[1][0]
+    assert write(_sum_kernel(1000)).strategy in ("rows", "serial")
+
+
+# -- on the device --------------------------------------------------------------------------
+
+pytest.importorskip("wgpu", reason="wgpu-py is not installed")
+
+
+@pytest.fixture(scope="module")
+def wgpu_device():
+    yield from only_backend("wgpu", "no WebGPU adapter (wgpu-py found none)")
+
+
+def test_the_device_is_wgpu(wgpu_device):
+    info = wgpu_device.info()
+    assert info.name.startswith("WebGPU ")
+    assert "float64" not in info.dtypes and "int64" not in info.dtypes
+    assert "float32" in info.dtypes and "int8" in info.dtypes
+    assert [str(d) for d in zyx.devices()][0] == "wgpu:0"
+    # limits were asked from the adapter, not WebGPU's defaults
+    assert wgpu_device.limits["max-storage-buffers-per-shader-stage"] >= 8
+
+
+ROUND_TRIP = [dt.bool_, dt.uint8, dt.int8, dt.uint16, dt.int16, dt.uint32, dt.int32,
+              dt.float16, dt.bfloat16, dt.float32]
+
+
+@pytest.mark.parametrize("d", ROUND_TRIP, ids=lambda d: d.name)
+@pytest.mark.parametrize("n", [1, 7, 4099])
+def test_dtype_load_op_store(wgpu_device, d, n):
+    """Odd lengths leave partial words; every invocation stores into a word it shares."""
+    rng = np.random.default_rng(n)
+    if d is dt.bool_:
+        a = rng.random(n) < 0.5
+        np.testing.assert_array_equal((~zyx.Tensor(a)).numpy(), ~a)
+        return
+    if d.is_float:
+        a = rng.uniform(-8, 8, n).astype(np.float32)
+        a = bf16_round(a) if d is dt.bfloat16 else a.astype(d.np)
+        x = zyx.Tensor(a if d is not dt.bfloat16 else a, dtype=d)
+        got = (x * 2 - 1).numpy()
+        ref = a.astype(np.float32) * 2 - 1
+        ref = bf16_round(ref) if d is dt.bfloat16 else ref.astype(d.np)
+        if d is dt.bfloat16:
+            got = bf16_round(np.asarray(got, np.float32)) if got.dtype == np.float32 else \
+                (got.astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_allclose(np.asarray(got, np.float32), ref.astype(np.float32),
+                                   rtol=1e-2 if d.itemsize == 2 else 1e-6)
+        return
+    info = np.iinfo(d.np)
+    a = rng.integers(info.min, int(info.max) + 1, n, dtype=np.int64).astype(d.np)
+    # wrapping arithmetic at the dtype's width, and sign extension on load
+    np.testing.assert_array_equal((zyx.Tensor(a) * 3 + 5).numpy(), a * d.np.type(3) + d.np.type(5))
+    np.testing.assert_array_equal((zyx.Tensor(a) < 0).numpy(), a < 0)
+
+
+def test_casts_between_packed_dtypes(wgpu_device):
+    a = np.arange(-300, 301, dtype=np.int32)
+    x = zyx.Tensor(a)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(x.to(zyx.int8).numpy(), a.astype(np.int8))
+        np.testing.assert_array_equal(x.to(zyx.uint8).numpy(), a.astype(np.uint8))
+        np.testing.assert_array_equal(x.to(zyx.int8).to(zyx.int16).numpy(),
+                                      a.astype(np.int8).astype(np.int16))
+    f = np.linspace(-3, 3, 1001).astype(np.float32)
+    np.testing.assert_array_equal(zyx.Tensor(f).half().numpy(), f.astype(np.float16))
+
+
+def test_two_dimensional_dispatch_on_the_device(wgpu_device, monkeypatch):
+    monkeypatch.setitem(wgpu_device.limits, "max-compute-workgroups-per-dimension", 4)
+    monkeypatch.setattr(wgpu_device, "_programs", {})
+    monkeypatch.setattr(wgpu_device, "_by_source", {})
+    zyx._RT.plans.clear()
+    a = np.random.rand(5 * 256 * 4 + 3).astype(np.float32)   # 21 groups > 4 in x
+    try:
+        np.testing.assert_allclose((zyx.Tensor(a) * 3 + 1).numpy(), a * 3 + 1, rtol=1e-6)
+        b = np.random.rand(40, 300).astype(np.float32)        # rows: 40 groups > 4
+        np.testing.assert_allclose(zyx.Tensor(b).sum(1).numpy(), b.sum(1), rtol=1e-5)
+    finally:
+        zyx._RT.plans.clear()
+
+
+def test_float64_and_int64_are_refused_naming_the_device(wgpu_device):
+    zyx._RT.plans.clear()
+    with pytest.raises(UnsupportedDTypeError, match="wgpu"):
+        (zyx.Tensor(np.arange(4.0)) * 2).numpy()
+    with pytest.raises(zyx.DTypeError, match="int64"):
+        (zyx.Tensor(np.arange(4, dtype=np.int64)) + 1).numpy()
+
+
+def test_too_many_buffers_is_refused_when_planned(wgpu_device, monkeypatch):
+    monkeypatch.setitem(wgpu_device.limits, "max-storage-buffers-per-shader-stage", 3)
+    monkeypatch.setitem(wgpu_device.limits, "max-uniform-buffers-per-shader-stage", 0)
+    monkeypatch.setattr(wgpu_device, "_programs", {})
+    zyx._RT.plans.clear()
+    xs = [zyx.Tensor(np.full(8, i, np.float32)) for i in range(4)]
+    try:
+        with pytest.raises(BackendError, match="storage buffers per shader stage"):
+            (xs[0] + xs[1] + xs[2] + xs[3]).numpy()
+    finally:
+        zyx._RT.plans.clear()
+
+
+def _step(x, w):
+    return ((x @ w).softmax(1).sum(0)).numpy()
+
+
+def test_pipelines_and_bind_groups_are_reused(wgpu_device):
+    x = zyx.Tensor(np.random.rand(16, 32).astype(np.float32))
+    w = zyx.Tensor(np.random.rand(32, 8).astype(np.float32))
+    first = _step(x, w)
+    _step(x, w)
+    p, b = wgpu_device.pipelines_created, wgpu_device.bind_groups_created
+    third = _step(x, w)
+    assert (wgpu_device.pipelines_created, wgpu_device.bind_groups_created) == (p, b)
+    np.testing.assert_allclose(third, first, rtol=1e-6)
+    ref = x.numpy() @ w.numpy()
+    ref = np.exp(ref - ref.max(1, keepdims=True))
+    np.testing.assert_allclose(first, (ref / ref.sum(1, keepdims=True)).sum(0), rtol=1e-5)
+
+
+def test_one_submit_per_realization(wgpu_device):
+    pool = wgpu_device.pool
+    x = zyx.Tensor(np.random.rand(64, 64).astype(np.float32)).realize()
+    wgpu_device.synchronize()
+    launched = zyx.stats()["kernels_launched"]
+    submits = pool.submits
+    y = ((x @ x).relu().softmax(1) + x.sum(0)).numpy()
+    assert zyx.stats()["kernels_launched"] - launched >= 2
+    assert pool.submits - submits == 1
+    a = x.numpy()
+    r = np.maximum(a @ a, 0)
+    r = np.exp(r - r.max(1, keepdims=True))
+    np.testing.assert_allclose(y, r / r.sum(1, keepdims=True) + a.sum(0), rtol=1e-5)
+
+
+def test_staging_buffer_is_persistent(wgpu_device):
+    pool = wgpu_device.pool
+    x = zyx.Tensor(np.random.rand(1000).astype(np.float32))
+    (x + 1).numpy()
+    created = pool.staging_created
+    for _ in range(3):
+        np.testing.assert_allclose((x * 2).numpy(), x.numpy() * 2, rtol=1e-6)
+        (x[:10] + 1).numpy()
+    assert pool.staging_created == created
+
+
+def test_long_sum_and_softmax_rows(wgpu_device):
+    # a single sum longer than the 65,535 loop iterations lavapipe runs per invocation
+    a = np.random.rand(1 << 22).astype(np.float32)
+    assert abs(zyx.Tensor(a).sum().item() - a.astype(np.float64).sum()) <= 1e-5 * a.sum()
+    assert zyx.Tensor(a).max().item() == a.max()
+    b = np.random.randn(64, 4096).astype(np.float32)
+    e = np.exp(b - b.max(1, keepdims=True))
+    np.testing.assert_allclose(zyx.Tensor(b).softmax(1).numpy(), e / e.sum(1, keepdims=True),
+                               rtol=1e-5, atol=1e-7)
+
+
+def test_small_read_only_buffers_become_uniforms_past_the_storage_limit(wgpu_device, monkeypatch):
+    """A kernel over the storage-buffer limit binds its smallest read-only buffers (the
+    runtime's scalars) as uniform buffers instead of being refused."""
+    monkeypatch.setitem(wgpu_device.limits, "max-storage-buffers-per-shader-stage", 3)
+    monkeypatch.setattr(wgpu_device, "_programs", {})
+    zyx._RT.plans.clear()
+    a = np.random.rand(100).astype(np.float32)
+    s = [np.array([v], np.float32) for v in (1.5, -2.0, 0.25)]
+    i8 = np.array([-3, 7, -128, 127, 5], np.int8)
+    try:
+        x = zyx.Tensor(a)
+        out = (x * zyx.Tensor(s[0]) + zyx.Tensor(s[1]) - zyx.Tensor(s[2])).numpy()
+        np.testing.assert_allclose(out, a * 1.5 - 2.0 - 0.25, rtol=1e-6)
+        y = (x[:5] + zyx.Tensor(i8).float() * zyx.Tensor(s[0]) + zyx.Tensor(s[1])).numpy()
+        np.testing.assert_allclose(y, a[:5] + i8 * 1.5 - 2.0, rtol=1e-6)
+    finally:
+        zyx._RT.plans.clear()
+
+
+def test_launch_values_share_one_uniform_arena_past_every_limit(wgpu_device, monkeypatch):
+    """Past both the storage and the uniform limits, the small read-only buffers are copied
+    at launch into one uniform buffer (the arena), in queue order: each launch reads its
+    own values."""
+    monkeypatch.setitem(wgpu_device.limits, "max-storage-buffers-per-shader-stage", 2)
+    monkeypatch.setitem(wgpu_device.limits, "max-uniform-buffers-per-shader-stage", 1)
+    monkeypatch.setattr(wgpu_device, "_programs", {})
+    zyx._RT.plans.clear()
+    a = np.random.rand(50).astype(np.float32)
+    x = zyx.Tensor(a)
+    try:
+        outs = []
+        for k in range(3):
+            s = [zyx.Tensor(np.array([v + k], np.float32)) for v in (1.5, -2.0, 0.25, 3.0)]
+            outs.append(x * s[0] + s[1] - s[2] * s[3])
+        for k, o in enumerate(outs):     # realized together: one encoder, three launches
+            np.testing.assert_allclose(o.numpy(), a * (1.5 + k) + (-2.0 + k)
+                                       - (0.25 + k) * (3.0 + k), rtol=1e-6)
+        prog = next(p for p in wgpu_device._programs.values() if p.wgsl.uniforms.arena)
+        assert prog.arena is not None
+    finally:
+        zyx._RT.plans.clear()
+
+
+def test_several_outputs_per_invocation_cover_every_element():
+    k = write(_copy_kernel(dt.float32, dt.float32, 1000003), per=4)
+    assert "for (var e: u32 = 0u; e < 4u; e++)" in k.source
+    # enough invocations for every element: groups * 256 * 4 >= n
+    assert k.groups[0] * k.groups[1] * 256 * 4 >= 1000003
+
+
+def test_large_elementwise_with_several_outputs_per_invocation(wgpu_device):
+    a = np.random.rand((1 << 20) + 5).astype(np.float32)
+    i8 = np.random.randint(-128, 128, (1 << 20) + 3).astype(np.int8)
+    np.testing.assert_allclose((zyx.Tensor(a) * 2 + 1).numpy(), a * 2 + 1, rtol=1e-6)
+    np.testing.assert_array_equal((zyx.Tensor(i8) * 3).numpy(), i8 * np.int8(3))
