@@ -142,7 +142,11 @@ def test_graph_cache_distinguishes_structure():
 
 def test_second_process_compiles_nothing(tmp_path, device):
     """Compiled kernels live in the disk cache: a second process finds them there (for
-    each device: C libraries, OpenCL program binaries, CUDA cubins)."""
+    each device: C libraries, OpenCL program binaries, CUDA cubins, Vulkan's pipeline
+    cache)."""
+    if str(device).startswith("wgpu"):
+        pytest.skip("WebGPU (wgpu-py 0.32) has no API to keep compiled pipelines between "
+                    "processes: each process builds its shaders again")
     script = tmp_path / "prog.py"
     script.write_text(
         "import numpy as np, zyx\n"
