@@ -211,7 +211,9 @@ class _View:
         lead = len(shape) - len(self.shape)
         old = [1] * lead + self.shape
         keep = [o == n for o, n in zip(old, shape)]   # a size-1 dim broadcast reads index 0
-        fix = lambda cs: [c if k else 0 for c, k in zip([0] * lead + cs, keep)]  # noqa: E731
+
+        def fix(coefs):
+            return [c if k else 0 for c, k in zip([0] * lead + coefs, keep)]
         self.coef = fix(self.coef)
         self.cons = [(fix(c), k, lo, hi) for c, k, lo, hi in self.cons]
         self.shape = list(shape)
