@@ -60,8 +60,8 @@ def test_index_errors():
         x[1.5]
     with pytest.raises(IndexError):
         x[zyx.Tensor(np.array([0.0]))]
-    with pytest.raises(IndexError, match="mask"):     # data-dependent shape
-        x[zyx.Tensor(np.array([True, False, True, True]))]
+    with pytest.raises(IndexError, match="mask"):     # a mask must match the dims it indexes
+        x[zyx.Tensor(np.array([True, False, True]))]
     with pytest.raises(RuntimeError, match="shape mismatch"):   # setitem: tests/test_inplace.py
         x[0] = zyx.Tensor(np.zeros(7, np.float32))
 

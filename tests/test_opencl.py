@@ -38,10 +38,14 @@ from gpu_cases import *  # noqa: E402,F401,F403
 
 
 def test_no_fp64_device_refuses_float64(opencl_runtime, monkeypatch):
-    # a device without cl_khr_fp64 must say so instead of failing inside the OpenCL build
-    monkeypatch.setattr(opencl_runtime, "fp64", False)
-    monkeypatch.setattr(opencl_runtime, "_programs", {})
-    monkeypatch.setattr(opencl_runtime, "_by_source", {})
+    # a device without cl_khr_fp64 must say so instead of failing inside the OpenCL build.
+    # The runtime's current device, not the fixture's: a test that re-initializes the
+    # runtime (test_c_backend_stays_default) leaves new device objects behind it
+    dev = zyx._RT.device()
+    assert dev.backend == "opencl"
+    monkeypatch.setattr(dev, "fp64", False)
+    monkeypatch.setattr(dev, "_programs", {})
+    monkeypatch.setattr(dev, "_by_source", {})
     zyx._RT.plans.clear()
     with pytest.raises(zyx.DTypeError, match="float64"):
         (zyx.Tensor(np.arange(3.0)) * 2.5).numpy()

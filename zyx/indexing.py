@@ -19,7 +19,7 @@ from . import dtype as dt
 from ._core import kernel as K
 from .errors import DTypeError, ShapeError
 from .tensor import Tensor, canonical_axis, iota, const_tensor, watch_range, INDEX_MESSAGE, \
-    broadcast_shape, gather, where as _where3
+    broadcast_shape, gather, pick_one, where as _where3
 
 _REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 
@@ -218,10 +218,7 @@ def index_select(input, dim, index):
     n = input.shape[d]
     shape = input.shape[:d] + (index.shape[0],) + input.shape[d + 1:]
     sel = _hits(_spread(index, shape, d), n, d, "index_select")     # [.., m, n, ..]
-    src = input.unsqueeze(d)
-    if input.dtype.is_bool:
-        return (src & sel)._reduce(K.R_MAX, d + 1, False)
-    return _where3(sel, src, const_tensor(0, input.dtype, ()))._reduce(K.R_SUM, d + 1, False)
+    return pick_one(input.unsqueeze(d), sel, d + 1, input)
 
 
 def _source_shape_check(input, d, index, source, what):

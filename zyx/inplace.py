@@ -564,7 +564,7 @@ def _embed(t, d, start, length, step, n, fill):
         t = t.flip(d)
         start, step = start + (length - 1) * step, -step
     span = length
-    if step > 1:
+    if step > 1 and length > 1:     # (one element needs no spacing: x[::2**62] = v)
         sh = t.shape
         t = _orig["reshape"](t, sh[:d] + (length, 1) + sh[d + 1:])
         pads = [(0, 0)] * t.ndim

@@ -14,11 +14,12 @@ import sys
 import numpy as np
 
 from . import dtype as dt
-from .errors import ShapeError
+from ._core import graph as G
+from .errors import InvalidArgumentError, ShapeError
 from . import random as _random
 from . import sorting as _sorting
 from .runtime import RT
-from .tensor import Tensor
+from .tensor import Tensor, watch_range
 
 _tensor_module = sys.modules["zyx.tensor"]     # `zyx.tensor` is the function (see ARCHITECTURE.md)
 
@@ -165,10 +166,151 @@ def _t(self):
     return self.transpose(0, 1) if self.ndim == 2 else self
 
 
+def _row_major(shape):
+    strides, acc = [0] * len(shape), 1
+    for k in range(len(shape) - 1, -1, -1):
+        strides[k] = acc
+        acc *= shape[k]
+    return strides
+
+
+class _View:
+    """The index map of a chain of movement ops over a row-major base, as torch would
+    stride it: the base's flat position is `off + sum(coef[k] * i[k])` over the view's
+    indices i, and each constraint (coefs, const, lo, hi) says where a PAD reads real data
+    (lo <= const + sum(coefs[k] * i[k]) < hi); elsewhere it reads padding."""
+
+    def __init__(self, shape):
+        self.fresh(shape)
+
+    def fresh(self, shape):
+        """A new row-major tensor of `shape` (a base, or what torch would copy into)."""
+        self.shape = list(shape)
+        self.coef = _row_major(shape)
+        self.off = 0
+        self.cons = []
+
+    def _forms(self):
+        return [self.coef] + [c[0] for c in self.cons]
+
+    def _satisfied(self, con):
+        coefs, const, lo, hi = con
+        low = high = const
+        for c, n in zip(coefs, self.shape):
+            if n == 0:
+                return True
+            low += builtins.min(0, c * (n - 1))
+            high += builtins.max(0, c * (n - 1))
+        return lo <= low and high < hi
+
+    def drop_satisfied(self):
+        self.cons = [c for c in self.cons if not self._satisfied(c)]
+
+    def permute(self, order):
+        self.shape = [self.shape[o] for o in order]
+        self.coef = [self.coef[o] for o in order]
+        self.cons = [([c[o] for o in order], k, lo, hi) for c, k, lo, hi in self.cons]
+
+    def expand(self, shape):
+        lead = len(shape) - len(self.shape)
+        old = [1] * lead + self.shape
+        keep = [o == n for o, n in zip(old, shape)]   # a size-1 dim broadcast reads index 0
+
+        def fix(coefs):
+            return [c if k else 0 for c, k in zip([0] * lead + coefs, keep)]
+        self.coef = fix(self.coef)
+        self.cons = [(fix(c), k, lo, hi) for c, k, lo, hi in self.cons]
+        self.shape = list(shape)
+
+    def pad(self, pads):
+        # the view's index j reads the source at j - before
+        for d, (before, after) in enumerate(pads):
+            n = self.shape[d]
+            self.off -= self.coef[d] * before
+            self.cons = [(c, k - c[d] * before, lo, hi) for c, k, lo, hi in self.cons]
+            if before > 0 or after > 0:
+                unit = [0] * len(self.shape)
+                unit[d] = 1
+                self.cons.append((unit, -before, 0, n))
+            self.shape[d] = n + before + after
+
+    def reshape(self, shape):
+        """Re-express every form over the new dims; False where torch could not view
+        (the dims merged into one are not laid out one inside the other)."""
+        self.drop_satisfied()
+        old = [(n, k) for k, n in enumerate(self.shape) if n != 1]
+        new = [(n, k) for k, n in enumerate(shape) if n != 1]
+        forms = self._forms()
+        out = [[0] * len(shape) for _ in forms]
+        i = j = 0
+        while i < len(old) or j < len(new):
+            i2, j2 = i + 1, j + 1
+            po = old[i][0] if i < len(old) else 1
+            pn = new[j][0] if j < len(new) else 1
+            while po != pn:
+                if po < pn:
+                    po *= old[i2][0]
+                    i2 += 1
+                else:
+                    pn *= new[j2][0]
+                    j2 += 1
+            group = old[i:i2]
+            for f, form in enumerate(forms):
+                for (_, a), (nb, b) in zip(group, group[1:]):
+                    if form[a] != form[b] * nb:
+                        return False
+                inner = form[group[-1][1]] if group else 0
+                for n, k in reversed(new[j:j2]):
+                    out[f][k] = inner
+                    inner *= n
+            i, j = i2, j2
+        self.coef = out[0]
+        self.cons = [(c, k, lo, hi) for c, (_, k, lo, hi) in zip(out[1:], self.cons)]
+        self.shape = list(shape)
+        return True
+
+    def row_major(self):
+        self.drop_satisfied()
+        if self.cons:           # it still reads padding: a new tensor in torch (F.pad)
+            return True
+        want = _row_major(self.shape)
+        return all(n == 1 or c == w for c, w, n in zip(self.coef, want, self.shape))
+
+
 def is_contiguous(self, memory_format=None):
-    """Always True: a zyx tensor has no strides (movement ops are index math in the kernel
-    that reads them), so there is nothing to make contiguous."""
-    return True
+    """torch.Tensor.is_contiguous: True when the tensor's elements lie in row-major order
+    in the memory they would be read from. A realized tensor, or one computed by an op,
+    is a row-major buffer; a chain of movement ops over one (transpose, expand, a slice)
+    is a view with the strides torch would give it: a[1:] is contiguous, a[:, 1:], a.t()
+    and an expand are not. Movement ops torch makes copies for (flip, pad, a reshape of a
+    non-viewable layout) count as new row-major tensors."""
+    graph = RT.graph
+    node = graph.get(self._id)
+    chain = []
+    while node.op in G.MOVEMENT:
+        chain.append(node)
+        node = graph.get(node.srcs[0])
+    view = _View(node.shape)
+    for n in reversed(chain):
+        if 0 in n.shape:
+            return True
+        if n.op == G.PERMUTE:
+            view.permute(n.arg)
+        elif n.op == G.EXPAND:
+            view.expand(n.shape)
+        elif n.op == G.PAD:
+            view.pad(n.arg[0])
+        elif n.op != G.RESHAPE or not view.reshape(n.shape):
+            view.fresh(n.shape)      # a flip, or a reshape torch would copy
+    return view.row_major()
+
+
+def contiguous(self, memory_format=None):
+    """torch.Tensor.contiguous: self when already contiguous, else a row-major copy (lazy:
+    an identity cast the kernel reading it fuses)."""
+    if is_contiguous(self):
+        return self
+    return self._make(G.CAST, self.dtype, (self,), self.shape, self.dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -239,7 +381,20 @@ def bernoulli(input, p=None, *, generator=None):
         raise ValueError(f"bernoulli expects p to be in [0, 1], but got p={probs}")
     u = _tensor_module.rand(*input.shape, dtype=dt.float32 if input.dtype is not dt.float64
                             else dt.float64, device=input.device)
-    return (u < probs).cast(input.dtype)
+    draw = u < probs
+    if isinstance(probs, Tensor):
+        # a probability tensor is checked when the draw is realized (its values are not
+        # known before): a value check on "p outside [0, 1] or NaN" as a 0/1 integer. The
+        # watched node reads that integer and the draw reads the watched node, so the
+        # graph keeps the check's operand alive as long as the draw (an operand nothing
+        # reads is freed with its Python tensor, and the check would read a dead node).
+        bad = (~((probs >= 0) & (probs <= 1))).cast(dt.uint8)
+        ok = bad == 0
+        watch_range(ok, bad, 0, 1,
+                    "bernoulli: Expected p_in >= 0 && p_in <= 1, but the probability tensor "
+                    "holds a value outside [0, 1] or NaN", error=InvalidArgumentError)
+        draw = draw & ok
+    return draw.cast(input.dtype)
 
 
 def randperm(n, *, dtype=None, device=None, requires_grad=False, generator=None):
@@ -371,6 +526,7 @@ __all__ = ["Size", "isclose", "allclose", "equal", "logical_and", "logical_or", 
 for _name, _fn in (("type_as", type_as), ("new_zeros", new_zeros), ("new_ones", new_ones),
                    ("new_empty", new_empty), ("new_full", new_full), ("new_tensor", new_tensor),
                    ("element_size", element_size), ("t", _t), ("is_contiguous", is_contiguous),
+                   ("contiguous", contiguous),
                    ("isclose", isclose), ("allclose", allclose), ("equal", equal),
                    ("multinomial", multinomial), ("bernoulli", bernoulli)):
     setattr(Tensor, _name, _fn)

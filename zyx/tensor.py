@@ -2103,9 +2103,28 @@ def gather(t: Tensor, axis, index: Tensor) -> Tensor:
     sel = _one_hot_along(idx.unsqueeze(axis + 1), n, axis + 1, t.ndim + 1)
     # negative indices count from the end (numpy's take_along_axis; torch's gather raises)
     watch_range(sel, index, -n, n, INDEX_MESSAGE, (axis, n, "gather"))
-    if t.dtype.is_bool:
-        return (src & sel)._reduce(K.R_MAX, axis + 1, False)
-    return where(sel, src, const_tensor(0, t.dtype, ()))._reduce(K.R_SUM, axis + 1, False)
+    return pick_one(src, sel, axis + 1, t)
+
+
+def pick_one(src, sel, axis, source):
+    """The entry of `src` (a view of `source`) that the one-hot bool `sel` (broadcast with
+    src) marks along `axis`, which is reduced away: the reduce behind gather and
+    index_select. Exact for every value, -0.0 included (a sum from 0.0 would give 0.0 for
+    it): when autograd does not record source, a max over -inf elsewhere; else a sum (its
+    gradient is the gradient, where a max splits it over tied -inf and drops it at NaN)
+    whose zero takes the sign back from a second reduce. Internal helper shared by zyx's
+    op modules (not in __all__)."""
+    d = src.dtype
+    if d.is_bool:
+        return (src & sel)._reduce(K.R_MAX, axis, False)
+    if not d.is_float:
+        return where(sel, src, const_tensor(0, d, ()))._reduce(K.R_SUM, axis, False)
+    if not _records((source,)):
+        return where(sel, src, const_tensor(float("-inf"), d, ()))._reduce(K.R_MAX, axis, False)
+    picked = where(sel, src, const_tensor(0, d, ()))._reduce(K.R_SUM, axis, False)
+    neg_zero = sel & (src == 0) & (src.reciprocal() < 0)
+    neg_zero = neg_zero._reduce(K.R_MAX, axis, False)
+    return where(neg_zero, -(0 - picked), picked)      # -(0 - x): -0.0 at x = 0.0, else x
 
 
 def masked_fill(t: Tensor, mask, value) -> Tensor:
@@ -2224,12 +2243,75 @@ def _basic_getitem(self, idx):
     return x.reshape(tuple(out_shape)) if drop else x
 
 
+def _is_mask(i):
+    """True for a boolean index tensor, array or (nested) list of bools."""
+    if isinstance(i, Tensor):
+        return i.dtype.is_bool
+    if isinstance(i, np.ndarray):
+        return i.dtype == np.bool_
+    return isinstance(i, list) and np.asarray(i).dtype == np.bool_
+
+
+def _mask_getitem(self, idx):
+    """x[idx] where idx holds boolean masks (torch's data-dependent selection). A k-dim mask
+    stands for the k dims it covers and must match their sizes; they become one dim holding
+    the entries where the mask is true, in row-major order: the masked dims are merged and
+    indexed by the flat positions of the true entries. Realizes the masks (their counts
+    decide the shape). As masked_select: without grad, x is read and indexed on the host
+    (a lazy one-hot selection costs size x count); with grad, the selection stays on the
+    graph and gradients flow to x."""
+    items = []
+    for i in idx:
+        if _is_mask(i):
+            m = np.asarray(i.numpy() if isinstance(i, Tensor) else i, dtype=np.bool_)
+            if m.ndim == 0:
+                raise IndexError("0-d boolean mask indices are not supported; use "
+                                 "unsqueeze or where")
+            items.append(m)
+        else:
+            items.append(i)
+    used = builtins.sum(i.ndim if isinstance(i, np.ndarray) and i.dtype == np.bool_ else 1
+                        for i in items if i is not None and i is not Ellipsis)
+    if builtins.sum(1 for i in items if i is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis")
+    if used > self.ndim:
+        raise IndexError(f"too many indices for tensor of dimension {self.ndim}")
+    shape, merged, out_idx = self.shape, [], []
+    dim = 0
+    for i in expand_ellipsis(items, self.ndim, used):
+        if isinstance(i, np.ndarray) and i.dtype == np.bool_:
+            k = i.ndim
+            for j in range(k):
+                if i.shape[j] != shape[dim + j]:
+                    raise IndexError(f"The shape of the mask {list(i.shape)} at index {j} does "
+                                     f"not match the shape of the indexed tensor "
+                                     f"{list(shape)} at index {dim + j}")
+            merged.append(_prod(i.shape))
+            out_idx.append(np.flatnonzero(i).astype(np.int64))
+            dim += k
+        else:
+            if i is not None:
+                merged.append(shape[dim])
+                dim += 1
+            out_idx.append(i)
+    x = self.reshape(tuple(merged)) if tuple(merged) != shape else self
+    if not _records((self,)):
+        host = tuple(i.numpy() if isinstance(i, Tensor) else i for i in out_idx)
+        vals = np.ascontiguousarray(np.asarray(x.numpy())[host])
+        return Tensor(vals, dtype=self.dtype, device=self.device)
+    out_idx = [Tensor(i, dtype=dt.int64, device=self.device) if isinstance(i, np.ndarray)
+               else i for i in out_idx]
+    return _getitem(x, tuple(out_idx))
+
+
 def _getitem(self, idx):
     if not isinstance(idx, tuple):
         idx = (idx,)
     fast = _basic_getitem(self, idx)
     if fast is not None:
         return fast
+    if builtins.any(_is_mask(i) for i in idx):
+        return _mask_getitem(self, idx)
     # expand Ellipsis
     n_real = builtins.sum(1 for i in idx if i is not None and i is not Ellipsis)
     if builtins.sum(1 for i in idx if i is Ellipsis) > 1:
@@ -2303,10 +2385,11 @@ def _getitem(self, idx):
 def slice_axis(x, d, start, stop, step):
     """x[start:stop:step] along axis d (start, stop, step as slice.indices gives them).
     Internal helper shared by zyx's op modules (not in __all__)."""
-    n = x.shape[d]
     if step > 0:
         length = builtins.max(0, (stop - start + step - 1) // step)
-        if step == 1:
+        if step == 1 or length <= 1:
+            # at most one element: a plain shrink (the pad-reshape below would build a
+            # length * step axis, 2**62 elements for x[::2**62])
             return shrink_axis(x, d, start, start + length)
         end = start + (length - 1) * step + 1 if length else start
         x = shrink_axis(x, d, start, end)
@@ -2314,6 +2397,8 @@ def slice_axis(x, d, start, stop, step):
         length = builtins.max(0, (start - stop - step - 1) // (-step))
         if length == 0:
             return shrink_axis(x, d, 0, 0)
+        if length == 1:
+            return shrink_axis(x, d, start, start + 1)
         lo = start + (length - 1) * step
         x = shrink_axis(x, d, lo, start + 1).flip(d)
         step = -step

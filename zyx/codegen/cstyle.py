@@ -687,12 +687,12 @@ def alu(dl, ops, op, v):
             e = f"(({dl.ctype(d)}){e})"   # C promotes small ints; wrap like the dtype does
         return e
     if b == K.B_MAX:
-        if d.is_float:
-            return f"(({x} > {y} || {x} != {x}) ? {x} : {y})"
+        if d.is_float:   # NaN wins; a tie (-0.0 vs 0.0) keeps x, as torch.maximum
+            return f"(({x} < {y} || {y} != {y}) ? {y} : {x})"
         return f"({x} > {y} ? {x} : {y})"
     if b == K.B_MIN:
         if d.is_float:
-            return f"(({x} < {y} || {x} != {x}) ? {x} : {y})"
+            return f"(({y} < {x} || {y} != {y}) ? {y} : {x})"
         return f"({x} < {y} ? {x} : {y})"
     if b in (K.B_DIV, K.B_MOD) and not d.is_float:
         # Integer x / 0 is 0 (no trap), and so is x % 0. MIN / -1 overflows and traps

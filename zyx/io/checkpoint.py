@@ -131,12 +131,20 @@ def load(path):
     structure = st.load_metadata(path).get(STRUCTURE_KEY)
     if structure is None:
         return tensors
+    # RecursionError: "[[[[..." deeper than json's parser or _rebuild recurses (a corrupt
+    # or hostile file; the config and tuning files are read the same way)
     try:
         tree = json.loads(structure)
     except ValueError as e:
         raise st.SafetensorsError(f"{path}: corrupt {STRUCTURE_KEY!r} metadata ({e})") from None
+    except RecursionError:
+        raise st.SafetensorsError(f"{path}: corrupt {STRUCTURE_KEY!r} metadata (nested too "
+                                  "deeply)") from None
     try:
         return _rebuild(tree, tensors)
     except KeyError as e:
         raise st.SafetensorsError(f"{path}: the structure names tensor {e} which the file "
                                   "does not hold") from None
+    except RecursionError:
+        raise st.SafetensorsError(f"{path}: the {STRUCTURE_KEY!r} metadata nests values too "
+                                  "deeply to rebuild") from None
