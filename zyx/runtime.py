@@ -26,7 +26,8 @@ from .backends.disk import DiskMemoryPool
 from .backends.host import HostMemoryPool
 from .codegen.target import FLOAT32_PRECISIONS
 from .device import BACKEND_TYPES, Device
-from .errors import BackendError, DTypeError, IndexOutOfRangeError, ZyxError
+from .errors import BackendError, DTypeError, IndexOutOfRangeError, UnsupportedDTypeError, \
+    ZyxError
 
 DEBUG_DEVICES, DEBUG_SCHEDULE, DEBUG_IR, DEBUG_SOURCE, DEBUG_MEMORY, DEBUG_COMPILE, \
     DEBUG_PERF = 1, 2, 4, 8, 16, 32, 64
@@ -83,12 +84,12 @@ def distinct_hardware(devices):
 
 
 def check_dtype(dev, dtype):
-    """Raise DTypeError when device `dev` cannot hold tensors of `dtype`
-    (DeviceInfo.dtypes lists the dtype names it supports; empty: all)."""
+    """Raise UnsupportedDTypeError (a DTypeError) when device `dev` cannot hold tensors of
+    `dtype` (DeviceInfo.dtypes lists the dtype names it supports; empty: all)."""
     info = dev.info()
     allowed = info.dtypes
     if allowed and dtype.name not in allowed:
-        raise DTypeError(f"{dtype.name} is not supported by device {info.name}")
+        raise UnsupportedDTypeError(f"{dtype.name} is not supported by device {info.name}")
 
 
 def _preferred_backend(config):
