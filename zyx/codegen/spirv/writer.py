@@ -21,6 +21,7 @@ import struct
 
 from ... import dtype as dt
 from ..._core import kernel as K
+from ..cstyle import half_rounds, round_half
 from ..gpu.analysis import loop_ends, narrow_index, output_size
 from . import builder as B
 from . import f64math
@@ -151,6 +152,8 @@ class _Writer:
         if d.is_bool:
             return m.const_bool(bool(v))
         t = self.rtype(d)
+        if d is dt.float16 or d is dt.bfloat16:
+            v = round_half(d, float(v))       # a 16-bit constant is its dtype's value
         if d.is_float:
             return m.const(t, float(v), 64 if d is dt.float64 else 32, True)
         return m.const(t, int(v), d.itemsize * 8)
@@ -409,6 +412,7 @@ class _Writer:
     def body(self, lo, hi):
         ops = self.ops
         m = self.m
+        rounds = half_rounds(ops)
         for i in range(lo, hi):
             op = ops[i]
             c = op[0]
@@ -454,7 +458,18 @@ class _Writer:
             elif c == K.STORE:
                 self.store(i, op)
             else:
-                self.val[i] = self.alu(i, op)
+                x = self.alu(i, op)
+                if i in rounds and c != K.CAST:     # a cast to 16 bits rounds already
+                    x = self.round16(op[1], x)
+                self.val[i] = x
+
+    def round16(self, d, x):
+        """float32 register x rounded to the 16-bit float dtype d's value (an op's result
+        is its dtype's value, as on the other backends: cstyle.half_rounds says where)."""
+        if d is dt.float16:
+            return self.h2f(self.f2h(x))
+        u = self.m.op("ShiftLeftLogical", self.u32(), self.f2bf(x), self.c_u32(16))
+        return self.m.op("Bitcast", self.rtype(d), u)
 
     def define(self, i, op):
         m = self.m

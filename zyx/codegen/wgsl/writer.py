@@ -36,6 +36,7 @@ import struct
 
 from ... import dtype as dt
 from ..._core import kernel as K
+from ..cstyle import half_rounds, round_half
 from ..gpu.analysis import contiguous_loads
 
 WORKGROUP = 256              # invocations per workgroup of the serial strategy
@@ -245,6 +246,8 @@ def literal(d, v):
         v = float(v)
         if math.isnan(v):
             return "bitcast<f32>(0x7fc00000u)"
+        if d is dt.float16 or d is dt.bfloat16:
+            v = round_half(d, v)          # a 16-bit constant is its dtype's value
         try:
             bits = struct.unpack("<I", struct.pack("<f", v))[0]
         except OverflowError:         # beyond float32: infinity, as a float32 cast gives
@@ -543,7 +546,10 @@ class _Writer:
                     # WebGPU clamps out-of-bounds accesses, so the unguarded load is safe
                     e = f"select({literal(d, 0)}, {e}, {_as_bool(self.ops[op[4]][1], self.v(op[4]))})"
             return f"{ind}let v{i}: {wtype(d)} = {e};"
-        return f"{ind}let v{i}: {wtype(d)} = {self.alu(i, op)};"
+        e = self.alu(i, op)
+        if op[0] != K.CAST and i in half_rounds(self.ops):   # a cast to 16 bits rounds already
+            e = f"zyx_h2f(zyx_f2h({e}))" if d is dt.float16 else f"zyx_bf2f(zyx_f2bf({e}))"
+        return f"{ind}let v{i}: {wtype(d)} = {e};"
 
     def register_define(self, i, op, ind):
         d = op[1]
