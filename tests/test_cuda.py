@@ -1248,12 +1248,12 @@ def test_initialize_without_a_driver_raises_backend_error():
 
 
 def test_device_ids_config_is_checked():
-    from zyx.backends.gpudriver import device_ids
-    assert device_ids({}, 3) == [0, 1, 2]
-    assert device_ids({"device_ids": [2, 7, 0]}, 3) == [2, 0]
+    from zyx.backends import device_ids
+    assert device_ids({}, 3, "cuda") == [0, 1, 2]
+    assert device_ids({"device_ids": [2, 7, 0]}, 3, "cuda") == [2, 0]
     for bad in ("0", [0.0], [True]):
-        with pytest.raises(BackendError, match="not a list of integers"):
-            device_ids({"device_ids": bad}, 3)
+        with pytest.raises(BackendError, match=r"cuda\.device_ids=.* not a list of integers"):
+            device_ids({"device_ids": bad}, 3, "cuda")
 
 
 # -- on an NVIDIA GPU ---------------------------------------------------------------------

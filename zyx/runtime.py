@@ -26,8 +26,7 @@ from .backends.disk import DiskMemoryPool
 from .backends.host import HostMemoryPool
 from .codegen.target import FLOAT32_PRECISIONS
 from .device import BACKEND_TYPES, Device
-from .errors import BackendError, DTypeError, IndexOutOfRangeError, UnsupportedDTypeError, \
-    ZyxError
+from .errors import BackendError, IndexOutOfRangeError, UnsupportedDTypeError, ZyxError
 
 DEBUG_DEVICES, DEBUG_SCHEDULE, DEBUG_IR, DEBUG_SOURCE, DEBUG_MEMORY, DEBUG_COMPILE, \
     DEBUG_PERF = 1, 2, 4, 8, 16, 32, 64
@@ -83,13 +82,15 @@ def distinct_hardware(devices):
             if not getattr(d.info(), "hardware", None) or best[d.info().hardware] is d]
 
 
-def check_dtype(dev, dtype):
+def check_dtype(dev, dtype, name_of):
     """Raise UnsupportedDTypeError (a DTypeError) when device `dev` cannot hold tensors of
-    `dtype` (DeviceInfo.dtypes lists the dtype names it supports; empty: all)."""
+    `dtype` (DeviceInfo.dtypes lists the dtype names it supports; empty: all); the
+    message gives zyx's name for the device (`name_of(dev)`, asked only then)."""
     info = dev.info()
     allowed = info.dtypes
     if allowed and dtype.name not in allowed:
-        raise UnsupportedDTypeError(f"{dtype.name} is not supported by device {info.name}")
+        raise UnsupportedDTypeError(f"{dtype.name} is not supported by device "
+                                    f"{name_of(dev)} ({info.name})")
 
 
 def _preferred_backend(config):
@@ -400,7 +401,7 @@ class Runtime:
     def copy_to(self, nid, dev):
         """A new leaf on device `dev` holding tensor `nid`'s values (computed first where
         it lives). Through host memory; the source is unchanged."""
-        check_dtype(dev, self.graph.get(nid).dtype)
+        check_dtype(dev, self.graph.get(nid).dtype, self.name_of)
         self.realize([nid])
         node = self.graph.get(nid)
         src = node.buffer
@@ -448,7 +449,7 @@ class Runtime:
         """A leaf holding a copy of `arr`, on `device` (a backend device; default device
         when None)."""
         self._ensure()
-        check_dtype(device or self.device(), dtype)
+        check_dtype(device or self.device(), dtype, self.name_of)
         if device is not None:
             self.placed_on(device)
         pool = (device or self.device()).pool

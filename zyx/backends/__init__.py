@@ -32,7 +32,7 @@ import sys
 import tempfile
 import warnings
 
-from ..errors import NoBackendAvailable
+from ..errors import BackendError, NoBackendAvailable
 
 # Tried in this order; the first device found is the default when several have equal compute.
 BACKENDS = ("c", "opencl", "cuda", "hip", "vulkan", "wgpu", "dummy")
@@ -174,6 +174,18 @@ def _untrusted_reason(d):
     if st.st_mode & 0o022:
         return f"{what} is group- or world-writable (mode {stat.S_IMODE(st.st_mode):o})"
     return None
+
+
+def device_ids(cfg, count, section):
+    """The device ordinals a backend's config section (`section`, e.g. "cuda") selects
+    with `device_ids` (all `count` by default); BackendError when malformed."""
+    ids = cfg.get("device_ids")
+    if ids is None:
+        return list(range(count))
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                            for i in ids):
+        raise BackendError(f"{section}.device_ids={ids!r} is not a list of integers")
+    return [i for i in ids if 0 <= i < count]
 
 
 def initialize_backends(config: dict, debug: int = 0, only=None, reasons=None):

@@ -37,7 +37,7 @@ from functools import partial
 import numpy as np
 
 from ..errors import AllocationError, BackendError
-from . import Buffer, MemoryPool
+from . import Buffer, MemoryPool, device_ids
 from .blocks import FreeBlocks, configured_limit, default_limit
 from ..codegen.gpu.dispatch import lower, own_tiles, schedule_candidates
 from ..codegen.gpu.nvidia.tma import MAP_BYTES
@@ -701,25 +701,13 @@ class DriverDevice:
                 del self._modules[program.gpu.source]
 
 
-def device_ids(cfg, count):
-    """The ordinals config `device_ids` selects (all by default); BackendError when
-    malformed."""
-    ids = cfg.get("device_ids")
-    if ids is None:
-        return list(range(count))
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                            for i in ids):
-        raise BackendError(f"device_ids={ids!r} is not a list of integers")
-    return [i for i in ids if 0 <= i < count]
-
-
 def open_devices(cfg, count, label, make_driver, pool_class, device_class, debug=0):
     """(pools, devices) of the `count` devices the config's `device_ids` selects, each a
     `device_class(driver, pool, debug)` over `make_driver(ordinal)` and its
     `pool_class(driver, cache_limit)`; BackendError naming `label` when none is selected."""
     pools, devices = [], []
     limit = configured_limit(cfg)
-    for ordinal in device_ids(cfg, count):
+    for ordinal in device_ids(cfg, count, label.lower()):
         driver = make_driver(ordinal)
         ensure_current(driver)
         pool = pool_class(driver, limit)

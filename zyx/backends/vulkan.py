@@ -44,7 +44,7 @@ from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outpu
 from ..codegen.gpu.analysis import output_size
 from ..codegen.spirv.strategy import candidates, choose, splits
 from ..codegen.spirv.writer import write_kernel, write_split
-from . import Buffer, MemoryPool
+from . import Buffer, MemoryPool, device_ids
 from .binary_cache import BinaryCache, cache_key
 from .blocks import FreeBlocks, configured_limit, default_limit
 
@@ -807,16 +807,6 @@ def fold_groups(groups, limits):
     return max(gx, 1), max(gy, 1)
 
 
-def _device_ids(cfg, n):
-    ids = cfg.get("device_ids")
-    if ids is None:
-        return list(range(n))
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                            for i in ids):
-        raise BackendError(f"vulkan.device_ids={ids!r} is not a list of integers")
-    return [i for i in ids if 0 <= i < n]
-
-
 def initialize(cfg, debug=0):
     try:
         import vulkan as vk     # dlopens libvulkan.so.1: OSError when there is no loader
@@ -831,7 +821,7 @@ def initialize(cfg, debug=0):
         raise BackendError(f"Vulkan: no instance: {e!r}") from None
     limit = configured_limit(cfg)
     pools, devices, reasons = [], [], []
-    for i in _device_ids(cfg, len(physical)):
+    for i in device_ids(cfg, len(physical), "vulkan"):
         pd = physical[i]
         props = vk.vkGetPhysicalDeviceProperties(pd)
         if props.apiVersion < vk.VK_MAKE_VERSION(1, 1, 0):

@@ -36,7 +36,7 @@ import struct
 
 from ... import dtype as dt
 from ..._core import kernel as K
-from ..cstyle import half_rounds, round_half
+from ..cstyle import alu_operands, half_rounds, round_half
 from ..gpu.analysis import contiguous_loads
 
 WORKGROUP = 256              # invocations per workgroup of the serial strategy
@@ -931,22 +931,14 @@ def _loop_accumulators(ops, t, end):
 
 
 def _operands(op):
+    """SSA operands of any op: an ALU op's (cstyle.alu_operands), a load's or store's
+    index and guard, an if's condition."""
     c = op[0]
-    if c == K.CAST:
-        return (op[2],)
-    if c == K.UNARY:
-        return (op[3],)
-    if c == K.BINARY:
-        return (op[3], op[4])
-    if c in (K.WHERE, K.MAD):
-        return (op[2], op[3], op[4])
-    if c == K.LOAD:
-        return (op[3], op[4])
-    if c == K.STORE:
+    if c == K.LOAD or c == K.STORE:
         return (op[3], op[4])
     if c == K.IF_OP:
         return (op[2],)
-    return ()
+    return alu_operands(op)
 
 
 def combine(d, rop, x, y):
