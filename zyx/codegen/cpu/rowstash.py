@@ -36,10 +36,13 @@ def _loops(ops):
     return sorted(out)
 
 
-def _keys(ops, start, end):
+def _keys(ops, start, end, intern):
     """Structural key of each ALU op and read-only load inside loop [start, end] (the loop
     variable is 'var', values from before the loop are themselves), None where the value
-    may differ between loops (a register or a written buffer read, a store)."""
+    may differ between loops (a register or a written buffer read, a store). Keys are
+    interned to ints (`intern`, shared by the loops compared): a key naming its sources'
+    keys as nested tuples would unfold the value's DAG into a tree, exponential in its
+    depth (a random generator's rounds reuse both words every round)."""
     keys = {}
     for i in range(start + 1, end):
         op = ops[i]
@@ -60,7 +63,7 @@ def _keys(ops, start, end):
             key = tuple(fields)
         if key is not None and None in key:
             key = None
-        keys[i] = key
+        keys[i] = None if key is None else intern.setdefault(key, len(intern))
     return keys
 
 
@@ -93,7 +96,8 @@ def stash_row_values(kernel):
     loops = _loops(ops)
     if len(loops) < 2:
         return kernel
-    keys = {s: _keys(ops, s, e) for s, e, _ in loops}
+    intern = {}
+    keys = {s: _keys(ops, s, e, intern) for s, e, _ in loops}
     plan = []          # (earlier op, later op, earlier loop, later loop)
     taken = set()
     for a, (s1, e1, parent1) in enumerate(loops):
