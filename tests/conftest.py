@@ -15,7 +15,7 @@ import pytest
 
 import zyx
 from zyx import dtype as zdt
-from zyx.errors import UnsupportedDTypeError
+from zyx.errors import DeviceLimitError, UnsupportedDTypeError
 
 # ---------------------------------------------------------------------------------------
 # dtypes
@@ -154,18 +154,19 @@ _NO_WIDE_DTYPES = ("wgpu", "vulkan")   # backends without float64 / 64-bit integ
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem):
-    """A test that runs into UnsupportedDTypeError on a WebGPU or Vulkan device (float64,
-    int64: their shading languages have no such types) is skipped with that error as the
-    reason: the `device` it is parametrized with, or the default device (ZYX_DEVICE=wgpu)
-    for a test that takes none. On any other device, and any other error, it fails."""
+    """A test that runs into UnsupportedDTypeError (float64, int64: WGSL has no such types)
+    or DeviceLimitError (lavapipe binds 32 storage buffers to a Vulkan shader) on a WebGPU
+    or Vulkan device is skipped with that error as the reason: the `device` it is
+    parametrized with, or the default device (ZYX_DEVICE=wgpu) for a test that takes none.
+    On any other device, and any other error, it fails."""
     try:
         return (yield)
-    except UnsupportedDTypeError as e:
+    except (UnsupportedDTypeError, DeviceLimitError) as e:
         dev = pyfuncitem.funcargs.get("device")
         if dev is None:
             dev = zyx.get_default_device()
         if str(dev).split(":")[0] in _NO_WIDE_DTYPES:
-            pytest.skip(f"unsupported dtype on {dev}: {e}")
+            pytest.skip(f"{type(e).__name__} on {dev}: {e}")
         raise
 
 

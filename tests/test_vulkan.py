@@ -141,7 +141,7 @@ def test_half_conversions_round_to_nearest_even(vk_device):
 def test_dtype_the_device_lacks_is_refused(vk_device, monkeypatch):
     info = vk_device.info()
     monkeypatch.setattr(info, "dtypes", tuple(n for n in info.dtypes if n != "float64"))
-    with pytest.raises(DTypeError, match="float64 is not supported by device Vulkan"):
+    with pytest.raises(DTypeError, match=r"float64 is not supported by device vulkan:\d+ \(Vulkan"):
         zyx.tensor(np.ones(4))
     t = zyx.tensor(np.ones(4, np.float32))
     with pytest.raises(DTypeError, match="float64"):

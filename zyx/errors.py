@@ -26,6 +26,12 @@ class BackendError(ZyxError, RuntimeError):
     """A backend failed to compile, launch or move data."""
 
 
+class DeviceLimitError(BackendError):
+    """A kernel exceeds a fixed limit of its device (storage buffers bound to one shader,
+    a driver's loop cap): the plan cannot run there as built; the message names the
+    device and the limit."""
+
+
 class NoBackendAvailable(BackendError):
     """No backend could be initialized (all failed or were disabled in the config)."""
 

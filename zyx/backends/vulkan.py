@@ -38,7 +38,7 @@ import weakref
 import numpy as np
 
 from .. import dtype as dt
-from ..errors import AllocationError, BackendError, DTypeError
+from ..errors import AllocationError, BackendError, DeviceLimitError, DTypeError
 from ..codegen.target import DeviceInfo
 from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from ..codegen.gpu.analysis import output_size
@@ -698,7 +698,7 @@ class VulkanDevice:
         nbuf = len(kernel.args) + len(scratch)
         if nbuf > self.max_buffers:
             # (binding more would crash the driver; buffer device addresses would lift it)
-            raise BackendError(f"Vulkan device {self.name} binds at most {self.max_buffers} "
+            raise DeviceLimitError(f"Vulkan device {self.name} binds at most {self.max_buffers} "
                                f"storage buffers to a shader; this kernel has {nbuf}")
         dev = self.ctx.device
         sl, pl = self._set_layout(len(kernel.args) + len(scratch))

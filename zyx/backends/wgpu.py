@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import dtype as dt
 from .._core import kernel as K
-from ..errors import AllocationError, BackendError, UnsupportedDTypeError
+from ..errors import AllocationError, BackendError, DeviceLimitError, UnsupportedDTypeError
 from ..codegen.target import DeviceInfo
 from ..codegen.wgsl import supports, write
 from ..codegen.wgsl.writer import BUFFER_DTYPES, strategies, uniform_args
@@ -363,14 +363,14 @@ class WGPUDevice:
         uniforms = uniform_args(kernel, most, self.limits.get("max-uniform-buffers-per-shader-stage", 0))
         nbuf = len(kernel.args) - len(uniforms.single) - len(uniforms.arena)
         if nbuf > most:
-            raise BackendError(f"wgpu device {self.adapter_name}: a kernel with {nbuf} "
+            raise DeviceLimitError(f"wgpu device {self.adapter_name}: a kernel with {nbuf} "
                                f"buffers exceeds the device's {most} storage buffers per "
                                f"shader stage (maxStorageBuffersPerShaderStage)")
         wgsl = write(kernel, self.limits["max-compute-workgroups-per-dimension"],
                      self.limits["max-compute-invocations-per-workgroup"],
                      "shader-f64" in self.features, uniforms, strategy, wg, per)
         if self.loop_cap and wgsl.iterations > self.loop_cap:
-            raise BackendError(f"wgpu device {self.adapter_name}: this driver stops shader "
+            raise DeviceLimitError(f"wgpu device {self.adapter_name}: this driver stops shader "
                                f"loops after {self.loop_cap} iterations and the kernel's "
                                f"invocations loop {wgsl.iterations} times (a wrong result "
                                f"would follow); run it on another device")
