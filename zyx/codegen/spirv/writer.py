@@ -818,12 +818,13 @@ class _Writer:
             if name is not None:
                 return m.op(name, t, x, y)
             if b in (K.B_MAX, K.B_MIN):
-                # torch semantics: NaN in x or y wins ((x > y || x != x) ? x : y)
-                cmp = m.op("FOrdGreaterThan" if b == K.B_MAX else "FOrdLessThan",
-                           self.boolt(), x, y)
+                # torch semantics: NaN in x or y wins, a tie (-0.0 vs 0.0) keeps x
+                # ((x < y || y != y) ? y : x for max, y < x for min), as cstyle
+                lo, hi = (x, y) if b == K.B_MAX else (y, x)
+                cmp = m.op("FOrdLessThan", self.boolt(), lo, hi)
                 pick = m.op("LogicalOr", self.boolt(), cmp,
-                            m.op("FUnordNotEqual", self.boolt(), x, x))
-                return m.op("Select", t, pick, x, y)
+                            m.op("FUnordNotEqual", self.boolt(), y, y))
+                return m.op("Select", t, pick, y, x)
             if b == K.B_POW:
                 return self.fpow(d, x, y)
             raise NotImplementedError(f"binary op {K.BINARY_NAMES[b]} on {d.name}")

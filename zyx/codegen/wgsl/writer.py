@@ -500,12 +500,12 @@ class _Writer:
             sh = f"(u32({y}) & 31u)"
             return wrap(d, f"({x} {'<<' if b == K.B_SHL else '>>'} {sh})")
         if b == K.B_MAX:
-            if d.is_float:
-                return f"select({y}, {x}, {x} > {y} || zyx_isnan({x}))"
+            if d.is_float:   # NaN wins; a tie (-0.0 vs 0.0) keeps x, as torch.maximum
+                return f"select({x}, {y}, {x} < {y} || zyx_isnan({y}))"
             return f"max({x}, {y})" if not d.is_bool else f"({x} || {y})"
         if b == K.B_MIN:
             if d.is_float:
-                return f"select({y}, {x}, {x} < {y} || zyx_isnan({x}))"
+                return f"select({x}, {y}, {y} < {x} || zyx_isnan({y}))"
             return f"min({x}, {y})" if not d.is_bool else f"({x} && {y})"
         if b in (K.B_DIV, K.B_MOD) and not d.is_float:
             # x / 0 and x % 0 are 0 (the C backend's rule); WGSL defines MIN / -1 as MIN
@@ -949,9 +949,9 @@ def combine(d, rop, x, y):
     elif b == K.B_MUL:
         e = f"{x} * {y}"
     elif b == K.B_MAX:
-        e = f"select({y}, {x}, {x} > {y} || zyx_isnan({x}))" if d.is_float else f"max({x}, {y})"
+        e = f"select({x}, {y}, {x} < {y} || zyx_isnan({y}))" if d.is_float else f"max({x}, {y})"
     else:
-        e = f"select({y}, {x}, {x} < {y} || zyx_isnan({x}))" if d.is_float else f"min({x}, {y})"
+        e = f"select({x}, {y}, {y} < {x} || zyx_isnan({y}))" if d.is_float else f"min({x}, {y})"
     return wrap(d, f"({e})")
 
 
