@@ -37,7 +37,10 @@ def test_one_physical_device_is_ranked_once():
 
 def test_unsupported_dtype_is_refused_naming_the_device():
     dev = FakeDevice("vulkan", 1e9, dtypes=("float32", "int32"))
-    check_dtype(dev, zyx.float32)
-    with pytest.raises(DTypeError, match="float64 is not supported by device fake vulkan"):
-        check_dtype(dev, zyx.float64)
-    check_dtype(FakeDevice("c", 1e9), zyx.float64)      # empty list: every dtype
+    def name_of(d):
+        return "vulkan:0"
+    check_dtype(dev, zyx.float32, name_of)
+    with pytest.raises(DTypeError,
+                       match=r"float64 is not supported by device vulkan:0 \(fake vulkan\)"):
+        check_dtype(dev, zyx.float64, name_of)
+    check_dtype(FakeDevice("c", 1e9), zyx.float64, name_of)   # empty list: every dtype
