@@ -176,6 +176,23 @@ def _untrusted_reason(d):
     return None
 
 
+class ProgramCache:
+    """For a device that builds one program per kernel: `compile(kernel)` builds it once
+    with the device's `compile_variant(kernel, None)` and keeps it in `self._programs`
+    (kernel -> program, made by the device); `forget(program)` drops it from there when it
+    is the one kept (the autotuner's variants never are)."""
+
+    def compile(self, kernel):
+        prog = self._programs.get(kernel)
+        if prog is None:
+            prog = self._programs[kernel] = self.compile_variant(kernel, None)
+        return prog
+
+    def forget(self, program):
+        if self._programs.get(program.kernel) is program:
+            del self._programs[program.kernel]
+
+
 def device_ids(cfg, count, section):
     """The device ordinals a backend's config section (`section`, e.g. "cuda") selects
     with `device_ids` (all `count` by default); BackendError when malformed."""

@@ -37,7 +37,7 @@ from functools import partial
 import numpy as np
 
 from ..errors import AllocationError, BackendError
-from . import Buffer, MemoryPool, device_ids
+from . import Buffer, MemoryPool, ProgramCache, device_ids
 from .blocks import FreeBlocks, configured_limit, default_limit
 from ..codegen.gpu.dispatch import lower, own_tiles, schedule_candidates
 from ..codegen.gpu.nvidia.tma import MAP_BYTES
@@ -545,7 +545,7 @@ class DriverProgram:
         return self.gpu.source
 
 
-class DriverDevice:
+class DriverDevice(ProgramCache):
     """A GPU device behind a driver: lowers kernels with `dialect`, compiles them to a
     binary with `compiler` (an rtc.RuntimeCompiler: memory and disk cached), loads one
     module per distinct source and enqueues every launch of a program in order on the
@@ -588,13 +588,6 @@ class DriverDevice:
         if schedule is None:
             schedule = self.schedules.get(kernel)
         return lower(kernel, self.dialect, self._info, name, schedule)
-
-    def compile(self, kernel):
-        prog = self._programs.get(kernel)
-        if prog is not None:
-            return prog
-        prog = self._programs[kernel] = self.compile_variant(kernel, None)
-        return prog
 
     def compile_many(self, kernels):
         """`compile` of each of `kernels`, the sources not compiled yet compiled in parallel
@@ -684,8 +677,7 @@ class DriverDevice:
         if program.unmapped is not None:
             self.release(program.unmapped)
             program.unmapped = None
-        if self._programs.get(program.kernel) is program:
-            del self._programs[program.kernel]
+        self.forget(program)
         ensure_current(self.driver)
         if program.scratch:
             self.driver.stream_sync()          # the last launch may still use them

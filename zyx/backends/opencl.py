@@ -20,7 +20,7 @@ from .. import dtype as dt
 from .._core import kernel as K
 from ..errors import AllocationError, BackendError, DTypeError
 from ..codegen.target import DeviceInfo
-from . import Buffer, MemoryPool
+from . import Buffer, MemoryPool, ProgramCache
 from .binary_cache import BinaryCache, cache_key
 from .blocks import FreeBlocks, configured_limit, default_limit
 from ..codegen.cstyle import OpenCLDialect
@@ -160,7 +160,7 @@ def _uses_float64(kernel):
     return any(op[0] != K.CONST and op[1] is dt.float64 for op in kernel.ops)
 
 
-class OpenCLDevice:
+class OpenCLDevice(ProgramCache):
     backend = "opencl"
 
     def __init__(self, cl, cl_device, pool, debug=0):
@@ -233,13 +233,6 @@ class OpenCLDevice:
             gpu.source = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" + gpu.source
         return gpu
 
-    def compile(self, kernel):
-        prog = self._programs.get(kernel)
-        if prog is not None:
-            return prog
-        prog = self._programs[kernel] = self.compile_variant(kernel, None)
-        return prog
-
     def compile_variant(self, kernel, schedule):
         """A program of `kernel` lowered with `schedule` (None: the chosen or default one),
         not kept for later plans: the autotuner times these and releases them."""
@@ -303,8 +296,7 @@ class OpenCLDevice:
         self.pool._uploads.clear()
 
     def release(self, program):
-        if self._programs.get(program.kernel) is program:
-            del self._programs[program.kernel]
+        self.forget(program)
         for b in program.scratch or ():
             b.release()
         program.scratch = None

@@ -44,7 +44,7 @@ from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outpu
 from ..codegen.gpu.analysis import output_size
 from ..codegen.spirv.strategy import candidates, choose, splits
 from ..codegen.spirv.writer import write_kernel, write_split
-from . import Buffer, MemoryPool, device_ids
+from . import Buffer, MemoryPool, ProgramCache, device_ids
 from .binary_cache import BinaryCache, cache_key
 from .blocks import FreeBlocks, configured_limit, default_limit
 
@@ -526,7 +526,7 @@ def supported_dtypes(features):
     return tuple(out)
 
 
-class VulkanDevice:
+class VulkanDevice(ProgramCache):
     backend = "vulkan"
 
     def __init__(self, vk, ctx, pool, props, features, uuid, debug=0, float_controls=()):
@@ -681,13 +681,6 @@ class VulkanDevice:
             lay = self._set_layouts[n] = (sl, pl)
         return lay
 
-    def compile(self, kernel):
-        prog = self._programs.get(kernel)
-        if prog is not None:
-            return prog
-        prog = self._programs[kernel] = self.compile_variant(kernel, None)
-        return prog
-
     @_locked
     def compile_variant(self, kernel, schedule):
         """A program of `kernel` with `schedule` (None: the chosen or default one), not
@@ -783,8 +776,7 @@ class VulkanDevice:
 
     @_locked
     def release(self, program):
-        if self._programs.get(program.kernel) is program:
-            del self._programs[program.kernel]
+        self.forget(program)
         # the pipeline may still be referenced by a recorded batch: destroy after it ran
         self.ctx.wait()
         vk = self.vk

@@ -51,7 +51,7 @@ from ..errors import AllocationError, BackendError, DeviceLimitError, Unsupporte
 from ..codegen.target import DeviceInfo
 from ..codegen.wgsl import supports, write
 from ..codegen.wgsl.writer import BUFFER_DTYPES, strategies, uniform_args
-from . import Buffer, MemoryPool
+from . import Buffer, MemoryPool, ProgramCache
 from .blocks import FreeBlocks, configured_limit, default_limit
 
 # A CPU adapter (lavapipe) ranks below the C backend (2e10 FLOP/s per core), as PoCL does
@@ -257,7 +257,7 @@ class WGPUProgram:
         return self.wgsl.source
 
 
-class WGPUDevice:
+class WGPUDevice(ProgramCache):
     backend = "wgpu"
     fp64 = False
 
@@ -338,7 +338,10 @@ class WGPUDevice:
     def compile_variant(self, kernel, schedule):
         """A program of `kernel` written with `schedule` (a strategy name, None: the chosen
         or default one), not kept: the autotuner times these and releases them."""
-        return self._compile(kernel, schedule)
+        wgsl = self.render(kernel, schedule)
+        layout = self._layout(len(kernel.args), bool(wgsl.scratch), wgsl.uniforms)
+        return WGPUProgram(kernel, wgsl, [self._pipeline(src, layout[1])
+                                          for src, _ in wgsl.passes], layout[0])
 
     def render(self, kernel, schedule=None):
         """The WGSLKernel of `kernel`, or UnsupportedDTypeError / BackendError when the
@@ -397,21 +400,9 @@ class WGPUDevice:
                 bind_group_layouts=[bgl]))
         return got
 
-    def compile(self, kernel):
-        prog = self._programs.get(kernel)
-        if prog is None:
-            prog = self._programs[kernel] = self._compile(kernel)
-        return prog
-
     def compile_many(self, kernels):
         """Programs of a plan's kernels (checked and built at plan time)."""
         return [self.compile(k) for k in kernels]
-
-    def _compile(self, kernel, schedule=None):
-        wgsl = self.render(kernel, schedule)
-        layout = self._layout(len(kernel.args), bool(wgsl.scratch), wgsl.uniforms)
-        return WGPUProgram(kernel, wgsl, [self._pipeline(src, layout[1])
-                                          for src, _ in wgsl.passes], layout[0])
 
     def _pipeline(self, src, layout):
         pipeline = self._by_source.get(src)
@@ -505,8 +496,7 @@ class WGPUDevice:
         self._programs.clear()
 
     def release(self, program):
-        if self._programs.get(program.kernel) is program:
-            del self._programs[program.kernel]
+        self.forget(program)
         own = [b for b in (program.scratch, program.arena) if b is not None]
         if own:
             self.pool.flush()                # pending dispatches may use them
