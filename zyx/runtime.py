@@ -75,11 +75,10 @@ def distinct_hardware(devices):
     a key all stay."""
     best = {}
     for d in devices:
-        key = getattr(d.info(), "hardware", None)
+        key = d.info().hardware
         if key and (key not in best or d.info().compute > best[key].info().compute):
             best[key] = d
-    return [d for d in devices
-            if not getattr(d.info(), "hardware", None) or best[d.info().hardware] is d]
+    return [d for d in devices if not d.info().hardware or best[d.info().hardware] is d]
 
 
 def check_dtype(dev, dtype, name_of):

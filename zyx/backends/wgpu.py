@@ -288,7 +288,6 @@ class WGPUDevice(ProgramCache):
     def _make_info(self):
         lim = self.limits
         info = self.adapter.info
-        vendor, device_id = info.get("vendor_id", 0), info.get("device_id", 0)
         compute = GPU_COMPUTE if not self.is_cpu else CPU_COMPUTE
         di = DeviceInfo(name=f"WebGPU {self.adapter_name} ({info.get('backend_type', '')})",
                         compute=compute,
@@ -306,11 +305,6 @@ class WGPUDevice(ProgramCache):
                         sum_block=1 << 30,
                         dtypes=tuple(d.name for d in BUFFER_DTYPES),
                         extra={"fp64": False, "cpu": self.is_cpu, "limits": dict(lim)})
-        if vendor or device_id:
-            # the same GPU seen through another API (CUDA, Vulkan) has these ids too
-            di.extra["hardware"] = (int(vendor), int(device_id))
-            if hasattr(di, "hardware"):
-                di.hardware = (int(vendor), int(device_id))
         return di
 
     def info(self):
