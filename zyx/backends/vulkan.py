@@ -50,8 +50,9 @@ from .blocks import FreeBlocks, configured_limit, default_limit
 
 VALIDATE_ENV = "ZYX_SPIRV_VALIDATE"
 MAX_BATCH = 512          # commands recorded before a batch is submitted without a wait
-SETS_PER_BATCH = 256     # descriptor sets a batch's descriptor pool holds
-DESCRIPTORS_PER_BATCH = 4096
+SETS_PER_POOL = 256      # descriptor sets one descriptor pool of the set cache holds
+DESCRIPTORS_PER_POOL = 4096
+MAX_CACHED_SETS = 8192   # descriptor sets kept before the cache is emptied (device idle)
 MIN_BUFFER = 16          # bytes: every buffer has an element 0 (guarded loads read it)
 # lavapipe runs on the CPU: rank it below the C backend (2e10 FLOP/s per core)
 CPU_COMPUTE = 1e9
@@ -59,6 +60,7 @@ CPU_COMPUTE = 1e9
 # fastest API of one physical device)
 VULKAN_SHARE = 0.5
 LLVMPIPE_LOOPS = 60000    # below llvmpipe's 65535 loop iterations per invocation
+_BIND_COMPUTE = 1         # VK_PIPELINE_BIND_POINT_COMPUTE
 
 _ALL_DTYPES = (dt.bool_, dt.uint8, dt.uint16, dt.uint32, dt.uint64, dt.int8, dt.int16,
                dt.int32, dt.int64, dt.float16, dt.bfloat16, dt.float32, dt.float64)
@@ -123,17 +125,13 @@ class VulkanEvent:
 
 class _Batch:
     """One command buffer being recorded or in flight, with what it keeps alive."""
-    __slots__ = ("cmd", "fence", "dpool", "keep", "count", "sets", "descriptors", "seq",
-                 "written", "read")
+    __slots__ = ("cmd", "fence", "keep", "count", "seq", "written", "read")
 
-    def __init__(self, cmd, fence, dpool):
+    def __init__(self, cmd, fence):
         self.cmd = cmd
         self.fence = fence
-        self.dpool = dpool
         self.keep = []
         self.count = 0
-        self.sets = 0
-        self.descriptors = 0
         self.seq = 0
         self.written = set()
         self.read = set()
@@ -148,6 +146,96 @@ class _Handle:
         self.memory = memory
         self.size = size
         self.mapped = mapped
+
+
+class DescriptorSets:
+    """Descriptor sets kept per (set layout, bound buffers), so a launch whose buffers were
+    bound before (every step of a training loop: the pool hands the same buffers back)
+    only binds a set instead of allocating and writing one (~100 us through the
+    bindings' struct constructors). Sets come from pools that allow freeing single sets:
+    the sets binding a buffer are freed when the buffer is destroyed, which happens only
+    once the device no longer uses it (VulkanContext.destroy's callers wait), and the
+    whole cache is emptied, after a device wait, when it holds MAX_CACHED_SETS sets."""
+
+    def __init__(self, vk, device):
+        self.vk = vk
+        self.device = device
+        self._pools = []             # descriptor pools, the newest last
+        self._sets = {}              # (layout key, buffer ids) -> (pool, VkDescriptorSet[1])
+        self._by_buffer = {}         # id(_Handle) -> keys of the sets binding it
+
+    def get(self, layout_key, set_layout, handles, wait_idle):
+        """The set binding `handles` (in binding order) for `set_layout`, as the array
+        vkCmdBindDescriptorSets takes; `wait_idle()` is called before the cache is
+        emptied."""
+        key = (layout_key, tuple(map(id, handles)))
+        hit = self._sets.get(key)
+        if hit is not None:
+            return hit[1]
+        if len(self._sets) >= MAX_CACHED_SETS:
+            wait_idle()
+            self.clear()
+        pool, dset = self._allocate(set_layout)
+        vk = self.vk
+        infos = [vk.VkDescriptorBufferInfo(buffer=h.buffer, offset=0, range=h.size)
+                 for h in handles]
+        writes = [vk.VkWriteDescriptorSet(dstSet=dset, dstBinding=i, descriptorCount=1,
+                                          descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                          pBufferInfo=[infos[i]]) for i in range(len(handles))]
+        vk.vkUpdateDescriptorSets(self.device, len(writes), writes, 0, None)
+        arr = vk.ffi.new("VkDescriptorSet[1]", [dset])
+        self._sets[key] = (pool, arr)
+        for h in handles:
+            self._by_buffer.setdefault(id(h), set()).add(key)
+        return arr
+
+    def _allocate(self, set_layout):
+        vk = self.vk
+        for attempt in (0, 1):
+            if self._pools and attempt == 0:
+                pool = self._pools[-1]
+            else:
+                size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                               descriptorCount=DESCRIPTORS_PER_POOL)
+                pool = vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
+                    flags=vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT,
+                    maxSets=SETS_PER_POOL, poolSizeCount=1, pPoolSizes=[size]), None)
+                self._pools.append(pool)
+            try:
+                return pool, vk.vkAllocateDescriptorSets(self.device, vk.VkDescriptorSetAllocateInfo(
+                    descriptorPool=pool, descriptorSetCount=1, pSetLayouts=[set_layout]))[0]
+            except (vk.VkErrorOutOfPoolMemory, vk.VkErrorFragmentedPool):
+                if attempt:
+                    raise BackendError("Vulkan: a new descriptor pool cannot hold one set")
+        raise AssertionError("unreachable")
+
+    def forget_buffer(self, h):
+        """Free the sets binding buffer `h` (the device must no longer use them)."""
+        keys = self._by_buffer.pop(id(h), None)
+        if not keys:
+            return
+        vk = self.vk
+        for key in keys:
+            entry = self._sets.pop(key, None)
+            if entry is None:
+                continue
+            pool, arr = entry
+            vk.lib.vkFreeDescriptorSets(self.device, pool, 1, arr)
+            for other in key[1]:
+                if other != id(h):
+                    linked = self._by_buffer.get(other)
+                    if linked is not None:
+                        linked.discard(key)
+
+    def clear(self):
+        """Free every set (the device must be idle)."""
+        for pool in self._pools:
+            self.vk.vkResetDescriptorPool(self.device, pool, 0)
+        self._sets.clear()
+        self._by_buffer.clear()
+
+    def __len__(self):
+        return len(self._sets)
 
 
 class VulkanContext:
@@ -177,6 +265,8 @@ class VulkanContext:
         self.host_type = self._memory_type(host, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
         self.unified = bool(self._mem.memoryTypes[self.local_type].propertyFlags &
                             vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
+        self._barriers = {}          # dst access mask -> (VkMemoryBarrier, its address)
+        self.sets = DescriptorSets(vk, self.device)
 
     def _create_device(self, features):
         vk = self.vk
@@ -237,7 +327,10 @@ class VulkanContext:
         return _Handle(buf, mem, size, mapped)
 
     def destroy(self, h):
+        """Free buffer `h` (the device no longer uses it: callers wait first) and the
+        cached descriptor sets that bind it."""
         vk = self.vk
+        self.sets.forget_buffer(h)
         if h.mapped is not None:
             vk.vkUnmapMemory(self.device, h.memory)
             h.mapped = None
@@ -263,11 +356,7 @@ class VulkanContext:
                 commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
                 commandBufferCount=1))[0]
             fence = vk.vkCreateFence(self.device, vk.VkFenceCreateInfo(), None)
-            size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                           descriptorCount=DESCRIPTORS_PER_BATCH)
-            dpool = vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
-                maxSets=SETS_PER_BATCH, poolSizeCount=1, pPoolSizes=[size]), None)
-            b = _Batch(cmd, fence, dpool)
+            b = _Batch(cmd, fence)
         vk.vkBeginCommandBuffer(b.cmd, vk.VkCommandBufferBeginInfo(
             flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
         # batches submitted without a wait between them may overlap: this barrier orders
@@ -280,13 +369,22 @@ class VulkanContext:
         return b
 
     def _barrier(self, cmd, dst_stages, dst_access):
-        """A global memory barrier after every compute and transfer write."""
+        """A global memory barrier after every compute and transfer write (the struct is
+        made once per kind: the bindings' struct constructors cost ~10 us a call, and a
+        barrier is recorded for most dispatches)."""
         vk = self.vk
-        access = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT |
-                  vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+        barrier = self._barriers.get(dst_access)
+        if barrier is None:
+            access = (vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT |
+                      vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+            struct = vk.VkMemoryBarrier(srcAccessMask=access,
+                                        dstAccessMask=dst_access or access)
+            # (the struct is kept beside its address: the pointer does not keep it alive)
+            barrier = self._barriers[dst_access] = (struct, vk.ffi.addressof(struct))
         stages = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-        barrier = vk.VkMemoryBarrier(srcAccessMask=access, dstAccessMask=dst_access or access)
-        vk.vkCmdPipelineBarrier(cmd, stages, dst_stages, 0, 1, [barrier], 0, None, 0, None)
+        null = vk.ffi.NULL
+        vk.lib.vkCmdPipelineBarrier(cmd, stages, dst_stages, 0, 1, barrier[1], 0, null, 0,
+                                    null)
 
     def host_read_barrier(self, b):
         """Make the batch's transfer writes visible to the host (read after the fence)."""
@@ -297,8 +395,9 @@ class VulkanContext:
         """Record a barrier before a command reading `reads` and writing `writes` (buffer
         handles) when it depends on a command of the batch since the last barrier."""
         vk = self.vk
-        if any(h in b.written for h in reads) or any(h in b.written or h in b.read
-                                                      for h in writes):
+        written = b.written
+        if not (written.isdisjoint(reads) and written.isdisjoint(writes)
+                and b.read.isdisjoint(writes)):
             self._barrier(b.cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
                           vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0)
             b.written.clear()
@@ -366,12 +465,11 @@ class VulkanContext:
         self._done = max(self._done, b.seq)     # batches run in submission order
         vk.vkResetFences(self.device, 1, [b.fence])
         vk.vkResetCommandBuffer(b.cmd, 0)
-        vk.vkResetDescriptorPool(self.device, b.dpool, 0)
         for h in b.keep:
             if isinstance(h, _Handle) and h.mapped is not None:
                 self.staging_free.put(h, h.size)
         b.keep = []
-        b.count = b.sets = b.descriptors = 0
+        b.count = 0
         b.written.clear()
         b.read.clear()
         self.spare.append(b)
@@ -470,9 +568,10 @@ class VulkanProgram:
     """The compute pipelines of one zyx kernel (one per launch, run in order) and the
     scratch buffers they share (allocated at first launch)."""
     __slots__ = ("kernel", "launches", "pipelines", "layout", "set_layout", "modules",
-                 "nargs", "scratch_bytes", "scratch", "__weakref__")
+                 "nargs", "scratch_bytes", "scratch", "grids", "readonly", "__weakref__")
 
-    def __init__(self, kernel, launches, pipelines, layout, set_layout, modules, scratch):
+    def __init__(self, kernel, launches, pipelines, layout, set_layout, modules, scratch,
+                 max_groups):
         self.kernel = kernel
         self.launches = launches
         self.pipelines = pipelines
@@ -482,6 +581,10 @@ class VulkanProgram:
         self.nargs = len(kernel.args) + len(scratch)
         self.scratch_bytes = scratch
         self.scratch = None
+        # what every launch needs, worked out once: each pipeline's (x, y) workgroup
+        # counts, and which bound buffers are only read (kernel arguments, then scratch)
+        self.grids = [fold_groups(sk.groups, max_groups) for sk in launches]
+        self.readonly = [a[2] for a in kernel.args] + [False] * len(scratch)
 
     @property
     def spirv(self):
@@ -549,7 +652,7 @@ class VulkanDevice(ProgramCache):
                            int(lim.maxComputeWorkGroupCount[1]))
         # one storage-buffer descriptor per kernel argument (lavapipe allows 32)
         self.max_buffers = min(int(lim.maxPerStageDescriptorStorageBuffers),
-                               int(lim.maxDescriptorSetStorageBuffers), DESCRIPTORS_PER_BATCH)
+                               int(lim.maxDescriptorSetStorageBuffers), DESCRIPTORS_PER_POOL)
         self.name = vk.ffi.string(props.deviceName).decode() \
             if not isinstance(props.deviceName, str) else props.deviceName
         self._fingerprint = f"{uuid}|{props.driverVersion}|{props.vendorID}|{props.deviceID}"
@@ -728,44 +831,34 @@ class VulkanDevice(ProgramCache):
             if self.debug & 32:
                 print(f"zyx: Vulkan compiled a pipeline for {self.name} in "
                       f"{(time.perf_counter() - t0) * 1e3:.1f} ms", file=sys.stderr)
-        return VulkanProgram(kernel, launches, pipes, pl, sl, modules, scratch)
+        return VulkanProgram(kernel, launches, pipes, pl, sl, modules, scratch,
+                             self.max_groups)
 
     @_locked
     def launch(self, program, pool, args, wait_events=()):
-        vk = self.vk
+        # The bindings' wrappers cost ~10 us a call (argument casting): the per-launch
+        # commands go straight to the loader (vk.lib) with structs made once.
         ctx = self.ctx
-        n = program.nargs
         if program.scratch_bytes and program.scratch is None:
             program.scratch = [ctx.new_buffer(nb, host=False) for nb in program.scratch_bytes]
+        handles = [a.handle for a in args]
+        if program.scratch:
+            handles += program.scratch
+        lib = self.vk.lib
+        dset = None
+        if handles:
+            # (before batch(): a full cache waits for the device, submitting the batch)
+            dset = ctx.sets.get(program.nargs, program.set_layout, handles, ctx.wait)
         b = ctx.batch()
-        if b.sets + 1 > SETS_PER_BATCH or b.descriptors + n > DESCRIPTORS_PER_BATCH:
-            ctx.submit()
-            b = ctx.batch()
-        handles = [a.handle for a in args] + list(program.scratch or ())
-        if n:
-            dev = ctx.device
-            dset = vk.vkAllocateDescriptorSets(dev, vk.VkDescriptorSetAllocateInfo(
-                descriptorPool=b.dpool, descriptorSetCount=1,
-                pSetLayouts=[program.set_layout]))[0]
-            infos = [vk.VkDescriptorBufferInfo(buffer=h.buffer, offset=0, range=h.size)
-                     for h in handles]
-            writes = [vk.VkWriteDescriptorSet(dstSet=dset, dstBinding=i, descriptorCount=1,
-                                              descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                              pBufferInfo=[infos[i]]) for i in range(n)]
-            vk.vkUpdateDescriptorSets(dev, n, writes, 0, None)
-            b.sets += 1
-            b.descriptors += n
-        ro = [a[2] for a in program.kernel.args] + [False] * len(program.scratch or ())
-        writes_h = [h for h, r in zip(handles, ro) if not r]
-        for sk, pipe in zip(program.launches, program.pipelines):
+        writes_h = [h for h, ro in zip(handles, program.readonly) if not ro]
+        for pipe, (gx, gy) in zip(program.pipelines, program.grids):
             # (the scratch written by a first pass is read by the second: a barrier)
             ctx.hazard(b, handles, writes_h)
-            vk.vkCmdBindPipeline(b.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe)
-            if n:
-                vk.vkCmdBindDescriptorSets(b.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE,
-                                           program.layout, 0, 1, [dset], 0, None)
-            gx, gy = fold_groups(sk.groups, self.max_groups)
-            vk.vkCmdDispatch(b.cmd, gx, gy, 1)
+            lib.vkCmdBindPipeline(b.cmd, _BIND_COMPUTE, pipe)
+            if dset is not None:
+                lib.vkCmdBindDescriptorSets(b.cmd, _BIND_COMPUTE, program.layout, 0, 1, dset,
+                                            0, self.vk.ffi.NULL)
+            lib.vkCmdDispatch(b.cmd, gx, gy, 1)
         b.keep.append(program)
         return ctx.event(b)
 
