@@ -333,7 +333,8 @@ def test_mlp_step_zyx(benchmark, gpu, opt):
     benchmark.group = f"mlp step {opt}"
     model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, C))
     o = (optim.SGD if opt == "sgd" else optim.Adam)(model.parameters(), lr=LR[opt])
-    data = [(zyx.tensor(x), zyx.tensor(y)) for x, y in _batches()]   # on the device
+    # (int32 labels: WebGPU has no 64-bit integers, and every device takes them)
+    data = [(zyx.tensor(x), zyx.tensor(y.astype(np.int32))) for x, y in _batches()]
     it = iter(range(1 << 30))
 
     def step():
@@ -380,7 +381,7 @@ def test_convnet_step_zyx(benchmark, gpu):
     o = optim.Adam(model.parameters(), lr=1e-3)
     rng = np.random.default_rng(0)
     data = [(zyx.tensor(rng.standard_normal((B, 1, 28, 28), dtype=np.float32)),
-             zyx.tensor(rng.integers(0, 10, B))) for _ in range(4)]
+             zyx.tensor(rng.integers(0, 10, B, dtype=np.int32))) for _ in range(4)]
     it = iter(range(1 << 30))
 
     def step():
