@@ -5,7 +5,8 @@
 Cases: copy (x + 0 over 64M float32: the bandwidth the others are held against),
 ew (an elementwise chain over 64M float32), sum (256M float32), softmax (16384 x 4096),
 mm32 / mm16 (4096^2 matmul, float32 / float16), cold (a fresh process: import zyx to the
-first result of a small computation on the device). Each case times REPS runs queued
+first result of a small computation on the device, with an empty cache directory and
+again with the one it filled). Each case times REPS runs queued
 back to back, then a device synchronize; the median of ROUNDS rounds is printed per run,
 as a markdown table (ms, GB/s or TFLOP/s, and the ratio to torch). The MLP and convnet
 Adam steps are in benches/bench_gpu.py, which runs on every GPU device zyx lists
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -87,14 +89,21 @@ def cases(dev, scale=1):
 
 
 def cold(dev):
-    """Seconds from a fresh interpreter's start to a checked first result on `dev`."""
+    """Seconds from a fresh interpreter's start to a checked first result on `dev`, with
+    an empty cache directory and then again with the one the first run filled (compiled
+    programs, the Vulkan pipeline cache): (empty, warm)."""
     code = ("import time; t0 = time.perf_counter(); import numpy as np, zyx\n"
             f"x = zyx.tensor(np.arange(1 << 20, dtype=np.float32), device='{dev}')\n"
             "v = float((x * 2 + 1).sum().item()); assert v > 0\n"
             "print(time.perf_counter() - t0)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env=dict(os.environ))
-    return float(r.stdout.split()[-1]) if r.returncode == 0 else float("nan")
+    out = []
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, XDG_CACHE_HOME=cache)
+        for _ in range(2):
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               env=env)
+            out.append(float(r.stdout.split()[-1]) if r.returncode == 0 else float("nan"))
+    return tuple(out)
 
 
 def main(argv):
@@ -119,7 +128,9 @@ def main(argv):
             tt, ratio = f"{tt_s * 1e3:.3f}", f"{t / tt_s:.2f}"
         print(f"| {name} | {t * 1e3:.3f} | {rate} | {tt} | {ratio} |", flush=True)
     if not wanted or "cold" in wanted:
-        print(f"| cold start | {cold(dev) * 1e3:.0f} | | | |")
+        empty, warm = cold(dev)
+        print(f"| cold start, empty cache (import to first result) | {empty * 1e3:.0f} | | | |")
+        print(f"| cold start, warm cache | {warm * 1e3:.0f} | | | |")
 
 
 if __name__ == "__main__":
