@@ -32,6 +32,9 @@
 #           without Open MPI and mpi4py)
 #   tune    benches/bench_tuning.py on CUDA: the MNIST convnet step with heuristic and with
 #           autotuned schedules, and the time the search took; then tests/test_tuning.py
+#   vkbench benches/bench_vk.py on cuda:0, vulkan:0 and wgpu:0 (issue 30's cases)
+#   suites  the whole suite with CUDA, Vulkan and WebGPU as the default device, the three
+#           at once (4 xdist workers each)
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
 # Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
 # pytest-xdist spreads the suites over the machine's cores when its wheel was carried:
@@ -150,6 +153,29 @@ EOF
     profile)
         $PY benches/gpu_launch_profile.py cuda >"$OUT/profile.log" 2>&1
         head -40 "$OUT/profile.log"
+        ;;
+    vkbench)
+        # issue 30's table: benches/bench_vk.py on zyx CUDA, Vulkan and WebGPU in turn
+        # (PyTorch CUDA beside each), one markdown table per device
+        for d in cuda:0 vulkan:0 wgpu:0; do
+            timeout 240 $PY benches/bench_vk.py "$d" >"$OUT/vk-$d.md" 2>"$OUT/vk-$d.err"
+            cat "$OUT/vk-$d.md"; grep -E "Error|error" "$OUT/vk-$d.err" | tail -3
+        done
+        ;;
+    suites)
+        # the whole suite on CUDA, Vulkan and WebGPU at once (one GPU, 16 cores: the three
+        # share it; each bounded by SUITE_TIMEOUT)
+        n=4; $PY -c "import xdist" 2>/dev/null || n=0
+        XD=(); [ "$n" -gt 0 ] && XD=(-n "$n")
+        for d in cuda vulkan wgpu; do
+            ZYX_DEVICE=$d ZYX_SPIRV_VALIDATE=0 timeout "${SUITE_TIMEOUT:-540}" $PY -m pytest -q \
+                -p no:cacheprovider "${XD[@]}" --maxfail=30 tests >"$OUT/suite-$d.log" 2>&1 &
+        done
+        wait
+        for d in cuda vulkan wgpu; do
+            summary "suite on $d" "$OUT/suite-$d.log"
+            grep -E "^(FAILED|ERROR)" "$OUT/suite-$d.log" | head -15
+        done
         ;;
     *)
         echo "unknown phase $phase"; exit 2 ;;
