@@ -29,7 +29,7 @@ sub-tile runs the kernel's epilogue (bias, activation, cast) and its guarded sto
 
 Knobs (read at each compile, for benchmark sweeps): ZYX_VK_GEMM=0 turns the strategy off
 (also the kernelizer's `own_tiles`, at device start), ZYX_VK_GEMM_TILE=BRxBCxBK forces a
-tile (BR, BC multiples of 16 up to 128; TR and TC follow), ZYX_VK_GEMM_PREFETCH=0 copies
+tile (BR and BC of 16, 32, 64, 128; TR = BR / 16 and TC = BC / 16 follow), ZYX_VK_GEMM_PREFETCH=0 copies
 each step's values at its start instead of one step ahead.
 """
 from __future__ import annotations
@@ -48,7 +48,9 @@ PREFETCH_ENV = "ZYX_VK_GEMM_PREFETCH"
 SIDE = G.SIDE                 # invocations along each side of a group
 THREADS = SIDE * SIDE
 PAD = G.PAD                   # extra words per K row of a local tile
-MAX_SIDE = 128                # largest BR or BC (TR, TC <= 8: 64 accumulators)
+# rows or cols per group: TR, TC of 1, 2, 4 or 8 (at most 64 accumulators; whole chunks
+# of min(T, 4) neighbours, see gpu.gemm._positions)
+SIDES = (16, 32, 64, 128)
 INDEX_LIMIT = 1 << 31         # positions are computed in 32-bit unsigned math
 
 
@@ -73,9 +75,8 @@ def forced_tile():
 
 def check_tile(tile, what="gemm tile"):
     br, bc, bk = tile
-    if any(v % SIDE or not SIDE <= v <= MAX_SIDE for v in (br, bc)):
-        raise ValueError(f"{what}: rows and cols must be multiples of {SIDE} from {SIDE} "
-                         f"to {MAX_SIDE}")
+    if any(v not in SIDES for v in (br, bc)):
+        raise ValueError(f"{what}: rows and cols must be one of {SIDES}")
     if not 1 <= bk <= 64:
         raise ValueError(f"{what}: the K step must be 1 to 64")
 
