@@ -201,6 +201,13 @@ def test_gemm_choice_and_knobs(monkeypatch):
     assert spirv_gemm.choose(k.ops, DeviceInfo(max_local_threads=128, num_cores=1)) is None
     assert spirv_gemm.choose(k.ops, big, {"gemm": (128, 128, 32)}) is None
     assert spirv_gemm.own_tiles(big)(k.ops) is True
+    # CPU drivers: off unless ZYX_VK_GEMM=1 or a forced tile
+    cpu = DeviceInfo(max_local_threads=1024, num_cores=16, local_mem_size=32768,
+                     extra={"cpu": True})
+    assert spirv_gemm.choose(k.ops, cpu) is None and spirv_gemm.own_tiles(cpu) is None
+    monkeypatch.setenv("ZYX_VK_GEMM", "1")
+    assert spirv_gemm.choose(k.ops, cpu)[1] == (64, 64, 16)
+    monkeypatch.delenv("ZYX_VK_GEMM")
     monkeypatch.setenv("ZYX_VK_GEMM_TILE", "32x64x8")
     assert spirv_gemm.choose(k.ops, big)[1] == (32, 64, 8)
     labels = [label for label, _ in spirv_gemm.candidates(k, big)]

@@ -181,7 +181,14 @@ def gemm_tile(vk_device, monkeypatch):
     """Returns a function running `fn()` with ZYX_VK_GEMM_TILE (None: the default tile
     choice) and giving (fn's result, the strategies of the programs it compiled). Plans
     and programs are dropped first, so a graph compiled earlier with another tile is
-    compiled again."""
+    compiled again. The strategy is switched on (ZYX_VK_GEMM=1: lavapipe is a CPU
+    driver, where it is off by default) with the device's `own_tiles` as at a start
+    with it on."""
+    from zyx.codegen.spirv import gemm as spirv_gemm
+    monkeypatch.setenv("ZYX_VK_GEMM", "1")
+    info = vk_device.info()
+    monkeypatch.setattr(info, "own_tiles", spirv_gemm.own_tiles(info))
+
     def run(tile, fn):
         if tile is None:
             monkeypatch.delenv("ZYX_VK_GEMM_TILE", raising=False)
@@ -288,6 +295,10 @@ def test_gemm_default_choice_and_the_off_switch(gemm_tile, monkeypatch):
     got, ran = gemm_tile(None, lambda: (zyx.tensor(a) @ zyx.tensor(b)).numpy())
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
     assert ran == ["gemm"]          # enough tiles to fill lavapipe's 16 cores
+    monkeypatch.delenv("ZYX_VK_GEMM")          # a CPU driver's default: off
+    got, ran = gemm_tile(None, lambda: (zyx.tensor(a) @ zyx.tensor(b)).numpy())
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert "gemm" not in ran and ran
     monkeypatch.setenv("ZYX_VK_GEMM", "0")
     got, ran = gemm_tile(None, lambda: (zyx.tensor(a) @ zyx.tensor(b)).numpy())
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
