@@ -127,3 +127,94 @@ def test_group_folding_arithmetic():
     assert vkb.fold_groups(70000, (65535, 65535)) == (65535, 2)
     with pytest.raises(BackendError):
         vkb.fold_groups(65535 * 65535 + 1, (65535, 65535))
+
+
+# -- shared-memory product tiles (codegen/spirv/gemm.py) ---------------------------------
+
+def _gemm_kernels(t):
+    """The kernels of `t` as a GPU device gets them (no register tiles), and each one's
+    gemm plan."""
+    from zyx._core.kernelizer import kernelize
+    from zyx._core.passes import optimize
+    from zyx.codegen.gpu import dispatch
+    from zyx.codegen.gpu import gemm as gpu_gemm
+    g = zyx._RT.graph
+    order, _ = g.collect([t._id])
+    steps, _ = kernelize(g, order, [t._id], 64, False, dispatch.GPU_SUM_BLOCK)
+    ks = [optimize(s.kernel) for s in steps if s.kernel is not None]
+    return [(k, gpu_gemm.plan(k.ops)) for k in ks]
+
+
+def _gemm_graphs():
+    import zyx.nn.functional as F
+
+    def f(*shape, dtype=np.float32):
+        return zyx.tensor(np.random.randn(*shape).astype(dtype))
+    x = zyx.tensor(np.random.randn(2, 8, 12, 12).astype(np.float32), requires_grad=True)
+    w = zyx.tensor(np.random.randn(16, 8, 5, 5).astype(np.float32), requires_grad=True)
+    y = F.conv2d(x, w, padding=2, stride=2)
+    (y * y).sum().backward()
+    return {
+        "matmul_odd": f(33, 100) @ f(100, 129),
+        "bias_relu": (f(64, 48) @ f(96, 48).T + f(96)).relu(),
+        "batched": f(3, 40, 24) @ f(3, 24, 72),
+        "float16": f(64, 32, dtype=np.float16) @ f(32, 48, dtype=np.float16),
+        "bfloat16": f(64, 64).cast(zyx.bfloat16) @ f(64, 32).cast(zyx.bfloat16),
+        "float64": f(40, 24, dtype=np.float64) @ f(24, 72, dtype=np.float64),
+        "blocked_k": f(20, 9000) @ f(9000, 24),
+        "conv2d": y, "conv2d_input_grad": x.grad, "conv2d_weight_grad": w.grad,
+    }
+
+
+@pytest.mark.parametrize("tile", [(32, 32, 8), (16, 64, 8), (128, 64, 16), (64, 128, 4)])
+def test_gemm_modules_validate(tile, monkeypatch):
+    from zyx.codegen.spirv import gemm as spirv_gemm
+    info = DeviceInfo(max_local_threads=1024, num_cores=1, local_mem_size=48 * 1024)
+    planned = 0
+    for name, t in _gemm_graphs().items():
+        for k, p in _gemm_kernels(t):
+            if p is None:
+                continue
+            planned += 1
+            got = spirv_gemm.choose(k.ops, info, {"gemm": tile})
+            assert got is not None and got[1] == tile, name
+            for prefetch in ("1", "0") if tile == (32, 32, 8) else ("1",):
+                monkeypatch.setenv("ZYX_VK_GEMM_PREFETCH", prefetch)
+                sk = spirv_gemm.write_gemm(k, *got, float_controls=CONTROLS)
+                assert sk.strategy == "gemm" and sk.local_size == 256
+                assert sk.groups == p.nb * -(-p.nr // tile[0]) * -(-p.nc // tile[1])
+                try:
+                    vkb.validate_spirv(sk.code)
+                except BackendError as e:
+                    raise AssertionError(f"{name} {tile}: {e}\n{k}") from None
+    assert planned >= 10
+
+
+def test_gemm_choice_and_knobs(monkeypatch):
+    from zyx.codegen.spirv import gemm as spirv_gemm
+    (k, p), = _gemm_kernels(zyx.tensor(np.ones((256, 64), np.float32)) @
+                            zyx.tensor(np.ones((64, 256), np.float32)))
+    big = DeviceInfo(max_local_threads=1024, num_cores=16, local_mem_size=32768)
+    assert spirv_gemm.choose(k.ops, big)[1] == (64, 64, 16)      # 16 groups: one per core
+    # too few tiles for the device, too few invocations per group, too little local memory
+    assert spirv_gemm.choose(k.ops, DeviceInfo(max_local_threads=1024, num_cores=1000)) is None
+    assert spirv_gemm.choose(k.ops, DeviceInfo(max_local_threads=128, num_cores=1)) is None
+    assert spirv_gemm.choose(k.ops, big, {"gemm": (128, 128, 32)}) is None
+    assert spirv_gemm.own_tiles(big)(k.ops) is True
+    # CPU drivers: off unless ZYX_VK_GEMM=1 or a forced tile
+    cpu = DeviceInfo(max_local_threads=1024, num_cores=16, local_mem_size=32768,
+                     extra={"cpu": True})
+    assert spirv_gemm.choose(k.ops, cpu) is None and spirv_gemm.own_tiles(cpu) is None
+    monkeypatch.setenv("ZYX_VK_GEMM", "1")
+    assert spirv_gemm.choose(k.ops, cpu)[1] == (64, 64, 16)
+    monkeypatch.delenv("ZYX_VK_GEMM")
+    monkeypatch.setenv("ZYX_VK_GEMM_TILE", "32x64x8")
+    assert spirv_gemm.choose(k.ops, big)[1] == (32, 64, 8)
+    labels = [label for label, _ in spirv_gemm.candidates(k, big)]
+    assert labels[0] == "default" and "gemm:128x128x8" in labels
+    for bad in ("32x64", "24x32x8", "48x32x8", "32x256x8", "axbxc", "32x32x0"):
+        monkeypatch.setenv("ZYX_VK_GEMM_TILE", bad)
+        with pytest.raises(ValueError, match="ZYX_VK_GEMM_TILE"):
+            spirv_gemm.choose(k.ops, big)
+    monkeypatch.setenv("ZYX_VK_GEMM", "0")
+    assert spirv_gemm.choose(k.ops, big) is None and spirv_gemm.own_tiles(big) is None

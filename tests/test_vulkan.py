@@ -174,6 +174,137 @@ def test_pipeline_cache_is_written_and_reused(tmp_path):
     assert loaded2 == "1" and path2 == path
 
 
+# -- shared-memory product tiles (codegen/spirv/gemm.py) -------------------------------
+
+@pytest.fixture
+def gemm_tile(vk_device, monkeypatch):
+    """Returns a function running `fn()` with ZYX_VK_GEMM_TILE (None: the default tile
+    choice) and giving (fn's result, the strategies of the programs it compiled). Plans
+    and programs are dropped first, so a graph compiled earlier with another tile is
+    compiled again. The strategy is switched on (ZYX_VK_GEMM=1: lavapipe is a CPU
+    driver, where it is off by default) with the device's `own_tiles` as at a start
+    with it on."""
+    from zyx.codegen.spirv import gemm as spirv_gemm
+    monkeypatch.setenv("ZYX_VK_GEMM", "1")
+    info = vk_device.info()
+    monkeypatch.setattr(info, "own_tiles", spirv_gemm.own_tiles(info))
+
+    def run(tile, fn):
+        if tile is None:
+            monkeypatch.delenv("ZYX_VK_GEMM_TILE", raising=False)
+        else:
+            monkeypatch.setenv("ZYX_VK_GEMM_TILE", tile)
+        zyx._RT.plans.clear()
+        vk_device._programs.clear()
+        out = fn()
+        return out, [p.launches[0].strategy for p in vk_device._programs.values()]
+    return run
+
+
+def _rng_f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("tile", ["32x32x8", "16x64x8", "128x64x16"])
+@pytest.mark.parametrize("m,k,n", [(1, 7, 33), (7, 33, 100), (33, 100, 129), (100, 129, 33),
+                                   (129, 33, 7), (129, 300, 100)])
+def test_gemm_matmul_odd_sizes(gemm_tile, tile, m, k, n):
+    rng = np.random.default_rng(m * 1000 + n)
+    a, b = _rng_f32(rng, m, k), _rng_f32(rng, k, n)
+    got, ran = gemm_tile(tile, lambda: (zyx.tensor(a) @ zyx.tensor(b)).numpy())
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    # the plan takes products of at least 16 rows and cols (gpu.gemm.MIN_SIDE) and 8 terms
+    assert ("gemm" in ran) == (min(m, n) >= 16 and k >= 8), ran
+
+
+@pytest.mark.parametrize("prefetch", ["1", "0"])
+def test_gemm_transposed_batched_and_epilogue(gemm_tile, monkeypatch, prefetch):
+    monkeypatch.setenv("ZYX_VK_GEMM_PREFETCH", prefetch)
+    rng = np.random.default_rng(1)
+    a, b, c = _rng_f32(rng, 3, 40, 24), _rng_f32(rng, 3, 24, 72), _rng_f32(rng, 72)
+    f64 = a.astype(np.float64)
+    cases = [
+        (lambda: zyx.tensor(a) @ zyx.tensor(b), f64 @ b),
+        (lambda: (zyx.tensor(a) @ zyx.tensor(b) + zyx.tensor(c)).relu(),
+         np.maximum(f64 @ b + c, 0)),
+        (lambda: zyx.tensor(a) @ zyx.tensor(b[0]), f64 @ b[0]),
+        # both operands contiguous along K (a linear layer's x @ w.T) and neither
+        (lambda: zyx.tensor(a[0]) @ zyx.tensor(b[0].T.copy()).T, f64[0] @ b[0]),
+        (lambda: zyx.tensor(a[0].T.copy()).T @ zyx.tensor(b[0]), f64[0] @ b[0]),
+    ]
+    for fn, ref in cases:
+        got, ran = gemm_tile("32x32x8", lambda: fn().numpy())
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+        assert "gemm" in ran, ran
+
+
+def test_gemm_long_reduction_adds_block_totals(gemm_tile):
+    from zyx.codegen.gpu import gemm as gpu_gemm
+    k = gpu_gemm.PLAIN_K + 1000          # past PLAIN_K the sub-tile folds into totals
+    rng = np.random.default_rng(2)
+    a, b = _rng_f32(rng, 20, k), _rng_f32(rng, k, 24)
+    got, ran = gemm_tile("32x32x16", lambda: (zyx.tensor(a) @ zyx.tensor(b)).numpy())
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=2e-3)
+    assert "gemm" in ran, ran
+
+
+@pytest.mark.parametrize("d", ["float16", "bfloat16"])
+def test_gemm_16bit_operands(gemm_tile, d):
+    rng = np.random.default_rng(3)
+    a, b = _rng_f32(rng, 64, 96, scale=0.5), _rng_f32(rng, 96, 48, scale=0.5)
+    zd = getattr(zyx, d)
+    # the operands' 16-bit values, multiplied exactly and summed in float32
+    a16 = zyx.tensor(a).cast(zd).cast(zyx.float32).numpy().astype(np.float64)
+    b16 = zyx.tensor(b).cast(zd).cast(zyx.float32).numpy().astype(np.float64)
+    got, ran = gemm_tile("32x32x8", lambda: (zyx.tensor(a).cast(zd) @ zyx.tensor(b).cast(zd))
+                         .cast(zyx.float32).numpy())
+    assert "gemm" in ran, ran
+    ref = zyx.tensor(a16 @ b16).cast(zd).cast(zyx.float32).numpy()     # rounded once
+    ulp = 2.0 ** (-10 if d == "float16" else -7)
+    np.testing.assert_allclose(got, ref, rtol=ulp, atol=1e-3)
+
+
+@pytest.mark.parametrize("k,pad,stride", [(3, 1, 1), (3, 0, 2), (5, 2, 1), (5, 1, 2)])
+def test_gemm_conv2d_and_its_gradients(gemm_tile, k, pad, stride):
+    torch = pytest.importorskip("torch")
+    import zyx.nn.functional as F
+    rng = np.random.default_rng(k * 10 + pad + stride)
+    x, w = _rng_f32(rng, 2, 16, 11, 11), _rng_f32(rng, 32, 16, k, k, scale=0.1)
+    xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    wt = torch.tensor(w, dtype=torch.float64, requires_grad=True)
+    yt = torch.nn.functional.conv2d(xt, wt, padding=pad, stride=stride)
+    g = _rng_f32(rng, *yt.shape)
+    (yt * torch.tensor(g, dtype=torch.float64)).sum().backward()
+
+    def step():
+        xz = zyx.tensor(x, requires_grad=True)
+        wz = zyx.tensor(w, requires_grad=True)
+        y = F.conv2d(xz, wz, padding=pad, stride=stride)
+        (y * zyx.tensor(g)).sum().backward()
+        return y.numpy(), xz.grad.numpy(), wz.grad.numpy()
+    (y, gx, gw), ran = gemm_tile("32x32x8", step)
+    for got, ref in ((y, yt), (gx, xt.grad), (gw, wt.grad)):
+        np.testing.assert_allclose(got, ref.detach().numpy(), rtol=1e-4, atol=1e-4)
+    assert ran.count("gemm") >= 2, ran       # the forward and the weight gradient at least
+
+
+def test_gemm_default_choice_and_the_off_switch(gemm_tile, monkeypatch):
+    rng = np.random.default_rng(4)
+    a, b = _rng_f32(rng, 256, 64), _rng_f32(rng, 64, 256)
+    ref = a.astype(np.float64) @ b
+    got, ran = gemm_tile(None, lambda: (zyx.tensor(a) @ zyx.tensor(b)).numpy())
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert ran == ["gemm"]          # enough tiles to fill lavapipe's 16 cores
+    monkeypatch.delenv("ZYX_VK_GEMM")          # a CPU driver's default: off
+    got, ran = gemm_tile(None, lambda: (zyx.tensor(a) @ zyx.tensor(b)).numpy())
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert "gemm" not in ran and ran
+    monkeypatch.setenv("ZYX_VK_GEMM", "0")
+    got, ran = gemm_tile(None, lambda: (zyx.tensor(a) @ zyx.tensor(b)).numpy())
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert "gemm" not in ran and ran
+
+
 # the numerical cases every GPU backend must pass (gpu_cases.py), collected here so that
 # they run under this module's Vulkan-only runtime
 from gpu_cases import *  # noqa: E402,F401,F403

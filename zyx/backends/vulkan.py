@@ -42,6 +42,7 @@ from ..errors import AllocationError, BackendError, DeviceLimitError, DTypeError
 from ..codegen.target import DeviceInfo
 from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from ..codegen.gpu.analysis import output_size
+from ..codegen.spirv import gemm as spirv_gemm
 from ..codegen.spirv.strategy import candidates, choose, splits
 from ..codegen.spirv.writer import write_kernel, write_split
 from . import Buffer, MemoryPool, ProgramCache, device_ids
@@ -680,7 +681,7 @@ class VulkanDevice(ProgramCache):
         heap = self.ctx.heap_size()
         compute = CPU_COMPUTE if is_cpu else max(heap / 2**30, 1) * 5e11 * VULKAN_SHARE
         cores = 16 if is_cpu else 128
-        return DeviceInfo(name=f"Vulkan {self.name}", compute=compute,
+        info = DeviceInfo(name=f"Vulkan {self.name}", compute=compute,
                           max_global_work_dims=(int(lim.maxComputeWorkGroupCount[0]) * local,
                                                 int(lim.maxComputeWorkGroupCount[1]),
                                                 int(lim.maxComputeWorkGroupCount[2])),
@@ -696,6 +697,10 @@ class VulkanDevice(ProgramCache):
                                  # iterations in all: the strategy spreads longer ones
                                  "loop_limit": LLVMPIPE_LOOPS if "llvmpipe" in self.name
                                  else None})
+        # products the SPIR-V writer tiles in workgroup memory (spirv/gemm.py) get no
+        # register tiles from the kernelizer
+        info.own_tiles = spirv_gemm.own_tiles(info)
+        return info
 
     def info(self):
         return self._info
@@ -747,14 +752,20 @@ class VulkanDevice(ProgramCache):
                 raise DTypeError(f"{d.name} is not supported by Vulkan device {self.name}")
 
     def schedule_candidates(self, kernel):
-        """Schedules the autotuner may time for `kernel` (strategy.candidates)."""
-        return candidates(kernel, self._info)
+        """Schedules the autotuner may time for `kernel` (gemm tiles where the gemm
+        strategy takes it, else strategy.candidates)."""
+        return spirv_gemm.candidates(kernel, self._info) or candidates(kernel, self._info)
 
     def render(self, kernel, schedule=None):
         """([SpirvKernel] launched in order, [scratch buffer bytes]) of `kernel` for this
         device, with `schedule` (None: the one the autotuner chose, or the default)."""
         if schedule is None:
             schedule = self.schedules.get(kernel)
+        tiled = spirv_gemm.choose(kernel.ops, self._info, schedule)
+        if tiled is not None:
+            launches = [spirv_gemm.write_gemm(kernel, *tiled, self.fp64, self.float_controls)]
+            self.check_dtypes(kernel, launches[0])
+            return launches, []
         strategy, local, items, nests = choose(kernel, self._info, schedule)
         if strategy == "split":
             n = splits(kernel.ops, nests, local, self._info)

@@ -1135,6 +1135,11 @@ def _stride(d):
     return d.itemsize
 
 
+# the IR walk for other strategy modules to extend (spirv/gemm.py: shared-memory product
+# tiles reuse its values, loads, stores and conversions)
+KernelWriter = _Writer
+
+
 def write_split(kernel, local, nests, splits, fp64=True, float_controls=()):
     """The two SpirvKernels (partials, combination) of a kernel given the split
     strategy: `splits` groups per output in the first pass."""
