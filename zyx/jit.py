@@ -54,7 +54,9 @@ def on_replay(fn):
 
 
 def _tensors_alive():
-    return [o for o in gc.get_objects() if isinstance(o, TensorBase)]
+    # type(), not isinstance: isinstance reads __class__, which lazy module proxies
+    # (torch's deprecated names) answer with a warning
+    return [o for o in gc.get_objects() if issubclass(type(o), TensorBase)]
 
 
 class _Step:
