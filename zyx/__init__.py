@@ -212,6 +212,11 @@ from .autograd import Tape, no_grad, enable_grad, set_grad_enabled, is_grad_enab
 from . import inplace as _inplace  # noqa: E402,F401  (in-place ops, __setitem__, views)
 # --- end autograd and optimizers ---
 
+# zyx.jit: replays a repeated step's plans without its Python (zyx/jit.py, docs/jit.md). The
+# function hides the module as an attribute of zyx, as zyx.tensor does.
+from .jit import jit  # noqa: E402
+from .errors import JitError  # noqa: E402
+
 # nn, optim, io and datasets load on first use: `import zyx` stays cheap for a first result
 _LAZY = ("nn", "optim", "io", "datasets", "examples", "utils", "cuda", "distributed")
 

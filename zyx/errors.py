@@ -63,3 +63,9 @@ class ValueOverflowError(ZyxError, OverflowError, RuntimeError):
 class InvalidArgumentError(ZyxError, ValueError, RuntimeError):
     """An argument outside its domain, such as a non-positive convolution stride (torch:
     RuntimeError)."""
+
+
+class JitError(ZyxError, RuntimeError):
+    """A `zyx.jit` function that cannot be captured or replayed: its output is not tensors,
+    an argument is host data (a numpy array), its inputs live on another device than its
+    work, or its structure kept changing past `max_captures` (see docs/jit.md)."""

@@ -33,7 +33,8 @@ from ._core.tensorbase import make, wrap
 from .errors import ShapeError
 from .runtime import RT
 
-__all__ = ["seed_state", "set_seed", "next_stream", "counter", "threefry2x32", "bits",
+__all__ = ["seed_state", "set_seed", "next_stream", "reserve", "stream", "call_number",
+           "round0_words", "counter", "threefry2x32", "bits",
            "uniform", "normal", "integers", "keep_mask", "gumbel", "MASK32"]
 
 MASK32 = 0xFFFFFFFF
@@ -71,11 +72,38 @@ def seed_state():
 def next_stream():
     """(k0, k1, c1) for the next random call: key words and counter high word; advances
     the call number."""
+    return stream(reserve(1))
+
+
+def reserve(count):
+    """Advance the call number by `count` and return the first of the numbers taken (a
+    zyx.jit replay takes the calls its captured draws made)."""
     with _LOCK:     # two threads drawing at once must not get the same call number
         n = RT.rng_calls
-        RT.rng_calls = n + 1
-        s = RT.seed
+        RT.rng_calls = n + count
+    return n
+
+
+def stream(n):
+    """(k0, k1, c1) of call number n under the current seed: key words and counter high
+    word (the call number's high word is folded into the key)."""
+    s = RT.seed
     return s & MASK32, ((s >> 32) ^ (n >> 32)) & MASK32, n & MASK32
+
+
+def call_number(k1, c1):
+    """The call number whose stream has key word k1 and counter word c1 (stream's
+    inverse, under the current seed)."""
+    return (((k1 ^ (RT.seed >> 32)) & MASK32) << 32) | c1
+
+
+def round0_words(k0, k1, x1):
+    """The two constants threefry2x32's first round takes from a scalar counter word x1:
+    x0 + (ks0 + x1 + ks1), then rotl(x1 + ks1) is xor-ed in. These are the only values
+    in a draw's graph that depend on the call number."""
+    k0, k1 = k0 & MASK32, k1 & MASK32
+    w1 = (x1 + k1) & MASK32
+    return (k0 + w1) & MASK32, _rotl(w1, _ROTATIONS[0])
 
 
 def _const(value, shape, d=dt.uint32):
@@ -165,9 +193,12 @@ def threefry2x32(x0, x1, k0, k1):
         # round 0 with a scalar x1: x0 + (ks0 + x1 + ks1), then rotl(x1 + ks1) ^ that
         # (nodes of their own, not shared by value: these change with every call, and a
         # graph whose edges depended on which values coincide would change its structure)
-        w1 = (x1 + ks[1]) & MASK32
-        x0 = _bin(x0, _const((ks[0] + w1) & MASK32, shape), K.B_ADD)
-        x1 = _bin(x0, _const(_rotl(w1, _ROTATIONS[0]), shape), K.B_BITXOR)
+        a, b = round0_words(k0, k1, x1)
+        ca, cb = _const(a, shape), _const(b, shape)
+        if RT.recorder is not None:     # zyx.jit: its replays give these other values
+            RT.recorder.random_words(ca._id, cb._id, k0, k1, x1)
+        x0 = _bin(x0, ca, K.B_ADD)
+        x1 = _bin(x0, cb, K.B_BITXOR)
         first = 1
     else:
         x0 = _bin(x0, c(ks[0]), K.B_ADD)

@@ -193,9 +193,12 @@ class Runtime:
         self.stats = {"kernels_compiled": 0, "kernels_launched": 0, "plans_built": 0,
                       "plan_cache_hits": 0, "realizations": 0,
                       "backward_replays": 0, "kernels_tuned": 0, "schedules_reused": 0,
-                      "bound_runs": 0}
+                      "bound_runs": 0, "plan_replays": 0}
         self.autotune = tuning.Settings()   # from the config at init (zyx.autotune)
         self._tuners = {}        # id(device) -> tuning.Tuner, while tuning is on
+        # zyx.jit's capture in progress (a jit.Recorder), else None: told of every plan a
+        # realization runs (`before`), asked which constants its replays change (`varies`)
+        self.recorder = None
 
     # -- devices --------------------------------------------------------------------------
     def init(self, only=None):
@@ -538,6 +541,8 @@ class Runtime:
         if plan is None:
             plan = self._values_plan(order, key, ids, dev, checks, t0)
             if plan is _RAN:    # run through a plan at a bound on a growing size
+                if self.recorder is not None:
+                    self.recorder.unsupported("a size that grows (a plan at a bound)")
                 return
             if plan is None:
                 plan = scheduler.build_plan(self.graph, order, ids, dev, self.debug,
@@ -546,6 +551,8 @@ class Runtime:
         else:
             self.stats["plan_cache_hits"] += 1
         plan.last_used = self.stats["realizations"]
+        if self.recorder is not None:
+            self.recorder.before(plan, order, ids, dev, checks)
         if plan.params is None:
             self._execute_checked(plan, order, dev, ids, checks)
         else:
@@ -556,6 +563,17 @@ class Runtime:
                 for nid in leaves:
                     self.graph.release(nid)
         self._realized(ids, plan, t0)
+
+    def replay(self, plan, order, dev, verify=None):
+        """Run a cached `plan` on node ids `order` (its leaves and placeholder targets at
+        the positions the plan reads and writes; zyx.jit's replays): the targets become
+        leaves. `verify`: scheduler.execute's (value checks)."""
+        with self.lock:
+            scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
+                              self.stats, self.debug, verify)
+            plan.last_used = self.stats["realizations"]
+            self.stats["realizations"] += 1
+            self.stats["plan_replays"] += 1
 
     def _realized(self, ids, plan, t0):
         self.stats["realizations"] += 1
@@ -647,8 +665,12 @@ class Runtime:
             # a window into a realized tensor (a batch `data[i:i + T]`, a row `X[i]`) is a
             # value from the start: its start is what changes from one graph to the next
             family.vary.update([ki for ki, cpos in values if self._is_window(order[cpos])])
-            if not family.vary:
-                return None
+        if self.recorder is not None:
+            # zyx.jit replays this plan with other values there (random draws' counters)
+            family.vary.update([ki for ki, cpos in values
+                                if self.recorder.varies(order[cpos])])
+        if new_family and not family.vary:
+            return None
         first, vary = family.first, family.vary
         for ki, _ in values:
             if ki not in vary and flat[ki] != first[ki]:

@@ -51,12 +51,8 @@ class Adam(Optimizer):
         if m is None:
             m = _zero_state(p)
             v = _zero_state(p)
-        ins = [p, g, m, v,
-               self.step_scalar(("step_size", id(group)), lr / (1.0 - b1 ** t), p.dtype),
-               self.step_scalar(("bc2_sqrt", id(group)), math.sqrt(1.0 - b2 ** t), p.dtype)]
+        ins = [p, g, m, v] + self._scalars(p, group, state)
         decay = self._decoupled and wd != 0
-        if decay:      # the factor is a leaf too: lr may follow a schedule
-            ins.append(self.scalar(1.0 - lr * wd, p.dtype))
         vmax = state.get("max_exp_avg_sq") if group["amsgrad"] else None
         if vmax is not None:
             ins.append(vmax)
@@ -68,6 +64,18 @@ class Adam(Optimizer):
         if group["amsgrad"]:
             upd["max_exp_avg_sq"] = made[3]
         return made[0], upd
+
+    def _scalars(self, p, group, state):
+        """The 0-d leaves of this step: lr / (1 - beta1^t), sqrt(1 - beta2^t) and, for
+        AdamW, the decay factor (a leaf too: lr may follow a schedule). Step scalars,
+        so that a zyx.jit replay (Optimizer._replayed) rewrites the same leaves."""
+        b1, b2 = group["betas"]
+        lr, wd, t = group["lr"], group["weight_decay"], state["step"]
+        out = [self.step_scalar(("step_size", id(group)), lr / (1.0 - b1 ** t), p.dtype),
+               self.step_scalar(("bc2_sqrt", id(group)), math.sqrt(1.0 - b2 ** t), p.dtype)]
+        if self._decoupled and wd != 0:
+            out.append(self.step_scalar(("decay", id(group)), 1.0 - lr * wd, p.dtype))
+        return out
 
     def _math(self, ins, key):
         """[new p, m, v(, vmax)] from _update's inputs and key."""

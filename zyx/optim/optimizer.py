@@ -19,7 +19,7 @@ from ..autograd import enable_grad, no_grad
 from ..errors import ZyxError
 from ..runtime import RT
 from .. import dtype as dt
-from ..tensor import Tensor, f32_to_bf16_bits, rebind
+from ..tensor import Tensor, f32_to_bf16_bits, new_handle, rebind
 
 
 def _scalar_bits(value, dtype):
@@ -258,9 +258,37 @@ class Optimizer:
                     state["step"] -= 1
                 raise
             for state, upd in new_states:
-                state.update(upd)
+                for k, v in upd.items():
+                    old = state.get(k)
+                    if isinstance(old, Tensor):
+                        # the same object every step, as torch's in-place state: what
+                        # holds it (a state_dict, a zyx.jit capture) sees the new value
+                        rebind(old, v)
+                    else:
+                        state[k] = new_handle(v)
             for p, n in new_params:
                 rebind(p, n)
+            if RT.recorder is not None:
+                # zyx.jit replays this update without calling step(): the step counts and
+                # the 0-d leaves written from them must still advance
+                updated = [(p, group) for p, _, group in triples]
+                RT.recorder.on_replay(lambda: self._replayed(updated))
+
+    def _replayed(self, updated):
+        """What an update does besides building its graph, for a zyx.jit replay of it:
+        count the step of every parameter in `updated` ((param, group) pairs) and write
+        the step scalars (bias corrections, a learning rate changed in param_groups)
+        into the same leaves, in the order `_update` took them."""
+        self._used.clear()
+        self._taken.clear()
+        for p, group in updated:
+            state = self.state[id(p)]
+            state["step"] += 1
+            self._scalars(p, group, state)
+
+    def _scalars(self, p, group, state):
+        """The step scalars `_update` takes for parameter p, in its order (none here)."""
+        return []
 
     def _update(self, p, g, group, state):
         raise NotImplementedError

@@ -37,10 +37,15 @@ class RMSprop(Optimizer):
         else:
             avg = v.sqrt()
         avg = avg + eps
-        lr = self.scalar(group["lr"], p.dtype)
+        lr = self._scalars(p, group, state)[0]
         if mom > 0:
             buf = state.get("momentum_buffer", zero)
             buf = buf * mom + g / avg
             upd["momentum_buffer"] = buf
             return p - lr * buf, upd
         return p - lr * (g / avg), upd
+
+    def _scalars(self, p, group, state):
+        """The learning rate as a step scalar: a zyx.jit replay (Optimizer._replayed)
+        writes a changed param_groups lr into the same leaf."""
+        return [self.step_scalar(("lr", id(group)), group["lr"], p.dtype)]

@@ -38,5 +38,10 @@ class SGD(Optimizer):
                 buf = buf * mom + d * (1.0 - group["dampening"])
             upd["momentum_buffer"] = buf
             d = d + buf * mom if group["nesterov"] else buf
-        lr = self.scalar(group["lr"], p.dtype)
+        lr = self._scalars(p, group, state)[0]
         return p - lr * d, upd
+
+    def _scalars(self, p, group, state):
+        """The learning rate as a step scalar: a zyx.jit replay (Optimizer._replayed)
+        writes a changed param_groups lr into the same leaf."""
+        return [self.step_scalar(("lr", id(group)), group["lr"], p.dtype)]
