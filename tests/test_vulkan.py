@@ -97,10 +97,7 @@ def test_many_dispatches_are_submitted_once(vk_device):
 
 
 def test_more_groups_than_the_x_limit_are_folded(vk_device, monkeypatch):
-    from zyx.codegen.spirv import strategy
-    monkeypatch.setattr(strategy, "ITEMS_FROM", 1 << 40)    # one output per invocation
-    monkeypatch.delenv("ZYX_VK_ITEMS", raising=False)
-    monkeypatch.delenv("ZYX_VK_LOCAL", raising=False)
+    monkeypatch.setenv("ZYX_VK_EW", "items=1,vec=1,local=256")    # one output per invocation
     # a GPU allows 2^31 - 1 groups in x: fold as lavapipe's 65535 would need
     limit = min(vk_device.max_groups[0], 65535)
     monkeypatch.setattr(vk_device, "max_groups", (limit, vk_device.max_groups[1]))
