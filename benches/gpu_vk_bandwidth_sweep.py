@@ -54,6 +54,15 @@ VARIANTS = {
 }
 
 
+def case_bytes(case):
+    """Bytes case moves at BENCH_SCALE, as bench_vk.cases sizes it (its printed GB/s is
+    rounded to whole GB/s: a CPU driver's read 0)."""
+    scale = int(os.environ.get("BENCH_SCALE", "1"))
+    n_ew, n_sum = (64 << 20) // scale, (256 << 20) // scale
+    return {"copy": 8 * n_ew, "ew": 8 * n_ew, "sum": 4 * n_sum,
+            "softmax": 8 * max(16384 // scale, 1) * 4096}[case]
+
+
 def run_bench(device, cases, env):
     """{case: (ms, GB/s, torch ms or None)} of bench_vk.py on `device` under `env`;
     a case whose run failed is absent (the error is printed)."""
@@ -66,9 +75,9 @@ def run_bench(device, cases, env):
             continue
         try:
             ms = float(cells[1])
-            gbs = float(cells[2].split()[0])
         except ValueError:
             continue
+        gbs = case_bytes(cells[0]) / (ms * 1e6)
         torch_ms = float(cells[3]) if cells[3] else None
         out[cells[0]] = (ms, gbs, torch_ms)
     if r.returncode != 0 or not out:
@@ -98,14 +107,13 @@ def main(argv):
         cuda = run_bench("cuda:0", list(ALL), {"BENCH_TORCH": "1"})
         torch = {c: t for c, (_, _, t) in cuda.items() if t}
         rows += [("zyx CUDA", c, ms, gbs) for c, (ms, gbs, _) in cuda.items()]
-        nbytes = {c: gbs * ms * 1e6 for c, (ms, gbs, _) in cuda.items()}
-        rows += [("PyTorch CUDA", c, t, nbytes[c] / (t * 1e6)) for c, t in torch.items()]
+        rows += [("PyTorch CUDA", c, t, case_bytes(c) / (t * 1e6)) for c, t in torch.items()]
     for name, env, cases in variants:
         res = run_bench(device, list(cases), {**env, "BENCH_TORCH": "0"})
         rows += [(f"{backend}: {name}", c, ms, gbs) for c, (ms, gbs, _) in res.items()]
         print(f"<!-- done: {name} -->", file=sys.stderr, flush=True)
     copy = max((gbs for _, c, _, gbs in rows if c == "copy"), default=0.0)
-    print(f"copy bandwidth (best copy row): {copy:.0f} GB/s\n")
+    print(f"copy bandwidth (best copy row): {copy:.3g} GB/s\n")
     print("| variant | case | ms | GB/s | % of copy | x zyx CUDA (time) | x PyTorch (time) |")
     print("|---|---|---|---|---|---|---|")
     for case in ALL:
@@ -115,7 +123,7 @@ def main(argv):
             pct = f"{100 * gbs / copy:.0f}%" if copy else ""
             xc = f"{ms / cuda[c][0]:.2f}" if c in cuda else ""
             xt = f"{ms / torch[c]:.2f}" if c in torch else ""
-            print(f"| {name} | {c} | {ms:.3f} | {gbs:.0f} | {pct} | {xc} | {xt} |")
+            print(f"| {name} | {c} | {ms:.3f} | {gbs:.3g} | {pct} | {xc} | {xt} |")
     best = {}
     for name, c, ms, _ in rows:
         if name.startswith(backend) and (c not in best or ms < best[c][1]):
