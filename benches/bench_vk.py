@@ -10,7 +10,8 @@ again with the one it filled). Each case times REPS runs queued
 back to back, then a device synchronize; the median of ROUNDS rounds is printed per run,
 as a markdown table (ms, GB/s or TFLOP/s, and the ratio to torch). The MLP and convnet
 Adam steps are in benches/bench_gpu.py, which runs on every GPU device zyx lists
-(vulkan:N included).
+(vulkan:N included). BENCH_TORCH=0 leaves PyTorch out (the knob sweep,
+gpu_vk_bandwidth_sweep.py, times it once, not per variant).
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def main(argv):
     dev = argv[0] if argv else "vulkan:0"
     wanted = argv[1:]
     scale = int(os.environ.get("BENCH_SCALE", "1"))
-    torch = _torch()
+    torch = _torch() if os.environ.get("BENCH_TORCH", "1") != "0" else None
     sync = lambda: zyx.synchronize(dev)      # noqa: E731
     print(f"| case ({dev}) | zyx ms | zyx GB/s or TFLOP/s | torch ms | zyx / torch time |")
     print("|---|---|---|---|---|")

@@ -11,6 +11,7 @@ import zyx
 from gpu_cases import GRAPHS, kernels_of
 from zyx.codegen.gpu.analysis import reduce_nests
 from zyx.codegen.spirv import builder
+from zyx.codegen.spirv.elementwise import plan as ew_plan
 from zyx.codegen.spirv.strategy import splits
 from zyx.codegen.spirv.writer import write_kernel, write_split
 from zyx.codegen.target import DeviceInfo
@@ -28,9 +29,17 @@ CONTROLS = ("nan32", "nan64", "denorm32", "denorm64")
 
 def modules(kernel):
     """Every module the writer makes of `kernel`: serial (1 and 4 outputs per
-    invocation), group where the kernel has reduce nests, split where it has one."""
+    invocation), elementwise (vector accesses, adjacent scalars, the stride layout) where
+    it has no loops, group where the kernel has reduce nests, split where it has one."""
     out = [write_kernel(kernel, "serial", 64, 1), write_kernel(kernel, "serial", 256, 4,
                                                                float_controls=CONTROLS)]
+    if not any(op[0] == zyx._core.kernel.LOOP for op in kernel.ops):
+        info = DeviceInfo(num_cores=1, max_local_threads=64)
+        for spec in ("items=2,vec=4,local=64", "items=1,vec=4,local=64,vload=0",
+                     "items=2,local=64,stride=1"):
+            lay = ew_plan(kernel, info, {k: int(v) for k, v in
+                                         (p.split("=") for p in spec.split(","))})
+            out.append(write_kernel(kernel, "elementwise", lay.local, lay))
     nests = reduce_nests(kernel.ops)
     if nests is not None and not any(op[0] == zyx._core.kernel.BARRIER for op in kernel.ops):
         out.append(write_kernel(kernel, "group", 64, 1, nests))

@@ -97,10 +97,7 @@ def test_many_dispatches_are_submitted_once(vk_device):
 
 
 def test_more_groups_than_the_x_limit_are_folded(vk_device, monkeypatch):
-    from zyx.codegen.spirv import strategy
-    monkeypatch.setattr(strategy, "ITEMS_FROM", 1 << 40)    # one output per invocation
-    monkeypatch.delenv("ZYX_VK_ITEMS", raising=False)
-    monkeypatch.delenv("ZYX_VK_LOCAL", raising=False)
+    monkeypatch.setenv("ZYX_VK_EW", "items=1,vec=1,local=256")    # one output per invocation
     # a GPU allows 2^31 - 1 groups in x: fold as lavapipe's 65535 would need
     limit = min(vk_device.max_groups[0], 65535)
     monkeypatch.setattr(vk_device, "max_groups", (limit, vk_device.max_groups[1]))
@@ -110,6 +107,40 @@ def test_more_groups_than_the_x_limit_are_folded(vk_device, monkeypatch):
     assert np.array_equal(got, a + 3)
     k = [p for p in vk_device._programs.values() if p.spirv.groups > limit]
     assert k, "no launch needed more groups than the x limit"
+
+
+EW_SIZES = [1, 3, 4, 4097, (1 << 20) + 3]
+
+
+@pytest.mark.parametrize("spec", ["", "vload=0", "items=1,local=64", "stride=1"])
+@pytest.mark.parametrize("n", EW_SIZES)
+def test_elementwise_tiles_and_vectors(vk_device, monkeypatch, spec, n):
+    """Every ZYX_VK_EW layout against numpy: ragged tails, offset slices (not a multiple
+    of 4: those loads fall back to scalars), broadcasts, transposes, 16-bit and byte
+    buffers; contiguous float32 kernels do take vector accesses."""
+    monkeypatch.setenv("ZYX_VK_EW", spec)
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    t = zyx.tensor(x)
+    close((t * 2 + 1).exp() * 0.5 - t, np.exp(x * 2 + 1) * 0.5 - x, rtol=1e-5, atol=1e-6)
+    if n > 1:
+        close(t[1:] + t[:-1], x[1:] + x[:-1], rtol=0)
+    m = rng.standard_normal((max(n // 64, 1), 64)).astype(np.float32)
+    tm = zyx.tensor(m)
+    close(tm.permute(1, 0) * 3, m.T * 3, rtol=0)
+    close(tm + tm[:1], m + m[:1], rtol=0)
+    i8 = rng.integers(-100, 100, n).astype(np.int8)
+    assert np.array_equal((zyx.tensor(i8) * 3).numpy(), i8 * np.int8(3))
+    assert np.array_equal((zyx.tensor(i8) > 0).numpy(), i8 > 0)
+    h = x.astype(np.float16)
+    assert np.array_equal((zyx.tensor(h) * 2).numpy(), h * np.float16(2))
+    b = zyx.tensor(x).cast(zyx.bfloat16)
+    assert np.array_equal((b + b).cast(zyx.float32).numpy(), bf16_round(bf16_round(x) * 2))
+    lays = [sk.items for p in vk_device._programs.values() for sk in p.launches
+            if sk.strategy == "elementwise"]
+    assert lays
+    if spec == "" and n >= 4096:
+        assert any(lay.vload and lay.vec == 4 and lay.flat for lay in lays)
 
 
 def test_max_propagates_nan_like_torch(vk_device):

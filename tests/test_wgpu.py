@@ -307,3 +307,37 @@ def test_large_elementwise_with_several_outputs_per_invocation(wgpu_device):
     i8 = np.random.randint(-128, 128, (1 << 20) + 3).astype(np.int8)
     np.testing.assert_allclose((zyx.Tensor(a) * 2 + 1).numpy(), a * 2 + 1, rtol=1e-6)
     np.testing.assert_array_equal((zyx.Tensor(i8) * 3).numpy(), i8 * np.int8(3))
+
+
+def test_large_contiguous_kernel_reads_vec4s(monkeypatch):
+    monkeypatch.delenv("ZYX_WGSL_EW", raising=False)
+    n = (1 << 20) + 3
+    src = write(_copy_kernel(dt.float32, dt.float32, n)).source
+    assert src.count("array<vec4<f32>>") == 2 and "base + 4096u <=" in src
+    # packed dtypes keep their u32 words
+    assert "vec4" not in write(_copy_kernel(dt.int8, dt.int8, n)).source.split("fn ")[0]
+    monkeypatch.setenv("ZYX_WGSL_EW", "vec=1")
+    assert "array<vec4" not in write(_copy_kernel(dt.float32, dt.float32, n)).source
+
+
+@pytest.mark.parametrize("spec", ["", "per=1,wg=64", "vec=1"])
+def test_large_elementwise_vec4_layouts(wgpu_device, monkeypatch, spec):
+    """Each ZYX_WGSL_EW layout against numpy: a ragged last tile, offset slices (not a
+    multiple of 4: those buffers stay scalar), broadcasts, transposes, packed dtypes."""
+    monkeypatch.setenv("ZYX_WGSL_EW", spec)
+    rng = np.random.default_rng(0)
+    n = (1 << 20) + 3
+    x = rng.standard_normal(n).astype(np.float32)
+    t = zyx.Tensor(x)
+    np.testing.assert_allclose(((t * 2 + 1).exp() * 0.5 - t).numpy(),
+                               np.exp(x * 2 + 1) * 0.5 - x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal((t[4:] + t[:-4]).numpy(), x[4:] + x[:-4])
+    np.testing.assert_array_equal((t[1:] * t[:-1]).numpy(), x[1:] * x[:-1])
+    m = x[:1 << 20].reshape(1024, 1024)
+    tm = zyx.Tensor(m)
+    np.testing.assert_array_equal((tm + tm[0]).numpy(), m + m[0])
+    np.testing.assert_array_equal((tm.permute(1, 0) + 1).numpy(), m.T + 1)
+    h = x.astype(np.float16)
+    np.testing.assert_array_equal((zyx.Tensor(h) * 2).numpy(), h * np.float16(2))
+    i = (x * 100).astype(np.int32)
+    np.testing.assert_array_equal((zyx.Tensor(i) * 3 - 1).numpy(), i * 3 - 1)

@@ -50,6 +50,9 @@ from .binary_cache import BinaryCache, cache_key
 from .blocks import FreeBlocks, configured_limit, default_limit
 
 VALIDATE_ENV = "ZYX_SPIRV_VALIDATE"
+# "0": declare no SPV_KHR_float_controls modes (benchmark sweeps: what keeping NaN,
+# signed zeros and denormals costs on a driver)
+FLOAT_CONTROLS_ENV = "ZYX_VK_FLOAT_CONTROLS"
 MAX_BATCH = 512          # commands recorded before a batch is submitted without a wait
 SETS_PER_POOL = 256      # descriptor sets one descriptor pool of the set cache holds
 DESCRIPTORS_PER_POOL = 4096
@@ -767,15 +770,16 @@ class VulkanDevice(ProgramCache):
             self.check_dtypes(kernel, launches[0])
             return launches, []
         strategy, local, items, nests = choose(kernel, self._info, schedule)
+        controls = self.float_controls if os.environ.get(FLOAT_CONTROLS_ENV, "1") != "0" else ()
         if strategy == "split":
             n = splits(kernel.ops, nests, local, self._info)
-            launches = write_split(kernel, local, nests, n, self.fp64, self.float_controls)
+            launches = write_split(kernel, local, nests, n, self.fp64, controls)
             n_out = output_size(kernel.ops)
             scratch = [n_out * n * max(_storage_size(kernel.ops[acc][1]), 1)
                        for acc in nests[0].results]
         else:
             launches = [write_kernel(kernel, strategy, local, items, nests, self.fp64,
-                                     self.float_controls)]
+                                     controls)]
             scratch = []
         self.check_dtypes(kernel, launches[0])
         return launches, scratch

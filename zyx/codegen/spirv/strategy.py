@@ -2,9 +2,8 @@
 GPU lowering's (`gpu.reduce.choose_strategy`, made from `gpu.analysis` facts), mapped to
 what the SPIR-V writer has.
 
-- no loops (elementwise): "serial", one output per invocation, or `items` outputs per
-  invocation at a stride of the whole dispatch when there are many more outputs than the
-  device runs at once;
+- no loops: "elementwise" (elementwise.py): tiles of consecutive outputs per workgroup,
+  `vec` consecutive outputs per step of an invocation read and written as vectors;
 - reduce kernels the analysis splits over a group ("group": softmax-like rows, a long
   sum per output): one workgroup per output, lanes split each reduce nest, a tree in
   workgroup memory combines;
@@ -21,11 +20,10 @@ import os
 from ..._core import kernel as K
 from ..gpu.analysis import output_size, reduce_nests
 from ..gpu.reduce import choose_strategy
+from .elementwise import plan as elementwise_plan
 
 ELEMENTWISE_LOCAL = 256
 GROUP_LOCAL = 256
-ITEMS = 4                 # outputs per invocation of a large elementwise kernel
-ITEMS_FROM = 1 << 22      # outputs from which invocations take ITEMS each
 SPLIT_WORK = 64           # fewest elements per lane of a split group
 MAX_SPLITS = 4096
 
@@ -38,9 +36,10 @@ def candidates(kernel, info):
     out = [("default", None)]
     strategy = choose(kernel, info)[0]
     limit = max(info.max_local_threads, 1)
-    if strategy == "serial" and not any(op[0] == K.LOOP for op in kernel.ops):
-        out += [(f"ew:items={i},local={l}", {"items": i, "local": l})
-                for i, l in ((1, 256), (8, 128), (4, 512), (2, 256)) if l <= limit]
+    if strategy == "elementwise":
+        out += [(f"ew:items={i},vec={v},local={l}", {"items": i, "vec": v, "local": l})
+                for i, v, l in ((1, 4, 256), (2, 4, 256), (8, 4, 128), (4, 1, 256),
+                                (4, 4, 512)) if l <= limit]
     elif strategy in ("group", "split"):
         out += [(f"group:local={l}", {"group": l}) for l in (64, 128, 512) if l <= limit]
     return out
@@ -49,20 +48,16 @@ def candidates(kernel, info):
 def choose(kernel, info, schedule=None):
     """(strategy, local size, items per invocation, nests) for `kernel` on a device
     described by `info` (DeviceInfo); for "split", `splits(...)` gives the groups per
-    output. `schedule` (the autotuner's choice, `candidates`) overrides the knobs:
-    {"items": n, "local": n} for elementwise kernels, {"group": n} for group and split
-    ones. Environment knobs for benchmark sweeps: ZYX_VK_ITEMS and ZYX_VK_LOCAL
-    (elementwise outputs per invocation, workgroup size), ZYX_VK_GROUP (group and split
+    output; for "elementwise" the third item is its `EwLayout`. `schedule` (the
+    autotuner's choice, `candidates`) overrides the knobs: {"items", "vec", "local"} for
+    elementwise kernels, {"group": n} for group and split ones. Environment knobs for
+    benchmark sweeps: ZYX_VK_EW (elementwise.py), ZYX_VK_GROUP (group and split
     workgroup size), ZYX_VK_SPLITS (most groups per output of a split)."""
     ops = kernel.ops
     limit = max(info.max_local_threads, 1)
     if not any(op[0] == K.LOOP for op in ops):
-        items = ITEMS if output_size(ops) >= ITEMS_FROM else 1
-        items = int(os.environ.get("ZYX_VK_ITEMS", items))      # (benchmark sweeps)
-        local = int(os.environ.get("ZYX_VK_LOCAL", ELEMENTWISE_LOCAL))
-        if schedule:
-            items, local = schedule.get("items", items), schedule.get("local", local)
-        return "serial", min(local, limit), items, None
+        lay = elementwise_plan(kernel, info, schedule)
+        return "elementwise", lay.local, lay, None
     nests = reduce_nests(ops)
     limit_iters = info.extra.get("loop_limit")
     over = limit_iters is not None and iterations(ops) > limit_iters

@@ -8,9 +8,11 @@ computes: float16/bfloat16 in float32 registers (stored as 16-bit words, convert
 integer ops, round to nearest even), bool as OpTypeBool (stored as a byte), integers at
 their own width. Index math is 32-bit where `analysis.narrow_index` proves it fits.
 
-Strategies (`strategy.py` picks one): "serial" (each invocation computes `items`
-outputs, one after another at a stride of the whole dispatch: the elementwise and short
-reduce kernels) and "group" (one workgroup per output: every reduce nest's loop run is
+Strategies (`strategy.py` picks one): "elementwise" (loop-free kernels: tiles of
+consecutive outputs, vector loads and stores, `elementwise.py`), "serial" (each
+invocation computes `items` outputs, one after another at a stride of the whole
+dispatch: the short reduce kernels, and elementwise ones in the older `stride` layout),
+"split" (a huge reduction in two passes) and "group" (one workgroup per output: every reduce nest's loop run is
 split over the lanes and the partial accumulators are combined by a tree in workgroup
 memory; the row kernels of softmax & co).
 """
@@ -25,6 +27,7 @@ from ..cstyle import half_rounds, round_half
 from ..gpu.analysis import loop_ends, narrow_index, output_size
 from . import builder as B
 from . import f64math
+from .elementwise import write_elementwise
 
 # GLSL.std.450 instruction numbers
 GLSL = dict(Trunc=3, FAbs=4, Floor=8, Sin=13, Cos=14, Tanh=21, Pow=26, Exp=27, Log=28,
@@ -88,6 +91,9 @@ class _Writer:
         extents = [self.n_out] + [n for _, n, _ in kernel.args]
         self.narrow = narrow_index(self.ops, extents)
         self.ends = loop_ends(self.ops)
+        self.vviews = {}         # (GLOBAL define, lanes) -> vector view (elementwise.py)
+        self.lane_loads = {}     # LOAD op -> value given by the elementwise strategy
+        self.lane_stores = None  # STORE op -> [values] the elementwise strategy stores
 
     # -- types -------------------------------------------------------------------------
     def rtype(self, d):
@@ -258,6 +264,8 @@ class _Writer:
             self.write_split(group)
         elif self.strategy == "group":
             self.write_group(group)
+        elif self.strategy == "elementwise" and not self.items.stride:
+            write_elementwise(self, group)
         else:
             self.write_serial(group, nx, nwg)
         m.emit("Return")
@@ -285,9 +293,12 @@ class _Writer:
         m = self.m
         for i, op in enumerate(self.ops):
             if op[0] == K.DEFINE and op[2] == K.SCOPE_GLOBAL:
-                d = self.k.args[op[3]][0]
+                d, _, read_only = self.k.args[op[3]]
                 elem = self.stype(d)
                 s = m.storage_buffer_struct(elem, _stride(d), op[3])
+                if read_only:
+                    # lets the driver read through its non-coherent (texture) cache
+                    m.member_decorate(s, 0, "NonWritable")
                 var = m.global_variable(m.type_pointer("StorageBuffer", s), "StorageBuffer")
                 m.decorate(var, "DescriptorSet", 0)
                 m.decorate(var, "Binding", op[3])
@@ -319,18 +330,19 @@ class _Writer:
         m = self.m
         u32 = self.u32()
         n_out = self.n_out
+        items = self.items.items if self.strategy == "elementwise" else self.items
         g = m.op("IAdd", u32, m.op("IMul", u32, group, self.c_u32(self.local)), self.lane)
-        if self.items > 1:
+        if items > 1:
             ny = m.op("CompositeExtract", u32, nwg, 1)
             span = m.op("IMul", u32, m.op("IMul", u32, nx, ny), self.c_u32(self.local))
-            k = self.open_loop(self.c_u32(0), self.c_u32(self.items), self.c_u32(1), u32,
+            k = self.open_loop(self.c_u32(0), self.c_u32(items), self.c_u32(1), u32,
                                signed=False)
             g = m.op("IAdd", u32, g, m.op("IMul", u32, k, span))
         self.open_if(m.op("ULessThan", self.boolt(), g, self.c_u32(n_out)))
         self.decode_indices(g)
         self.body(0, len(self.ops))
         self.close_if()
-        if self.items > 1:
+        if items > 1:
             self.close_loop()
 
     def write_group(self, group):
@@ -509,6 +521,8 @@ class _Writer:
         m = self.m
         d = op[1]
         ref, index_ref, guard = op[2], op[3], op[4]
+        if i in self.lane_loads:
+            return self.lane_loads[i]
         if ref in self.regs:
             return m.op("Load", self.rtype(d), self.reg_ptr(ref, index_ref))
         var, eptr, sd = self.bufs[ref]
@@ -534,7 +548,10 @@ class _Writer:
             m.emit("Store", self.reg_ptr(ref, index_ref), self.value_as(value_ref, d))
             return
         var, eptr, sd = self.bufs[ref]
-        guarded = (self.strategy != "serial" and not self.in_store_nest(i))
+        if self.lane_stores is not None and i in self.lane_stores:
+            self.lane_stores[i].append(self.to_storage(sd, self.value_as(value_ref, sd)))
+            return
+        guarded = (self.strategy in ("group", "split") and not self.in_store_nest(i))
         if guarded:
             self.open_if(m.op("IEqual", self.boolt(), self.lane, self.c_u32(0)))
         v = self.to_storage(sd, self.value_as(value_ref, sd))
@@ -1154,8 +1171,9 @@ def write_split(kernel, local, nests, splits, fp64=True, float_controls=()):
 
 def write_kernel(kernel, strategy="serial", local=256, items=1, nests=None, fp64=True,
                  float_controls=()):
-    """The SpirvKernel of `kernel` with `strategy` ("serial" or "group"), `local`
-    invocations per workgroup and, for "serial", `items` outputs per invocation.
+    """The SpirvKernel of `kernel` with `strategy` ("serial", "elementwise" or "group"),
+    `local` invocations per workgroup and, for "serial", `items` outputs per invocation
+    (for "elementwise", `items` is the `elementwise.EwLayout`).
     `fp64`: the device computes float64 (else integer math functions go through float32).
     `float_controls`: of "nan32", "nan64", "denorm32", "denorm64", what the device can
     preserve (VkPhysicalDeviceFloatControlsProperties): those modes are declared."""
@@ -1164,6 +1182,8 @@ def write_kernel(kernel, strategy="serial", local=256, items=1, nests=None, fp64
     n_out = w.n_out
     if strategy == "group":
         groups = n_out
+    elif strategy == "elementwise":
+        groups = items.groups
     else:
         groups = max(-(-n_out // (local * items)), 1)
     return SpirvKernel(words, local, groups, strategy, items, uses_dtypes(kernel))

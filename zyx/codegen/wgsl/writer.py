@@ -38,12 +38,22 @@ from ... import dtype as dt
 from ..._core import kernel as K
 from ..cstyle import alu_operands, half_rounds, round_half
 from ..gpu.analysis import contiguous_loads
+from ..gpu.elementwise import elementwise_accesses
+from ..gpu.program import read_variant
 
 WORKGROUP = 256              # invocations per workgroup of the serial strategy
 # outputs per invocation of loop-free kernels of at least EW_PER_MIN outputs: 4 gave 10%
 # more bandwidth than 1 on an H100 through Vulkan (64M float32 chain: 1540 vs 1386 GB/s)
 EW_PER = 4
 EW_PER_MIN = 1 << 20
+# Loop-free kernels of at least EW_PER_MIN outputs, `ZYX_WGSL_EW` for sweeps: `per` steps
+# of `vec` consecutive outputs per invocation, `wg` invocations per workgroup; vec=4
+# reads and writes the buffers every access of which is at the flat output index as
+# vec4s (`_write_vec`), vec=1 is the older grid-stride layout (`_write_serial_per`).
+EW_ENV = "ZYX_WGSL_EW"
+EW_DEFAULT = {"per": EW_PER, "vec": 4, "wg": WORKGROUP}
+EW_LIMITS = {"per": 16, "vec": 4, "wg": 1024}
+VEC_DTYPES = (dt.float32, dt.int32, dt.uint32)
 ROW_WORKGROUP = 256          # invocations per workgroup of the rows strategy
 ROW_MIN_LOOP = 256           # fewest iterations of a reduce loop the rows strategy takes
 ROW_MIN_SERIAL_WORK = 1 << 15  # "rows" only where one invocation's serial work would exceed this
@@ -311,6 +321,8 @@ class _Writer:
         self.ops = kernel.ops
         self.names = {}
         self.lines = []
+        self.vec_bufs = set()        # argument numbers declared as vec4 arrays (_write_vec)
+        self.lane = {}               # access op -> expression read/written instead (_write_vec)
         self.globals = {}            # DEFINE position -> (argno, dtype, written)
         written = {op[2] for op in self.ops if op[0] == K.STORE}
         for i, op in enumerate(self.ops):
@@ -330,6 +342,8 @@ class _Writer:
                 continue
             if d in PACKED or d is dt.int64:
                 t = "array<atomic<u32>>" if written else "array<u32>"
+            elif argno in self.vec_bufs:
+                t = f"array<vec4<{wtype(d)}>>"
             else:
                 t = f"array<{wtype(d)}>"
             out.append(f"@group(0) @binding({argno}) var<storage, read_write> g{argno}: {t};")
@@ -358,6 +372,8 @@ class _Writer:
         if d not in PACKED:
             if argno in self.uniforms:
                 return at(index) if wtype(d) == "u32" else f"bitcast<{wtype(d)}>({at(index)})"
+            if argno in self.vec_bufs:
+                return f"{buf}[({index}) / 4][({index}) % 4]"
             return f"{buf}[{index}]"
         bits = PACKED[d]
         per = 32 // bits
@@ -380,6 +396,8 @@ class _Writer:
     def store_global(self, define, index, value, ind):
         argno, d, _ = self.globals[define]
         buf = f"g{argno}"
+        if argno in self.vec_bufs:
+            return [f"{ind}{buf}[({index}) / 4][({index}) % 4] = {value};"]
         if d not in PACKED:
             return [f"{ind}{buf}[{index}] = {value};"]
         bits = PACKED[d]
@@ -540,6 +558,8 @@ class _Writer:
             src = self.ops[op[2]]
             if src[2] == K.SCOPE_REGISTER:
                 e = self.v(op[2]) + (f"[{self.v(op[3])}]" if op[3] >= 0 else "")
+            elif i in self.lane:
+                e = self.lane[i]
             else:
                 e = self.load_global(op[2], self.v(op[3]))
                 if op[4] >= 0:
@@ -642,8 +662,12 @@ def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False
         k = _write_rows(kernel, index, outputs, plan, max_groups, f64_totals, uniforms,
                         min(max_threads, wg or ROW_WORKGROUP))
     else:
+        loop_free = not any(op[0] == K.LOOP for op in ops)
+        var = ew_variant() if loop_free and outputs >= EW_PER_MIN else None
+        if var is not None and wg is None:
+            wg = var["wg"]
         k = _write_serial(kernel, index, outputs, max_groups,
-                          min(max_threads, wg or WORKGROUP), f64_totals, uniforms, per)
+                          min(max_threads, wg or WORKGROUP), f64_totals, uniforms, per, var)
     k.uniforms = uniforms
     return k
 
@@ -708,6 +732,8 @@ def _body(w, start, ind, skip=None, hooks=None):
             if dst[2] == K.SCOPE_REGISTER:
                 sub = f"[{w.v(op[3])}]" if op[3] >= 0 else ""
                 w.lines.append(f"{ind}{w.v(op[2])}{sub} = {w.v(op[4])};")
+            elif i in w.lane:
+                w.lines.append(f"{ind}{w.lane[i]} = {w.v(op[4])};")
             else:
                 w.lines.extend(w.store_global(op[2], w.v(op[3]), w.v(op[4]), ind))
         elif c == K.BARRIER:
@@ -788,11 +814,25 @@ class _SerialHooks:
         return lines
 
 
+def ew_variant(spec=None):
+    """{per, vec, wg} of large loop-free kernels: EW_DEFAULT updated by `spec` (default:
+    the ZYX_WGSL_EW environment variable, e.g. "per=2,vec=4,wg=256")."""
+    return read_variant(EW_ENV, EW_DEFAULT, EW_LIMITS, spec)
+
+
 def _write_serial(kernel, index, outputs, max_groups, workgroup, f64_totals=False,
-                  uniforms=NO_UNIFORMS, per=None):
+                  uniforms=NO_UNIFORMS, per=None, variant=None):
+    """`variant`: `ew_variant()` for a large loop-free kernel (None: one output per
+    invocation unless `per` says otherwise)."""
+    loop_free = not any(op[0] == K.LOOP for op in kernel.ops)
+    vec = variant["vec"] if variant is not None else 1
     if per is None:
-        per = EW_PER if outputs >= EW_PER_MIN else 1
-    if per > 1 and not any(op[0] == K.LOOP for op in kernel.ops):
+        per = variant["per"] if variant is not None else 1
+    if loop_free and vec > 1:
+        k = _write_vec(kernel, index, outputs, max_groups, workgroup, uniforms, per, vec)
+        if k is not None:
+            return k
+    if per > 1 and loop_free:
         return _write_serial_per(kernel, index, outputs, max_groups, workgroup, uniforms, per)
     w = _Writer(kernel, uniforms)
     nwg = -(-outputs // workgroup)
@@ -827,6 +867,89 @@ def _write_serial_per(kernel, index, outputs, max_groups, workgroup, uniforms, p
     w.lines.append("  }")
     k = _assemble(w, head, groups, "serial", outputs, workgroup)
     return k
+
+
+def _vector_buffers(kernel, uniforms, vec):
+    """({access op: offset}, argument numbers) of the buffers `_write_vec` declares as
+    vec4 arrays: 32-bit, not packed nor uniform, and every access of them at the flat
+    output index plus a multiple of 4 (`elementwise_accesses`); ({}, ()) when the kernel's
+    other accesses are not coalesced (a gather, a transpose) or none qualifies."""
+    ops = kernel.ops
+    flat, coalesced = elementwise_accesses(ops, vec)
+    if not coalesced or not flat:
+        return {}, ()
+    by_arg = {}
+    for i, op in enumerate(ops):
+        if op[0] in (K.LOAD, K.STORE) and ops[op[2]][0] == K.DEFINE \
+                and ops[op[2]][2] == K.SCOPE_GLOBAL:
+            by_arg.setdefault(ops[op[2]][3], []).append(i)
+    args = tuple(a for a, acc in sorted(by_arg.items())
+                 if kernel.args[a][0] in VEC_DTYPES and a not in uniforms
+                 and all(i in flat for i in acc))
+    return {i: flat[i] for a in args for i in by_arg[a]}, args
+
+
+def _write_vec(kernel, index, outputs, max_groups, workgroup, uniforms, per, vec):
+    """A loop-free kernel in tiles of `workgroup * per * vec` consecutive outputs per
+    workgroup: step k of an invocation covers the `vec` (4) outputs from
+    `(k * workgroup + lid) * 4` of the tile, so each step is coalesced; buffers accessed
+    only there are vec4 arrays, read and written a vec4 per step (naga checks the bounds
+    of each access: a quarter as many checks as scalars). The ragged last tile runs one
+    guarded output per invocation and iteration. None when no buffer qualifies."""
+    flat, args = _vector_buffers(kernel, uniforms, vec)
+    if not args:
+        return None
+    w = _Writer(kernel, uniforms)
+    w.vec_bufs = set(args)
+    ops = kernel.ops
+    tile = workgroup * per * vec
+    tiles = -(-outputs // tile)
+    if (tiles + 1) * tile > INT32_MAX:
+        return None
+    groups = fold(tiles, max_groups)
+    head = [f"  let grp: u32 = wid.y * {groups[0]}u + wid.x;",
+            f"  if (grp >= {tiles}u) {{ return; }}",
+            f"  let base: u32 = grp * {tile}u;"]
+    argno = {i: ops[ops[i][2]][3] for i in flat}
+    loads = [i for i in sorted(flat) if ops[i][0] == K.LOAD]
+    stores = [i for i in sorted(flat) if ops[i][0] == K.STORE]
+    full = outputs % tile == 0
+    w.lines.append("  if (base + " + f"{tile}u <= {outputs}u) {{" if not full else "  {")
+    for k in range(per):
+        w.lines.append(f"    let p{k}: u32 = base + ({k * workgroup}u + lid.x) * {vec}u;")
+        w.lines.append(f"    let q{k}: i32 = i32(p{k} / {vec}u);")
+        for i in loads:
+            off = flat[i] // vec
+            at = f"q{k} + {off}" if off else f"q{k}"
+            w.lines.append(f"    let a{i}_{k} = g{argno[i]}[{at}];")
+        for i in stores:
+            w.lines.append(f"    var o{i}_{k}: vec4<{wtype(kernel.args[argno[i]][0])}>;")
+        for j in range(vec):
+            w.lines.append("    {")
+            w.lane = {i: f"a{i}_{k}[{j}]" for i in loads}
+            w.lane.update({i: f"o{i}_{k}[{j}]" for i in stores})
+            lines, names = _decompose(index, f"(p{k} + {j}u)", "      ")
+            w.lines.extend(lines)
+            w.names.update(names)
+            _body(w, 0, "      ")
+            w.lines.append("    }")
+        w.lane = {}
+        for i in stores:
+            off = flat[i] // vec
+            at = f"q{k} + {off}" if off else f"q{k}"
+            w.lines.append(f"    g{argno[i]}[{at}] = o{i}_{k};")
+    w.lines.append("  }")
+    if not full:
+        w.lines.append("  else {")
+        w.lines.append(f"    for (var gid: u32 = base + lid.x; gid < min(base + {tile}u, "
+                       f"{outputs}u); gid += {workgroup}u) {{")
+        lines, names = _decompose(index, "gid", "      ")
+        w.lines.extend(lines)
+        w.names.update(names)
+        _body(w, 0, "      ")
+        w.lines.append("    }")
+        w.lines.append("  }")
+    return _assemble(w, head, groups, "serial", outputs, workgroup)
 
 
 # -- the rows strategy ----------------------------------------------------------------------
