@@ -52,12 +52,14 @@ class GraphReplay:
         self.variants = []        # most recently used first
         self.debug = debug
         self.rebinds = 0          # node parameter rewrites (tests, ZYX_DEBUG=64)
-        self.builds = 0
+        self.builds = 0           # graphs instantiated
+        self.replays = 0
 
     def replay(self, key):
         """Launch the plan bound to the slot addresses `key` (a tuple, one per slot); the
         parameter blocks must hold those addresses already."""
         variants = self.variants
+        self.replays += 1
         for i, v in enumerate(variants):
             if v.key == key:
                 if i:
