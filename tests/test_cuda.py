@@ -227,6 +227,93 @@ def test_direct_launch_passes_cuLaunchKernel_its_arguments(tmp_path, monkeypatch
     assert cuda.direct_launch(lib) is None
 
 
+_GRAPH_SHIM = r"""
+#include <stddef.h>
+/* CUDA_KERNEL_NODE_PARAMS_v1 as cuda.h declares it */
+typedef struct { void *func; unsigned gx, gy, gz, bx, by, bz, shm;
+                 void **kernelParams; void **extra; } params_t;
+typedef struct { void *func; unsigned gx, bx, shm; unsigned long long p0; void *dep;
+                 void *node; } rec_t;
+rec_t zyx_nodes[8], zyx_set;
+int zyx_nnodes, zyx_launches;
+void *zyx_exec, *zyx_stream;
+static void record(rec_t *r, const params_t *p) {
+  r->func = p->func; r->gx = p->gx; r->bx = p->bx; r->shm = p->shm;
+  r->p0 = *(unsigned long long *)p->kernelParams[0];
+}
+int cuGraphCreate(void **g, unsigned flags) { *g = (void *)0x6000; zyx_nnodes = 0; return 0; }
+int cuGraphAddKernelNode(void **node, void *g, void **deps, size_t n, const params_t *p) {
+  rec_t *r = &zyx_nodes[zyx_nnodes];
+  record(r, p);
+  r->dep = n ? deps[0] : 0;
+  *node = r->node = (void *)(size_t)(0x7000 + zyx_nnodes++);
+  return 0;
+}
+int cuGraphInstantiateWithFlags(void **e, void *g, unsigned long long flags) {
+  *e = (void *)0x8000; return g == (void *)0x6000 ? 0 : 1;
+}
+int cuGraphExecKernelNodeSetParams(void *e, void *node, const params_t *p) {
+  record(&zyx_set, p); zyx_set.node = node; return p->gx == 0 ? 1 : 0;
+}
+int cuGraphLaunch(void *e, void *s) { zyx_exec = e; zyx_stream = s; zyx_launches++; return 0; }
+int cuGraphExecDestroy(void *e) { return 0; }
+int cuGraphDestroy(void *g) { return 0; }
+"""
+
+
+class _NodeRecord(ctypes.Structure):
+    _fields_ = [("func", ctypes.c_void_p), ("gx", ctypes.c_uint), ("bx", ctypes.c_uint),
+                ("shm", ctypes.c_uint), ("p0", ctypes.c_uint64), ("dep", ctypes.c_void_p),
+                ("node", ctypes.c_void_p)]
+
+
+def test_cuda_graph_calls_pass_the_driver_its_arguments(tmp_path):
+    """cuda.CUDAGraphs against a stand-in for the driver's graph calls (no GPU here):
+    kernel nodes with CUDA_KERNEL_NODE_PARAMS laid out as cuda.h's v1 struct, each node
+    after the one before, the parameter values read through kernelParams when a node is
+    added or rewritten, the replay on the device's stream, a failure raised as
+    BackendError naming the call."""
+    import shutil
+    import subprocess
+    import types
+    from zyx.backends import cuda
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the stand-in driver library")
+    (tmp_path / "graphs.c").write_text(_GRAPH_SHIM)
+    so = tmp_path / "libgraphs.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(tmp_path / "graphs.c")],
+                   check=True)
+    lib = ctypes.CDLL(str(so))
+
+    def check(err, what):
+        raise BackendError(f"CUDA: {what} failed: {err}")
+    api = cuda.CUDAGraphs(lib, 0x5678, check)
+    values = np.array([0xA0, 0xB0], np.uint64)
+    blocks = [np.array([values.ctypes.data + 8 * i], np.uint64) for i in range(2)]
+    params = [api.node_params(0x1234, 96, 256, 0, blocks[0].ctypes.data),
+              api.node_params(0x1240, 1, 64, 4096, blocks[1].ctypes.data)]
+    graph, nodes = api.build(params)
+    recs = (_NodeRecord * 8).in_dll(lib, "zyx_nodes")
+    assert [(r.func, r.gx, r.bx, r.shm, r.p0) for r in recs[:2]] == [
+        (0x1234, 96, 256, 0, 0xA0), (0x1240, 1, 64, 4096, 0xB0)]
+    assert recs[0].dep is None and recs[1].dep == nodes[0].value == 0x7000
+    exe = api.instantiate(graph)
+    api.launch(exe)
+    assert ctypes.c_void_p.in_dll(lib, "zyx_exec").value == 0x8000
+    assert ctypes.c_void_p.in_dll(lib, "zyx_stream").value == 0x5678
+    values[1] = 0xC0                 # the second launch's buffer moved: its node rewritten
+    api.set_params(exe, nodes[1], params[1])
+    done = _NodeRecord.in_dll(lib, "zyx_set")
+    assert (done.node, done.func, done.p0, done.shm) == (0x7001, 0x1240, 0xC0, 4096)
+    with pytest.raises(BackendError, match="cuGraphExecKernelNodeSetParams"):
+        api.set_params(exe, nodes[0], api.node_params(0x1234, 0, 256, 0,
+                                                      blocks[0].ctypes.data))
+    api.destroy(graph, exe)
+    with pytest.raises(AttributeError):         # a driver without the calls: no graphs
+        cuda.CUDAGraphs(types.SimpleNamespace(cuLaunchKernel=None), 0, check)
+
+
 def test_nan_and_infinity_literals_compile(compiler):
     t = zyx.Tensor(np.random.randn(4).astype(np.float32)).maximum(zyx.Tensor(np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)))
     for k in kernels_of(t * float("inf")):
