@@ -1998,7 +1998,9 @@ def test_cuda_graphs_give_the_same_training_as_plain_launches(cuda_runtime):
     import launch_loop
     dev = zyx._RT.device()
     api = dev.driver.graph_api
-    assert api is not None, "this driver cannot replay graphs (or ZYX_CUDA_GRAPHS=0)"
+    if api is None or not dev.plan_launches:
+        pytest.skip("CUDA graphs are off (ZYX_CUDA_GRAPHS=0 or ZYX_PLAN_LAUNCHES=0, or the "
+                    "driver has no graph calls)")
     try:
         graphs = launch_loop.train_fresh(steps=40)
         replays = [ln.graph for ln in launch_loop.launchers() if ln.graph is not None]
@@ -2026,6 +2028,10 @@ def test_cuda_graph_replays_rebind_buffers_that_change(cuda_runtime):
     matches numpy; the plan's graphs were instantiated at most graphs.VARIANTS times and
     rebound (node parameters rewritten) for the other sets of buffers."""
     from zyx.backends import graphs as G
+    dev = zyx._RT.device()
+    if dev.driver.graph_api is None or not dev.plan_launches:
+        pytest.skip("CUDA graphs are off (ZYX_CUDA_GRAPHS=0 or ZYX_PLAN_LAUNCHES=0, or the "
+                    "driver has no graph calls)")
     rng = np.random.default_rng(1)
     xs = [rng.standard_normal((64, 96), dtype=np.float32) for _ in range(7)]
     w = rng.standard_normal((96, 32), dtype=np.float32)

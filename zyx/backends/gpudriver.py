@@ -719,6 +719,10 @@ class DriverDevice(ProgramCache):
     stream."""
     backend = "gpu"
     plan_launches = True       # prepare_launches on (open_devices reads the switch)
+    # a plan's temporaries share one arena (scheduler.layout_memory): each starts where a
+    # block of its own would (cuMemAlloc's alignment), so vector loads and tensor maps
+    # see the alignment they saw before
+    arena_align = 256
 
     def __init__(self, driver, pool, dialect, compiler, debug=0):
         self.driver = driver
