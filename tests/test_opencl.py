@@ -117,3 +117,49 @@ def test_uploads_are_queued_and_the_source_may_change_at_once():
     many = [zyx.Tensor(np.full(16, i, np.float32)) for i in range(200)]
     assert len(pool._uploads) <= 200
     assert [t.numpy()[0] for t in many] == list(range(200))
+
+
+def test_plan_launches_give_the_same_training_as_kernel_by_kernel_launches(monkeypatch):
+    """Plans run through their launch record (PlanLaunches: arguments set once, only the
+    moved buffers set again, temporaries in one arena as sub-buffers) compute what the
+    kernel-by-kernel path computes, over a training loop whose batches and weights move
+    every step; and the loss goes down."""
+    import launch_loop
+    dev = zyx._RT.device()
+    assert dev.backend == "opencl"
+    monkeypatch.setattr(dev, "plan_launches", False)
+    plain = launch_loop.train_fresh()
+    assert not launch_loop.launchers()
+    monkeypatch.setattr(dev, "plan_launches", True)
+    prepared = launch_loop.train_fresh()
+    assert launch_loop.launchers(), "the training step ran through a launch record"
+    launch_loop.assert_same(prepared, plain)
+    assert prepared[0][-3:].mean() < prepared[0][:3].mean()
+    zyx._RT._drop_plans()
+
+
+def test_plan_launches_rebind_leaves_that_change_between_runs():
+    """One plan (several kernels, a temporary in the arena) run over inputs that change
+    between runs, earlier outputs kept alive so that the targets move too: every run
+    matches numpy, and the launch record sets again only the arguments of the slots
+    whose buffer changed."""
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((16, 24), dtype=np.float32) for _ in range(5)]
+    w = rng.standard_normal((24, 8), dtype=np.float32)
+    W = zyx.tensor(w)
+    X = [zyx.tensor(x) for x in xs]
+    kept = []
+    for i in range(12):
+        out = ((X[i % 5] @ W).softmax(-1) + X[i % 5].mean()).realize()
+        kept = (kept + [out])[-3:]
+        x = xs[i % 5].astype(np.float64)
+        e = np.exp(x @ w - (x @ w).max(-1, keepdims=True))
+        close(out, e / e.sum(-1, keepdims=True) + x.mean(), rtol=1e-4, atol=1e-5)
+    plan = next(p for p in zyx._RT.plans.values()
+                if p.launcher is not None and len(p.launcher.launches) >= 2)
+    # the arguments hold the last run's buffers: the weight's (never moved) and the
+    # last input's, and the last target's
+    bound = [id(h) for h in plan.launcher.bound]
+    buffer = lambda t: zyx._RT.graph.get(t._id).buffer.handle   # noqa: E731
+    for t in (W, X[11 % 5], kept[-1]):
+        assert id(buffer(t)) in bound

@@ -200,8 +200,8 @@ cdef class ThreadChoice:
 
 class Plan:
     __slots__ = ("steps", "nbytes", "free_after", "targets", "leaves", "device", "stored",
-                 "nkernels", "runner", "slot", "owned", "root", "arena_bytes", "nslots",
-                 "threads", "last_used", "params", "bound")
+                 "nkernels", "runner", "launcher", "slot", "owned", "root", "arena_bytes",
+                 "nslots", "threads", "last_used", "params", "bound")
 
     def __init__(self, steps, nbytes, free_after, targets, leaves, device, stored):
         self.steps = steps
@@ -213,6 +213,7 @@ class Plan:
         self.stored = stored
         self.nkernels = sum(1 for st in steps if st.kernel is not None and nbytes.get(st.args[0]))
         self.runner = None     # a device-side program running every kernel (compile_plan)
+        self.launcher = None   # the device's launches of every kernel (prepare_launches)
         self.last_used = 0     # the runtime's realization count when it last ran (plan LRU)
         self.params = None     # values read at launch (runtime._values_plan), if any
         self.bound = None      # a plan at a bound on a growing size: its bounds.BoundGraph
@@ -221,14 +222,16 @@ class Plan:
 ARENA_ALIGN = 64
 
 
-def layout_memory(plan):
+def layout_memory(plan, int align=ARENA_ALIGN):
     """Where every stored position lives when the device runs the whole plan at once.
 
     Leaves and the buffers that outlive the plan (targets, and a temporary a target
     aliases) get their own pool buffers, passed as slots 1.. of a pointer table. Every
     other temporary gets an offset in one arena (slot 0) allocated per run; temporaries
     whose lifetimes do not overlap share bytes (first fit), so memory stays near the
-    peak a kernel-by-kernel run would need while the host allocates once."""
+    peak a kernel-by-kernel run would need while the host allocates once. `align`: the
+    arena offsets' alignment in bytes (a multiple of ARENA_ALIGN: OpenCL sub-buffers
+    must start at the device's base address alignment)."""
     steps = plan.steps
     root = {}
     for st in steps:
@@ -263,7 +266,7 @@ def layout_memory(plan):
     live = []          # (offset, size, last step) of placed temporaries
     top = 0
     for p in sorted(start, key=start.get):
-        size = (plan.nbytes.get(p, 0) + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
+        size = (plan.nbytes.get(p, 0) + align - 1) // align * align
         live = [b for b in live if b[2] >= start[p]]
         off = 0
         for b in sorted(live):
@@ -356,10 +359,27 @@ def build_plan(graph, list order, list target_ids, device, int debug=0, dict par
             programs = [device.compile(st.kernel) for st in live]
         for st, prog in zip(live, programs):
             st.program = prog
+        if hasattr(device, "prepare_launches"):
+            prepare_launches(plan, device, live)
     if debug & 2:
         print(f"zyx: plan of {len(steps)} kernel(s) for {len(order)} nodes in "
               f"{(time.perf_counter() - t0) * 1e3:.2f} ms", file=sys.stderr)
     return plan
+
+
+def prepare_launches(plan, device, list live):
+    """Give `plan` the device's launch record of all its kernels (`device.prepare_launches`:
+    each kernel's launches with a parameter block packed once, only the buffers that
+    moved since the last run rewritten), run by execute_runner with one call and the
+    memory of layout_memory (one arena for the temporaries). A device that declines
+    (returns None: switched off, or a kernel it cannot prepare) keeps the kernel-by-kernel
+    path."""
+    layout_memory(plan, getattr(device, "arena_align", ARENA_ALIGN))
+    launcher = device.prepare_launches(
+        [(st.program, [plan.slot[a] for a in st.args]) for st in live
+         if plan.nbytes.get(st.args[0])], plan.nslots)
+    if launcher is not None:
+        plan.launcher = launcher
 
 
 def leaf_buffers(plan, graph, list order, pool, move_to_pool):
@@ -378,21 +398,30 @@ def leaf_buffers(plan, graph, list order, pool, move_to_pool):
 
 def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug=0,
                    verify=None):
-    """Run a plan compiled into one device program: allocate the arena and the buffers
-    that outlive the run, fill the pointer table, make one call. `verify(buffer_of)` (the
-    runtime's value checks) runs before any target is bound.
+    """Run a plan compiled into one device program (`plan.runner`) or prepared as one
+    launch record (`plan.launcher`): allocate the arena and the buffers that outlive the
+    run, fill the slot table (addresses for a runner, Buffers for a launcher), make one
+    call. `verify(buffer_of)` (the runtime's value checks) runs before any target is bound.
 
     Anything raised before the results reach the graph (an allocation failure, a
     KeyboardInterrupt during the call, a failed check) frees what this run allocated:
     the targets stay lazy and the pool is as before."""
-    cdef list table = [0] * plan.nslots
+    cdef list table = [None if plan.launcher is not None else 0] * plan.nslots
     cdef dict bufs = leaf_buffers(plan, graph, order, pool, move_to_pool)
     cdef Py_ssize_t p
     cdef list made = []         # buffers allocated here and not yet handed to the graph
+    cdef bint launcher = plan.launcher is not None
+    cdef list waits = None      # events of leaves still being written (other queues)
     free = graph.free_buffer
     slot = plan.slot
     for p in plan.leaves:
-        table[slot[p][1]] = bufs[p].ptr
+        b = bufs[p]
+        if launcher:
+            table[slot[p][1]] = b
+            if b.event is not None:
+                waits = (waits or []) + [b.event]
+        else:
+            table[slot[p][1]] = b.ptr
     nbytes = plan.nbytes
     root = plan.root
     arena = None
@@ -401,12 +430,17 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
             b, _ = pool.allocate(nbytes[p])
             made.append(b)
             bufs[p] = b
-            table[slot[p][1]] = b.ptr
+            table[slot[p][1]] = b if launcher else b.ptr
         if plan.arena_bytes:
             arena, _ = pool.allocate(plan.arena_bytes)
             made.append(arena)
-            table[0] = arena.ptr
-        _run_program(plan, table, debug)
+            table[0] = arena if launcher else arena.ptr
+        if launcher:
+            if waits:
+                pool.sync_events(waits)
+            plan.device.run_launches(plan.launcher, table)
+        else:
+            _run_program(plan, table, debug)
         # a Ctrl-C that arrived during the call is raised here, while `made` still says
         # what to free, not later inside the graph bookkeeping below
         PyErr_CheckSignals()
@@ -452,7 +486,7 @@ def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0, ver
     `verify`: see execute_runner."""
     cdef dict bufs = {}
     cdef Py_ssize_t p, si
-    if plan.runner is not None:
+    if plan.runner is not None or plan.launcher is not None:
         execute_runner(plan, graph, order, pool, move_to_pool, stats, debug, verify)
         return
     device = plan.device

@@ -104,6 +104,22 @@ def load_config(path=None, debug=0) -> dict:
         return {}
 
 
+_OFF = ("0", "false", "off", "no")
+
+
+def switch(cfg, key, env):
+    """An on/off setting of a backend: the environment variable `env` when set ("0",
+    "false", "off", "no": off), else the config section's `key` (default on);
+    BackendError when the config's value is not a boolean."""
+    value = os.environ.get(env)
+    if value is not None:
+        return value.strip().lower() not in _OFF
+    value = cfg.get(key, True)
+    if not isinstance(value, bool):
+        raise BackendError(f"{key}={value!r} is not true or false")
+    return value
+
+
 def warn(message):
     """A warning users see once per message (config values ignored, cache not usable...)."""
     warnings.warn(message, RuntimeWarning, stacklevel=3)

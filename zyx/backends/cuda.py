@@ -7,7 +7,10 @@ launch path are shared with HIP in gpudriver.py; this module is the cuda-binding
 
 Config (`"cuda"` section of config.json): enabled (default true), device_ids (list of
 CUDA device ordinals to use, default all), cache_limit_mb (the freed blocks a device's
-pool keeps for reuse, default a tenth of its memory; zyx.empty_cache releases them).
+pool keeps for reuse, default a tenth of its memory; zyx.empty_cache releases them),
+plan_launches (default true; ZYX_PLAN_LAUNCHES=0: each plan's launches prepared once,
+gpudriver.DriverPlanLaunches), graphs (default true; ZYX_CUDA_GRAPHS=0: a plan that ran
+before replays as one CUDA graph, graphs.GraphReplay).
 
 Kernels are launched by calling the driver's cuLaunchKernel through ctypes with arguments
 converted once per program (`CUDADriver.prepared_launch`): cuda-bindings' wrapper converts
@@ -27,6 +30,7 @@ from ..codegen.gpu.nvidia import products, tma
 from ..codegen.target import DeviceInfo
 from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from ..codegen.cstyle import CUDADialect
+from . import switch
 from .gpudriver import DriverDevice, DriverMemoryPool, ResultTupleDriver, open_devices
 from .rtc import NVRTC_NAMES, RuntimeCompiler
 
@@ -158,6 +162,96 @@ def tensor_map_encoder(lib):
     return encode
 
 
+class KernelNodeParams(ctypes.Structure):
+    """CUDA_KERNEL_NODE_PARAMS (v1: the layout of the unversioned exported symbols
+    cuGraphAddKernelNode and cuGraphExecKernelNodeSetParams)."""
+    _fields_ = [("func", ctypes.c_void_p),
+                ("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
+                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("kernelParams", ctypes.c_void_p),
+                ("extra", ctypes.c_void_p)]
+
+
+class CUDAGraphs:
+    """The graph calls graphs.GraphReplay makes, on the driver library through ctypes
+    (arguments typed once; the replay and the node rewrites are on every run's path).
+    A graph is built node by node (cuGraphAddKernelNode, each after the one before), not
+    captured from the stream: the plan's launches are kernels alone (no allocation, copy
+    or host read can land in it), and the nodes' handles are what rewriting their
+    parameters needs."""
+    CALLS = {
+        "cuGraphCreate": [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint],
+        "cuGraphAddKernelNode": [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                 ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
+                                 ctypes.POINTER(KernelNodeParams)],
+        "cuGraphInstantiateWithFlags": [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                        ctypes.c_ulonglong],
+        "cuGraphExecKernelNodeSetParams": [ctypes.c_void_p, ctypes.c_void_p,
+                                           ctypes.POINTER(KernelNodeParams)],
+        "cuGraphLaunch": [ctypes.c_void_p, ctypes.c_void_p],
+        "cuGraphExecDestroy": [ctypes.c_void_p],
+        "cuGraphDestroy": [ctypes.c_void_p],
+    }
+
+    def __init__(self, lib, stream, check):
+        self.fn = {}
+        for name, argtypes in self.CALLS.items():
+            f = getattr(lib, name)        # AttributeError: a driver older than CUDA 11.4
+            f.argtypes = argtypes
+            f.restype = ctypes.c_int
+            self.fn[name] = f
+        self.stream = ctypes.c_void_p(int(stream))
+        self._check = check               # (CUresult as int, call name) -> raise
+
+    def _call(self, name, *args):
+        err = self.fn[name](*args)
+        if err:
+            self._check(err, name)
+
+    def node_params(self, fn, groups, local_size, shared, params_address):
+        p = KernelNodeParams(int(fn), groups, 1, 1, local_size, 1, 1, shared,
+                             params_address, None)
+        return ctypes.pointer(p)
+
+    def build(self, node_params):
+        graph = ctypes.c_void_p()
+        self._call("cuGraphCreate", ctypes.byref(graph), 0)
+        nodes = []
+        try:
+            for p in node_params:
+                node = ctypes.c_void_p()
+                if nodes:
+                    self._call("cuGraphAddKernelNode", ctypes.byref(node), graph,
+                               ctypes.byref(nodes[-1]), 1, p)
+                else:
+                    self._call("cuGraphAddKernelNode", ctypes.byref(node), graph, None, 0, p)
+                nodes.append(node)
+        except BaseException:
+            self.fn["cuGraphDestroy"](graph)
+            raise
+        return graph, nodes
+
+    def instantiate(self, graph):
+        exe = ctypes.c_void_p()
+        self._call("cuGraphInstantiateWithFlags", ctypes.byref(exe), graph, 0)
+        return exe
+
+    def set_params(self, exe, node, params):
+        self._call("cuGraphExecKernelNodeSetParams", exe, node, params)
+
+    def launch(self, exe):
+        err = self.fn["cuGraphLaunch"](exe, self.stream)
+        if err:
+            self._check(err, "cuGraphLaunch")
+
+    def destroy(self, graph, exe):
+        if exe is not None:
+            self._call("cuGraphExecDestroy", exe)
+        if graph is not None:
+            self._call("cuGraphDestroy", graph)
+
+
 class CUDADriver(ResultTupleDriver):
     """The gpudriver protocol for one CUDA device through cuda-bindings: its primary
     context and one non-blocking stream (no implicit synchronization with the legacy
@@ -166,7 +260,7 @@ class CUDADriver(ResultTupleDriver):
     PREFIX = "cu"
     CALLS = {"alloc": "cuMemAlloc", "free": "cuMemFree", "host_free": "cuMemFreeHost"}
 
-    def __init__(self, drv, ordinal):
+    def __init__(self, drv, ordinal, graphs=True):
         self.drv = self.api = drv
         self.ordinal = ordinal
         self.label = "CUDA"
@@ -183,6 +277,17 @@ class CUDADriver(ResultTupleDriver):
         self._direct = direct_launch(lib)
         self._encode = tensor_map_encoder(lib) if lib is not None else None
         self._no_timing = drv.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        # plans replay as CUDA graphs (gpudriver.DriverPlanLaunches) unless switched off
+        # (config "graphs": false, ZYX_CUDA_GRAPHS=0) or the driver cannot call them
+        self.graph_api = None
+        if graphs and lib is not None:
+            try:
+                self.graph_api = CUDAGraphs(lib, self.stream, self._raise)
+            except AttributeError:
+                pass
+
+    def _raise(self, err, what):
+        self.check((self.drv.CUresult(err),), what)
 
     def attribute(self, name, default=None):
         """A device attribute by its CU_DEVICE_ATTRIBUTE_ suffix; `default` when this
@@ -337,5 +442,6 @@ def initialize(cfg, debug=0):
     err, count = drv.cuDeviceGetCount()
     if int(err) != 0:
         raise BackendError(f"CUDA: cuDeviceGetCount failed ({err})")
-    return open_devices(cfg, count, "CUDA", lambda ordinal: CUDADriver(drv, ordinal),
+    graphs = switch(cfg, "graphs", "ZYX_CUDA_GRAPHS")
+    return open_devices(cfg, count, "CUDA", lambda ordinal: CUDADriver(drv, ordinal, graphs),
                         CUDAMemoryPool, CUDADevice, debug)

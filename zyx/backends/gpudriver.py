@@ -37,7 +37,7 @@ from functools import partial
 import numpy as np
 
 from ..errors import AllocationError, BackendError
-from . import Buffer, MemoryPool, ProgramCache, device_ids
+from . import Buffer, MemoryPool, ProgramCache, device_ids, switch
 from .blocks import FreeBlocks, configured_limit, default_limit
 from ..codegen.gpu.dispatch import lower, own_tiles, schedule_candidates
 from ..codegen.gpu.nvidia.tma import MAP_BYTES
@@ -524,6 +524,173 @@ class _PreparedLaunch:
                              **more))
 
 
+class _Address:
+    """A buffer address standing in for a Buffer where DriverDevice.launch reads `ptr`."""
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class DriverPlanLaunches:
+    """Every launch of a plan's kernels on one DriverDevice, prepared once
+    (DriverDevice.prepare_launches, run by run_launches with the plan's slot table of
+    scheduler.layout_memory: slot 0 the arena of temporaries, slots 1.. the leaves and
+    the buffers that outlive the run).
+
+    All parameter values sit in one array; each launch's `void**` block points into it
+    (then at its own tensor maps), and each launch's driver call is made once. A run
+    compares each slot's address with the one the values hold and rewrites only the
+    values of the slots that moved (and the tensor maps of their buffers), then makes the
+    launches: one call each, or, on a driver with graphs (`driver.graph_api`), from the
+    second run on one replay of the plan's graph (graphs.GraphReplay), its nodes rebound
+    where a buffer moved. Nothing is allocated per run."""
+    GRAPH_MIN_LAUNCHES = 2    # a graph replay costs about one launch
+
+    def __init__(self, device, kernels, nslots):
+        self.device = device
+        driver = device.driver
+        self.kernels = kernels
+        self.calls = []           # per launch: the no-argument call making it
+        self.blocks = []          # per launch: its uint64 `void**` block (kept alive)
+        self.maps = []            # per launch: its own _MapParameters ([] without maps)
+        self.node_params = []     # per launch: (fn, groups, local_size, shared, address)
+        positions = [[] for _ in range(nslots)]       # (value index, byte offset)
+        users = [set() for _ in range(nslots)]        # launches reading each slot
+        fixed = []                                    # (value index, scratch address)
+        specs = []
+        nvalues = 0
+        for program, slots in kernels:
+            scratch = program.scratch
+            if scratch is None and program.gpu.scratch:
+                scratch = program.scratch = [device.pool.raw_alloc(n)
+                                             for n in program.gpu.scratch]
+            for pl, launch in zip(program.launches, program.gpu.launches):
+                li = len(specs)
+                for j, i in enumerate(pl.sources):
+                    if i < 0:
+                        fixed.append((nvalues + j, scratch[-1 - i]))
+                        continue
+                    where, x = slots[i]
+                    k, off = (0, x) if where == "a" else (x, 0)
+                    positions[k].append((nvalues + j, off))
+                    users[k].add(li)
+                specs.append((pl, launch, nvalues))
+                nvalues += max(len(pl.sources), 1)
+        self.values = values = np.zeros(max(nvalues, 1), np.uint64)
+        for j, ptr in fixed:
+            values[j] = ptr
+        base = values.ctypes.data
+        prepared = getattr(driver, "prepared_launch", None)
+        self.mapped = []          # indices of the launches with tensor maps
+        for li, (pl, launch, first) in enumerate(specs):
+            maps = [_MapParameter(m.slot, m.spec, m.encode) for m in pl.maps]
+            n = max(len(pl.sources), 1)
+            block = np.array([base + 8 * (first + j) for j in range(n)] +
+                             [m.address for m in maps], np.uint64)
+            address = block.ctypes.data
+            more = {"shared": driver.allow_shared(pl.fn, launch.shared)} \
+                if launch.shared else {}
+            self.calls.append(
+                prepared(pl.fn, pl.groups, pl.local_size, address, **more)
+                if prepared is not None else
+                partial(driver.launch, pl.fn, pl.groups, pl.local_size, address, **more))
+            self.blocks.append(block)
+            self.maps.append(maps)
+            self.node_params.append((pl.fn, pl.groups, pl.local_size, launch.shared,
+                                     address))
+            if maps:
+                self.mapped.append(li)
+                for m in maps:        # a map of a scratch buffer: bound for good now
+                    if pl.sources[m.slot] < 0:
+                        m.bind(int(values[first + m.slot]))
+        self.first = [first for _, _, first in specs]
+        self.positions = positions
+        self.launches_of_slot = [sorted(u) for u in users]
+        self.bound = [-1] * nslots    # the address each slot's values hold (-1: none yet)
+        self.runs = 0
+        self.graph = None
+        api = getattr(driver, "graph_api", None)
+        if api is not None and len(self.calls) >= self.GRAPH_MIN_LAUNCHES:
+            from .graphs import GraphReplay
+            self.graph = GraphReplay(api, [api.node_params(*p) for p in self.node_params],
+                                     self.launches_of_slot, device.debug)
+
+    def run(self, table):
+        """Launch the plan over `table` (Buffers, None for an empty arena)."""
+        values = self.values
+        bound = self.bound
+        moved = None
+        for k, buf in enumerate(table):
+            ptr = 0 if buf is None else buf.ptr
+            if ptr != bound[k]:
+                bound[k] = ptr
+                for j, off in self.positions[k]:
+                    values[j] = ptr + off
+                if moved is None:
+                    moved = [k]
+                else:
+                    moved.append(k)
+        if moved is not None and self.mapped and not self._bind_maps(moved):
+            self._run_unmapped(table)
+            return
+        self.runs += 1
+        if self.graph is not None and self.runs > 1:
+            try:
+                self.graph.replay(tuple(bound))
+                return
+            except BackendError as e:     # a driver refusing graphs: plain launches
+                self._drop_graph(e)
+        for call in self.calls:
+            call()
+
+    def _bind_maps(self, moved):
+        """Encode the tensor maps of the buffers in the slots `moved`; False (and every
+        slot marked unbound) where one cannot start at its buffer (misaligned)."""
+        lis = set()
+        for k in moved:
+            lis.update(self.launches_of_slot[k])
+        values = self.values
+        for li in self.mapped:
+            if li in lis:
+                first = self.first[li]
+                for m in self.maps[li]:
+                    if not m.bind(int(values[first + m.slot])):
+                        self.bound = [-1] * len(self.bound)
+                        return False
+        return True
+
+    def _run_unmapped(self, table):
+        """This run kernel by kernel through DriverDevice.launch, which takes the kernels
+        lowered without tensor maps where a buffer is misaligned for them."""
+        device, pool = self.device, self.device.pool
+        for program, slots in self.kernels:
+            args = []
+            for where, x in slots:
+                buf = table[0 if where == "a" else x]
+                args.append(_Address((0 if buf is None else buf.ptr) +
+                                     (x if where == "a" else 0)))
+            device.launch(program, pool, args)
+
+    def _drop_graph(self, error):
+        if self.device.debug & 64:
+            print(f"zyx: graph replay off for this plan ({error})", file=sys.stderr)
+        graph, self.graph = self.graph, None
+        graph.close()
+
+    def close(self):
+        """Destroy the plan's graphs (the plan is dropped)."""
+        if self.graph is not None:
+            self.graph.close()
+            self.graph = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:     # at interpreter exit the driver may be gone already
+            pass
+
+
 class DriverProgram:
     """A lowered kernel loaded on one device: its module, prepared launches and scratch
     buffers (allocated at the first launch and kept: launches on the in-order stream never
@@ -551,6 +718,11 @@ class DriverDevice(ProgramCache):
     module per distinct source and enqueues every launch of a program in order on the
     stream."""
     backend = "gpu"
+    plan_launches = True       # prepare_launches on (open_devices reads the switch)
+    # a plan's temporaries share one arena (scheduler.layout_memory): each starts where a
+    # block of its own would (cuMemAlloc's alignment), so vector loads and tensor maps
+    # see the alignment they saw before
+    arena_align = 256
 
     def __init__(self, driver, pool, dialect, compiler, debug=0):
         self.driver = driver
@@ -657,6 +829,20 @@ class DriverDevice(ProgramCache):
             program.unmapped = self.compile_variant(program.kernel, schedule)
         return program.unmapped
 
+    def prepare_launches(self, kernels, nslots):
+        """The plan-level launch record of `kernels` ([(program, slots)], scheduler's
+        prepare_launches): a DriverPlanLaunches; None where switched off
+        (`plan_launches`: config key, ZYX_PLAN_LAUNCHES=0)."""
+        if not self.plan_launches:
+            return None
+        ensure_current(self.driver)
+        return DriverPlanLaunches(self, kernels, nslots)
+
+    def run_launches(self, launcher, table):
+        """Run a DriverPlanLaunches over the plan's slot table (Buffers)."""
+        ensure_current(self.driver)
+        launcher.run(table)
+
     def synchronize(self):
         """Wait until everything queued on this device's stream has run."""
         ensure_current(self.driver)
@@ -699,12 +885,15 @@ def open_devices(cfg, count, label, make_driver, pool_class, device_class, debug
     `pool_class(driver, cache_limit)`; BackendError naming `label` when none is selected."""
     pools, devices = [], []
     limit = configured_limit(cfg)
+    plan_launches = switch(cfg, "plan_launches", "ZYX_PLAN_LAUNCHES")
     for ordinal in device_ids(cfg, count, label.lower()):
         driver = make_driver(ordinal)
         ensure_current(driver)
         pool = pool_class(driver, limit)
         pools.append(pool)
-        devices.append(device_class(driver, pool, debug))
+        device = device_class(driver, pool, debug)
+        device.plan_launches = plan_launches
+        devices.append(device)
     if not devices:
         raise BackendError(f"{label}: no device selected ({count} found, "
                            f"device_ids={cfg.get('device_ids')!r})")

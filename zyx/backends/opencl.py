@@ -4,7 +4,9 @@ shared C-family renderer with `OpenCLDialect` and lowered to work-groups by `gpu
 One device per OpenCL device found, each with its own context, in-order queue and pool.
 Config (`"opencl"` section of config.json): platform_ids (list of platform numbers to
 use, default all), enabled (default true), cache_limit_mb (the freed buffers a device's
-pool keeps for reuse, default a tenth of its memory). A CPU OpenCL device (PoCL) ranks below the
+pool keeps for reuse, default a tenth of its memory), plan_launches (default true;
+ZYX_PLAN_LAUNCHES=0: every plan's kernels get their own cl.Kernel objects with their
+arguments set once, `PlanLaunches`). A CPU OpenCL device (PoCL) ranks below the
 C backend, so it is the default device only when ZYX_DEVICE=opencl or the config's
 "default_device": "opencl" asks for it.
 """
@@ -20,7 +22,7 @@ from .. import dtype as dt
 from .._core import kernel as K
 from ..errors import AllocationError, BackendError, DTypeError
 from ..codegen.target import DeviceInfo
-from . import Buffer, MemoryPool, ProgramCache
+from . import Buffer, MemoryPool, ProgramCache, switch
 from .binary_cache import BinaryCache, cache_key
 from .blocks import FreeBlocks, configured_limit, default_limit
 from ..codegen.cstyle import OpenCLDialect
@@ -130,11 +132,12 @@ class OpenCLProgram:
     """A lowered kernel built for one device: its cl.Kernel per launch and the scratch
     buffers its launches share (allocated on first use, kept with the program: launches
     on the in-order queue never overlap)."""
-    __slots__ = ("kernel", "gpu", "fns", "scratch", "__weakref__")
+    __slots__ = ("kernel", "gpu", "built", "fns", "scratch", "__weakref__")
 
     def __init__(self, cl, kernel, gpu, built):
         self.kernel = kernel
         self.gpu = gpu
+        self.built = built       # the cl.Program (PlanLaunches makes kernels of its own)
         # one cl.Kernel per launch (a kernel object holds its arguments; a program built
         # once may serve several zyx kernels with the same source)
         self.fns = [cl.Kernel(built, launch.entry) for launch in gpu.launches]
@@ -143,6 +146,71 @@ class OpenCLProgram:
     @property
     def source(self):
         return self.gpu.source
+
+
+class PlanLaunches:
+    """Every launch of a plan's kernels on one OpenCL device, prepared once
+    (OpenCLDevice.prepare_launches) and run over the plan's slot table of
+    scheduler.layout_memory (slot 0: the arena of temporaries, 1..: the leaves and the
+    buffers that outlive the run).
+
+    A cl.Kernel holds its arguments, so the plan gets cl.Kernel objects of its own (the
+    programs' are shared with every other plan running the same kernel): the scratch
+    arguments are set once, a slot's arguments only when its buffer changed since the
+    last run, the arena's temporaries as sub-buffers made again only when the arena is
+    another buffer. A run is then one enqueue per launch."""
+
+    def __init__(self, device, kernels, nslots):
+        cl = device.cl
+        self.cl = cl
+        self.queue = device.pool.queue
+        self.launches = []        # (cl.Kernel, global size, local size)
+        self.users = [[] for _ in range(nslots)]     # per slot: (cl.Kernel, arg, offset)
+        for program, slots in kernels:
+            if program.gpu.scratch and program.scratch is None:
+                program.scratch = [device.pool._new_buffer(n) for n in program.gpu.scratch]
+            for launch in program.gpu.launches:
+                kern = cl.Kernel(program.built, launch.entry)
+                for j, (kind, i) in enumerate(launch.args):
+                    if kind != "arg":
+                        kern.set_arg(j, program.scratch[i])
+                        continue
+                    where, x = slots[i]
+                    if where == "a":
+                        self.users[0].append((kern, j, x))
+                    else:
+                        self.users[x].append((kern, j, 0))
+                self.launches.append((kern, (launch.global_size,), (launch.local_size,)))
+        self.bound = [None] * nslots      # the handle each slot's arguments hold
+        self.subs = {}                    # arena offset -> sub-buffer of the bound arena
+
+    def run(self, table):
+        """Enqueue the plan over `table` (Buffers, None for an empty arena)."""
+        bound = self.bound
+        for k, buf in enumerate(table):
+            handle = None if buf is None else buf.handle
+            if handle is not bound[k]:
+                bound[k] = handle
+                if k == 0:
+                    self.subs = {}
+                    for kern, j, off in self.users[0]:
+                        kern.set_arg(j, self._sub(buf, off))
+                else:
+                    for kern, j, _ in self.users[k]:
+                        kern.set_arg(j, handle)
+        enqueue, queue = self.cl.enqueue_nd_range_kernel, self.queue
+        for kern, global_size, local_size in self.launches:
+            enqueue(queue, kern, global_size, local_size)
+
+    def _sub(self, arena, offset):
+        """The arena's bytes from `offset` on, as a buffer (the offsets are multiples of
+        the device's base address alignment: OpenCLDevice.arena_align)."""
+        sub = self.subs.get(offset)
+        if sub is None:
+            sub = arena.handle if offset == 0 else \
+                arena.handle.get_sub_region(offset, arena.nbytes - offset)
+            self.subs[offset] = sub
+        return sub
 
 
 def _warp_size(cl, d, is_cpu):
@@ -180,6 +248,9 @@ class OpenCLDevice(ProgramCache):
         self._disk = BinaryCache("opencl", "bin")
         self._programs = {}      # zyx kernel -> OpenCLProgram
         self.schedules = {}      # zyx kernel -> lowering schedule the autotuner chose
+        self.plan_launches = True    # prepare_launches on (initialize reads the switch)
+        # sub-buffers (a plan's temporaries in its arena) start at the base alignment
+        self.arena_align = max(64, cl_device.mem_base_addr_align // 8)
         self._info = self._make_info()
         self._info.own_tiles = own_tiles(self._info)
 
@@ -290,6 +361,15 @@ class OpenCLDevice(ProgramCache):
             wait = None     # the queue is in order: later launches follow the first
         return ev
 
+    def prepare_launches(self, kernels, nslots):
+        """The plan-level launch record of `kernels` ([(program, slots)], scheduler's
+        prepare_launches): a PlanLaunches; None where switched off (`plan_launches`:
+        config key, ZYX_PLAN_LAUNCHES=0)."""
+        return PlanLaunches(self, kernels, nslots) if self.plan_launches else None
+
+    def run_launches(self, launcher, table):
+        launcher.run(table)
+
     def synchronize(self):
         """Wait until everything queued on this device has run."""
         self.pool.queue.finish()
@@ -341,6 +421,7 @@ def initialize(cfg, debug=0):
 
     pools, devices, reasons = [], [], []
     limit = configured_limit(cfg)
+    plan_launches = switch(cfg, "plan_launches", "ZYX_PLAN_LAUNCHES")
     for platform in _platforms(cl, cfg):
         try:
             _check_platform(platform)
@@ -365,7 +446,9 @@ def initialize(cfg, debug=0):
             queue = cl.CommandQueue(ctx, d)
             pool = OpenCLMemoryPool(cl, ctx, queue, d.global_mem_size, limit)
             pools.append(pool)
-            devices.append(OpenCLDevice(cl, d, pool, debug))
+            device = OpenCLDevice(cl, d, pool, debug)
+            device.plan_launches = plan_launches
+            devices.append(device)
     if not devices:
         raise BackendError("; ".join(reasons) or "OpenCL: no platform has a usable device")
     return pools, devices
