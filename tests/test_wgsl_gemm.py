@@ -75,7 +75,7 @@ def test_knobs(monkeypatch):
     assert prod.tile == (64, 32, 8, 4, 2) and prod.tile.threads == 256
     assert prod.storage == 32768
     assert wg.parse_tile("128x64x16") == (128, 64, 16, 8, 4)
-    for bad in ("128x128", "axbxc", "64x64x8x3x4", "0x64x8"):
+    for bad in ("128x128", "axbxc", "64x64x8x3x4", "0x64x8", "300x300x8"):
         with pytest.raises(ValueError, match=wg.TILE_ENV):
             wg.parse_tile(bad)
     # a forced tile the device cannot run is an error naming the setting and the limit

@@ -112,6 +112,9 @@ def parse_tile(spec):
     if len(nums) not in (3, 5) or any(v < 1 for v in nums):
         raise ValueError(f"{TILE_ENV}={spec!r}: expected BRxBCxBK or BRxBCxBKxTRxTC "
                          f"(positive integers, e.g. 128x128x8 or 64x64x16x4x4)")
+    if len(nums) == 3 and (nums[0] % SIDE or nums[1] % SIDE):
+        raise ValueError(f"{TILE_ENV}={spec!r}: BR and BC must be multiples of {SIDE} "
+                         f"(a {SIDE}x{SIDE} workgroup) unless TR and TC are given")
     t = default_tile(*nums) if len(nums) == 3 else Tile(*nums)
     if t.br % t.tr or t.bc % t.tc:
         raise ValueError(f"{TILE_ENV}={spec!r}: TR must divide BR and TC divide BC")
@@ -254,8 +257,11 @@ class _Side:
         self.ragged = self.count % tile.threads != 0
 
     def array(self, bk):
-        return (f"var<workgroup> zyx_l{self.name}: array<{_VEC[self.lanes]}, "
-                f"{bk * self.stride // self.lanes}>;")
+        # one inner array per K row: the products index the K row by a constant, so the
+        # bounds clamp WebGPU puts on dynamic indices is on the row offset alone, the same
+        # at every K row (computed once, not once per read)
+        return (f"var<workgroup> zyx_l{self.name}: array<array<{_VEC[self.lanes]}, "
+                f"{self.stride // self.lanes}>, {bk}>;")
 
 
 def write_gemm(w, p, tile, max_groups):
@@ -312,13 +318,12 @@ def write_gemm(w, p, tile, max_groups):
             else:
                 kk, mm = f"({e} / {sd.length})", f"({e} % {sd.length})"
             pre = f"zyx_{sd.name}{s}"
-            test = f"{sd.origin} + {pre}m < {sd.extent}"
-            if sd.ragged:
-                test = f"{e} < {sd.count} && {test}"
+            tests = [f"{e} < {sd.count}"] if sd.ragged else []
+            if sd.extent % sd.length:     # (else every tile lies inside the product)
+                tests.append(f"{sd.origin} + {pre}m < {sd.extent}")
             body += [f"  let {pre}k: i32 = {kk};",
                      f"  let {pre}m: i32 = {mm};",
-                     f"  let {pre}ok: bool = {test};",
-                     f"  let {pre}at: i32 = {pre}k * {sd.stride} + {pre}m;"]
+                     f"  let {pre}ok: bool = {' && '.join(tests) or 'true'};"]
             body += _decode(ops, {i: f"{pre}_{w.names[i]}" for i in sd.ids}, sd.ids,
                             f"({sd.origin} + {pre}m)", "  ")
             body.append(f"  var zyx_p{sd.name}{s}: f32;")
@@ -330,8 +335,11 @@ def write_gemm(w, p, tile, max_groups):
                 pre = f"zyx_{sd.name}{s}"
                 reg = f"zyx_p{sd.name}{s}"
                 inner = ind + "  "
+                test = [f"{pre}ok"]
+                if p.nk % bk:             # (else no K step reaches past the end)
+                    test.append(f"{k0} + {pre}k < {p.nk}")
                 out += [f"{ind}{reg} = 0.0f;",
-                        f"{ind}if ({pre}ok && {k0} + {pre}k < {p.nk}) {{"]
+                        f"{ind}if ({' && '.join(test)}) {{"]
                 out += [f"{inner}let {w.names[i]}: i32 = {pre}_{w.names[i]};"
                         for i in sd.ids]
                 out += _decode(ops, w.names, p.loops, f"({k0} + {pre}k)", inner)
@@ -348,22 +356,22 @@ def write_gemm(w, p, tile, max_groups):
         for sd in sides:
             for s in range(sd.slots):
                 pre = f"zyx_{sd.name}{s}"
+                dst = f"zyx_l{sd.name}[{pre}k]"
                 if sd.lanes == 1:
-                    dst = f"zyx_l{sd.name}[{pre}at]"
+                    dst += f"[{pre}m]"
                 else:
-                    dst = f"zyx_l{sd.name}[{pre}at / {sd.lanes}][{pre}at % {sd.lanes}]"
+                    dst += f"[{pre}m / {sd.lanes}][{pre}m % {sd.lanes}]"
                 line = f"{dst} = zyx_p{sd.name}{s};"
                 out.append(f"{ind}if ({pre}ok) {{ {line} }}" if sd.ragged else ind + line)
         return out
 
     def products(ind):
         out = []
-        sa, sb = sides[0].stride // ca, sides[1].stride // cb
         for q in range(bk):
             for c in range(tr // ca):
-                out.append(f"{ind}let zyx_a{q}_{c} = zyx_la[{q * sa + c * ty_n} + zyx_ty];")
+                out.append(f"{ind}let zyx_a{q}_{c} = zyx_la[{q}][{c * ty_n} + zyx_ty];")
             for c in range(tc // cb):
-                out.append(f"{ind}let zyx_b{q}_{c} = zyx_lb[{q * sb + c * tx_n} + zyx_tx];")
+                out.append(f"{ind}let zyx_b{q}_{c} = zyx_lb[{q}][{c * tx_n} + zyx_tx];")
             for i in range(tr):
                 a = f"zyx_a{q}_{i // ca}" + (f".{_LANES[i % ca]}" if ca > 1 else "")
                 if cb > 1:
