@@ -514,8 +514,9 @@ class WGPUDevice(ProgramCache):
 
 
 def _no_tiles(ops):
-    """DeviceInfo.own_tiles: the writer tiles no product (kernelize adds no register tiles
-    either: register_tiles=False); not None marks a GPU device."""
+    """DeviceInfo.own_tiles: nothing to leave untiled, kernelize adds no register tiles
+    here (register_tiles=False) and the writer's product tiles (codegen/wgsl/gemm.py) take
+    the plain kernels; not None marks a GPU device."""
     return False
 
 
