@@ -39,6 +39,7 @@ the pool).
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -49,6 +50,7 @@ from .. import dtype as dt
 from .._core import kernel as K
 from ..errors import AllocationError, BackendError, DeviceLimitError, UnsupportedDTypeError
 from ..codegen.target import DeviceInfo
+from ..codegen.wgsl import gemm as wgsl_gemm
 from ..codegen.wgsl import supports, write
 from ..codegen.wgsl.writer import BUFFER_DTYPES, strategies, uniform_args
 from . import Buffer, MemoryPool, ProgramCache
@@ -318,16 +320,25 @@ class WGPUDevice(ProgramCache):
     # -- compile ----------------------------------------------------------------------------
     def schedule_candidates(self, kernel):
         """[(label, schedule)] the autotuner may time: the heuristic's choice (None) first,
-        then invocations per workgroup for elementwise kernels ("ew:"), and the writer's
-        strategies (serial, rows) with their workgroup sizes for kernels with loops
-        ("group:")."""
+        then invocations per workgroup for elementwise kernels ("ew:"), and for kernels
+        with loops the other product tiles of a gemm kernel ("gemm:") and the writer's
+        strategies (serial, rows) with their workgroup sizes ("group:")."""
         out = [("default", None)]
         most = self.limits["max-compute-invocations-per-workgroup"]
         if not any(op[0] == K.LOOP for op in kernel.ops):
             return out + [(f"ew:wg={n},per={p}", ("serial", n, p)) for n in (64, 256, 512)
                           for p in (1, 2, 4, 8) if n <= most]
+        tiles = wgsl_gemm.candidates(kernel.ops, self.products())
+        out += [(f"gemm:{t.label()}", ("gemm", t, None)) for t in tiles]
         return out + [(f"group:{s},wg={n}", (s, n, None)) for s in strategies(kernel)
                       for n in (64, 128, 256, 512) if n <= most]
+
+    def products(self, tile=None):
+        """The writer's product tiles for this device (wgsl/gemm.py `Products`, None with
+        ZYX_WGSL_GEMM=0): its workgroup limits, its loop cap, and as compute units the
+        host's cores for a CPU adapter, wgsl_gemm.GPU_UNITS else (WebGPU reports none)."""
+        units = (os.cpu_count() or 1) if self.is_cpu else wgsl_gemm.GPU_UNITS
+        return wgsl_gemm.products(self.limits, units, self.loop_cap, tile)
 
     def compile_variant(self, kernel, schedule):
         """A program of `kernel` written with `schedule` (a strategy name, None: the chosen
@@ -343,6 +354,10 @@ class WGPUDevice(ProgramCache):
         if schedule is None:
             schedule = self.schedules.get(kernel)
         strategy, wg, per = schedule if schedule is not None else (None, None, None)
+        products = None
+        if strategy in (None, "gemm"):   # ("gemm", Tile, None): a tile the autotuner times
+            products = self.products(wg if strategy == "gemm" else None)
+            wg = None if strategy == "gemm" else wg
         for d, n, _ in kernel.args:
             if _round4(n * d.itemsize) > self.limits["max-storage-buffer-binding-size"]:
                 raise AllocationError(f"wgpu device {self.adapter_name}: a buffer of {n} "
@@ -365,7 +380,7 @@ class WGPUDevice(ProgramCache):
                                f"shader stage (maxStorageBuffersPerShaderStage)")
         wgsl = write(kernel, self.limits["max-compute-workgroups-per-dimension"],
                      self.limits["max-compute-invocations-per-workgroup"],
-                     "shader-f64" in self.features, uniforms, strategy, wg, per)
+                     "shader-f64" in self.features, uniforms, strategy, wg, per, products)
         if self.loop_cap and wgsl.iterations > self.loop_cap:
             raise DeviceLimitError(f"wgpu device {self.adapter_name}: this driver stops shader "
                                f"loops after {self.loop_cap} iterations and the kernel's "
@@ -499,8 +514,9 @@ class WGPUDevice(ProgramCache):
 
 
 def _no_tiles(ops):
-    """DeviceInfo.own_tiles: the writer tiles no product (kernelize adds no register tiles
-    either: register_tiles=False); not None marks a GPU device."""
+    """DeviceInfo.own_tiles: nothing to leave untiled, kernelize adds no register tiles
+    here (register_tiles=False) and the writer's product tiles (codegen/wgsl/gemm.py) take
+    the plain kernels; not None marks a GPU device."""
     return False
 
 

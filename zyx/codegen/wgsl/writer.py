@@ -644,14 +644,21 @@ def uniform_args(kernel, max_storage, max_uniform):
 
 
 def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False,
-          uniforms=NO_UNIFORMS, strategy=None, wg=None, per=None):
+          uniforms=NO_UNIFORMS, strategy=None, wg=None, per=None, products=None):
     """The WGSLKernel of `kernel` (a zyx Kernel); the caller checked `supports`.
     `f64_totals`: the device has `shader-f64`, so long serial float sums may total in f64.
     `uniforms`: argument numbers bound as uniform buffers (`uniform_args`).
     `strategy`: None (chosen by the heuristics below), "serial" or "rows" (the autotuner's
     candidates, `strategies`; "rows" falls back to serial where it cannot apply); `wg`
     the invocations per workgroup (None: 256; a power of two for rows); `per` the outputs
-    per invocation of a loop-free kernel (None: EW_PER for large ones)."""
+    per invocation of a loop-free kernel (None: EW_PER for large ones). `products`: the
+    device's product tiles (wgsl/gemm.py `Products`: (kernel, walker, max_groups) ->
+    WGSLKernel or None), tried first unless `strategy` names another strategy."""
+    if products is not None and strategy in (None, "gemm"):
+        k = products(kernel, _Writer(kernel, uniforms), max_groups)
+        if k is not None:
+            k.uniforms = uniforms
+            return k
     ops = kernel.ops
     index = _index_names(ops)
     outputs = 1
