@@ -31,6 +31,56 @@ def check(got, want, what):
         sys.exit(1)
 
 
+def in_place_cases(rank, world):
+    """all_reduce reduces in the tensor's own buffer only when nothing else can see that
+    buffer; every other holder keeps torch's semantics."""
+    total = world * (world + 1) / 2
+    mine = lambda: np.full(4, rank + 1.0, np.float32)  # noqa: E731
+    # an owned, realized tensor: reduced in place (same node), repeatedly
+    x = zyx.Tensor(mine()).realize()
+    node = x._id
+    for k in range(1, 4):
+        dist.all_reduce(x)
+        check(x.numpy(), np.full(4, total * world ** (k - 1)), f"repeated all_reduce {k}")
+    assert x._id == node, "an owned tensor's all_reduce was not done in place"
+    # a lazy op recorded before the all_reduce reads the old values
+    x = zyx.Tensor(mine()).realize()
+    before = x * 2
+    dist.all_reduce(x)
+    check(before.numpy(), 2 * mine(), "a lazy reader recorded before all_reduce")
+    check(x.numpy(), np.full(4, total), "all_reduce with a lazy reader")
+    # a reshape is a view (torch): realized, it even shares the buffer; it sees the result
+    x = zyx.Tensor(mine()).realize()
+    flat = x.reshape(2, 2).realize()
+    dist.all_reduce(x)
+    check(flat.numpy(), np.full((2, 2), total), "a realized reshape of the input")
+    # memory shared with numpy (from_numpy) and with a DLPack consumer sees the result
+    arr = mine()
+    shared = zyx.from_numpy(arr)
+    dist.all_reduce(shared)
+    check(arr, np.full(4, total), "from_numpy memory after all_reduce")
+    check(shared.numpy(), np.full(4, total), "from_numpy tensor after all_reduce")
+    x = zyx.Tensor(mine()).realize()
+    peer = np.from_dlpack(x)
+    dist.all_reduce(x)
+    check(peer, np.full(4, total), "DLPack consumer's view after all_reduce")
+    # a detached alias shares storage (torch): it sees the result
+    x = zyx.Tensor(mine()).realize()
+    alias = x.detach()
+    dist.all_reduce(x)
+    check(alias.numpy(), np.full(4, total), "detached alias after all_reduce")
+    # AVG in place, and an async in-place all_reduce
+    x = zyx.Tensor(mine()).realize()
+    dist.all_reduce(x, op=ReduceOp.AVG)
+    check(x.numpy(), np.full(4, total / world), "in-place AVG")
+    x = zyx.Tensor(mine()).realize()
+    node = x._id
+    w = dist.all_reduce(x, async_op=True)
+    w.wait()
+    check(x.numpy(), np.full(4, total), "async in-place all_reduce")
+    assert x._id == node
+
+
 def main():
     global RANK
     dist.init_process_group("mpi")
@@ -109,6 +159,7 @@ def main():
     dist.broadcast(p, 0)
     check(p.numpy(), np.zeros(3), "broadcast of a leaf that requires grad")
     assert p.requires_grad
+    in_place_cases(rank, world)
     # 0-d tensors
     s = zyx.Tensor(np.float32(rank + 1))
     dist.all_reduce(s, op=ReduceOp.MAX)

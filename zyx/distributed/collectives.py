@@ -205,16 +205,32 @@ def barrier(group=None, async_op=False, device_ids=None):
 
 # -- checks --------------------------------------------------------------------------------
 
+_described = {}     # (kind, op, root, dtype, shape) -> its description (read-only)
+
+
 def _describe(kind, t, op=None, root=-1):
-    meta = np.zeros(_META, dtype=np.int64)
+    """The 14 integers a rank's call is checked by; made once per distinct call (a
+    training loop repeats the same few), so the check costs a dict lookup here."""
     shape = tuple(t.shape)
+    key = (kind, op, root, t.dtype, shape)
+    meta = _described.get(key)
+    if meta is None:
+        if len(_described) > 4096:
+            _described.clear()
+        meta = _described[key] = _make_description(kind, t.dtype, shape, op, root)
+    return meta
+
+
+def _make_description(kind, dtype, shape, op, root):
+    meta = np.zeros(_META, dtype=np.int64)
     meta[0] = _KINDS.index(kind)
     meta[1] = -1 if op is None else _OP_CODES[op.name]
     meta[2] = root
-    meta[3] = _DT_CODES.get(t.dtype, 99)
+    meta[3] = _DT_CODES.get(dtype, 99)
     meta[4] = len(shape)
     meta[5:5 + min(len(shape), 8)] = shape[:8]
     meta[13] = hash(shape) & 0x7FFFFFFFFFFFFFFF
+    meta.flags.writeable = False
     return meta
 
 

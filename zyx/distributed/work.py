@@ -6,6 +6,7 @@ import time
 
 from ..autograd import no_grad
 from ..errors import ZyxError
+from ..runtime import RT
 from ..tensor import rebind
 
 
@@ -119,3 +120,17 @@ def set_value(t, src):
     else:
         with no_grad():
             t.copy_(src)
+
+
+def sole_owner(t) -> bool:
+    """True when a collective may write realized tensor `t`'s buffer in place: nothing
+    but `t` can observe it. `t` is plain (no recorded history, not a view, no views), it
+    alone holds its graph node (no other tensor object, no lazy op recorded on it, no
+    autograd snapshot), the node alone holds the buffer (no realized reshape aliasing it,
+    no live DLPack export) and the memory is the pool's, not a user's array
+    (from_numpy / from_dlpack)."""
+    if t._ctx is not None or t._view is not None or t._views:
+        return False
+    node = RT.graph.get(t._id)
+    buf = node.buffer
+    return buf is not None and node.rc == 1 and buf.refs == 1 and not buf.borrowed
