@@ -430,6 +430,10 @@ class FakeDriverApi:
     def cuEventCreate(self, flags):
         return (0, object())
 
+    def cuEventDestroy(self, ev):
+        self.destroyed = getattr(self, "destroyed", 0) + 1
+        return (0,)
+
 
 def _fake_driver():
     from zyx.backends.gpudriver import ResultTupleDriver
@@ -486,7 +490,12 @@ def test_nccl_backend_guards_host_waits_on_its_stream():
     with pytest.raises(dist.DistributedError, match="aborted after an earlier failure"):
         b._call("all_reduce", lib.ncclAllReduce, 1, 1, 4, 7, 0)
     assert lib.collectives == 2
-    drv.remove_wait_guard(b._guard)
+    # destroy_process_group after the abort: nothing left to destroy in NCCL; the guard
+    # and the events go
+    lib.ncclCommDestroy = lambda comm: pytest.fail("destroyed an aborted communicator")
+    b._events.append(drv.api.recorded[0])
+    b.destroy()
+    assert drv.wait_guards == () and b._events == [] and drv.api.destroyed == 1
     drv.stream_sync()
     assert drv.api.synced == 2
 

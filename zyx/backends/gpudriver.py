@@ -132,7 +132,7 @@ class ResultTupleDriver:
         self.wait_guards = self.wait_guards + (guard,)
 
     def remove_wait_guard(self, guard):
-        self.wait_guards = tuple(g for g in self.wait_guards if g is not guard)
+        self.wait_guards = tuple(g for g in self.wait_guards if g != guard)  # bound methods: ==
 
     def event_destroy(self, ev):
         self._call("event_destroy", ev)

@@ -92,10 +92,11 @@ def load_library():
                          ("ncclGroupStart", []), ("ncclGroupEnd", []),
                          ("ncclGetVersion", [ctypes.POINTER(i)]),
                          ("ncclCommGetAsyncError", [vp, ctypes.POINTER(i)]),
+                         ("ncclCommFinalize", [vp]),
                          ("ncclCommInitRankConfig", [ctypes.POINTER(vp), i, UniqueId, i,
                                                      ctypes.POINTER(Config)])):
             f = getattr(lib, fn, None)
-            if f is None:      # ncclCommInitRankConfig: NCCL 2.14 and later
+            if f is None:      # ncclCommInitRankConfig, ncclCommFinalize: NCCL 2.14 on
                 continue
             f.argtypes = args
             f.restype = ctypes.c_int
@@ -322,7 +323,14 @@ class NcclBackend:
             if self.watchdog.aborted is None:
                 self.watchdog.wait()
                 RT.synchronize(self.dev_name)
-                _check(self.lib.ncclCommDestroy(self.comm), "ncclCommDestroy")
+                if hasattr(self.lib, "ncclCommFinalize"):
+                    # a non-blocking communicator flushes its work here (ncclInProgress,
+                    # polled against the timeout); destroy then only frees it
+                    self.watchdog.settle(self.lib.ncclCommFinalize(self.comm),
+                                         "ncclCommFinalize (destroy_process_group)")
+                rc = self.lib.ncclCommDestroy(self.comm)
+                if rc != 7:
+                    _check(rc, "ncclCommDestroy")
         finally:
             for ev in self._events:
                 self.driver.event_destroy(ev)
