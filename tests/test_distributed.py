@@ -185,6 +185,7 @@ def test_mismatched_shapes_raise_on_every_rank():
     assert rc == 0, out
     assert out.count("mismatched shape raised") == 2
     assert out.count("mismatched dtype raised") == 2
+    assert out.count("mismatched list raised") == 2
 
 
 @needs_mpi

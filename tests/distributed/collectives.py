@@ -160,6 +160,20 @@ def main():
     check(p.numpy(), np.zeros(3), "broadcast of a leaf that requires grad")
     assert p.requires_grad
     in_place_cases(rank, world)
+    # all_reduce_coalesced: a list of mixed dtypes and shapes, one check, every result right
+    kinds = (("float32", (3, 5)), ("int32", (4,)), ("float64", ()))
+    ts = [tensor(data(rank, d, shape=shape), d) for d, shape in kinds]
+    w = dist.all_reduce_coalesced(ts, async_op=True)
+    w.wait()
+    assert w.is_completed()
+    for t, (d, shape) in zip(ts, kinds):
+        want = sum(data(r, d, shape=shape) for r in range(world))
+        assert t.dtype.name == d
+        check(t.numpy(), np.asarray(want), f"all_reduce_coalesced {d}")
+    ts = [tensor(data(rank, "float32"), "float32")]
+    dist.all_reduce_coalesced(ts, op=ReduceOp.MAX)
+    check(ts[0].numpy(), np.stack([data(r, "float32") for r in range(world)]).max(0),
+          "all_reduce_coalesced MAX")
     # 0-d tensors
     s = zyx.Tensor(np.float32(rank + 1))
     dist.all_reduce(s, op=ReduceOp.MAX)

@@ -3,6 +3,7 @@ collectives, each checked against the other ranks' arguments before any data mov
 from __future__ import annotations
 
 import os
+import zlib
 
 import numpy as np
 
@@ -247,7 +248,8 @@ def _text(row):
         extra += f" op={REDUCE_OPS[row[1]].name}"
     if row[2] >= 0:
         extra += f" root={row[2]}"
-    return f"{kind}({d.name if d else '?'} {shape}{more}{extra})"
+    name = d.name if d else ("mixed dtypes" if row[3] == 99 else "?")
+    return f"{kind}({name} {shape}{more}{extra})"
 
 
 def _agree(g, kind, t, op=None, root=-1, meta=None):
@@ -303,7 +305,7 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
     same = all(d is dtypes[0] for d in dtypes)
     meta = _described_as("all_reduce_coalesced", dtypes[0] if same else None,
                          tuple(t.numel() for t in tensors), op, -1,
-                         0 if same else hash(tuple(d.name for d in dtypes)))
+                         0 if same else zlib.crc32(",".join(d.name for d in dtypes).encode()))
     _agree(g, "all_reduce_coalesced", None, op, meta=meta)
     works = [g.backend.all_reduce(t, op, True) for t in tensors]
     work = Work(lambda: all(w.is_completed() for w in works),
