@@ -39,16 +39,15 @@ class HostView:
     value by a plain rebind, with no copy back into the old buffer.
 
     `writable` is True when nothing but `t` can observe a write to that buffer
-    (`work.sole_owner`). The collective can then reduce in place
-    (MPI_IN_PLACE) and needs neither a result buffer nor a new value. float16/bfloat16 (no
-    MPI type) and tensors on other devices are first converted into a temporary float32 /
-    host tensor, which is owned, so also reduced in place."""
+    (`work.sole_owner`): the collective can then reduce in place (MPI_IN_PLACE) and needs
+    neither a result buffer nor a new value. float16/bfloat16 (no MPI type) and tensors on
+    other devices are first converted into a temporary float32 / host tensor, which is
+    owned, so also reduced in place."""
 
-    __slots__ = ("array", "writable", "keep", "widened")
+    __slots__ = ("array", "writable", "keep")
 
     def __init__(self, t):
-        self.widened = t.dtype in _WIDEN
-        src = t.float() if self.widened else t
+        src = t.float() if t.dtype in _WIDEN else t
         if src.device.type != "cpu":
             self.array = np.ascontiguousarray(src.numpy())   # a host copy: ours to write
             self.writable, self.keep = True, None
