@@ -15,6 +15,7 @@ MPI_Finalize would wait for the lost peer."""
 from __future__ import annotations
 
 import atexit
+import math
 import sys
 import time
 
@@ -60,7 +61,7 @@ class HostView:
         RT.graph.retain(nid)
         self.keep = Tensor._wrap(nid)       # releases the node when this view goes
         npd = np.dtype(node.dtype.np)
-        n = int(np.prod(node.shape, dtype=np.int64))
+        n = math.prod(node.shape)
         self.array = buf.handle[:n * npd.itemsize].view(npd).reshape(node.shape)
 
 
@@ -79,7 +80,7 @@ def result_array(t, shape):
     if t.device.type != "cpu":
         return np.empty(shape, dtype=npd), None
     pool = RT.device_of(t._id).pool
-    n = int(np.prod(shape, dtype=np.int64))
+    n = math.prod(shape)
     with RT.lock:
         buf, _ = pool.allocate(max(n * npd.itemsize, 1))
     d = dt.float32 if t.dtype in _WIDEN else t.dtype

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import glob
+import math
 import os
 import sys
 
@@ -212,7 +213,7 @@ class NcclBackend:
     def _fresh(self, shape, dtype):
         """A new leaf over its own device buffer for NCCL to write (from the pool, not
         filled: NCCL writes every element)."""
-        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        n = math.prod(shape)
         with RT.lock:
             buf, _ = self.dev.pool.allocate(max(n * dtype.itemsize, 1))
         return Tensor._wrap(RT.graph.leaf(buf, tuple(shape), dtype))
