@@ -1,10 +1,10 @@
 """The `mpi` backend: collectives on host memory through mpi4py over the system's MPI.
 
 CPU tensors (the C backend computes in host memory) are read in place: the realized
-tensor's buffer is handed to MPI as a numpy view (`HostView`, no copy). An all_reduce on a
-tensor that alone owns its buffer reduces there (MPI_IN_PLACE): no result buffer, no new
-value. Otherwise the result lands in a buffer from the host pool that becomes a leaf and
-the tensor's value (`work.set_value`), so a collective costs no copy beyond MPI's own.
+tensor's buffer is handed to MPI as a numpy view (`HostView`, no copy), and the result
+lands in a buffer from the host pool that becomes a leaf and the tensor's value
+(`work.set_value`), so a collective costs no copy beyond MPI's own (and no page faults:
+the pool gives the same blocks back in a loop).
 Tensors on other devices go through a host copy. float16 and bfloat16 have no MPI type:
 they are reduced in float32 and cast back.
 
@@ -24,40 +24,34 @@ import numpy as np
 from .. import dtype as dt
 from ..runtime import RT
 from ..tensor import Tensor, from_numpy
-from .work import DistributedError, ReduceOp, Work, set_value, sole_owner, wait_until
+from .work import DistributedError, ReduceOp, Work, set_value, wait_until
 
 _WIDEN = (dt.float16, dt.bfloat16)    # no MPI datatype: reduced as float32
 
 
 class HostView:
-    """`t`'s values as a C-contiguous numpy array for MPI to read (`array`) and, when
-    `writable`, to write the result into.
+    """`t`'s values as a C-contiguous numpy array for MPI to read (`array`).
 
     A CPU tensor of an MPI-native dtype is read in place: `array` is a view of its realized
     buffer, whose graph node is held (`keep`) until the view is dropped, so the pool cannot
     hand the memory to anyone else while MPI still reads it. The tensor is not marked as
     shared memory (as `np.from_dlpack(t)` would do): a collective's result then becomes its
-    value by a plain rebind, with no copy back into the old buffer.
+    value by a plain rebind, with no copy back into the old buffer. float16/bfloat16 (no
+    MPI type) are first converted into a temporary float32 tensor, tensors on other
+    devices copied to the host."""
 
-    `writable` is True when nothing but `t` can observe a write to that buffer
-    (`work.sole_owner`): the collective can then reduce in place (MPI_IN_PLACE) and needs
-    neither a result buffer nor a new value. float16/bfloat16 (no MPI type) and tensors on
-    other devices are first converted into a temporary float32 / host tensor, which is
-    owned, so also reduced in place."""
-
-    __slots__ = ("array", "writable", "keep")
+    __slots__ = ("array", "keep")
 
     def __init__(self, t):
         src = t.float() if t.dtype in _WIDEN else t
         if src.device.type != "cpu":
-            self.array = np.ascontiguousarray(src.numpy())   # a host copy: ours to write
-            self.writable, self.keep = True, None
+            self.array = np.ascontiguousarray(src.numpy())   # a host copy
+            self.keep = None
             return
         src.realize()
         nid = src._id
         node = RT.graph.get(nid)
         buf = node.buffer
-        self.writable = sole_owner(src)
         RT.graph.retain(nid)
         self.keep = Tensor._wrap(nid)       # releases the node when this view goes
         npd = np.dtype(node.dtype.np)
@@ -212,20 +206,14 @@ class MpiBackend:
         return self._ops[op.name]
 
     def all_reduce(self, t, op, async_op):
+        # Into a separate buffer, not MPI_IN_PLACE, even when t alone owns its buffer:
+        # Open MPI's nonblocking Iallreduce (libnbc) in place ran 3.7x slower at 64 MB
+        # than with a separate receive buffer, here (benches/dist_allreduce.py's machine).
+        # The receive buffer comes from the host pool, so a loop alternates between two
+        # blocks (t's old one is freed when t takes the result) and nothing is copied.
         mop = self._op(op, t)
         v = HostView(t)
         scale = 1.0 / self.size if op is ReduceOp.AVG else None
-        if v.writable:
-            # reduce in the buffer itself: no result buffer, no new value unless AVG's
-            # scale or a widened/host copy has to become t's value
-            req = self.comm.Iallreduce(self.MPI.IN_PLACE, v.array, mop)
-            if v.keep is None:
-                finish = lambda: assign(t, v.array, scale)  # noqa: E731
-            elif v.keep._id == t._id and scale is None:
-                finish = None
-            else:
-                finish = lambda: assign_tensor(t, v.keep, scale)  # noqa: E731
-            return self._run([req], "all_reduce", finish, async_op, v)
         recv, res = result_array(t, v.array.shape)
         req = self.comm.Iallreduce(v.array, recv, mop)
         return self._run([req], "all_reduce", lambda: assign_result(t, recv, res, scale),
