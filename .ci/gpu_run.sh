@@ -28,8 +28,9 @@
 #   shapes  benches/gpu_shapes.py: matmuls and convolutions beyond issue 13's shapes against
 #           torch (SHAPES_VARIANTS: space-separated ZYX_GPU_GEMM values or "plain-input")
 #   nccl    tests/test_distributed.py on the GPU: NCCL with world size 1 (communicator, every
-#           collective, a DDP step), the rest of the file beside it (mpirun cases skip
-#           without Open MPI and mpi4py)
+#           collective, a DDP step, the watchdog's tracking), the rest of the file beside it
+#           (mpirun cases skip without Open MPI and mpi4py); then benches/dist_nccl_step.py
+#           (the MNIST convnet step plain and in DDP)
 #   tune    benches/bench_tuning.py on CUDA: the MNIST convnet step with heuristic and with
 #           autotuned schedules, and the time the search took; then tests/test_tuning.py
 #   vkbench benches/bench_vk.py on cuda:0, vulkan:0 and wgpu:0 (issue 30's cases)
@@ -126,6 +127,9 @@ EOF
         $PY -m pytest -q -p no:cacheprovider -rs tests/test_distributed.py >"$OUT/nccl.log" 2>&1
         summary nccl "$OUT/nccl.log"
         grep -E "^(FAILED|ERROR)|nccl|NCCL" "$OUT/nccl.log" | head -20
+        # what DDP over NCCL adds to the MNIST convnet step (world size 1)
+        $PY benches/dist_nccl_step.py --rounds 7 --steps 20 >"$OUT/nccl-step.log" 2>&1
+        grep -E "^\||MNIST|skipped|Error" "$OUT/nccl-step.log" | head -12
         ;;
     tune)
         ZYX_DEVICE=cuda $PY -m pytest benches/bench_tuning.py --benchmark-only -s -q \

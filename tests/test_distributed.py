@@ -185,6 +185,7 @@ def test_mismatched_shapes_raise_on_every_rank():
     assert rc == 0, out
     assert out.count("mismatched shape raised") == 2
     assert out.count("mismatched dtype raised") == 2
+    assert out.count("mismatched list raised") == 2
 
 
 @needs_mpi
@@ -262,3 +263,248 @@ def test_nccl_two_gpus_torchrun_env():
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
     assert all("nccl ranks ok" in o for o in outs)
+
+
+# -- the NCCL watchdog, against a fake NCCL (no GPU needed) ----------------------------------
+
+class FakeNccl:
+    """Stands in for the ctypes NCCL library: the test sets the communicator's async state
+    (`states`: the values ncclCommGetAsyncError reports, one per call, the last repeated)
+    and counts aborts and collectives."""
+
+    def __init__(self, states=(0,), call_rc=0):
+        self.states = list(states)
+        self.calls = 0
+        self.aborts = 0
+        self.collectives = 0
+        self.call_rc = call_rc
+
+    def ncclCommGetAsyncError(self, comm, err):
+        self.calls += 1
+        state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        err._obj.value = state
+        return 0
+
+    def ncclCommAbort(self, comm):
+        self.aborts += 1
+        return 0
+
+    def ncclGetErrorString(self, code):
+        return {6: b"remote process exited or there was a network error",
+                3: b"internal error"}.get(code, b"unknown")
+
+    def ncclAllReduce(self, send, recv, count, dtype, op, comm, stream):
+        self.collectives += 1
+        return self.call_rc
+
+
+class FakeEvent:
+    """A CUDA event whose completion the test controls: done after `after` queries."""
+
+    def __init__(self, after=None):
+        self.after = after
+        self.queries = 0
+
+    def __call__(self):
+        self.queries += 1
+        return self.after is not None and self.queries > self.after
+
+
+def _watchdog(lib, timeout=0.3, size=2):
+    import ctypes
+    from zyx.distributed.watchdog import NcclWatchdog
+    return NcclWatchdog(lib, ctypes.c_void_p(), 0, size, timeout)
+
+
+def test_nccl_watchdog_waits_for_work_that_finishes():
+    lib = FakeNccl()
+    wd = _watchdog(lib)
+    released = []
+    ev = FakeEvent(after=5)
+    item = wd.track("all_reduce", ev, lambda: released.append(1))
+    assert not wd.is_done(item)
+    wd.wait(item)
+    assert item.finished and released == [1] and not wd.pending
+    assert lib.aborts == 0 and ev.queries == 6      # done at the 6th: track, is_done, 4 in wait
+    wd.wait()                                       # nothing queued: returns at once
+
+
+def test_nccl_watchdog_times_out_and_aborts():
+    lib = FakeNccl()
+    wd = _watchdog(lib, timeout=0.2)
+    wd.track("all_reduce", FakeEvent(after=None))
+    start = time.monotonic()
+    with pytest.raises(dist.DistributedError) as e:
+        wd.wait()
+    took = time.monotonic() - start
+    assert 0.15 < took < 2.0, took
+    msg = str(e.value)
+    assert "all_reduce over ranks 0-1 did not complete within 0.2 s" in msg, msg
+    assert "rank 0" in msg and "aborted" in msg
+    assert lib.aborts == 1 and not wd.pending
+    # the communicator is unusable from then on, with a clear error, and aborts only once
+    with pytest.raises(dist.DistributedError, match="broadcast: the NCCL communicator was "
+                       "aborted after an earlier failure"):
+        wd.check_usable("broadcast")
+    assert lib.aborts == 1
+
+
+def test_nccl_watchdog_raises_on_an_async_error_without_waiting_for_the_timeout():
+    lib = FakeNccl(states=[0, 0, 0, 6])            # a peer dies during the collective
+    wd = _watchdog(lib, timeout=60)
+    wd.track("reduce_scatter", FakeEvent(after=None))
+    start = time.monotonic()
+    with pytest.raises(dist.DistributedError, match=r"reduce_scatter over ranks 0-1 failed: "
+                       r"NCCL error 6 \(remote process exited.*a peer rank failed"):
+        wd.wait()
+    assert time.monotonic() - start < 5 and lib.aborts == 1
+
+
+def test_nccl_watchdog_explicit_wait_timeout():
+    lib = FakeNccl()
+    wd = _watchdog(lib, timeout=60)
+    item = wd.track("all_gather", FakeEvent(after=None))
+    with pytest.raises(dist.DistributedError, match="all_gather over ranks 0-1 did not "
+                       "complete within 0.1 s"):
+        wd.wait(item, timeout=0.1)
+    assert lib.aborts == 1
+
+
+def test_nccl_watchdog_sweep_on_the_next_collective():
+    # a synchronous collective nobody waits for: the next one finds it past the deadline
+    lib = FakeNccl()
+    wd = _watchdog(lib, timeout=0.05)
+    wd.track("all_reduce", FakeEvent(after=None))
+    time.sleep(0.1)
+    with pytest.raises(dist.DistributedError, match="all_reduce over ranks 0-1 did not"):
+        wd.track("broadcast", FakeEvent(after=0))
+    assert lib.aborts == 1
+    # finished works are dropped by the sweep, in order
+    lib2 = FakeNccl()
+    wd2 = _watchdog(lib2)
+    a = wd2.track("a", FakeEvent(after=0))
+    b = wd2.track("b", FakeEvent(after=None))
+    assert a.finished and not b.finished and list(wd2.pending) == [b]
+
+
+def test_nccl_watchdog_settles_nonblocking_calls():
+    from zyx.distributed.watchdog import NCCL_IN_PROGRESS
+    lib = FakeNccl(states=[NCCL_IN_PROGRESS] * 4 + [0])
+    wd = _watchdog(lib)
+    wd.settle(NCCL_IN_PROGRESS, "ncclCommInitRank")           # init finishes: returns
+    assert lib.calls == 5 and lib.aborts == 0
+    wd.settle(0, "all_reduce")                                # success: no polling
+    assert lib.calls == 5
+    hung = FakeNccl(states=[NCCL_IN_PROGRESS])                # a peer never joins
+    wd = _watchdog(hung, timeout=0.1)
+    with pytest.raises(dist.DistributedError, match="ncclCommInitRank over ranks 0-1 did "
+                       "not complete within 0.1 s"):
+        wd.settle(NCCL_IN_PROGRESS, "ncclCommInitRank")
+    assert hung.aborts == 1
+    bad = FakeNccl()
+    wd = _watchdog(bad)
+    with pytest.raises(dist.DistributedError, match=r"all_reduce over ranks 0-1 failed: "
+                       r"NCCL error 3 \(internal error\)"):
+        wd.settle(3, "all_reduce")
+
+
+class FakeDriverApi:
+    """cuda-bindings' calls a ResultTupleDriver makes here: results as tuples."""
+
+    def __init__(self):
+        self.synced = 0
+        self.ready = set()
+        self.recorded = []
+
+    def cuStreamSynchronize(self, stream):
+        self.synced += 1
+        return (0,)
+
+    def cuEventQuery(self, ev):
+        return (0,) if ev in self.ready else (600,)
+
+    def cuEventRecord(self, ev, stream):
+        self.recorded.append(ev)
+        self.ready.discard(ev)          # as CUDA: pending again until the new work ran
+        return (0,)
+
+    def cuEventCreate(self, flags):
+        return (0, object())
+
+    def cuEventDestroy(self, ev):
+        self.destroyed = getattr(self, "destroyed", 0) + 1
+        return (0,)
+
+
+def _fake_driver():
+    from zyx.backends.gpudriver import ResultTupleDriver
+
+    class Driver(ResultTupleDriver):
+        PREFIX = "cu"
+        label = "fake"
+        SUCCESS = 0
+        ordinal = 0
+        stream = 0
+
+        def __init__(self):
+            self.api = FakeDriverApi()
+            self._error_name = str
+
+        def event_create(self):
+            return self.check(self.api.cuEventCreate(0), "cuEventCreate")
+    return Driver()
+
+
+def test_nccl_backend_guards_host_waits_on_its_stream():
+    """NcclBackend's tracking through a fake driver and library: a synchronous all_reduce
+    returns at once; a host wait on the stream (stream_sync) first waits for it and, when
+    it never ends, raises the timeout error instead of hanging in the driver."""
+    import ctypes
+    import types
+    from zyx.distributed.nccl import NcclBackend
+    from zyx.distributed.watchdog import NcclWatchdog
+    lib = FakeNccl()
+    drv = _fake_driver()
+    b = NcclBackend.__new__(NcclBackend)
+    b.lib, b.comm, b.driver, b._events = lib, ctypes.c_void_p(), drv, []
+    b.dev = types.SimpleNamespace(dlpack_stream=0)
+    b.watchdog = NcclWatchdog(lib, b.comm, 1, 3, 0.2)
+    drv.add_wait_guard(b._guard)
+    item = b._call("all_reduce", lib.ncclAllReduce, 1, 1, 4, 7, 0)
+    work = b._done(item, True)
+    assert b._done(item, False) is None and lib.collectives == 1
+    assert not work.is_completed() and len(drv.api.recorded) == 1
+    # the collective's event completes: stream_sync passes, the event goes back for reuse
+    drv.api.ready.add(drv.api.recorded[-1])
+    drv.stream_sync()
+    assert drv.api.synced == 1 and item.finished and work.is_completed()
+    assert b._events == drv.api.recorded
+    # a collective that never finishes (its event, reused, is pending again): the host
+    # wait raises after the timeout, naming it, instead of blocking in the driver
+    b._call("all_reduce", lib.ncclAllReduce, 1, 1, 4, 7, 0)
+    start = time.monotonic()
+    with pytest.raises(dist.DistributedError, match=r"rank 1: all_reduce over ranks 0-2 did "
+                       r"not complete within 0.2 s"):
+        drv.stream_sync()
+    assert time.monotonic() - start < 3 and drv.api.synced == 1 and lib.aborts == 1
+    assert drv.api.recorded[0] is drv.api.recorded[1]
+    with pytest.raises(dist.DistributedError, match="aborted after an earlier failure"):
+        b._call("all_reduce", lib.ncclAllReduce, 1, 1, 4, 7, 0)
+    assert lib.collectives == 2
+    # destroy_process_group after the abort: nothing left to destroy in NCCL; the guard
+    # and the events go
+    lib.ncclCommDestroy = lambda comm: pytest.fail("destroyed an aborted communicator")
+    b._events.append(drv.api.recorded[0])
+    b.destroy()
+    assert drv.wait_guards == () and b._events == [] and drv.api.destroyed == 1
+    drv.stream_sync()
+    assert drv.api.synced == 2
+
+
+def test_nccl_nonblocking_config_layout():
+    import ctypes
+    from zyx.distributed.nccl import Config, nonblocking_config
+    c = nonblocking_config()
+    assert ctypes.sizeof(Config) == c.size == 24
+    assert (c.magic, c.version, c.blocking) == (0xCAFEBEEF, 21400, 0)
+    assert Config.blocking.offset == 16

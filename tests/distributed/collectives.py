@@ -31,6 +31,58 @@ def check(got, want, what):
         sys.exit(1)
 
 
+def in_place_cases(rank, world):
+    """all_reduce's result is the tensor's value; everything else that holds the old value
+    or shares the tensor's storage keeps torch's semantics."""
+    from zyx.runtime import RT
+    total = world * (world + 1) / 2
+    mine = lambda: np.full(4 << 10, rank + 1.0, np.float32)  # noqa: E731
+    # repeatedly on one tensor: right values, and the result buffers come back to the pool
+    # (t's old block is freed when it takes the result): no memory grows per call
+    x = zyx.Tensor(mine()).realize()
+    held = []
+    for k in range(1, 6):
+        dist.all_reduce(x)
+        check(x.numpy(), np.full(4 << 10, total * world ** (k - 1)), f"repeated all_reduce {k}")
+        held.append(RT.pool_bytes())
+    assert held[1:] == held[1:2] * 4, f"pool bytes grow per all_reduce: {held}"
+    mine = lambda: np.full(4, rank + 1.0, np.float32)  # noqa: E731
+    # a lazy op recorded before the all_reduce reads the old values
+    x = zyx.Tensor(mine()).realize()
+    before = x * 2
+    dist.all_reduce(x)
+    check(before.numpy(), 2 * mine(), "a lazy reader recorded before all_reduce")
+    check(x.numpy(), np.full(4, total), "all_reduce with a lazy reader")
+    # a reshape is a view (torch): realized, it even shares the buffer; it sees the result
+    x = zyx.Tensor(mine()).realize()
+    flat = x.reshape(2, 2).realize()
+    dist.all_reduce(x)
+    check(flat.numpy(), np.full((2, 2), total), "a realized reshape of the input")
+    # memory shared with numpy (from_numpy) and with a DLPack consumer sees the result
+    arr = mine()
+    shared = zyx.from_numpy(arr)
+    dist.all_reduce(shared)
+    check(arr, np.full(4, total), "from_numpy memory after all_reduce")
+    check(shared.numpy(), np.full(4, total), "from_numpy tensor after all_reduce")
+    x = zyx.Tensor(mine()).realize()
+    peer = np.from_dlpack(x)
+    dist.all_reduce(x)
+    check(peer, np.full(4, total), "DLPack consumer's view after all_reduce")
+    # a detached alias shares storage (torch): it sees the result
+    x = zyx.Tensor(mine()).realize()
+    alias = x.detach()
+    dist.all_reduce(x)
+    check(alias.numpy(), np.full(4, total), "detached alias after all_reduce")
+    # AVG in place, and an async in-place all_reduce
+    x = zyx.Tensor(mine()).realize()
+    dist.all_reduce(x, op=ReduceOp.AVG)
+    check(x.numpy(), np.full(4, total / world), "in-place AVG")
+    x = zyx.Tensor(mine()).realize()
+    w = dist.all_reduce(x, async_op=True)
+    w.wait()
+    check(x.numpy(), np.full(4, total), "async all_reduce of a realized tensor")
+
+
 def main():
     global RANK
     dist.init_process_group("mpi")
@@ -109,6 +161,21 @@ def main():
     dist.broadcast(p, 0)
     check(p.numpy(), np.zeros(3), "broadcast of a leaf that requires grad")
     assert p.requires_grad
+    in_place_cases(rank, world)
+    # all_reduce_coalesced: a list of mixed dtypes and shapes, one check, every result right
+    kinds = (("float32", (3, 5)), ("int32", (4,)), ("float64", ()))
+    ts = [tensor(data(rank, d, shape=shape), d) for d, shape in kinds]
+    w = dist.all_reduce_coalesced(ts, async_op=True)
+    w.wait()
+    assert w.is_completed()
+    for t, (d, shape) in zip(ts, kinds):
+        want = sum(data(r, d, shape=shape) for r in range(world))
+        assert t.dtype.name == d
+        check(t.numpy(), np.asarray(want), f"all_reduce_coalesced {d}")
+    ts = [tensor(data(rank, "float32"), "float32")]
+    dist.all_reduce_coalesced(ts, op=ReduceOp.MAX)
+    check(ts[0].numpy(), np.stack([data(r, "float32") for r in range(world)]).max(0),
+          "all_reduce_coalesced MAX")
     # 0-d tensors
     s = zyx.Tensor(np.float32(rank + 1))
     dist.all_reduce(s, op=ReduceOp.MAX)

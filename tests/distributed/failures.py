@@ -34,6 +34,16 @@ def main(mode, timeout):
             else:
                 print(f"rank {rank}: mismatched {kind} did not raise", flush=True)
                 sys.exit(1)
+        # all_reduce_coalesced checks the whole list: a rank with one tensor more raises
+        ts = [zyx.ones(3) for _ in range(2 + rank)]
+        try:
+            dist.all_reduce_coalesced(ts)
+        except dist.DistributedError as e:
+            assert "all_reduce_coalesced" in str(e) and "rank 1" in str(e), str(e)
+            print(f"rank {rank}: mismatched list raised: {e}", flush=True)
+        else:
+            print(f"rank {rank}: mismatched list did not raise", flush=True)
+            sys.exit(1)
         dist.barrier()     # the group still works after the error
         dist.destroy_process_group()
         return

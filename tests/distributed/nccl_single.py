@@ -47,6 +47,20 @@ def main():
         dist.reduce_scatter(out, [make()])
         np.testing.assert_allclose(out.numpy(), v)
     dist.barrier()
+    # the watchdog: a non-blocking communicator where NCCL has it, every collective
+    # tracked and found done at the next host wait; an owned tensor reduced in place
+    from zyx.distributed.group import State
+    backend = State.group.backend
+    assert hasattr(backend.lib, "ncclCommInitRankConfig"), "NCCL < 2.14: no non-blocking init"
+    x = zyx.Tensor(np.arange(6, dtype=np.float32), device=dev).realize()
+    node = x._id
+    w = dist.all_reduce(x, async_op=True)
+    w.wait()
+    assert w.is_completed() and x._id == node, "owned tensor not reduced in place"
+    for _ in range(3):
+        dist.all_reduce(x)
+    np.testing.assert_allclose(x.numpy(), np.arange(6))
+    assert not backend.watchdog.pending and backend.watchdog.aborted is None
     # a DDP step equals a plain step
     zyx.manual_seed(0)
     ref = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2)).to(dev)

@@ -10,6 +10,10 @@ context and its one stream, with these methods (addresses are Python ints):
     copy_to_device(dst, src, nbytes)     async on the stream (src: a pinned address)
     copy_to_host(dst, src, nbytes)       async on the stream (dst: a pinned address)
     event_create() / event_record(ev) / event_sync(ev) / event_destroy(ev) / stream_sync()
+    event_query(ev) -> bool              True once the work recorded before `ev` has run
+    wait_guards                          callables run before the host blocks on the stream
+                                         (stream_sync, event_sync): zyx.distributed's NCCL
+                                         watchdog, which must see a hung collective first
     module_load(image: bytes) -> module  function(module, name) -> fn   module_unload(module)
     launch(fn, groups, local_size, params_address)   1-D launch on the stream
     prepared_launch(fn, groups, local_size, params_address) -> call   (optional) a
@@ -66,9 +70,11 @@ class ResultTupleDriver:
                   "copy_to_host": "MemcpyDtoHAsync", "event_record": "EventRecord",
                   "event_sync": "EventSynchronize", "event_destroy": "EventDestroy",
                   "stream_sync": "StreamSynchronize", "function": "ModuleGetFunction",
-                  "module_unload": "ModuleUnload"}
+                  "module_unload": "ModuleUnload", "event_query": "EventQuery"}
     PREFIX = ""
     CALLS = {}       # "alloc", "free", "host_free"
+    NOT_READY = 600  # CUDA_ERROR_NOT_READY and hipErrorNotReady: an event still pending
+    wait_guards = ()  # replaced (never mutated) by add_wait_guard / remove_wait_guard
 
     def _name(self, what):
         return self.CALLS.get(what) or self.PREFIX + self.SAME_NAMES[what]
@@ -105,12 +111,35 @@ class ResultTupleDriver:
         self._call("event_record", ev, self.stream)
 
     def event_sync(self, ev):
+        for guard in self.wait_guards:
+            guard()
         self._call("event_sync", ev)
+
+    def event_query(self, ev):
+        """True once everything enqueued before `ev` was recorded has run (no waiting)."""
+        name = self._name("event_query")
+        res = getattr(self.api, name)(ev)
+        err = res[0] if isinstance(res, tuple) else res
+        if err is self.SUCCESS or int(err) == 0:
+            return True
+        if int(err) == self.NOT_READY:
+            return False
+        self.check((err,), name)
+        return False
+
+    def add_wait_guard(self, guard):
+        """Run `guard()` before every host wait on this stream (it may raise)."""
+        self.wait_guards = self.wait_guards + (guard,)
+
+    def remove_wait_guard(self, guard):
+        self.wait_guards = tuple(g for g in self.wait_guards if g != guard)  # bound methods: ==
 
     def event_destroy(self, ev):
         self._call("event_destroy", ev)
 
     def stream_sync(self):
+        for guard in self.wait_guards:
+            guard()
         self._call("stream_sync", self.stream)
 
     def function(self, module, name):

@@ -3,6 +3,7 @@ collectives, each checked against the other ranks' arguments before any data mov
 from __future__ import annotations
 
 import os
+import zlib
 
 import numpy as np
 
@@ -10,10 +11,10 @@ from .. import dtype as dt
 from ..runtime import RT
 from ..tensor import Tensor
 from .group import ProcessGroup, State, TCPStore, as_seconds, env_rank_world, launched_by_mpi
-from .work import DistributedError, ReduceOp, REDUCE_OPS
+from .work import DistributedError, ReduceOp, REDUCE_OPS, Work, completed_work
 
 _KINDS = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-          "reduce_scatter", "reduce_scatter_tensor", "send/recv")
+          "reduce_scatter", "reduce_scatter_tensor", "send/recv", "all_reduce_coalesced")
 _DT_CODES = {d: i for i, d in enumerate((dt.float32, dt.float64, dt.float16, dt.bfloat16,
                                          dt.int32, dt.int64, dt.int8, dt.uint8, dt.bool_,
                                          dt.int16))}
@@ -205,16 +206,35 @@ def barrier(group=None, async_op=False, device_ids=None):
 
 # -- checks --------------------------------------------------------------------------------
 
+_described = {}     # (kind, op, root, dtype, shape) -> its description (read-only)
+
+
 def _describe(kind, t, op=None, root=-1):
+    """The 14 integers a rank's call is checked by; made once per distinct call (a
+    training loop repeats the same few), so the check costs a dict lookup here."""
+    return _described_as(kind, t.dtype, tuple(t.shape), op, root)
+
+
+def _described_as(kind, dtype, shape, op, root, salt=0):
+    key = (kind, op, root, dtype, shape, salt)
+    meta = _described.get(key)
+    if meta is None:
+        if len(_described) > 4096:
+            _described.clear()
+        meta = _described[key] = _make_description(kind, dtype, shape, op, root, salt)
+    return meta
+
+
+def _make_description(kind, dtype, shape, op, root, salt=0):
     meta = np.zeros(_META, dtype=np.int64)
-    shape = tuple(t.shape)
     meta[0] = _KINDS.index(kind)
     meta[1] = -1 if op is None else _OP_CODES[op.name]
     meta[2] = root
-    meta[3] = _DT_CODES.get(t.dtype, 99)
+    meta[3] = _DT_CODES.get(dtype, 99)
     meta[4] = len(shape)
     meta[5:5 + min(len(shape), 8)] = shape[:8]
-    meta[13] = hash(shape) & 0x7FFFFFFFFFFFFFFF
+    meta[13] = hash((shape, salt)) & 0x7FFFFFFFFFFFFFFF
+    meta.flags.writeable = False
     return meta
 
 
@@ -228,14 +248,16 @@ def _text(row):
         extra += f" op={REDUCE_OPS[row[1]].name}"
     if row[2] >= 0:
         extra += f" root={row[2]}"
-    return f"{kind}({d.name if d else '?'} {shape}{more}{extra})"
+    name = d.name if d else ("mixed dtypes" if row[3] == 99 else "?")
+    return f"{kind}({name} {shape}{more}{extra})"
 
 
-def _agree(g, kind, t, op=None, root=-1):
+def _agree(g, kind, t, op=None, root=-1, meta=None):
     if not _checks[0] or g.size == 1:
         return
-    rows = g.backend.allgather_meta(_describe(kind, t, op, root),
-                                    f"{kind} (its cross-rank argument check)")
+    if meta is None:
+        meta = _describe(kind, t, op, root)
+    rows = g.backend.allgather_meta(meta, f"{kind} (its cross-rank argument check)")
     if (rows == rows[0]).all():
         return
     parts = [f"rank {r}: {_text(row)}" for r, row in enumerate(rows)]
@@ -266,6 +288,32 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     _tensor(tensor, "all_reduce")
     _agree(g, "all_reduce", tensor, _reduce_op(op))
     return g.backend.all_reduce(tensor, op, async_op)
+
+
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
+    """all_reduce of every tensor in `tensors` (torch's name), in place, with one
+    cross-rank argument check for the whole list instead of one per tensor (the list's
+    shapes and dtypes must match across ranks). Each reduction starts at once; with
+    async_op=True returns one work handle whose wait() waits for them all."""
+    _check_group(group)
+    g = _need("all_reduce_coalesced")
+    tensors = [_tensor(t, "all_reduce_coalesced") for t in tensors]
+    _reduce_op(op)
+    if not tensors:
+        return completed_work() if async_op else None
+    dtypes = tuple(t.dtype for t in tensors)
+    same = all(d is dtypes[0] for d in dtypes)
+    meta = _described_as("all_reduce_coalesced", dtypes[0] if same else None,
+                         tuple(t.numel() for t in tensors), op, -1,
+                         0 if same else zlib.crc32(",".join(d.name for d in dtypes).encode()))
+    _agree(g, "all_reduce_coalesced", None, op, meta=meta)
+    works = [g.backend.all_reduce(t, op, True) for t in tensors]
+    work = Work(lambda: all(w.is_completed() for w in works),
+                lambda timeout: [w.wait(timeout) for w in works])
+    if async_op:
+        return work
+    work.wait()
+    return None
 
 
 def broadcast(tensor, src, group=None, async_op=False):

@@ -1,11 +1,12 @@
 """The `mpi` backend: collectives on host memory through mpi4py over the system's MPI.
 
 CPU tensors (the C backend computes in host memory) are read in place: the realized
-tensor's buffer is handed to MPI as a numpy view (DLPack, no copy) and the result lands in
-a new array that becomes the tensor's value (`work.set_value` with
-`zyx.from_numpy(result)`, which shares the array), so a collective costs no copy beyond
-MPI's own. Tensors on other devices go through a host copy. float16 and
-bfloat16 have no MPI type: they are reduced in float32 and cast back.
+tensor's buffer is handed to MPI as a numpy view (`HostView`, no copy), and the result
+lands in a buffer from the host pool that becomes a leaf and the tensor's value
+(`work.set_value`), so a collective costs no copy beyond MPI's own (and no page faults:
+the pool gives the same blocks back in a loop).
+Tensors on other devices go through a host copy. float16 and bfloat16 have no MPI type:
+they are reduced in float32 and cast back.
 
 Every wait is a nonblocking request polled against the group's deadline
 (`work.wait_until`): a peer that died or hangs turns into a DistributedError naming the
@@ -14,32 +15,71 @@ MPI_Finalize would wait for the lost peer."""
 from __future__ import annotations
 
 import atexit
+import math
 import sys
 import time
 
 import numpy as np
 
 from .. import dtype as dt
-from ..tensor import from_numpy
+from ..runtime import RT
+from ..tensor import Tensor, from_numpy
 from .work import DistributedError, ReduceOp, Work, set_value, wait_until
 
 _WIDEN = (dt.float16, dt.bfloat16)    # no MPI datatype: reduced as float32
 
 
-def host_array(t):
-    """`t`'s values as a C-contiguous numpy array: a view of its buffer for CPU tensors of
-    an MPI-native dtype, else a copy (float16/bfloat16 widened to float32)."""
-    if t.dtype in _WIDEN:
-        t = t.float()
-    t.realize()
-    if t.device.type == "cpu":
-        return np.from_dlpack(t)
-    return t.numpy()
+class HostView:
+    """`t`'s values as a C-contiguous numpy array for MPI to read (`array`).
+
+    A CPU tensor of an MPI-native dtype is read in place: `array` is a view of its realized
+    buffer, whose graph node is held (`keep`) until the view is dropped, so the pool cannot
+    hand the memory to anyone else while MPI still reads it. The tensor is not marked as
+    shared memory (as `np.from_dlpack(t)` would do): a collective's result then becomes its
+    value by a plain rebind, with no copy back into the old buffer. float16/bfloat16 (no
+    MPI type) are first converted into a temporary float32 tensor, tensors on other
+    devices copied to the host."""
+
+    __slots__ = ("array", "keep")
+
+    def __init__(self, t):
+        src = t.float() if t.dtype in _WIDEN else t
+        if src.device.type != "cpu":
+            self.array = np.ascontiguousarray(src.numpy())   # a host copy
+            self.keep = None
+            return
+        src.realize()
+        nid = src._id
+        node = RT.graph.get(nid)
+        buf = node.buffer
+        RT.graph.retain(nid)
+        self.keep = Tensor._wrap(nid)       # releases the node when this view goes
+        npd = np.dtype(node.dtype.np)
+        n = math.prod(node.shape)
+        self.array = buf.handle[:n * npd.itemsize].view(npd).reshape(node.shape)
 
 
 def work_dtype(t):
     """The numpy dtype MPI moves for tensor `t`."""
     return np.dtype(np.float32) if t.dtype in _WIDEN else np.dtype(t.dtype.np)
+
+
+def result_array(t, shape):
+    """A fresh numpy array of `shape` for MPI to write t's result into, and the tensor
+    over it (None off the CPU: the array then goes through from_numpy). On the CPU the
+    array is a buffer from the host pool, reused from its free list in a loop (a new numpy
+    array would fault in fresh pages on every call), and the tensor a leaf over that
+    buffer: the result becomes t's value without a copy."""
+    npd = work_dtype(t)
+    if t.device.type != "cpu":
+        return np.empty(shape, dtype=npd), None
+    pool = RT.device_of(t._id).pool
+    n = math.prod(shape)
+    with RT.lock:
+        buf, _ = pool.allocate(max(n * npd.itemsize, 1))
+    d = dt.float32 if t.dtype in _WIDEN else t.dtype
+    res = Tensor._wrap(RT.graph.leaf(buf, tuple(shape), d))
+    return buf.handle[:n * npd.itemsize].view(npd).reshape(shape), res
 
 
 def assign(t, array, scale=None):
@@ -48,6 +88,20 @@ def assign(t, array, scale=None):
     next."""
     src = from_numpy(np.ascontiguousarray(array).reshape(t.shape))
     set_value(t, src if scale is None else src * scale)
+
+
+def assign_tensor(t, src, scale=None):
+    """Make tensor `src` (a collective's result) t's value, times `scale` (lazily)."""
+    set_value(t, src if scale is None else src * scale)
+
+
+def assign_result(t, array, res, scale=None):
+    """Make a result written by MPI t's value: `res`, the leaf over `array`'s pool buffer
+    (result_array), else (off the CPU) `array` itself through from_numpy."""
+    if res is None:
+        assign(t, array, scale)
+    else:
+        assign_tensor(t, res, scale)
 
 
 class MpiBackend:
@@ -69,6 +123,7 @@ class MpiBackend:
         self.size = self.comm.Get_size()
         self.timeout = timeout
         self.broken = False
+        self._meta_rows = None
         self._ops = {"SUM": MPI.SUM, "AVG": MPI.SUM, "PRODUCT": MPI.PROD,
                      "MIN": MPI.MIN, "MAX": MPI.MAX}
         atexit.register(self._abort_if_broken)
@@ -115,8 +170,17 @@ class MpiBackend:
             wait_until(test, time.monotonic() + t, what, self.on_timeout)
         return test, wait
 
-    def _run(self, reqs, what, finish, async_op):
+    def _run(self, reqs, what, finish, async_op, keep=None):
+        """Wait for `reqs` (now, or in the returned Work's wait()), then run `finish`.
+        `keep` (the HostView MPI reads) stays alive until then."""
         test, wait = self._waiter(reqs, what)
+        if keep is not None:
+            done = finish
+
+            def finish():
+                keep.array = None           # MPI is done with the memory: let it go
+                if done is not None:
+                    done()
         work = Work(test, wait, finish)
         if async_op:
             return work
@@ -125,10 +189,14 @@ class MpiBackend:
 
     # -- metadata ----------------------------------------------------------------------------
     def allgather_meta(self, meta: np.ndarray, what: str) -> np.ndarray:
-        """Every rank's `meta` (int64 rows), waited for against the deadline."""
-        out = np.empty((self.size, meta.size), dtype=np.int64)
+        """Every rank's `meta` (int64 rows), waited for against the deadline. The rows
+        land in one array reused by every call (the caller compares them at once)."""
+        out = self._meta_rows
+        if out is None or out.shape[1] != meta.size:
+            out = self._meta_rows = np.empty((self.size, meta.size), dtype=np.int64)
         req = self.comm.Iallgather(meta, out)
-        self._run([req], what, None, False)
+        if not req.Test():
+            wait_until(req.Test, time.monotonic() + self.timeout, what, self.on_timeout)
         return out
 
     # -- collectives on tensors ---------------------------------------------------------
@@ -138,53 +206,60 @@ class MpiBackend:
         return self._ops[op.name]
 
     def all_reduce(self, t, op, async_op):
+        # Into a separate buffer, not MPI_IN_PLACE, even when t alone owns its buffer:
+        # Open MPI's nonblocking Iallreduce (libnbc) in place ran 3.7x slower at 64 MB
+        # than with a separate receive buffer, here (benches/dist_allreduce.py's machine).
+        # The receive buffer comes from the host pool, so a loop alternates between two
+        # blocks (t's old one is freed when t takes the result) and nothing is copied.
         mop = self._op(op, t)
-        send = host_array(t)
-        recv = np.empty_like(send)
-        req = self.comm.Iallreduce(send, recv, mop)
+        v = HostView(t)
         scale = 1.0 / self.size if op is ReduceOp.AVG else None
-        return self._run([req], "all_reduce", lambda: assign(t, recv, scale), async_op)
+        recv, res = result_array(t, v.array.shape)
+        req = self.comm.Iallreduce(v.array, recv, mop)
+        return self._run([req], "all_reduce", lambda: assign_result(t, recv, res, scale),
+                         async_op, v)
 
     def broadcast(self, t, src, async_op):
         if self.rank == src:
-            buf = host_array(t)
-            req = self.comm.Ibcast(buf, root=src)
-            return self._run([req], "broadcast", None, async_op)
-        buf = np.empty(t.shape, dtype=work_dtype(t))
+            v = HostView(t)
+            req = self.comm.Ibcast(v.array, root=src)
+            return self._run([req], "broadcast", None, async_op, v)
+        buf, res = result_array(t, tuple(t.shape))
         req = self.comm.Ibcast(buf, root=src)
-        return self._run([req], "broadcast", lambda: assign(t, buf), async_op)
+        return self._run([req], "broadcast", lambda: assign_result(t, buf, res), async_op)
+
+    def _gather(self, t):
+        v = HostView(t)
+        recv, res = result_array(t, (self.size,) + v.array.shape)
+        return v, recv, res, self.comm.Iallgather(v.array, recv)
 
     def all_gather(self, outs, t, async_op):
-        send = host_array(t)
-        recv = np.empty((self.size,) + send.shape, dtype=send.dtype)
-        req = self.comm.Iallgather(send, recv)
+        v, recv, res, req = self._gather(t)
 
         def finish():
             for i, o in enumerate(outs):
-                assign(o, recv[i])
-        return self._run([req], "all_gather", finish, async_op)
+                assign_result(o, recv[i], None if res is None else res[i])
+        return self._run([req], "all_gather", finish, async_op, v)
 
     def all_gather_into_tensor(self, out, t, async_op):
-        send = host_array(t)
-        recv = np.empty((self.size,) + send.shape, dtype=send.dtype)
-        req = self.comm.Iallgather(send, recv)
-        return self._run([req], "all_gather_into_tensor", lambda: assign(out, recv),
-                         async_op)
+        v, recv, res, req = self._gather(t)
+        return self._run([req], "all_gather_into_tensor",
+                         lambda: assign_result(out, recv, res), async_op, v)
 
     def reduce_scatter_tensor(self, out, t, op, async_op):
         mop = self._op(op, t)
-        send = host_array(t)
-        recv = np.empty(out.shape, dtype=send.dtype)
-        req = self.comm.Ireduce_scatter_block(send, recv, mop)
+        v = HostView(t)
+        recv, res = result_array(out, tuple(out.shape))
+        req = self.comm.Ireduce_scatter_block(v.array, recv, mop)
         scale = 1.0 / self.size if op is ReduceOp.AVG else None
-        return self._run([req], "reduce_scatter", lambda: assign(out, recv, scale),
-                         async_op)
+        return self._run([req], "reduce_scatter",
+                         lambda: assign_result(out, recv, res, scale), async_op, v)
 
     def send(self, t, dst, tag, meta, async_op):
-        send = host_array(t)
+        v = HostView(t)
         reqs = [] if meta is None else [self.comm.Isend(meta, dest=dst, tag=2 * tag)]
-        reqs.append(self.comm.Isend(send, dest=dst, tag=2 * tag + 1))
-        return self._run(reqs, f"send to rank {dst}", None, async_op)
+        reqs.append(self.comm.Isend(v.array, dest=dst, tag=2 * tag + 1))
+        return self._run(reqs, f"send to rank {dst}", None, async_op, v)
 
     def recv(self, t, src, tag, meta, check, async_op):
         """Receive into t from `src` (None: any rank); returns (work or None, source).
@@ -198,14 +273,14 @@ class MpiBackend:
                        self.on_timeout)
             source = status.Get_source()
             check(got, source)
-        buf = np.empty(t.shape, dtype=work_dtype(t))
+        buf, res = result_array(t, tuple(t.shape))
         status = self.MPI.Status()
         req = self.comm.Irecv(buf, source=source, tag=2 * tag + 1)
         found = [source]
 
         def finish():
             found[0] = status.Get_source()
-            assign(t, buf)
+            assign_result(t, buf, res)
         work = Work(lambda: req.Test(status),
                     lambda timeout: wait_until(lambda: req.Test(status),
                                                time.monotonic() + self.timeout,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import glob
+import math
 import os
 import sys
 
@@ -23,7 +24,8 @@ import numpy as np
 from .. import dtype as dt
 from ..runtime import RT
 from ..tensor import Tensor, zeros
-from .work import DistributedError, ReduceOp, completed_work, set_value
+from .watchdog import NcclWatchdog
+from .work import DistributedError, ReduceOp, Work, completed_work, set_value, sole_owner
 
 # ncclDataType_t and ncclRedOp_t values (nccl.h)
 _DTYPES = {dt.int32: 2, dt.int64: 4, dt.float16: 6, dt.float32: 7, dt.float64: 8,
@@ -34,6 +36,19 @@ _OPS = {"SUM": 0, "PRODUCT": 1, "MAX": 2, "MIN": 3, "AVG": 4}
 class UniqueId(ctypes.Structure):
     """ncclUniqueId: 128 opaque bytes, passed by value to ncclCommInitRank."""
     _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+class Config(ctypes.Structure):
+    """The head of ncclConfig_t as NCCL 2.14 defined it. NCCL copies `size` bytes of it
+    and, for a `version` older than its own, gives every later field its default, so
+    this prefix is valid for every NCCL since 2.14."""
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint),
+                ("version", ctypes.c_uint), ("blocking", ctypes.c_int)]
+
+
+def nonblocking_config():
+    """An ncclConfig_t asking for a non-blocking communicator (blocking=0)."""
+    return Config(ctypes.sizeof(Config), 0xCAFEBEEF, 21400, 0)
 
 
 def library_candidates():
@@ -76,8 +91,14 @@ def load_library():
                          ("ncclGetUniqueId", [ctypes.POINTER(UniqueId)]),
                          ("ncclCommDestroy", [vp]), ("ncclCommAbort", [vp]),
                          ("ncclGroupStart", []), ("ncclGroupEnd", []),
-                         ("ncclGetVersion", [ctypes.POINTER(i)])):
-            f = getattr(lib, fn)
+                         ("ncclGetVersion", [ctypes.POINTER(i)]),
+                         ("ncclCommGetAsyncError", [vp, ctypes.POINTER(i)]),
+                         ("ncclCommFinalize", [vp]),
+                         ("ncclCommInitRankConfig", [ctypes.POINTER(vp), i, UniqueId, i,
+                                                     ctypes.POINTER(Config)])):
+            f = getattr(lib, fn, None)
+            if f is None:      # ncclCommInitRankConfig, ncclCommFinalize: NCCL 2.14 on
+                continue
             f.argtypes = args
             f.restype = ctypes.c_int
         lib.ncclGetErrorString.argtypes = [ctypes.c_int]
@@ -120,7 +141,10 @@ def _check(rc, what):
 
 
 class NcclBackend:
-    """One NCCL communicator over the world, bound to one zyx CUDA device."""
+    """One NCCL communicator over the world, bound to one zyx CUDA device, created
+    non-blocking and watched (watchdog.NcclWatchdog): every collective is tracked by a CUDA
+    event, and every host wait on the device's stream first waits for the collectives
+    against the timeout, so a failed peer raises DistributedError instead of hanging."""
 
     name = "nccl"
 
@@ -130,11 +154,39 @@ class NcclBackend:
         self.device = device                 # "cuda:<i>"
         zeros(1, device=device).realize()    # the device's context is current from here
         self.dev = RT.resolve(device)
+        self.driver = self.dev.driver
+        self._events = []                    # CUDA events free for reuse
         self.comm = ctypes.c_void_p()
+        self.watchdog = NcclWatchdog(self.lib, self.comm, rank, size, timeout)
         uid_s = UniqueId()
         ctypes.memmove(ctypes.addressof(uid_s), uid, ctypes.sizeof(uid_s))
-        _check(self.lib.ncclCommInitRank(ctypes.byref(self.comm), size, uid_s, rank),
-               "ncclCommInitRank")
+        if hasattr(self.lib, "ncclCommInitRankConfig"):
+            config = nonblocking_config()
+            rc = self.lib.ncclCommInitRankConfig(ctypes.byref(self.comm), size, uid_s, rank,
+                                                 ctypes.byref(config))
+            if rc not in (0, 7):             # 7: ncclInProgress, polled below
+                _check(rc, "ncclCommInitRankConfig")
+            self.watchdog.settle(rc, "ncclCommInitRank (creating the communicator)")
+        else:                                # NCCL < 2.14: creation blocks, no deadline
+            _check(self.lib.ncclCommInitRank(ctypes.byref(self.comm), size, uid_s, rank),
+                   "ncclCommInitRank")
+        self.driver.add_wait_guard(self._guard)
+
+    def _guard(self):
+        """Before the host waits on the stream: the queued collectives first (raises on a
+        failure or past the timeout; the stream then drains)."""
+        if self.watchdog.pending:
+            self.watchdog.wait()
+
+    def _call(self, what, fn, *args):
+        """Run NCCL call `fn(*args, comm, stream)` for collective `what`; track it."""
+        self.watchdog.check_usable(what)
+        rc = fn(*args, self.comm, self._stream())
+        self.watchdog.settle(rc, what)
+        ev = self._events.pop() if self._events else self.driver.event_create()
+        self.driver.event_record(ev)
+        return self.watchdog.track(what, lambda: self.driver.event_query(ev),
+                                   lambda: self._events.append(ev))
 
     # -- buffers -------------------------------------------------------------------------
     def _ptr(self, t):
@@ -159,97 +211,128 @@ class NcclBackend:
         return code
 
     def _fresh(self, shape, dtype):
-        """A new realized tensor: its own device buffer for NCCL to write."""
-        return zeros(tuple(shape), dtype=dtype, device=self.dev_name).realize()
+        """A new leaf over its own device buffer for NCCL to write (from the pool, not
+        filled: NCCL writes every element)."""
+        n = math.prod(shape)
+        with RT.lock:
+            buf, _ = self.dev.pool.allocate(max(n * dtype.itemsize, 1))
+        return Tensor._wrap(RT.graph.leaf(buf, tuple(shape), dtype))
 
     @staticmethod
     def _assign(t, src):
         set_value(t, src)
 
-    def _done(self, async_op):
-        # stream order is the synchronization: later kernels on the stream run after
-        return completed_work() if async_op else None
+    def _done(self, item, async_op):
+        """Stream order is the synchronization (later kernels on the stream run after),
+        so a synchronous collective returns at once; the watchdog waits for it at the
+        next host wait. The work handle's wait() blocks until it ran, against the timeout
+        (or wait's own), as torch's does."""
+        if not async_op:
+            return None
+        return Work(lambda: self.watchdog.is_done(item),
+                    lambda timeout: self.watchdog.wait(
+                        item, None if timeout is None else
+                        getattr(timeout, "total_seconds", lambda: timeout)()))
 
     # -- collectives -------------------------------------------------------------------------
     def allgather_meta(self, meta: np.ndarray, what: str) -> np.ndarray:
-        t = Tensor(meta, device=self.dev_name)
+        t = Tensor(np.array(meta), device=self.dev_name)
         out = self._fresh((self.size, meta.size), dt.int64)
-        _check(self.lib.ncclAllGather(self._ptr(t), self._ptr(out), meta.size, 4,
-                                      self.comm, self._stream()), "ncclAllGather")
-        return out.numpy()
+        self._call(what, self.lib.ncclAllGather, self._ptr(t), self._ptr(out), meta.size, 4)
+        return out.numpy()              # a host wait: the watchdog guards it
 
     def all_reduce(self, t, op, async_op):
+        src = self._ptr(t)
+        if sole_owner(t):
+            # nothing but t can see its buffer: NCCL reduces in place (send == recv)
+            item = self._call("all_reduce", self.lib.ncclAllReduce, src, src, t.numel(),
+                              self._dtype(t), _OPS[op.name])
+            return self._done(item, async_op)
         out = self._fresh(t.shape, t.dtype)
-        _check(self.lib.ncclAllReduce(self._ptr(t), self._ptr(out), t.numel(),
-                                      self._dtype(t), _OPS[op.name], self.comm,
-                                      self._stream()), "ncclAllReduce")
+        item = self._call("all_reduce", self.lib.ncclAllReduce, src, self._ptr(out),
+                          t.numel(), self._dtype(t), _OPS[op.name])
         self._assign(t, out)
-        return self._done(async_op)
+        return self._done(item, async_op)
 
     def broadcast(self, t, src, async_op):
         out = self._fresh(t.shape, t.dtype)
         send = self._ptr(t) if self.rank == src else self._ptr(out)
-        _check(self.lib.ncclBroadcast(send, self._ptr(out), t.numel(), self._dtype(t), src,
-                                      self.comm, self._stream()), "ncclBroadcast")
+        item = self._call("broadcast", self.lib.ncclBroadcast, send, self._ptr(out),
+                          t.numel(), self._dtype(t), src)
         if self.rank != src:
             self._assign(t, out)
-        return self._done(async_op)
+        return self._done(item, async_op)
 
-    def _gather(self, t):
+    def _gather(self, t, what):
         out = self._fresh((self.size,) + tuple(t.shape), t.dtype)
-        _check(self.lib.ncclAllGather(self._ptr(t), self._ptr(out), t.numel(),
-                                      self._dtype(t), self.comm, self._stream()),
-               "ncclAllGather")
-        return out
+        item = self._call(what, self.lib.ncclAllGather, self._ptr(t), self._ptr(out),
+                          t.numel(), self._dtype(t))
+        return out, item
 
     def all_gather(self, outs, t, async_op):
-        out = self._gather(t)
+        out, item = self._gather(t, "all_gather")
         for i, o in enumerate(outs):
             self._assign(o, out[i])
-        return self._done(async_op)
+        return self._done(item, async_op)
 
     def all_gather_into_tensor(self, out, t, async_op):
-        self._assign(out, self._gather(t).reshape(out.shape))
-        return self._done(async_op)
+        res, item = self._gather(t, "all_gather_into_tensor")
+        self._assign(out, res.reshape(out.shape))
+        return self._done(item, async_op)
 
     def reduce_scatter_tensor(self, out, t, op, async_op):
         res = self._fresh(out.shape, out.dtype)
-        _check(self.lib.ncclReduceScatter(self._ptr(t), self._ptr(res), out.numel(),
-                                          self._dtype(t), _OPS[op.name], self.comm,
-                                          self._stream()), "ncclReduceScatter")
+        item = self._call("reduce_scatter", self.lib.ncclReduceScatter, self._ptr(t),
+                          self._ptr(res), out.numel(), self._dtype(t), _OPS[op.name])
         self._assign(out, res)
-        return self._done(async_op)
+        return self._done(item, async_op)
 
     def send(self, t, dst, tag, meta, async_op):
+        what = f"send to rank {dst}"
         if meta is not None:
-            m = Tensor(meta, device=self.dev_name)
-            _check(self.lib.ncclSend(self._ptr(m), meta.size, 4, dst, self.comm,
-                                     self._stream()), "ncclSend")
-        _check(self.lib.ncclSend(self._ptr(t), t.numel(), self._dtype(t), dst, self.comm,
-                                 self._stream()), "ncclSend")
-        return self._done(async_op)
+            m = Tensor(np.array(meta), device=self.dev_name)
+            self._call(what, self.lib.ncclSend, self._ptr(m), meta.size, 4, dst)
+        item = self._call(what, self.lib.ncclSend, self._ptr(t), t.numel(), self._dtype(t),
+                          dst)
+        return self._done(item, async_op)
 
     def recv(self, t, src, tag, meta, check, async_op):
         if src is None:
             raise DistributedError("the nccl backend needs recv's src rank")
+        what = f"recv from rank {src}"
         if meta is not None:
             got = self._fresh((meta.size,), dt.int64)
-            _check(self.lib.ncclRecv(self._ptr(got), meta.size, 4, src, self.comm,
-                                     self._stream()), "ncclRecv")
+            self._call(what, self.lib.ncclRecv, self._ptr(got), meta.size, 4, src)
             check(got.numpy(), src)
         out = self._fresh(t.shape, t.dtype)
-        _check(self.lib.ncclRecv(self._ptr(out), t.numel(), self._dtype(t), src, self.comm,
-                                 self._stream()), "ncclRecv")
+        item = self._call(what, self.lib.ncclRecv, self._ptr(out), t.numel(),
+                          self._dtype(t), src)
         self._assign(t, out)
-        return self._done(async_op), src
+        return self._done(item, async_op), src
 
     def barrier(self, async_op=False):
         one = Tensor(np.ones(1, np.float32), device=self.dev_name)
         self.all_reduce(one, ReduceOp.SUM, False)
         one.numpy()                     # waits for the stream: every rank got here
-        return self._done(async_op)
+        return completed_work() if async_op else None
 
     def destroy(self):
-        """Destroy the communicator (after the stream drained)."""
-        RT.synchronize(self.dev_name)
-        _check(self.lib.ncclCommDestroy(self.comm), "ncclCommDestroy")
+        """Destroy the communicator once its work ran (within the timeout); after an
+        abort there is nothing left to destroy."""
+        self.driver.remove_wait_guard(self._guard)
+        try:
+            if self.watchdog.aborted is None:
+                self.watchdog.wait()
+                RT.synchronize(self.dev_name)
+                if hasattr(self.lib, "ncclCommFinalize"):
+                    # a non-blocking communicator flushes its work here (ncclInProgress,
+                    # polled against the timeout); destroy then only frees it
+                    self.watchdog.settle(self.lib.ncclCommFinalize(self.comm),
+                                         "ncclCommFinalize (destroy_process_group)")
+                rc = self.lib.ncclCommDestroy(self.comm)
+                if rc != 7:
+                    _check(rc, "ncclCommDestroy")
+        finally:
+            for ev in self._events:
+                self.driver.event_destroy(ev)
+            self._events = []

@@ -2,10 +2,12 @@
 returned by `async_op=True`, and the deadline loop that turns a hung peer into an error."""
 from __future__ import annotations
 
+import os
 import time
 
 from ..autograd import no_grad
 from ..errors import ZyxError
+from ..runtime import RT
 from ..tensor import rebind
 
 
@@ -44,7 +46,10 @@ def wait_until(done, deadline, what, on_timeout):
 
     Polls without pause for the first half second: with MPI, polling is what moves a
     nonblocking collective on (Open MPI progresses it only inside MPI calls), so a pause
-    between polls would cut a large all-reduce's bandwidth several times. After that
+    between polls would cut a large all-reduce's bandwidth several times. It yields the
+    core between polls (sched_yield: returns at once when nothing else wants to run), so
+    on an oversubscribed host the peer it waits for, or its OpenMP threads, get the core
+    (mpirun's --oversubscribe makes MPI's own waits yield for the same reason). After that
     (a peer is late, not a transfer running) it sleeps 1 ms between polls, so a waiting
     rank does not hold its core."""
     start = time.monotonic()
@@ -56,12 +61,16 @@ def wait_until(done, deadline, what, on_timeout):
                 on_timeout(what)
             time.sleep(1e-3)
             continue
+        _yield()
         spins += 1
         if spins & 1023 == 0:
             now = time.monotonic()
             if now > deadline:
                 on_timeout(what)
             slow = now - start > 0.5
+
+
+_yield = getattr(os, "sched_yield", lambda: None)
 
 
 class Work:
@@ -119,3 +128,17 @@ def set_value(t, src):
     else:
         with no_grad():
             t.copy_(src)
+
+
+def sole_owner(t) -> bool:
+    """True when a collective may write realized tensor `t`'s buffer in place: nothing
+    but `t` can observe it. `t` is plain (no recorded history, not a view, no views), it
+    alone holds its graph node (no other tensor object, no lazy op recorded on it, no
+    autograd snapshot), the node alone holds the buffer (no realized reshape aliasing it,
+    no live DLPack export) and the memory is the pool's, not a user's array
+    (from_numpy / from_dlpack)."""
+    if t._ctx is not None or t._view is not None or t._views:
+        return False
+    node = RT.graph.get(t._id)
+    buf = node.buffer
+    return buf is not None and node.rc == 1 and buf.refs == 1 and not buf.borrowed

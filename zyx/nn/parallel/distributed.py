@@ -7,12 +7,12 @@ parameter; at the end of a backward() the first hook that fires flattens the fre
 into buckets (about `bucket_cap_mb` each, in reverse parameter order, the order backward
 produces them), computes them all in one plan (forward, backward and the flattening fuse
 there; computing bucket by bucket would recompute the forward for each), then starts
-every bucket's all-reduce without waiting (MPI Iallreduce, or NCCL on the device's stream)
-and waits for them in order, so bucket k's transfer overlaps the host work of the later
-buckets. Each parameter's `.grad` then is a lazy slice of its reduced bucket times
-1/world_size, which fuses into the optimizer's update: `loss.backward(); opt.step()` with
-any zyx optimizer works unchanged, and `.grad` read after backward() is already the
-average (as in torch, so clip_grad_norm_ sees it too)."""
+every bucket's all-reduce without waiting (`all_reduce_coalesced`: one cross-rank
+argument check for all buckets; MPI Iallreduce in the bucket's own buffer, or NCCL on the
+device's stream) and waits for them. Each parameter's `.grad` then is a lazy slice of its
+reduced bucket times 1/world_size, which fuses into the optimizer's update:
+`loss.backward(); opt.step()` with any zyx optimizer works unchanged, and `.grad` read
+after backward() is already the average (as in torch, so clip_grad_norm_ sees it too)."""
 from __future__ import annotations
 
 import contextlib
@@ -150,10 +150,11 @@ class DistributedDataParallel(Module):
                 del parts
             # one plan computes everything backward() left lazy, and the buckets
             RT.realize([f._id for f in flats])
-            works = [dist.all_reduce(f, async_op=True) for f in flats]
+            # one cross-rank check for all buckets, then every bucket's reduction started
+            # (in place: each flat bucket is a fresh buffer only it holds)
+            dist.all_reduce_coalesced(flats, async_op=True).wait()
             scale = 1.0 / dist.get_world_size()
-            for b, f, w in zip(self._buckets, flats, works):
-                w.wait()
+            for b, f in zip(self._buckets, flats):
                 off = 0
                 for p, n in zip(b.params, b.sizes):
                     g = f[off:off + n].reshape(p.shape) * scale
