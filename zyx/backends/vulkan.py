@@ -65,6 +65,8 @@ CPU_COMPUTE = 1e9
 VULKAN_SHARE = 0.5
 LLVMPIPE_LOOPS = 60000    # below llvmpipe's 65535 loop iterations per invocation
 _BIND_COMPUTE = 1         # VK_PIPELINE_BIND_POINT_COMPUTE
+_OUT_OF_POOL_MEMORY = -1000069000    # VK_ERROR_OUT_OF_POOL_MEMORY
+_FRAGMENTED_POOL = -12               # VK_ERROR_FRAGMENTED_POOL
 
 _ALL_DTYPES = (dt.bool_, dt.uint8, dt.uint16, dt.uint32, dt.uint64, dt.int8, dt.int16,
                dt.int32, dt.int64, dt.float16, dt.bfloat16, dt.float32, dt.float64)
@@ -179,7 +181,8 @@ class DescriptorSets:
         if len(self._sets) >= MAX_CACHED_SETS:
             wait_idle()
             self.clear()
-        pool, dset = self._allocate(set_layout)
+        pool, arr = self._allocate(set_layout)
+        dset = arr[0]
         vk = self.vk
         infos = [vk.VkDescriptorBufferInfo(buffer=h.buffer, offset=0, range=h.size)
                  for h in handles]
@@ -187,14 +190,17 @@ class DescriptorSets:
                                           descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                                           pBufferInfo=[infos[i]]) for i in range(len(handles))]
         vk.vkUpdateDescriptorSets(self.device, len(writes), writes, 0, None)
-        arr = vk.ffi.new("VkDescriptorSet[1]", [dset])
         self._sets[key] = (pool, arr)
         for h in handles:
             self._by_buffer.setdefault(id(h), set()).add(key)
         return arr
 
     def _allocate(self, set_layout):
+        """(pool, VkDescriptorSet[1]) of a new set; a new pool when the newest is full.
+        (Through vk.lib: the bindings raise KeyError for VK_ERROR_OUT_OF_POOL_MEMORY, a
+        result code they have no exception class for.)"""
         vk = self.vk
+        info = vk.VkDescriptorSetAllocateInfo(descriptorSetCount=1, pSetLayouts=[set_layout])
         for attempt in (0, 1):
             if self._pools and attempt == 0:
                 pool = self._pools[-1]
@@ -205,12 +211,13 @@ class DescriptorSets:
                     flags=vk.VK_DESCRIPTOR_POOL_CREATE_FREE_DESCRIPTOR_SET_BIT,
                     maxSets=SETS_PER_POOL, poolSizeCount=1, pPoolSizes=[size]), None)
                 self._pools.append(pool)
-            try:
-                return pool, vk.vkAllocateDescriptorSets(self.device, vk.VkDescriptorSetAllocateInfo(
-                    descriptorPool=pool, descriptorSetCount=1, pSetLayouts=[set_layout]))[0]
-            except (vk.VkErrorOutOfPoolMemory, vk.VkErrorFragmentedPool):
-                if attempt:
-                    raise BackendError("Vulkan: a new descriptor pool cannot hold one set")
+            info.descriptorPool = pool
+            out = vk.ffi.new("VkDescriptorSet[1]")
+            rc = vk.lib.vkAllocateDescriptorSets(self.device, vk.ffi.addressof(info), out)
+            if rc == 0:
+                return pool, out
+            if rc not in (_OUT_OF_POOL_MEMORY, _FRAGMENTED_POOL) or attempt:
+                raise BackendError(f"Vulkan: vkAllocateDescriptorSets failed ({rc})")
         raise AssertionError("unreachable")
 
     def forget_buffer(self, h):

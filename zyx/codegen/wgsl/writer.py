@@ -152,7 +152,19 @@ fn zyx_f2bf(x: f32) -> u32 {
   return ((u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u) & 0xffffu;
 }
 fn zyx_bf2f(h: u32) -> f32 { return bitcast<f32>(h << 16u); }
-fn zyx_f2h(x: f32) -> u32 { return pack2x16float(vec2<f32>(x, 0.0)) & 0xffffu; }
+fn zyx_f2h(x: f32) -> u32 {
+  // float -> float16 bits, rounded to nearest even, in integer steps: NVIDIA's driver
+  // folds unpack2x16float(pack2x16float(x)) back into x, dropping the rounding
+  let u = bitcast<u32>(x);
+  let sign = (u >> 16u) & 0x8000u;
+  let a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) { return sign | 0x7e00u; }
+  if (a >= 0x477ff000u) { return sign | 0x7c00u; }
+  if (a >= 0x38800000u) {
+    return sign | (((a + 0x0fffu + ((a >> 13u) & 1u)) - 0x38000000u) >> 13u);
+  }
+  return sign | u32(round(bitcast<f32>(a) * 16777216.0));
+}
 fn zyx_h2f(h: u32) -> f32 { return unpack2x16float(h).x; }
 """
 
