@@ -19,19 +19,24 @@ size as a symbolic size within a bound:
     of 0..size-1 < a*n + c, the real size read at launch),
   * a slice whose start depends on n (`x[:, -1]`) reads its start at launch; a pad after
     the end of a varying axis masks the positions between the real end and the pad,
+  * a pad whose amount before the source is a*n + c (the parts after the first of a cat
+    along the growing axis, `idx = cat([idx, nxt], 1)`; a growing cut of a fixed tensor,
+    `cache[:, :, :t + 1]`) pads the source by fixed amounts that cover every n up to B and
+    cuts the result out at a start read at launch; a growing source's positions past
+    its real size are masked to the fill,
   * a result with a varying size is copied out of the bound buffer.
   Positions past the real sizes hold values that never reach a real position, so every
   result is what the graph at n computes, element for element. Sampling 200 tokens builds
   one ordinary plan and one plan per power of two, not 200.
-- Graphs that fall back to a plan per size: a flip of a varying axis, a pad before a
-  varying axis by an amount that grows (`cat([x, new], dim)` along it), a reshape that
-  merges a varying axis with an outer axis or with another varying axis (a batch whose
-  size varies, flattened with the positions: (b, t, c) -> (b*t, c)), value checks that the
-  plan computes, and graphs whose sizes stop following the fit (a context cropped to a
-  block size starts a new family). `idx = cat([idx, nxt], 1)` of small realized tensors
-  on the CPU is concatenated at once (Runtime.host_cat), so idx stays realized; on a GPU
-  that cat stays lazy and its chain changes the graph's structure every step, not only
-  its sizes: realize it (or build idx with `zyx.tensor`) to share plans.
+- Graphs that fall back to a plan per size: a flip of a varying axis, a pad whose amounts
+  are not a*n + c of the fitted n, a reshape that merges a varying axis with an outer
+  axis or with another varying axis (a batch whose size varies, flattened with the
+  positions: (b, t, c) -> (b*t, c)), value checks that the plan computes, and graphs whose
+  sizes stop following the fit (a context cropped to a block size starts a new family).
+  `idx = cat([idx, nxt], 1)` keeps idx realized: small realized parts on the CPU are
+  concatenated at once on the host (Runtime.host_cat), and a small append to a realized
+  tensor elsewhere, or of a lazy nxt, is realized at once (tensor.cat), so each step's
+  graph is the same ops on a longer idx rather than a chain of cats one deeper per step.
 """
 from __future__ import annotations
 
