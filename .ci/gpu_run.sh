@@ -32,6 +32,8 @@
 #           without Open MPI and mpi4py)
 #   tune    benches/bench_tuning.py on CUDA: the MNIST convnet step with heuristic and with
 #           autotuned schedules, and the time the search took; then tests/test_tuning.py
+#   recipes benches/bench_recipes.py on CUDA (issue 31's recipes, torch CUDA beside them:
+#           zyx/torch ratios), then tests/test_bounds.py with CUDA as the default device
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
 # Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
 # pytest-xdist spreads the suites over the machine's cores when its wheel was carried:
@@ -133,6 +135,16 @@ EOF
             >"$OUT/tune-tests.log" 2>&1
         summary "tuning tests on cuda" "$OUT/tune-tests.log"
         grep -E "^(FAILED|ERROR)" "$OUT/tune-tests.log" | head -10
+        ;;
+    recipes)
+        ZYX_DEVICE=cuda $PY -m pytest benches/bench_recipes.py --benchmark-only -s -q \
+            -p no:cacheprovider -p no:randomly --benchmark-columns=min,median,max,rounds \
+            >"$OUT/recipes.log" 2>&1
+        grep -E "zyx/torch|LM script|plans_built|passed|failed|Error" "$OUT/recipes.log" | tail -30
+        ZYX_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider -p no:randomly \
+            tests/test_bounds.py >"$OUT/bounds-tests.log" 2>&1
+        summary "test_bounds on cuda" "$OUT/bounds-tests.log"
+        grep -E "^(FAILED|ERROR)" "$OUT/bounds-tests.log" | head -10
         ;;
     opencl-cache)
         # the tests of the disk caches and of the C backend, with OpenCL as the default
