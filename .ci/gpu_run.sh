@@ -36,6 +36,8 @@
 #   vkbench benches/bench_vk.py on cuda:0, vulkan:0 and wgpu:0 (issue 30's cases)
 #   suites  the whole suite with CUDA, Vulkan and WebGPU as the default device, the three
 #           at once (4 xdist workers each)
+#   recipes benches/bench_recipes.py on CUDA (issue 31's recipes, torch CUDA beside them:
+#           zyx/torch ratios), then tests/test_bounds.py with CUDA as the default device
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
 # Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
 # pytest-xdist spreads the suites over the machine's cores when its wheel was carried:
@@ -140,6 +142,16 @@ EOF
             >"$OUT/tune-tests.log" 2>&1
         summary "tuning tests on cuda" "$OUT/tune-tests.log"
         grep -E "^(FAILED|ERROR)" "$OUT/tune-tests.log" | head -10
+        ;;
+    recipes)
+        ZYX_DEVICE=cuda $PY -m pytest benches/bench_recipes.py --benchmark-only -s -q \
+            -p no:cacheprovider -p no:randomly --benchmark-columns=min,median,max,rounds \
+            >"$OUT/recipes.log" 2>&1
+        grep -E "zyx/torch|LM script|plans_built|passed|failed|Error" "$OUT/recipes.log" | tail -30
+        ZYX_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider -p no:randomly \
+            tests/test_bounds.py >"$OUT/bounds-tests.log" 2>&1
+        summary "test_bounds on cuda" "$OUT/bounds-tests.log"
+        grep -E "^(FAILED|ERROR)" "$OUT/bounds-tests.log" | head -10
         ;;
     opencl-cache)
         # the tests of the disk caches and of the C backend, with OpenCL as the default

@@ -110,18 +110,120 @@ def test_slices_pads_and_reshapes_of_the_growing_axis(device):
 
 
 def test_graphs_outside_the_rules_still_compute_right(device):
-    """A flip of the growing axis, a reshape that merges it with an outer axis and a cat
-    along it fall back to a plan per length: the values stay exact."""
+    """A flip of the growing axis and a reshape that merges it with an outer axis fall
+    back to a plan per length: the values stay exact."""
     rng = np.random.default_rng(3)
     data = rng.standard_normal((2, 30)).astype(np.float32)
-    tail = rng.standard_normal((2, 3)).astype(np.float32)
     for n in (3, 4, 9, 5):
         x, a = zyx.tensor(data[:, :n]), data[:, :n]
-        got = _realize(x.flip(1) * 3, x.reshape(-1).cumsum(0),
-                       zyx.cat([x, zyx.tensor(tail)], 1).sum(0))
-        ref = (a[:, ::-1] * 3, a.reshape(-1).cumsum(0), np.concatenate([a, tail], 1).sum(0))
+        got = _realize(x.flip(1) * 3, x.reshape(-1).cumsum(0))
+        ref = (a[:, ::-1] * 3, a.reshape(-1).cumsum(0))
         for g, r in zip(got, ref):
             assert_close(g, r, atol=1e-4, rtol=1e-4)
+
+
+def test_pads_whose_amount_before_grows(device):
+    """Parts placed after a growing axis (a cat along it: the amount before the later
+    parts grows with n), a growing part between fixed ones (its garbage past the real
+    size masked), and a growing cut of a fixed tensor (`cache[:, :n]`, the end moving),
+    also past the fixed tensor's size at the bound: one plan per bound, values exact."""
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((2, 60)).astype(np.float32)
+    tail = rng.standard_normal((2, 3)).astype(np.float32)
+    fixed = rng.standard_normal((2, 45)).astype(np.float32)   # never cut whole
+    ints = rng.integers(-9, 9, (2, 60)).astype(np.int32)
+    f = zyx.tensor(fixed)
+    t = zyx.tensor(tail) * 1      # lazy parts: one realization (no cat done at once)
+    before = _stats()
+    for n in (3, 4, 9, 5, 17, 30, 33, 40, 2):
+        x, a = zyx.tensor(data[:, :n]) * 1, data[:, :n]
+        xi, ai = zyx.tensor(ints[:, :n]) * 1, ints[:, :n]
+        y = x * 2
+        got = _realize(zyx.cat([x, t], 1), zyx.cat([x, t], 1).sum(1),
+                       zyx.cat([t, y, t], 1), zyx.cat([y, x, t], 1).amax(1),
+                       (f[:, :n] + y).sum(1), f[:, :n] * 3, zyx.cat([xi, xi + 1], 1))
+        b = a * 2
+        ref = (np.concatenate([a, tail], 1), np.concatenate([a, tail], 1).sum(1),
+               np.concatenate([tail, b, tail], 1), np.concatenate([b, a, tail], 1).max(1),
+               (fixed[:, :n] + b).sum(1), fixed[:, :n] * 3,
+               np.concatenate([ai, ai + 1], 1))
+        for g, r in zip(got, ref):
+            assert g.shape == r.shape, (n, g.shape, r.shape)
+            if r.dtype.kind == "i":
+                assert np.array_equal(g, r), (n, g, r)
+            else:
+                assert_close(g, r, atol=1e-4, rtol=1e-4)
+    plans, runs = (a - b for a, b in zip(_stats(), before))
+    # n = 3 and 4 exact, then bounds 16, 32 and 64: not one plan per length
+    assert runs >= 6 and plans <= 5, (plans, runs)
+
+
+@pytest.mark.parametrize("spelling", ["realize idx", "read nxt", "read at the end"])
+def test_cat_loop_shares_plans(device, spelling):
+    """nanoGPT's generate, `idx = cat([idx, nxt], 1)` with nxt computed on the device,
+    on every device: with idx realized each step, with only nxt read each step (idx's
+    cat would otherwise stay lazy, a chain one cat deeper every step), and with nothing
+    read until the end (the loop as PyTorch users write it). A small append to a realized
+    tensor is realized at once (tensor.cat), so each step's graph is the model on a
+    longer idx: a plan per power of two of the length, the text equal to numpy's."""
+    zyx.manual_seed(0)
+    V, D = 11, 8
+    emb, head = nn.Embedding(V, D), nn.Linear(D, V)
+    E, W, b = emb.weight.numpy(), head.weight.numpy(), head.bias.numpy()
+    idx = zyx.tensor(np.array([[3]]))
+    before = _stats()
+    with zyx.no_grad():
+        for _ in range(40):
+            h = emb(idx).mean(1)                      # (1, D): a reduce over the context
+            nxt = F.softmax(head(h), dim=-1).argmax(-1, keepdim=True)
+            idx = zyx.cat([idx, nxt], 1)
+            if spelling == "realize idx":
+                idx.realize()
+            elif spelling == "read nxt":
+                nxt.item()
+            assert zyx._RT.graph.get(idx._id).op == 0      # a realized leaf
+    codes = idx.numpy()[0]
+    assert codes.shape == (41,)
+    for n in range(1, 41):                           # every step's choice, from numpy
+        assert (E[codes[:n]].mean(0) @ W.T + b).argmax() == codes[n], n
+    plans, runs = (a - b for a, b in zip(_stats(), before))
+    assert runs >= 30 and plans <= 8, (plans, runs)   # (exact plans of earlier runs hit)
+
+
+def test_key_value_cache_written_in_place_shares_plans(device):
+    """A preallocated key/value cache written at step t (`cache[:, :, t] = k`) and
+    attention over `cache[:, :, :t + 1]`: the write builds the same graph at every t (the
+    position is data), the attention runs at bounds on t; the kernels each step launches
+    stay the same number; values against numpy at every step."""
+    B, H, TM, Dh, D = 1, 2, 48, 4, 8
+    rng = np.random.default_rng(7)
+    xs = rng.standard_normal((TM, B, D)).astype(np.float32)
+    W = [rng.standard_normal((D, H * Dh)).astype(np.float32) * 0.3 for _ in range(3)]
+    wq, wk, wv = [zyx.tensor(w) for w in W]
+    ck = zyx.zeros((B, H, TM, Dh)).realize()
+    cv = zyx.zeros((B, H, TM, Dh)).realize()
+    before = _stats()
+    launched = []
+    with zyx.no_grad():
+        for t in range(40):
+            x = zyx.tensor(xs[t])
+            q, k, v = [(x @ w).reshape(B, H, Dh) for w in (wq, wk, wv)]
+            ck[:, :, t] = k
+            cv[:, :, t] = v
+            s = (q.unsqueeze(2) @ ck[:, :, :t + 1].transpose(-1, -2)) / np.sqrt(Dh)
+            got = (s.softmax(-1) @ cv[:, :, :t + 1]).numpy()
+            kn, vn = [np.stack([(xs[i] @ W[j]).reshape(B, H, Dh) for i in range(t + 1)], 2)
+                      for j in (1, 2)]
+            sn = (xs[t] @ W[0]).reshape(B, H, 1, Dh) @ kn.transpose(0, 1, 3, 2) / np.sqrt(Dh)
+            assert_close(got, _softmax(sn) @ vn, atol=1e-4, rtol=1e-4)
+            launched.append(zyx.stats()["kernels_launched"])
+    assert_close(ck.numpy()[:, :, :40], np.stack([(xs[i] @ W[1]).reshape(B, H, Dh)
+                                                   for i in range(40)], 2), atol=1e-5)
+    assert not ck.numpy()[:, :, 40:].any()
+    plans, runs = (a - b for a, b in zip(_stats(), before))
+    assert runs >= 35 and plans <= 7, (plans, runs)
+    per_step = np.diff(launched[17:])               # steps at bounds 32 and 64
+    assert (per_step == per_step[0]).all(), per_step
 
 
 def test_integer_inputs_and_embeddings_grow(device):

@@ -19,19 +19,24 @@ size as a symbolic size within a bound:
     of 0..size-1 < a*n + c, the real size read at launch),
   * a slice whose start depends on n (`x[:, -1]`) reads its start at launch; a pad after
     the end of a varying axis masks the positions between the real end and the pad,
+  * a pad whose amount before the source is a*n + c (the parts after the first of a cat
+    along the growing axis, `idx = cat([idx, nxt], 1)`; a growing cut of a fixed tensor,
+    `cache[:, :, :t + 1]`) pads the source by fixed amounts that cover every n up to B and
+    cuts the result out at a start read at launch; a growing source's positions past
+    its real size are masked to the fill,
   * a result with a varying size is copied out of the bound buffer.
   Positions past the real sizes hold values that never reach a real position, so every
   result is what the graph at n computes, element for element. Sampling 200 tokens builds
   one ordinary plan and one plan per power of two, not 200.
-- Graphs that fall back to a plan per size: a flip of a varying axis, a pad before a
-  varying axis by an amount that grows (`cat([x, new], dim)` along it), a reshape that
-  merges a varying axis with an outer axis or with another varying axis (a batch whose
-  size varies, flattened with the positions: (b, t, c) -> (b*t, c)), value checks that the
-  plan computes, and graphs whose sizes stop following the fit (a context cropped to a
-  block size starts a new family). `idx = cat([idx, nxt], 1)` of small realized tensors
-  on the CPU is concatenated at once (Runtime.host_cat), so idx stays realized; on a GPU
-  that cat stays lazy and its chain changes the graph's structure every step, not only
-  its sizes: realize it (or build idx with `zyx.tensor`) to share plans.
+- Graphs that fall back to a plan per size: a flip of a varying axis, a pad whose amounts
+  are not a*n + c of the fitted n, a reshape that merges a varying axis with an outer
+  axis or with another varying axis (a batch whose size varies, flattened with the
+  positions: (b, t, c) -> (b*t, c)), value checks that the plan computes, and graphs whose
+  sizes stop following the fit (a context cropped to a block size starts a new family).
+  `idx = cat([idx, nxt], 1)` keeps idx realized: small realized parts on the CPU are
+  concatenated at once on the host (Runtime.host_cat), and a small append to a realized
+  tensor elsewhere, or of a lazy nxt, is realized at once (tensor.cat), so each step's
+  graph is the same ops on a longer idx rather than a chain of cats one deeper per step.
 """
 from __future__ import annotations
 
@@ -136,11 +141,13 @@ def _reshape_ok(sin1, sout1, sin2, sout2, vin, vout):
     return True
 
 
-def _pad_rules(obs1, obs2, p, sv, v):
+def _pad_rules(obs1, obs2, p, sv, v, n1, dn):
     """Per axis of pad `p`: "keep" (same amounts at every n; "mask" when it pads after a
     varying axis), "start" (a fixed axis cut on both sides whose start moves: read at
     launch), "end" (a varying axis cut to a fixed size: its start, which depends on n, is
-    read at launch). None when an axis fits none of them."""
+    read at launch), ("shift", ab, cb) (a growing result whose amount before the source
+    is ab*n + cb: `cat([idx, nxt], 1)`'s new part, `cache[:, :t + 1]`'s cut end). None
+    when an axis fits none of them."""
     rules = []
     for d, ((b1, e1), (b2, e2)) in enumerate(zip(obs1[p][1][0], obs2[p][1][0])):
         if d not in sv and d not in v:
@@ -150,15 +157,15 @@ def _pad_rules(obs1, obs2, p, sv, v):
                 rules.append("start")
             else:
                 return None
-        elif d in sv and d in v:
-            if (b1, e1) != (b2, e2) or sv[d][0] != v[d][0]:
+        elif d in v and ((b1, e1) != (b2, e2) or d not in sv):
+            ab, r = divmod(b2 - b1, dn)
+            if r:
                 return None
+            rules.append(("shift", ab, b1 - ab * n1))
+        elif d in v:
             rules.append("mask" if e1 > 0 else "keep")
-        elif d in sv:
-            if b1 <= 0 and e1 <= 0 and b2 <= 0 and e2 <= 0:
-                rules.append("end")
-            else:
-                return None
+        elif b1 <= 0 and e1 <= 0 and b2 <= 0 and e2 <= 0:
+            rules.append("end")
         else:
             return None
     return tuple(rules)
@@ -217,6 +224,9 @@ class Template:
                 b, e = arg[d]
                 if rule == "keep" or rule == "mask":
                     if (b, e) != fa[d]:
+                        return None
+                elif type(rule) is tuple:
+                    if b != rule[1] * n + rule[2]:
                         return None
                 elif b > 0 or e > 0:
                     return None
@@ -284,9 +294,9 @@ def fit(graph, order, obs1, obs2):
             if not _reshape_ok(obs1[s][0], obs1[p][0], obs2[s][0], obs2[p][0], sv, v):
                 return f"a reshape {obs1[s][0]} -> {obs1[p][0]} that merges a growing axis with an outer or growing one"
         elif op == PAD:
-            rules = _pad_rules(obs1, obs2, p, sv, v)
+            rules = _pad_rules(obs1, obs2, p, sv, v, n1, dn)
             if rules is None:
-                return f"a pad {obs1[p][1][0]} -> {obs2[p][1][0]} whose amounts before a growing axis change"
+                return f"a pad {obs1[p][1][0]} -> {obs2[p][1][0]} whose amounts do not follow n"
             pads[p] = rules
         elif op == CONST:
             if not _same_value(obs1[p][1], obs2[p][1]):
@@ -471,24 +481,47 @@ def _fill(graph, order, ids, t, B, bg):
             sshape = t.shape_at(sp, B)
             sv = t.vary.get(sp, {})
             pads, fill = node.arg
+            src = srcs[0]
+            rules = t.pads[p]
+            shifts = [(d, r) for d, r in enumerate(rules) if type(r) is tuple]
+            if shifts:
+                # The source moves along the result as n grows: pad it by fixed amounts
+                # (L before, R after) so that every position the result may read exists,
+                # then cut the result out at start L - (ab*n + cb), read at launch.
+                wide, cuts = list([(0, 0)] * len(shape)), {}
+                for d, (_, ab, cb) in shifts:
+                    lo = min(ab + cb, ab * B + cb)      # the amount before, over n in 1..B
+                    hi = max(ab + cb, ab * B + cb)
+                    L = max(0, hi)
+                    R = max(0, shape[d] - sshape[d] - lo)
+                    wide[d] = (L, R)
+                    cuts[d] = (L, ab, cb, min(L - lo, L + sshape[d] + R - shape[d]))
+                wshape = tuple([s + b + e for s, (b, e) in zip(sshape, wide)])
+                src, _ = new(PAD, (tuple(wide), fill), (src,), wshape, node.dtype)
             new_pads, masks, slots = [], [], []
-            for d, rule in enumerate(t.pads[p]):
+            for d, rule in enumerate(rules):
                 b, e = pads[d]
-                if rule == "end":
+                if type(rule) is tuple:
+                    L, ab, cb, s0 = cuts[d]
+                    new_pads.append((-s0, s0 + shape[d] - wshape[d]))
+                    slots.append((d, ("size", -ab, -cb, L)))
+                    if d in sv:     # source positions past its real size: the fill
+                        masks.append((d, sv[d][0] + ab, sv[d][1] + cb, 0))
+                elif rule == "end":
                     new_pads.append((b, shape[d] - sshape[d] - b))
-                    slots.append(d)
+                    slots.append((d, ("start", p, d)))
                 elif rule == "start":
                     new_pads.append((b, e))
-                    slots.append(d)
+                    slots.append((d, ("start", p, d)))
                 else:
                     new_pads.append((b, e))
                     if rule == "mask":
                         masks.append((d, sv[d][0], sv[d][1], b))
             arg = (tuple(new_pads), fill)
-            mapped[p], ppos = new(PAD, arg, srcs, shape, node.dtype)
-            for d in slots:
+            mapped[p], ppos = new(PAD, arg, (src,), shape, node.dtype)
+            for d, spec in slots:
                 int_slots.append((ppos, d))
-                bg.int_spec.append(("start", p, d))
+                bg.int_spec.append(spec)
             for d, a, c, b in masks:
                 mapped[p] = masked(mapped[p], shape, node.dtype, d, a, c, b, fill)
             continue

@@ -621,6 +621,13 @@ def _put_point(x, steps, value):
     """x[i, j, :] = scalar (ints and full slices only): where(position == index, value, x)
     with the indices and the value as 0-d leaves, so `for i: y[i] = v` builds the same graph
     every time (plans reused; constants would make every write a new kernel)."""
+    v = _leaf_scalar(value, x.dtype, x)
+    return where(_position_mask(x, steps), v, x)
+
+
+def _position_mask(x, steps):
+    """bool, broadcastable to x: x's position equals every int step's index, the indices
+    as 0-d leaves (see _put_point)."""
     mask = None
     for s in steps:
         if s[0] != "int":
@@ -631,15 +638,34 @@ def _put_point(x, steps, value):
         axis = _orig["reshape"](iota(x.shape[d], dt.int32), tuple(sh))
         m = axis == _leaf_scalar(j, dt.int32, x).expand(tuple(sh))
         mask = m if mask is None else mask & m
-    v = _leaf_scalar(value, x.dtype, x)
-    return where(mask, v, x)
+    return mask
+
+
+def _put_rows(x, steps, v):
+    """x[:, :, t] = tensor (ints and full slices only): where(position == index, v
+    broadcast along the int axes, x), the indices as 0-d leaves, so a cache written at
+    step t (`cache[:, :, t] = k`) builds the same graph at every t: one plan for the
+    loop, not one per position (a pad of v to t would put t in the plan's key)."""
+    region, out = [], []
+    for s in steps:
+        if s[0] == "new":
+            out.append(1)
+        elif s[0] == "slice":
+            out.append(x.shape[s[1]])
+    for d, n in enumerate(x.shape):
+        region.append(1 if any(s[0] == "int" and s[1] == d for s in steps) else n)
+    v = _orig["reshape"](_fit_value(v, tuple(out)), tuple(region))
+    return where(_position_mask(x, steps), v.expand(x.shape), x)
 
 
 def _put_basic(x, steps, value, accumulate):
-    if not accumulate and not isinstance(value, (Tensor, list, np.ndarray)) and \
-            any(s[0] == "int" for s in steps) and \
-            all(s[0] in ("int", "new") or s[2:] == (0, x.shape[s[1]], 1) for s in steps):
-        return _put_point(x, steps, value)
+    points = any(s[0] == "int" for s in steps) and \
+        all(s[0] in ("int", "new") or s[2:] == (0, x.shape[s[1]], 1) for s in steps)
+    if not accumulate and points:
+        if not isinstance(value, (Tensor, list, np.ndarray)):
+            return _put_point(x, steps, value)
+        if isinstance(value, Tensor) and x.numel() > 0:
+            return _put_rows(x, steps, _value_tensor(value, x.dtype))
     region = list(x.shape)          # per x dim: the written length
     where_at = [(0, n, 1) for n in x.shape]
     out = []                        # getitem's result shape

@@ -1874,8 +1874,9 @@ def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
     """Concatenate along an existing axis (each input padded into place, then summed: one
     fused kernel, no copies; many parts into a large result go through stored groups,
     see CAT_GROUP). Small realized parts in host memory that need no gradient are
-    concatenated at once on the host instead (HOST_CAT_NUMEL), so a loop that appends to
-    a tensor keeps a realized tensor, not a graph one cat deeper every iteration."""
+    concatenated at once on the host instead (HOST_CAT_NUMEL), and a small cat of two
+    parts, one realized, is realized at once elsewhere, so a loop that appends to a
+    tensor keeps a realized tensor, not a graph one cat deeper every iteration."""
     axis = _dim0(axis, dim)
     tensors = list(tensors)
     if not tensors:
@@ -1891,8 +1892,9 @@ def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
             raise ShapeError(f"cat: shapes {ref.shape} and {t.shape} differ outside axis {a}")
     total = builtins.sum(t.shape[a] for t in tensors)
     numel = _prod([s for i, s in enumerate(ref.shape) if i != a]) * total
-    if numel <= HOST_CAT_NUMEL and not _records(tensors) \
-            and builtins.all(_graph.get(t._id).op == G.LEAF for t in tensors):
+    appends = numel <= HOST_CAT_NUMEL and not _records(tensors) \
+        and builtins.any(_graph.get(t._id).op == G.LEAF for t in tensors)
+    if appends and builtins.all(_graph.get(t._id).op == G.LEAF for t in tensors):
         nid = RT.host_cat([t._id for t in tensors], a)
         if nid is not None:
             return _wrap(nid)
@@ -1915,6 +1917,13 @@ def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
             out = out | p
         else:
             out = out + p
+    if appends and len(tensors) == 2:
+        # A small append to a realized tensor (a sampling loop's `idx = cat([idx, nxt],
+        # 1)` on a GPU, or with nxt still lazy) is computed now, with its lazy part: idx
+        # is then a realized tensor at every step, and each step's graph the same ops on
+        # a longer idx (bounds.py: a plan per power of two of the length). Left lazy, the
+        # next step's graph would hold every earlier step, one cat deeper each time.
+        RT.realize([out._id] + [t._id for t in tensors if _graph.get(t._id).op != G.LEAF])
     return out
 
 
