@@ -1,7 +1,6 @@
 """Shared fixtures and helpers for the zyx test suite.
 
-* `device`: parametrized over `zyx.devices()` (WebGPU only with ZYX_TEST_WGPU=1: see
-  `_test_devices`); while a test runs, that device is the
+* `device`: parametrized over `zyx.devices()`; while a test runs, that device is the
   default one (zyx.set_default_device), so its tensors live and compute there.
 * numpy's global generator is seeded before every test, so failures reproduce.
 * `tol(dtype)` / `assert_close(...)`: per-dtype tolerances and a comparison that also checks
@@ -11,7 +10,6 @@
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -136,23 +134,14 @@ def _seed_numpy():
     yield
 
 
-def _test_devices():
-    """The devices the `device` fixture runs on: every device zyx lists, except WebGPU
-    ones unless ZYX_TEST_WGPU=1. A WebGPU test skipped mid-way on a dtype WGSL lacks
-    (int64) leaves the next test's realization choosing the wgpu device
-    (test_inplace::test_setitem_mask_with_one_row_per_true_element[cpu] after
-    test_setitem_matches_torch[wgpu:0]): a known bug, not yet found; tests/test_wgpu.py
-    runs on WebGPU alone and ZYX_DEVICE=wgpu runs the whole suite there."""
-    devs = zyx.devices()
-    if os.environ.get("ZYX_TEST_WGPU") == "1" or os.environ.get("ZYX_DEVICE", "").startswith("wgpu"):
-        return devs
-    return [d for d in devs if d.type != "wgpu"]
-
-
-@pytest.fixture(params=_test_devices(), ids=str)
+@pytest.fixture(params=zyx.devices(), ids=str)
 def device(request):
-    """Run the test on one device: it is the default device while the test runs, so the
-    tensors the test creates live there and its realizations run there."""
+    """Run the test on one device, each device zyx lists (WebGPU and Vulkan on lavapipe
+    in CI): it is the default device while the test runs, so the tensors the test creates
+    live there and its realizations run there. A test skipped mid-way on one device can
+    leave work deferred there (a write to a realized tensor, kept alive by the skip's
+    traceback); the runtime computes deferred work only with a realization on its own
+    device (`Runtime._take_pending`), so it never reaches the next test's device."""
     rt = zyx._RT
     if len(rt.devices) == 1:
         yield request.param

@@ -11,7 +11,7 @@ import pytest
 
 import zyx
 import zyx.nn as nn
-from zyx.errors import BackendError
+from zyx.errors import BackendError, UnsupportedDTypeError
 
 from conftest import ALL_DTYPES, ids, round_to, sample
 
@@ -158,6 +158,61 @@ def test_mixed_devices_move_the_smaller_side_once(other, capfd):
     np.testing.assert_allclose(out2, big * small, rtol=1e-6)
     assert err.count(f"cpu -> {other}") == 1, err       # moved once, then it lives there
     assert b.device == other and x.device == other
+
+
+@needs_two
+def test_a_deferred_write_waits_for_a_realization_on_its_device(other):
+    """A write to a realized tensor is deferred to the next realization (RT.defer); one on
+    another device must not join it: the CPU read would run on that device (most input
+    bytes) and move the CPU tensor there, or the reverse pull the other device's tensor
+    to the CPU."""
+    big = np.random.randn(256, 64).astype(np.float32)
+    small = np.random.randn(8).astype(np.float32)
+    w = zyx.tensor(big, device=other).realize()
+    w[0] = 5.0                                   # deferred: RT.pending holds w
+    assert RT.pending
+    c = zyx.tensor(small, device="cpu")
+    out = c * 2 + 1
+    np.testing.assert_allclose(out.numpy(), small * 2 + 1, rtol=1e-6)
+    assert out.device == "cpu" and c.device == "cpu" and w.device == other
+    v = zyx.tensor(small, device=other)          # and the reverse: a CPU write waits
+    h = zyx.tensor(big, device="cpu").realize()
+    h[1] = -3.0
+    np.testing.assert_allclose((v * 3).numpy(), small * 3, rtol=1e-6)
+    assert v.device == other and h.device == "cpu"
+    ref_w, ref_h = big.copy(), big.copy()
+    ref_w[0], ref_h[1] = 5.0, -3.0
+    np.testing.assert_array_equal(w.numpy(), ref_w)
+    np.testing.assert_array_equal(h.numpy(), ref_h)
+    assert w.device == other and h.device == "cpu"
+
+
+@pytest.mark.skipif(not any(d.type == "wgpu" for d in zyx.devices())
+                    or not any(d.type == "cpu" for d in zyx.devices()),
+                    reason="needs a WebGPU device and the CPU")
+def test_a_webgpu_write_refused_mid_way_leaves_cpu_work_on_the_cpu(other):
+    """The test-order bug of the device fixture: a WebGPU tensor written (deferred), then a
+    write refused (an int64 index: WGSL has none) while the tensor stays alive (as a
+    traceback keeps it); the next CPU realization, whose mask write needs int64 positions,
+    must run on the CPU and give the right values."""
+    a = np.arange(60, dtype=np.float32).reshape(3, 4, 5) * 0.25 - 6
+    zyx.set_default_device("wgpu")      # as the device fixture does
+    try:
+        z = zyx.tensor(a)
+        z[1] = 2.0
+        with pytest.raises(UnsupportedDTypeError):
+            z[[0, 2]] = 7.0
+    finally:
+        zyx.set_default_device("cpu")
+    x = zyx.tensor(np.arange(6, dtype=np.float32))
+    m = np.array([True, False, True, True, False, False])
+    x[zyx.tensor(m)] = zyx.tensor(np.float32([10, 20, 30]))
+    np.testing.assert_array_equal(x.numpy(), [10, 1, 20, 30, 4, 5])
+    assert x.device == "cpu"
+    ref = a.copy()
+    ref[1] = 2.0
+    np.testing.assert_array_equal(z.numpy(), ref)
+    assert z.device == "wgpu:0"
 
 
 @needs_two

@@ -371,6 +371,16 @@ class Runtime:
         default = self.device()
         if not self._multi:
             return default
+        weight = self._input_bytes(order)
+        if len(weight) == 1:      # the usual case: every input on one device
+            for d in weight:
+                return d
+        if not weight:
+            return default
+        return max(weight, key=lambda d: (weight[d], d.info().compute, d is default))
+
+    def _input_bytes(self, order):
+        """{device: bytes (+1 each) of the realized leaves of `order` living there}."""
         graph = self.graph
         pool_device = self._pool_device
         weight = {}
@@ -380,12 +390,7 @@ class Runtime:
                 dev = pool_device.get(id(node.buffer.pool))
                 if dev is not None:
                     weight[dev] = weight.get(dev, 0) + node.buffer.nbytes + 1
-        if len(weight) == 1:      # the usual case: every input on one device
-            for d in weight:
-                return d
-        if not weight:
-            return default
-        return max(weight, key=lambda d: (weight[d], d.info().compute, d is default))
+        return weight
 
     def device_of(self, nid):
         """The backend device tensor `nid` lives on (a lazy tensor: where it would be
@@ -505,8 +510,9 @@ class Runtime:
         self._local.pending = value
 
     def defer(self, tensors):
-        """Compute `tensors` with the next realization, whatever it is for: backward()'s
-        gradients then share one plan with the optimizer update that reads them.
+        """Compute `tensors` with the next realization on their device, whatever it is
+        for: backward()'s gradients then share one plan with the optimizer update that
+        reads them (`_take_pending`).
 
         Held weakly: a deferred tensor the user dropped (a loss nobody kept, gradients
         cleared by zero_grad()) can never be read, so it is neither kept alive nor
@@ -526,9 +532,10 @@ class Runtime:
     def _realize(self, ids, device=None):
         pending = self.pending
         if pending:
-            live = [r() for r in pending]   # strong refs until the plan has run
-            self.pending = []
-            ids = list(ids) + [t._id for t in live if t is not None]
+            if device is None and self._multi:   # where the targets alone run
+                device = self._device_for(self.graph.collect(list(ids))[0])
+            live = self._take_pending(pending, device)   # strong refs until the plan has run
+            ids = list(ids) + [t._id for t in live]
         ids = [i for i in ids if self.graph.get(i).op != LEAF]
         if not ids:
             return
@@ -574,6 +581,29 @@ class Runtime:
             plan.last_used = self.stats["realizations"]
             self.stats["realizations"] += 1
             self.stats["plan_replays"] += 1
+
+    def _take_pending(self, refs, dev):
+        """The deferred tensors (`refs`, the pending list) a realization on `dev` computes,
+        taken off the list. All of them while tensors live on one device (`dev` None).
+        Otherwise only those that run on `dev`: one deferred on another device stays
+        pending until a realization there (or its own read). Taken along, it would make
+        the targets run where its inputs live, or move those inputs here for good: a read
+        of a CPU tensor would compute it on a GPU that may lack its dtype (WGSL has no
+        int64) or pull a GPU model's parameters to the host."""
+        self.pending = []
+        live = [t for t in (r() for r in refs) if t is not None]
+        if dev is None or not live:
+            return live
+        collect = self.graph.collect
+        weight = self._input_bytes(collect([t._id for t in live])[0])
+        if set(weight) <= {dev} and (weight or dev is self.device()):
+            return live           # the usual case: all of it runs on `dev` anyway
+        take, wait = [], []
+        for t in live:
+            (take if self._device_for(collect([t._id])[0]) is dev else wait).append(t)
+        if wait:
+            self.defer(wait)
+        return take
 
     def _realized(self, ids, plan, t0):
         self.stats["realizations"] += 1
