@@ -252,10 +252,14 @@ def test_the_strategy_is_off_by_environment(fresh, monkeypatch):
 def test_autotuner_candidates_name_the_other_tiles(wgpu_device):
     (k,) = kernels_of(host(256, 64) @ host(256, 64).T)
     labels = [lbl for lbl, _ in wgpu_device.schedule_candidates(k)]
-    assert labels[0] == "default" and "gemm:32x32x16x2x2" in labels
-    sched = dict(wgpu_device.schedule_candidates(k))["gemm:32x32x16x2x2"]
-    g = wgpu_device.render(k, sched)
-    assert g.strategy == "gemm" and g.tile == (32, 32, 16, 2, 2)
+    tiles = [lbl for lbl in labels if lbl.startswith("gemm:")]
+    # (which tiles are offered depends on the adapter's limits: lavapipe's and a GPU's differ)
+    assert labels[0] == "default" and len(tiles) >= 2
+    for label in (tiles[0], tiles[-1]):
+        sched = dict(wgpu_device.schedule_candidates(k))[label]
+        g = wgpu_device.render(k, sched)
+        assert g.strategy == "gemm"
+        assert "x".join(map(str, g.tile)) == label.split(":")[1]
 
 
 CONVS = [  # (batch, cin, cout, size, kernel, stride, padding)
