@@ -313,7 +313,9 @@ def test_large_contiguous_kernel_reads_vec4s(monkeypatch):
     monkeypatch.delenv("ZYX_WGSL_EW", raising=False)
     n = (1 << 20) + 3
     src = write(_copy_kernel(dt.float32, dt.float32, n)).source
-    assert src.count("array<vec4<f32>>") == 2 and "base + 4096u <=" in src
+    from zyx.codegen.wgsl.writer import EW_DEFAULT
+    tile = EW_DEFAULT["per"] * EW_DEFAULT["vec"] * EW_DEFAULT["wg"]   # outputs per workgroup
+    assert src.count("array<vec4<f32>>") == 2 and f"base + {tile}u <=" in src
     # packed dtypes keep their u32 words
     assert "vec4" not in write(_copy_kernel(dt.int8, dt.int8, n)).source.split("fn ")[0]
     monkeypatch.setenv("ZYX_WGSL_EW", "vec=1")

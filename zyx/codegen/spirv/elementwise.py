@@ -23,7 +23,9 @@ from ..gpu.elementwise import elementwise_accesses
 from ..gpu.program import device_threads, read_variant
 
 EW_ENV = "ZYX_VK_EW"
-EW_DEFAULT = {"items": 4, "vec": 4, "local": 256, "vload": 1, "stride": 0}
+# (H200, NVIDIA's Vulkan driver, 64M float32, benches/gpu_vk_bandwidth_sweep.py: local=512
+# gave the chain 2.63 TB/s against 2.29 at 256, the copy 2.92 against 2.57)
+EW_DEFAULT = {"items": 4, "vec": 4, "local": 512, "vload": 1, "stride": 0}
 EW_LIMITS = {"items": 16, "vec": 4, "local": 1024}
 # the body is written items * vec times: at most this many IR ops in all (a big fused
 # kernel gets fewer copies instead of a huge module)

@@ -42,16 +42,15 @@ from ..gpu.elementwise import elementwise_accesses
 from ..gpu.program import read_variant
 
 WORKGROUP = 256              # invocations per workgroup of the serial strategy
-# outputs per invocation of loop-free kernels of at least EW_PER_MIN outputs: 4 gave 10%
-# more bandwidth than 1 on an H100 through Vulkan (64M float32 chain: 1540 vs 1386 GB/s)
-EW_PER = 4
-EW_PER_MIN = 1 << 20
+EW_PER_MIN = 1 << 20        # fewest outputs of a loop-free kernel taking EW_DEFAULT's tiles
 # Loop-free kernels of at least EW_PER_MIN outputs, `ZYX_WGSL_EW` for sweeps: `per` steps
 # of `vec` consecutive outputs per invocation, `wg` invocations per workgroup; vec=4
 # reads and writes the buffers every access of which is at the flat output index as
 # vec4s (`_write_vec`), vec=1 is the older grid-stride layout (`_write_serial_per`).
 EW_ENV = "ZYX_WGSL_EW"
-EW_DEFAULT = {"per": EW_PER, "vec": 4, "wg": WORKGROUP}
+# (H200 through wgpu-py, 64M float32, benches/gpu_vk_bandwidth_sweep.py wgpu: per=2 gave
+# the chain 2.39 TB/s against 2.19 at per=4, the copy 2.39 against 2.27)
+EW_DEFAULT = {"per": 2, "vec": 4, "wg": WORKGROUP}
 EW_LIMITS = {"per": 16, "vec": 4, "wg": 1024}
 VEC_DTYPES = (dt.float32, dt.int32, dt.uint32)
 ROW_WORKGROUP = 256          # invocations per workgroup of the rows strategy
@@ -663,7 +662,7 @@ def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False
     `strategy`: None (chosen by the heuristics below), "serial" or "rows" (the autotuner's
     candidates, `strategies`; "rows" falls back to serial where it cannot apply); `wg`
     the invocations per workgroup (None: 256; a power of two for rows); `per` the outputs
-    per invocation of a loop-free kernel (None: EW_PER for large ones). `products`: the
+    per invocation of a loop-free kernel (None: EW_DEFAULT's for large ones). `products`: the
     device's product tiles (wgsl/gemm.py `Products`: (kernel, walker, max_groups) ->
     WGSLKernel or None), tried first unless `strategy` names another strategy."""
     if products is not None and strategy in (None, "gemm"):
