@@ -180,11 +180,14 @@ EOF
         ;;
     suites)
         # the whole suite on CUDA, Vulkan and WebGPU at once (one GPU, 16 cores: the three
-        # share it; each bounded by SUITE_TIMEOUT)
+        # share it), each with only its own devices in the `device` fixture
+        # (ZYX_TEST_DEVICES) and bounded by SUITE_TIMEOUT (SIGINT: pytest still prints
+        # what ran)
         n=4; $PY -c "import xdist" 2>/dev/null || n=0
         XD=(); [ "$n" -gt 0 ] && XD=(-n "$n")
         for d in cuda vulkan wgpu; do
-            ZYX_DEVICE=$d ZYX_SPIRV_VALIDATE=0 timeout "${SUITE_TIMEOUT:-540}" $PY -m pytest -q \
+            ZYX_DEVICE=$d ZYX_TEST_DEVICES=$d ZYX_SPIRV_VALIDATE=0 \
+                timeout -s INT "${SUITE_TIMEOUT:-540}" $PY -m pytest -q \
                 -p no:cacheprovider "${XD[@]}" --maxfail=30 tests >"$OUT/suite-$d.log" 2>&1 &
         done
         wait

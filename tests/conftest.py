@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import os
 
 import numpy as np
 import pytest
@@ -134,7 +135,16 @@ def _seed_numpy():
     yield
 
 
-@pytest.fixture(params=zyx.devices(), ids=str)
+def _test_devices():
+    """The devices the `device` fixture runs on: every device zyx lists, or those of the
+    backends ZYX_TEST_DEVICES names (comma-separated, e.g. "vulkan"): the GPU machine's
+    runs (.ci/gpu_run.sh suites) give each backend its own run at once."""
+    wanted = [w.strip() for w in os.environ.get("ZYX_TEST_DEVICES", "").split(",") if w.strip()]
+    devs = zyx.devices()
+    return [d for d in devs if d.type in wanted] if wanted else devs
+
+
+@pytest.fixture(params=_test_devices(), ids=str)
 def device(request):
     """Run the test on one device, each device zyx lists (WebGPU and Vulkan on lavapipe
     in CI): it is the default device while the test runs, so the tensors the test creates
