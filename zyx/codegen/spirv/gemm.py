@@ -350,21 +350,8 @@ class _GemmWriter(KernelWriter):
     def write(self):
         m = self.m
         p = self.p
-        self.interface = []
-        fn_type = m.type_function(m.type_void())
-        entry, entry_label = m.id(), m.id()
-        m.block = entry_label
-        self.declare_buffers()
-        wid = self.builtin("WorkgroupId")
-        lid = self.builtin("LocalInvocationId")
-        nwg = self.builtin("NumWorkgroups")
-        u32 = self.u32()
-        wx = m.op("CompositeExtract", u32, wid, 0)
-        wy = m.op("CompositeExtract", u32, wid, 1)
-        nx = m.op("CompositeExtract", u32, nwg, 0)
-        self.tid = m.op("CompositeExtract", u32, lid, 0)
-        self.lane = self.tid
-        group = self.uop("IAdd", self.uop("IMul", wy, nx), wx)     # the 2-D fold undone
+        fn_type, entry, entry_label, group, _, _ = self.begin_entry()
+        self.tid = self.lane
         self.tx = self.uk("UMod", self.tid, SIDE)
         self.ty = self.uk("UDiv", self.tid, SIDE)
         self.acc_t = self.rtype(p.dtype)

@@ -244,7 +244,11 @@ class _Writer:
         return m.op("Load", v3, var)
 
     # -- module ------------------------------------------------------------------------
-    def write(self):
+    def begin_entry(self):
+        """Open the entry point: the buffers declared, `self.lane` the invocation's index
+        in its workgroup. (fn_type, entry, entry_label, group, nx, nwg): `group` is the
+        flat workgroup number (the 2-D fold of the dispatch undone), `nx` the groups
+        along x, `nwg` the NumWorkgroups vector."""
         m = self.m
         self.interface = []
         fn_type = m.type_function(m.type_void())
@@ -259,7 +263,12 @@ class _Writer:
         wy = m.op("CompositeExtract", u32, wid, 1)
         nx = m.op("CompositeExtract", u32, nwg, 0)
         self.lane = m.op("CompositeExtract", u32, lid, 0)
-        group = m.op("IAdd", u32, m.op("IMul", u32, wy, nx), wx)   # the 2-D fold undone
+        group = m.op("IAdd", u32, m.op("IMul", u32, wy, nx), wx)
+        return fn_type, entry, entry_label, group, nx, nwg
+
+    def write(self):
+        m = self.m
+        fn_type, entry, entry_label, group, nx, nwg = self.begin_entry()
         if self.strategy == "split":
             self.write_split(group)
         elif self.strategy == "group":
