@@ -25,6 +25,7 @@ from ... import dtype as dt
 from ..._core import kernel as K
 from ..cstyle import half_rounds, round_half
 from ..gpu.analysis import loop_ends, narrow_index, output_size
+from ..gpu.reduce import RowCache, row_cache
 from . import builder as B
 from . import f64math
 from .elementwise import write_elementwise
@@ -68,7 +69,8 @@ def uses_dtypes(kernel):
 
 class _Writer:
     def __init__(self, kernel, strategy, local, items, nests, fold, fp64=True,
-                 float_controls=(), splits=1, phase=0):
+                 float_controls=(), splits=1, phase=0, tuning=None):
+        self.tuning = tuning or {}      # strategy.reduce_tuning: cache, subgroup, ilp
         self.splits = splits      # groups per output (split strategy)
         self.phase = phase        # split strategy: 1 partials, 2 their combination
         self.f64_ok = fp64
@@ -94,6 +96,10 @@ class _Writer:
         self.vviews = {}         # (GLOBAL define, lanes) -> vector view (elementwise.py)
         self.lane_loads = {}     # LOAD op -> value given by the elementwise strategy
         self.lane_stores = None  # STORE op -> [values] the elementwise strategy stores
+        self.cache = RowCache()  # the group strategy's row cache (write_group)
+        self.cache_vars = {}     # row cache slot -> (Function array variable, element pointer)
+        self.positions = {}      # counted run loop -> u32 position of the open iteration
+        self.unroll_vars = {}    # counted nest's leading loop -> its u32 counter
 
     # -- types -------------------------------------------------------------------------
     def rtype(self, d):
@@ -195,8 +201,9 @@ class _Writer:
         return self.ops[j][1]
 
     # -- control flow ------------------------------------------------------------------
-    def open_loop(self, start, limit, step, itype, signed=True):
-        """Open `for (v = start; v < limit; v += step)`; returns v's id."""
+    def open_loop(self, start, limit, step, itype, signed=True, unroll=False):
+        """Open `for (v = start; v < limit; v += step)`; returns v's id. `unroll`: ask
+        the driver to unroll it (LoopControl Unroll: a row cache's constant positions)."""
         m = self.m
         pre = m.block
         header, body, cont, merge = m.id(), m.id(), m.id(), m.id()
@@ -205,7 +212,7 @@ class _Writer:
         var, nxt = m.id(), m.id()
         m.body += B._inst(B.OP["Phi"], [itype, var, start, pre, nxt, cont])
         cond = m.op("SLessThan" if signed else "ULessThan", self.boolt(), var, limit)
-        m.emit("LoopMerge", merge, cont, 0)
+        m.emit("LoopMerge", merge, cont, 1 if unroll else 0)
         m.emit("BranchConditional", cond, body, merge)
         m.label(body)
         self.loops.append(("loop", var, nxt, header, cont, merge, step, itype))
@@ -356,6 +363,8 @@ class _Writer:
         self.by_end = {n.end: n for n in self.nests if n.run[0] != n.root}
         self.split_loops = {}
         self.scratch = {}
+        if self.tuning.get("cache", 1):
+            self.cache = row_cache(_RegisterValues, self.ops, self.nests, self.local)
         self.body(0, len(self.ops))
         self.close_if()
 
@@ -441,6 +450,12 @@ class _Writer:
                 if self.strategy == "split" and i == self.nests[0].root:
                     self.val[i] = self.open_share(op[2])
                     continue
+                if i in self.cache.unrolled:      # a counted nest's leading (block) loop
+                    k = self.open_loop(self.c_u32(0), self.c_u32(op[2]), self.c_u32(1),
+                                       self.u32(), signed=False, unroll=True)
+                    self.unroll_vars[i] = k
+                    self.set_index(i, k)
+                    continue
                 narrow = i in self.narrow
                 t = self.i32() if narrow else self.rtype(K.IDX)
                 zero = self.c_i32(0) if narrow else self.const(K.IDX, 0)
@@ -525,6 +540,11 @@ class _Writer:
             return self.lane_loads[i]
         if ref in self.regs:
             return m.op("Load", self.rtype(d), self.reg_ptr(ref, index_ref))
+        if i in self.cache.uses:
+            v = m.op("Load", self.rtype(d), self.cached(i, self.cache.uses[i][0], d))
+            if guard >= 0:
+                v = m.op("Select", self.rtype(d), self.as_bool(guard), v, self.const(d, 0))
+            return v
         var, eptr, sd = self.bufs[ref]
         idx, it = self.index_of(index_ref)
         if guard >= 0:
@@ -538,7 +558,24 @@ class _Writer:
             v = self.convert(sd, d, v)
         if guard >= 0:
             v = m.op("Select", self.rtype(d), self.as_bool(guard), v, self.const(d, 0))
+        if i in self.cache.sources:
+            m.emit("Store", self.cached(i, self.cache.sources[i][0], d), v)
         return v
+
+    def cached(self, i, slot, d):
+        """Pointer to the row cache element load i reads or fills: slot `slot`'s
+        Function array (one element per counted iteration of this lane) at the position
+        of the iteration open in load i's nest."""
+        m = self.m
+        sh = self.cache_vars.get(slot)
+        if sh is None:
+            t = self.rtype(d)
+            arr = m.type_array(t, self.cache.slots[slot][1])
+            sh = self.cache_vars[slot] = (
+                m.function_variable(m.type_pointer("Function", arr)),
+                m.type_pointer("Function", t))
+        nest = next(n for n in self.nests if n.root < i < n.end)
+        return m.op("AccessChain", sh[1], sh[0], self.positions[nest.run[0]])
 
     def store(self, i, op):
         m = self.m
@@ -1082,7 +1119,20 @@ class _Writer:
         u32 = self.u32()
         for loop in nest.run:
             self.split_loops[loop] = nest
-        if self.strategy == "split" and nest.run[0] == nest.root:
+        if nest.run[0] in self.cache.counted:
+            # the row cache's fixed count per lane, unrolled so that the cached values
+            # get constant positions (registers): f = lane + k * local, k < flat / local
+            k = self.open_loop(self.c_u32(0), self.c_u32(nest.flat // self.local),
+                               self.c_u32(1), u32, signed=False, unroll=True)
+            f = m.op("IAdd", u32, self.lane, m.op("IMul", u32, k, self.c_u32(self.local)))
+            pos, radix = k, nest.flat // self.local
+            for loop in sorted((x for x in self.unroll_vars if nest.root <= x < nest.run[0]),
+                               reverse=True):
+                pos = m.op("IAdd", u32, pos,
+                           m.op("IMul", u32, self.unroll_vars[loop], self.c_u32(radix)))
+                radix *= self.ops[loop][2]
+            self.positions[nest.run[0]] = pos
+        elif self.strategy == "split" and nest.run[0] == nest.root:
             lo, hi = self.share_bounds(nest.flat)
             f = self.open_loop(m.op("IAdd", u32, lo, self.lane), hi, self.c_u32(self.local),
                                u32, signed=False)
@@ -1146,6 +1196,16 @@ class _Writer:
                     self.c_u32(B.SCOPE_WORKGROUP), self.c_u32(B.SEMANTICS_ACQREL_WORKGROUP))
 
 
+class _RegisterValues:
+    """The dialect question `gpu.reduce.row_cache` asks (does a load convert what it
+    reads?): the SPIR-V row cache keeps register values, after any conversion, so every
+    load may be cached."""
+
+    @staticmethod
+    def load_convert(d, x):
+        return x
+
+
 def _stride(d):
     if d.is_bool:
         return 1
@@ -1157,12 +1217,13 @@ def _stride(d):
 KernelWriter = _Writer
 
 
-def write_split(kernel, local, nests, splits, fp64=True, float_controls=()):
+def write_split(kernel, local, nests, splits, fp64=True, float_controls=(), tuning=None):
     """The two SpirvKernels (partials, combination) of a kernel given the split
-    strategy: `splits` groups per output in the first pass."""
+    strategy: `splits` groups per output in the first pass. `tuning`: as write_kernel."""
     out = []
     for phase in (1, 2):
-        w = _Writer(kernel, "split", local, 1, nests, None, fp64, float_controls, splits, phase)
+        w = _Writer(kernel, "split", local, 1, nests, None, fp64, float_controls, splits, phase,
+                    tuning)
         words = w.write()
         groups = w.n_out * (splits if phase == 1 else 1)
         out.append(SpirvKernel(words, local, groups, "split", 1, uses_dtypes(kernel)))
@@ -1170,14 +1231,17 @@ def write_split(kernel, local, nests, splits, fp64=True, float_controls=()):
 
 
 def write_kernel(kernel, strategy="serial", local=256, items=1, nests=None, fp64=True,
-                 float_controls=()):
+                 float_controls=(), tuning=None):
     """The SpirvKernel of `kernel` with `strategy` ("serial", "elementwise" or "group"),
     `local` invocations per workgroup and, for "serial", `items` outputs per invocation
     (for "elementwise", `items` is the `elementwise.EwLayout`).
     `fp64`: the device computes float64 (else integer math functions go through float32).
     `float_controls`: of "nan32", "nan64", "denorm32", "denorm64", what the device can
-    preserve (VkPhysicalDeviceFloatControlsProperties): those modes are declared."""
-    w = _Writer(kernel, strategy, local, items, nests, None, fp64, float_controls)
+    preserve (VkPhysicalDeviceFloatControlsProperties): those modes are declared.
+    `tuning`: the reduce knobs `strategy.reduce_tuning` gives (None: row cache on, no
+    subgroup operations)."""
+    w = _Writer(kernel, strategy, local, items, nests, None, fp64, float_controls,
+                tuning=tuning)
     words = w.write()
     n_out = w.n_out
     if strategy == "group":
