@@ -1150,7 +1150,12 @@ class _Writer:
 
     def combine(self, nest):
         """Combine each lane's partial accumulator of `nest` into every lane's: a tree in
-        workgroup memory, with barriers in the group's uniform control flow."""
+        workgroup memory, with barriers in the group's uniform control flow (or
+        subgroup operations first, `combine_subgroups`)."""
+        sg = self.tuning.get("subgroup", 0)
+        if sg and self.local % sg == 0 and all(
+                self.subgroup_ok(self.ops[acc][1]) for acc in nest.results):
+            return self.combine_subgroups(nest, sg)
         m = self.m
         u32 = self.u32()
         bt = self.boolt()
@@ -1182,6 +1187,101 @@ class _Writer:
                 s //= 2
             first = m.op("AccessChain", eptr, var, self.c_u32(0))
             m.emit("Store", reg, m.op("Load", t, first))
+            self.barrier()        # every lane has read [0] before the scratch is reused
+
+    @staticmethod
+    def subgroup_ok(d):
+        """Subgroup operations on d's registers need no extension: 32/64-bit floats
+        (16-bit floats are float32 registers) and 32-bit integers (8, 16 and 64-bit
+        integers need shaderSubgroupExtendedTypes; bool is left to the tree)."""
+        return d.is_float or (not d.is_bool and d.itemsize == 4)
+
+    def sub_builtin(self, name):
+        """A scalar u32 subgroup built-in's value (its Input variable made once)."""
+        m = self.m
+        var = self.scratch.get(("builtin", name))
+        if var is None:
+            var = m.global_variable(m.type_pointer("Input", self.u32()), "Input")
+            m.decorate(var, "BuiltIn", B.BUILTIN[name])
+            self.interface.append(var)
+            self.scratch[("builtin", name)] = var
+        return m.op("Load", self.u32(), var)
+
+    def subgroup_reduce(self, rop, d, v, width, arithmetic):
+        """v combined over the first `width` lanes of each subgroup. `arithmetic`: one
+        OpGroupNonUniform* Reduce over the whole subgroup (sums, integer max/min; every
+        lane gets the result); else a shuffle-down ladder of `combine_values` (lane i
+        takes lane i + s for s = width/2 .. 1: the tree's order and its NaN and
+        first-of-equal rules; lane 0 gets the result)."""
+        m = self.m
+        t = self.rtype(d)
+        scope = self.c_u32(B.SCOPE_SUBGROUP)
+        bop = K.REDUCE_BINARY[rop]
+        m.capability("GroupNonUniform")
+        if arithmetic:
+            m.capability("GroupNonUniformArithmetic")
+            if bop == K.B_ADD:
+                name = "FAdd" if d.is_float else "IAdd"
+            else:
+                name = ("S" if d.kind == "i" else "U") + ("Max" if bop == K.B_MAX else "Min")
+            return m.op("GroupNonUniform" + name, t, scope, B.GROUP_REDUCE, v)
+        m.capability("GroupNonUniformShuffleRelative")
+        s = width // 2
+        while s >= 1:
+            other = m.op("GroupNonUniformShuffleDown", t, scope, v, self.c_u32(s))
+            v = self.combine_values(rop, d, v, other)
+            s //= 2
+        return v
+
+    def combine_subgroups(self, nest, sg):
+        """`combine` through subgroups of `sg` lanes: each subgroup reduces its lanes'
+        partials (subgroup_reduce), its first lane writes the result to workgroup
+        memory at the subgroup's number; then, while more than one value is left, the
+        lanes numbered below that count (numbered subgroup-major: SubgroupId * sg +
+        SubgroupLocalInvocationId, so a subgroup reads consecutive values) reduce them
+        the same way. Two barriers per level instead of one per halving."""
+        m = self.m
+        u32, bt = self.u32(), self.boolt()
+        sub_lane = self.sub_builtin("SubgroupLocalInvocationId")
+        sub_id = self.sub_builtin("SubgroupId")
+        q = m.op("IAdd", u32, m.op("IMul", u32, sub_id, self.c_u32(sg)), sub_lane)
+        first = m.op("IEqual", bt, sub_lane, self.c_u32(0))
+        for acc in nest.results:
+            dop = self.ops[acc]
+            d, rop = dop[1], dop[6]
+            t = self.rtype(d)
+            bop = K.REDUCE_BINARY[rop]
+            arithmetic = bop == K.B_ADD or (not d.is_float and bop in (K.B_MAX, K.B_MIN))
+            key = ("subgroup", t)
+            sh = self.scratch.get(key)
+            if sh is None:
+                arr = m.type_array(t, self.local // sg)
+                sh = self.scratch[key] = (m.global_variable(m.type_pointer("Workgroup", arr),
+                                                            "Workgroup"),
+                                          m.type_pointer("Workgroup", t))
+            var, eptr = sh
+            reg = self.regs[acc][0]
+            v = self.subgroup_reduce(rop, d, m.op("Load", t, reg), sg, arithmetic)
+            n = self.local // sg
+            self.open_if(first)
+            m.emit("Store", m.op("AccessChain", eptr, var, sub_id), v)
+            self.close_if()
+            self.barrier()
+            while n > 1:
+                # lanes at or past n read a valid slot whose value never reaches lane 0
+                slot = m.ext(self.glsl, u32, 38, q, self.c_u32(n - 1))         # UMin
+                v = m.op("Load", t, m.op("AccessChain", eptr, var, slot))
+                self.barrier()
+                v = self.subgroup_reduce(rop, d, v, min(n, sg), False)
+                self.open_if(m.op("LogicalAnd", bt, first,
+                                  m.op("ULessThan", bt, q, self.c_u32(n))))
+                m.emit("Store", m.op("AccessChain", eptr, var,
+                                     m.op("UDiv", u32, q, self.c_u32(sg))), v)
+                self.close_if()
+                self.barrier()
+                n = -(-n // sg)
+            m.emit("Store", reg, m.op("Load", t, m.op("AccessChain", eptr, var,
+                                                      self.c_u32(0))))
             self.barrier()        # every lane has read [0] before the scratch is reused
 
     def combine_values(self, rop, d, a, b):
