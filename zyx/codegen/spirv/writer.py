@@ -100,6 +100,7 @@ class _Writer:
         self.cache_vars = {}     # row cache slot -> (Function array variable, element pointer)
         self.positions = {}      # counted run loop -> u32 position of the open iteration
         self.unroll_vars = {}    # counted nest's leading loop -> its u32 counter
+        self.loopless = set()    # split runs of exactly one iteration per lane (no loop)
 
     # -- types -------------------------------------------------------------------------
     def rtype(self, d):
@@ -402,7 +403,12 @@ class _Writer:
         if self.phase == 1:
             part = m.op("UMod", u32, group, self.c_u32(S))
             self.share = part
-            self.body(0, nest.end + 1)
+            ilp = self.tuning.get("ilp", 1)
+            if ilp > 1 and nest.run[0] != nest.root:
+                self.body(0, nest.root)
+                self.unrolled_share(nest, ilp)
+            else:
+                self.body(0, nest.end + 1)
             self.open_if(m.op("IEqual", bt, self.lane, self.c_u32(0)))
             slot = m.op("IAdd", u32, m.op("IMul", u32, out, self.c_u32(S)), part)
             for (var, eptr), acc in zip(bufs, nest.results):
@@ -442,11 +448,11 @@ class _Writer:
             if c == K.DEFINE:
                 self.define(i, op)
             elif c == K.LOOP:
-                if self.strategy != "serial" and i in self.split_loops:
-                    continue          # a loop of a split run: decoded from the flat loop
                 if self.strategy != "serial" and i in self.by_root:
                     self.open_split(self.by_root[i])
                     continue
+                if self.strategy != "serial" and i in self.split_loops:
+                    continue          # a loop of a split run: decoded from the flat loop
                 if self.strategy == "split" and i == self.nests[0].root:
                     self.val[i] = self.open_share(op[2])
                     continue
@@ -466,7 +472,8 @@ class _Writer:
                 if self.strategy != "serial" and op[2] in self.split_loops:
                     nest = self.split_loops[op[2]]
                     if op[2] == nest.run[0]:
-                        self.close_loop()
+                        if op[2] not in self.loopless:
+                            self.close_loop()
                         if i == nest.end:
                             self.combine(nest)
                     continue
@@ -1100,6 +1107,29 @@ class _Writer:
                    self.c_u32(length))                                     # UMin
         return lo, hi
 
+    def unrolled_share(self, nest, ilp):
+        """Split pass 1's outer loop over this group's share, `ilp` iterations at a
+        time (each a copy of the loop body with its own registers: independent loads in
+        flight), then the remainder one at a time; then the lanes' combine."""
+        m = self.m
+        u32 = self.u32()
+        root = nest.root
+        lo, hi = self.share_bounds(self.ops[root][2])
+        hi = m.ext(self.glsl, u32, 41, hi, lo)                                  # UMax
+        count = m.op("ISub", u32, hi, lo)
+        main_end = m.op("IAdd", u32, lo, m.op("IMul", u32, m.op(
+            "UDiv", u32, count, self.c_u32(ilp)), self.c_u32(ilp)))
+        r = self.open_loop(lo, main_end, self.c_u32(ilp), u32, signed=False)
+        for u in range(ilp):
+            self.set_index(root, m.op("IAdd", u32, r, self.c_u32(u)) if u else r)
+            self.body(root + 1, nest.end)
+        self.close_loop()
+        r = self.open_loop(main_end, hi, self.c_u32(1), u32, signed=False)
+        self.set_index(root, r)
+        self.body(root + 1, nest.end)
+        self.close_loop()
+        self.combine(nest)
+
     def open_share(self, length):
         """The nest's outer loop over this group's share (split pass 1, the run below it
         is split over the lanes)."""
@@ -1132,6 +1162,13 @@ class _Writer:
                            m.op("IMul", u32, self.unroll_vars[loop], self.c_u32(radix)))
                 radix *= self.ops[loop][2]
             self.positions[nest.run[0]] = pos
+        elif nest.flat == self.local and not (self.strategy == "split" and
+                                               nest.run[0] == nest.root):
+            # one iteration per lane: straight-line code, so that the split strategy's
+            # unrolled outer iterations (write_split's ilp) have their loads in flight
+            # together
+            f = self.lane
+            self.loopless.add(nest.run[0])
         elif self.strategy == "split" and nest.run[0] == nest.root:
             lo, hi = self.share_bounds(nest.flat)
             f = self.open_loop(m.op("IAdd", u32, lo, self.lane), hi, self.c_u32(self.local),
