@@ -67,6 +67,7 @@ VARIANTS = {
         ("ew: vec4 per=8", {"ZYX_WGSL_EW": "per=8"}, EW),
         ("ew: vec4 wg=128", {"ZYX_WGSL_EW": "wg=128"}, EW),
         ("ew: vec4 wg=512", {"ZYX_WGSL_EW": "wg=512"}, EW),
+        ("softmax: no row cache (cache=0)", {"ZYX_WGSL_REDUCE": "cache=0"}, ("softmax",)),
     ],
 }
 
