@@ -27,9 +27,9 @@ ALL = (zyx.bool, zyx.uint8, zyx.uint16, zyx.uint32, zyx.uint64, zyx.int8, zyx.in
 CONTROLS = ("nan32", "nan64", "denorm32", "denorm64")
 
 
-NO_SUBGROUPS = {"cache": 0, "subgroup": 0, "ilp": 1}
-SUBGROUPS_8 = {"cache": 1, "subgroup": 8, "ilp": 4}
-SUBGROUPS_32 = {"cache": 1, "subgroup": 32, "ilp": 3}
+NO_SUBGROUPS = {"cache": 0, "subgroup": 0, "ilp": 1, "vec": 1}
+SUBGROUPS_8 = {"cache": 1, "subgroup": 8, "ilp": 4, "vec": 4}
+SUBGROUPS_32 = {"cache": 1, "subgroup": 32, "ilp": 8, "vec": 4}
 
 
 def modules(kernel):
@@ -243,13 +243,13 @@ def test_reduce_tuning_knobs(monkeypatch):
     from zyx.codegen.spirv.strategy import reduce_tuning
     full = {"size": 32, "compute": True, "arithmetic": True, "shuffle_relative": True}
     gpu = DeviceInfo(num_cores=1, extra={"subgroup": full})
-    assert reduce_tuning(gpu) == {"cache": 1, "subgroup": 32, "ilp": 4}
+    assert reduce_tuning(gpu) == {"cache": 1, "subgroup": 32, "ilp": 4, "vec": 4}
     assert reduce_tuning(DeviceInfo(num_cores=1))["subgroup"] == 0
     no_shuffle = DeviceInfo(num_cores=1, extra={"subgroup": dict(full, shuffle_relative=False)})
     assert reduce_tuning(no_shuffle)["subgroup"] == 0
-    monkeypatch.setenv("ZYX_VK_REDUCE", "subgroup=0,cache=0,ilp=2")
-    assert reduce_tuning(gpu) == {"cache": 0, "subgroup": 0, "ilp": 2}
-    for bad in ("cache=2", "ilp=3", "warp=1"):
+    monkeypatch.setenv("ZYX_VK_REDUCE", "subgroup=0,cache=0,ilp=2,vec=1")
+    assert reduce_tuning(gpu) == {"cache": 0, "subgroup": 0, "ilp": 2, "vec": 1}
+    for bad in ("cache=2", "ilp=3", "vec=8", "warp=1"):
         monkeypatch.setenv("ZYX_VK_REDUCE", bad)
         with pytest.raises(ValueError, match="ZYX_VK_REDUCE"):
             reduce_tuning(gpu)
@@ -288,3 +288,26 @@ def test_subgroup_combine_and_row_cache_modules():
     cached = write_kernel(k, "group", 256, 1, nests, tuning=SUBGROUPS_8)
     uncached = write_kernel(k, "group", 256, 1, nests, tuning=dict(SUBGROUPS_8, cache=0))
     assert global_loads(uncached.words) == 3 and global_loads(cached.words) == 1
+
+
+def test_split_vector_loads():
+    """Split pass 1 of a whole-tensor float32 sum reads 4-vectors (a second, vector view
+    of the input's binding) with vec=4 and scalars with vec=1; both pass spirv-val."""
+    t = zyx.tensor(np.ones(1 << 20, np.float32)).sum()
+    (k, _), = _gemm_kernels(t)          # as a GPU gets it: blocks of GPU_SUM_BLOCK (256)
+    nests = reduce_nests(k.ops)
+    n = splits(k.ops, nests, 256, DeviceInfo(num_cores=1))
+    assert n > 1
+
+    def vector_types(words):
+        i, out = 5, 0
+        while i < len(words):
+            size, op = words[i] >> 16, words[i] & 0xFFFF
+            out += op == builder.OP["TypeVector"] and words[i + 3] == 4
+            i += size
+        return out
+    vec = write_split(k, 256, nests, n, tuning=dict(SUBGROUPS_32, ilp=8, vec=4))
+    scalar = write_split(k, 256, nests, n, tuning=dict(SUBGROUPS_32, ilp=8, vec=1))
+    for sk in vec + scalar:
+        vkb.validate_spirv(sk.code)
+    assert vector_types(vec[0].words) >= 1 and vector_types(scalar[0].words) == 0

@@ -341,12 +341,14 @@ def test_gemm_default_choice_and_the_off_switch(gemm_tile, monkeypatch):
 from gpu_cases import *  # noqa: E402,F401,F403
 
 
-REDUCE_SPECS = ["", "subgroup=0,cache=0,ilp=1", "ilp=8,cache=0", "subgroup=0,ilp=2"]
+REDUCE_SPECS = ["", "subgroup=0,cache=0,ilp=1,vec=1", "ilp=8,cache=0", "subgroup=0,ilp=2,vec=1",
+                "ilp=16,vec=2"]
 
 
 @pytest.mark.parametrize("spec", REDUCE_SPECS)
 def test_reduce_knobs(vk_device, monkeypatch, spec):
-    """Every ZYX_VK_REDUCE setting (row cache, subgroup combine, split ilp) against
+    """Every ZYX_VK_REDUCE setting (row cache, subgroup combine, split ilp and vector
+    loads) against
     torch: softmax / log_softmax / layer_norm of odd row lengths, rows with NaN and
     infinities, max/argmax ties, int and bool sums, 16-bit floats, and whole-tensor sums
     long enough for the split strategy (a ragged last share)."""

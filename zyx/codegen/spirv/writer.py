@@ -24,11 +24,11 @@ import struct
 from ... import dtype as dt
 from ..._core import kernel as K
 from ..cstyle import half_rounds, round_half
-from ..gpu.analysis import loop_ends, narrow_index, output_size
+from ..gpu.analysis import eval_index, loop_ends, narrow_index, output_size
 from ..gpu.reduce import RowCache, row_cache
 from . import builder as B
 from . import f64math
-from .elementwise import write_elementwise
+from .elementwise import vector_view, write_elementwise
 
 # GLSL.std.450 instruction numbers
 GLSL = dict(Trunc=3, FAbs=4, Floor=8, Sin=13, Cos=14, Tanh=21, Pow=26, Exp=27, Log=28,
@@ -101,6 +101,9 @@ class _Writer:
         self.positions = {}      # counted run loop -> u32 position of the open iteration
         self.unroll_vars = {}    # counted nest's leading loop -> its u32 counter
         self.loopless = set()    # split runs of exactly one iteration per lane (no loop)
+        self.run_value = None    # a loopless run's flat value when not the lane (ilp copies)
+        self.vec_loads = {}      # LOAD op -> component j read from `vec_got` (split pass 1)
+        self.vec_got = {}        # LOAD op -> the vector its component 0 loaded
 
     # -- types -------------------------------------------------------------------------
     def rtype(self, d):
@@ -547,6 +550,8 @@ class _Writer:
             return self.lane_loads[i]
         if ref in self.regs:
             return m.op("Load", self.rtype(d), self.reg_ptr(ref, index_ref))
+        if i in self.vec_loads:
+            return self.vector_lane(i, op)
         if i in self.cache.uses:
             v = m.op("Load", self.rtype(d), self.cached(i, self.cache.uses[i][0], d))
             if guard >= 0:
@@ -568,6 +573,50 @@ class _Writer:
         if i in self.cache.sources:
             m.emit("Store", self.cached(i, self.cache.sources[i][0], d), v)
         return v
+
+    def vector_lane(self, i, op):
+        """Component j of the vector load i's copy 0 made (write_split's vec): copy 0
+        reads the vector at its own element's index / vec (a multiple of vec)."""
+        m = self.m
+        j, vec = self.vec_loads[i]
+        var, eptr, sd = self.bufs[op[2]]
+        if j == 0:
+            vvar, vptr, vt = vector_view(self, op[2], vec)
+            idx, it = self.index_of(op[3])
+            q = m.op("SDiv", it, idx, m.const(it, vec, 32 if it == self.i32() else 64))
+            self.vec_got[i] = m.op("Load", vt, m.op("AccessChain", vptr, vvar, self.c_u32(0), q))
+        v = self.from_storage(sd, m.op("CompositeExtract", self.stype(sd), self.vec_got[i], j))
+        return v if op[1] is sd else self.convert(sd, op[1], v)
+
+    def vector_loads(self, nest, vec):
+        """LOAD ops of `nest`'s body that split pass 1 may read as vectors of `vec`
+        elements: plain loads of 4-byte elements at base + root * flat + run, the base
+        (from the output indices) a multiple of vec, checked at sampled output indices."""
+        ops = self.ops
+        root, run, flat = nest.root, nest.run[0], nest.flat
+        if len(nest.run) != 1:
+            return []
+        index_vars = [i for i, op in enumerate(ops) if op[0] == K.INDEX]
+        samples = [{v: (0, ops[v][3] - 1, ops[v][3] // 2)[k] for v in index_vars}
+                   for k in range(3)]
+        out = []
+        for j in range(root + 1, nest.end):
+            op = ops[j]
+            if op[0] != K.LOAD or op[2] not in self.bufs or op[4] >= 0:
+                continue
+            sd = self.bufs[op[2]][2]
+            if sd.is_bool or sd.itemsize != 4:
+                continue
+            ok = True
+            for sample in samples:
+                base = eval_index(ops, op[3], {**sample, root: 0, run: 0})
+                at = eval_index(ops, op[3], {**sample, root: 3, run: 5})
+                if base is None or at is None or base % vec or at != base + 3 * flat + 5:
+                    ok = False
+                    break
+            if ok:
+                out.append(j)
+        return out
 
     def cached(self, i, slot, d):
         """Pointer to the row cache element load i reads or fills: slot `slot`'s
@@ -1120,9 +1169,28 @@ class _Writer:
         main_end = m.op("IAdd", u32, lo, m.op("IMul", u32, m.op(
             "UDiv", u32, count, self.c_u32(ilp)), self.c_u32(ilp)))
         r = self.open_loop(lo, main_end, self.c_u32(ilp), u32, signed=False)
+        vec = self.tuning.get("vec", 0)
+        flat = nest.flat
+        loads = self.vector_loads(nest, vec) if vec > 1 and ilp % vec == 0 and \
+            flat == self.local and flat % vec == 0 else []
         for u in range(ilp):
-            self.set_index(root, m.op("IAdd", u32, r, self.c_u32(u)) if u else r)
+            if loads:
+                # copies g * vec .. g * vec + vec - 1 take, per lane, the vec consecutive
+                # elements vec * lane + j of the g-th run of vec blocks: one vector load
+                # (each element is still reduced once: the copies permute the share)
+                g, j = divmod(u, vec)
+                e = m.op("IMul", u32, self.lane, self.c_u32(vec))
+                blk = m.op("IAdd", u32, r, self.c_u32(g * vec))
+                self.set_index(root, m.op("IAdd", u32, blk,
+                                          m.op("UDiv", u32, e, self.c_u32(flat))))
+                self.run_value = m.op("IAdd", u32, m.op("UMod", u32, e, self.c_u32(flat)),
+                                      self.c_u32(j))
+                self.vec_loads = {i: (j, vec) for i in loads}
+            else:
+                self.set_index(root, m.op("IAdd", u32, r, self.c_u32(u)) if u else r)
             self.body(root + 1, nest.end)
+        self.run_value = None
+        self.vec_loads = {}
         self.close_loop()
         r = self.open_loop(main_end, hi, self.c_u32(1), u32, signed=False)
         self.set_index(root, r)
@@ -1167,7 +1235,7 @@ class _Writer:
             # one iteration per lane: straight-line code, so that the split strategy's
             # unrolled outer iterations (write_split's ilp) have their loads in flight
             # together
-            f = self.lane
+            f = self.lane if self.run_value is None else self.run_value
             self.loopless.add(nest.run[0])
         elif self.strategy == "split" and nest.run[0] == nest.root:
             lo, hi = self.share_bounds(nest.flat)
