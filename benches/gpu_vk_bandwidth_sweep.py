@@ -41,6 +41,25 @@ VARIANTS = {
         ("reduce: group=1024", {"ZYX_VK_GROUP": "1024"}, RED),
         ("sum: splits<=1024", {"ZYX_VK_SPLITS": "1024"}, ("sum",)),
         ("sum: splits<=16384", {"ZYX_VK_SPLITS": "16384"}, ("sum",)),
+        # ZYX_VK_REDUCE (spirv/strategy.py): row cache, subgroup combine, split ilp
+        ("reduce: before (cache=0 subgroup=0 ilp=1 vec=1)",
+         {"ZYX_VK_REDUCE": "cache=0,subgroup=0,ilp=1,vec=1"}, RED),
+        ("softmax: no row cache (cache=0)", {"ZYX_VK_REDUCE": "cache=0"}, ("softmax",)),
+        ("reduce: tree combine (subgroup=0)", {"ZYX_VK_REDUCE": "subgroup=0"}, RED),
+        ("sum: scalar loads (vec=1)", {"ZYX_VK_REDUCE": "vec=1"}, ("sum",)),
+        ("sum: ilp=8 vec=1", {"ZYX_VK_REDUCE": "ilp=8,vec=1"}, ("sum",)),
+        ("sum: ilp=1", {"ZYX_VK_REDUCE": "ilp=1"}, ("sum",)),
+        ("sum: ilp=2", {"ZYX_VK_REDUCE": "ilp=2"}, ("sum",)),
+        ("sum: ilp=8", {"ZYX_VK_REDUCE": "ilp=8"}, ("sum",)),
+        ("sum: ilp=16", {"ZYX_VK_REDUCE": "ilp=16"}, ("sum",)),
+        ("sum: ilp=8 splits<=1024", {"ZYX_VK_REDUCE": "ilp=8", "ZYX_VK_SPLITS": "1024"},
+         ("sum",)),
+        ("sum: ilp=8 group=512", {"ZYX_VK_REDUCE": "ilp=8", "ZYX_VK_GROUP": "512"},
+         ("sum",)),
+        ("softmax: group=128 (cache: 32 values a lane)", {"ZYX_VK_GROUP": "128"},
+         ("softmax",)),
+        ("softmax: group=512 subgroup=0", {"ZYX_VK_GROUP": "512",
+                                           "ZYX_VK_REDUCE": "subgroup=0"}, ("softmax",)),
     ],
     "wgpu": [
         ("default", {}, ALL),
@@ -50,6 +69,7 @@ VARIANTS = {
         ("ew: vec4 per=8", {"ZYX_WGSL_EW": "per=8"}, EW),
         ("ew: vec4 wg=128", {"ZYX_WGSL_EW": "wg=128"}, EW),
         ("ew: vec4 wg=512", {"ZYX_WGSL_EW": "wg=512"}, EW),
+        ("softmax: no row cache (cache=0)", {"ZYX_WGSL_REDUCE": "cache=0"}, ("softmax",)),
     ],
 }
 

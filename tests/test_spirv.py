@@ -27,6 +27,11 @@ ALL = (zyx.bool, zyx.uint8, zyx.uint16, zyx.uint32, zyx.uint64, zyx.int8, zyx.in
 CONTROLS = ("nan32", "nan64", "denorm32", "denorm64")
 
 
+NO_SUBGROUPS = {"cache": 0, "subgroup": 0, "ilp": 1, "vec": 1}
+SUBGROUPS_8 = {"cache": 1, "subgroup": 8, "ilp": 4, "vec": 4}
+SUBGROUPS_32 = {"cache": 1, "subgroup": 32, "ilp": 8, "vec": 4}
+
+
 def modules(kernel):
     """Every module the writer makes of `kernel`: serial (1 and 4 outputs per
     invocation), elementwise (vector accesses, adjacent scalars, the stride layout) where
@@ -42,12 +47,15 @@ def modules(kernel):
             out.append(write_kernel(kernel, "elementwise", lay.local, lay))
     nests = reduce_nests(kernel.ops)
     if nests is not None and not any(op[0] == zyx._core.kernel.BARRIER for op in kernel.ops):
-        out.append(write_kernel(kernel, "group", 64, 1, nests))
+        out.append(write_kernel(kernel, "group", 64, 1, nests, tuning=NO_SUBGROUPS))
+        # subgroups of 8 in 256 lanes: three combine levels (256 -> 32 -> 4 -> 1); the
+        # row cache where rows split evenly
+        out.append(write_kernel(kernel, "group", 256, 1, nests, tuning=SUBGROUPS_8))
         n = splits(kernel.ops, nests, 64, DeviceInfo(num_cores=1))
         if n > 1:
-            out += write_split(kernel, 64, nests, n)
+            out += write_split(kernel, 64, nests, n, tuning=SUBGROUPS_32)
         elif len(nests) == 1 and nests[0].results and not nests[0].stores:
-            out += write_split(kernel, 64, nests, 3)
+            out += write_split(kernel, 64, nests, 3, tuning=SUBGROUPS_32)
     return out
 
 
@@ -227,3 +235,79 @@ def test_gemm_choice_and_knobs(monkeypatch):
             spirv_gemm.choose(k.ops, big)
     monkeypatch.setenv("ZYX_VK_GEMM", "0")
     assert spirv_gemm.choose(k.ops, big) is None and spirv_gemm.own_tiles(big) is None
+
+
+def test_reduce_tuning_knobs(monkeypatch):
+    """ZYX_VK_REDUCE is read at every lowering; subgroups are used only where the
+    device reports the operations the combine needs, at its subgroup size."""
+    from zyx.codegen.spirv.strategy import reduce_tuning
+    full = {"size": 32, "compute": True, "arithmetic": True, "shuffle_relative": True}
+    gpu = DeviceInfo(num_cores=1, extra={"subgroup": full})
+    assert reduce_tuning(gpu) == {"cache": 1, "subgroup": 32, "ilp": 4, "vec": 4}
+    assert reduce_tuning(DeviceInfo(num_cores=1))["subgroup"] == 0
+    no_shuffle = DeviceInfo(num_cores=1, extra={"subgroup": dict(full, shuffle_relative=False)})
+    assert reduce_tuning(no_shuffle)["subgroup"] == 0
+    monkeypatch.setenv("ZYX_VK_REDUCE", "subgroup=0,cache=0,ilp=2,vec=1")
+    assert reduce_tuning(gpu) == {"cache": 0, "subgroup": 0, "ilp": 2, "vec": 1}
+    for bad in ("cache=2", "ilp=3", "vec=8", "warp=1"):
+        monkeypatch.setenv("ZYX_VK_REDUCE", bad)
+        with pytest.raises(ValueError, match="ZYX_VK_REDUCE"):
+            reduce_tuning(gpu)
+
+
+def test_subgroup_combine_and_row_cache_modules():
+    """The softmax row kernel with subgroups declares the subgroup capabilities (sums
+    through the arithmetic Reduce, max through shuffles) and passes spirv-val; the row
+    cache reads the row once: one storage-buffer load of x instead of three."""
+    t = GRAPHS["softmax_rows"]()
+    (k,) = [k for k in kernels_of(t) if reduce_nests(k.ops)]
+    nests = reduce_nests(k.ops)
+    with_sg = write_kernel(k, "group", 256, 1, nests, tuning=SUBGROUPS_8)
+    vkb.validate_spirv(with_sg.code)
+    caps = _caps(with_sg.words)
+    for name in ("GroupNonUniform", "GroupNonUniformArithmetic",
+                 "GroupNonUniformShuffleRelative"):
+        assert C[name] in caps
+    plain = write_kernel(k, "group", 256, 1, nests, tuning=NO_SUBGROUPS)
+    assert C["GroupNonUniform"] not in _caps(plain.words)
+
+    def global_loads(words):
+        """OpLoads through a StorageBuffer pointer (the kernel's buffer reads)."""
+        ptr_sb, out, i = set(), 0, 5
+        ptrs = {}
+        while i < len(words):
+            n, op = words[i] >> 16, words[i] & 0xFFFF
+            if op == builder.OP["TypePointer"] and words[i + 2] == builder.STORAGE["StorageBuffer"]:
+                ptr_sb.add(words[i + 1])
+            elif op == builder.OP["AccessChain"]:
+                ptrs[words[i + 2]] = words[i + 1]
+            elif op == builder.OP["Load"] and ptrs.get(words[i + 3]) in ptr_sb:
+                out += 1
+            i += n
+        return out
+    cached = write_kernel(k, "group", 256, 1, nests, tuning=SUBGROUPS_8)
+    uncached = write_kernel(k, "group", 256, 1, nests, tuning=dict(SUBGROUPS_8, cache=0))
+    assert global_loads(uncached.words) == 3 and global_loads(cached.words) == 1
+
+
+def test_split_vector_loads():
+    """Split pass 1 of a whole-tensor float32 sum reads 4-vectors (a second, vector view
+    of the input's binding) with vec=4 and scalars with vec=1; both pass spirv-val."""
+    t = zyx.tensor(np.ones(1 << 20, np.float32)).sum()
+    (k, _), = _gemm_kernels(t)          # as a GPU gets it: blocks of GPU_SUM_BLOCK (256)
+    nests = reduce_nests(k.ops)
+    n = splits(k.ops, nests, 256, DeviceInfo(num_cores=1))
+    assert n > 1
+
+    def vector_types(words):
+        i, out = 5, 0
+        while i < len(words):
+            size, op = words[i] >> 16, words[i] & 0xFFFF
+            out += op == builder.OP["TypeVector"] and words[i + 3] == 4
+            i += size
+        return out
+    vec = write_split(k, 256, nests, n, tuning=dict(SUBGROUPS_32, ilp=8, vec=4))
+    scalar = write_split(k, 256, nests, n, tuning=dict(SUBGROUPS_32, ilp=8, vec=1))
+    for sk in vec + scalar:
+        vkb.validate_spirv(sk.code)
+    assert vector_types(vec[0].words) >= 1 and vector_types(scalar[0].words) == 0

@@ -357,3 +357,55 @@ def test_descriptor_sets_past_one_pool(vk_device):
     assert len(ctx.sets) >= SETS_PER_POOL + 40
     for i in (0, SETS_PER_POOL - 1, SETS_PER_POOL, SETS_PER_POOL + 39):
         np.testing.assert_allclose(outs[i].numpy(), (base + i) * 2, rtol=1e-6)
+
+
+REDUCE_SPECS = ["", "subgroup=0,cache=0,ilp=1,vec=1", "ilp=8,cache=0", "subgroup=0,ilp=2,vec=1",
+                "ilp=16,vec=2"]
+
+
+@pytest.mark.parametrize("spec", REDUCE_SPECS)
+def test_reduce_knobs(vk_device, monkeypatch, spec):
+    """Every ZYX_VK_REDUCE setting (row cache, subgroup combine, split ilp and vector
+    loads) against
+    torch: softmax / log_softmax / layer_norm of odd row lengths, rows with NaN and
+    infinities, max/argmax ties, int and bool sums, 16-bit floats, and whole-tensor sums
+    long enough for the split strategy (a ragged last share)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("ZYX_VK_REDUCE", spec)
+    # lower again under this spec: no cached plan, no compiled program
+    zyx._RT._drop_plans()
+    monkeypatch.setattr(vk_device, "_programs", {})
+    rng = np.random.default_rng(len(spec))
+    for n in (1, 7, 257, 4099):
+        x = rng.standard_normal((3, n)).astype(np.float32)
+        x[1, n // 2] = np.nan
+        x[2, n - 1] = np.inf
+        t, tt = zyx.tensor(x), torch.tensor(x)
+        close(t.softmax(-1), tt.softmax(-1).numpy(), rtol=2e-5, atol=1e-6)
+        close(t.log_softmax(-1), tt.log_softmax(-1).numpy(), rtol=2e-5, atol=2e-5)
+        close(t.max(-1).values, tt.max(-1).values.numpy(), rtol=0)
+        y = np.round(rng.standard_normal((3, n)) * 2).astype(np.float32)    # many ties
+        assert np.array_equal(zyx.tensor(y).argmax(-1).numpy(), y.argmax(-1))
+        assert np.array_equal(zyx.tensor(y).argmin(-1).numpy(), y.argmin(-1))
+        i = rng.integers(-1000, 1000, (3, n)).astype(np.int32)
+        assert np.array_equal(zyx.tensor(i).sum(-1).numpy(), i.sum(-1))
+        assert np.array_equal(zyx.tensor(i).min(-1).values.numpy(), i.min(-1))
+        b = rng.random((3, n)) < 0.5
+        assert np.array_equal(zyx.tensor(b).sum(-1).numpy(), b.sum(-1))
+    z = rng.standard_normal((4, 4096)).astype(np.float32)
+    close(zyx.nn.functional.layer_norm(zyx.tensor(z), (4096,)),
+          torch.nn.functional.layer_norm(torch.tensor(z), (4096,)).numpy(), rtol=1e-4, atol=1e-4)
+    h = z.astype(np.float16)
+    close(zyx.tensor(h).softmax(-1).cast(zyx.float32),
+          torch.tensor(h).float().softmax(-1).half().float().numpy(), rtol=2e-3, atol=1e-4)
+    bf = zyx.tensor(z).cast(zyx.bfloat16)
+    close(bf.sum(-1).cast(zyx.float32), bf16_round(bf16_round(z).astype(np.float64).sum(-1)),
+          rtol=1e-2, atol=1e-1)
+    for n in (1_000_003, 3 << 20):
+        big = rng.standard_normal(n).astype(np.float32)
+        close(zyx.tensor(big).sum(), big.astype(np.float64).sum(), rtol=1e-5, atol=1e-3)
+        close(zyx.tensor(big).max(), big.max(), rtol=0)
+        i = rng.integers(-5, 5, n).astype(np.int32)
+        assert zyx.tensor(i).sum().numpy() == i.sum()
+    strategies = {sk.strategy for p in vk_device._programs.values() for sk in p.launches}
+    assert {"group", "split"} <= strategies

@@ -343,3 +343,36 @@ def test_large_elementwise_vec4_layouts(wgpu_device, monkeypatch, spec):
     np.testing.assert_array_equal((zyx.Tensor(h) * 2).numpy(), h * np.float16(2))
     i = (x * 100).astype(np.int32)
     np.testing.assert_array_equal((zyx.Tensor(i) * 3 - 1).numpy(), i * 3 - 1)
+
+
+@pytest.mark.parametrize("spec", ["", "cache=0"])
+def test_rows_row_cache(wgpu_device, monkeypatch, spec):
+    """ZYX_WGSL_REDUCE: softmax / log_softmax / layer_norm rows with and without the row
+    cache against torch (odd lengths where rows do not split evenly and the cache is
+    off, NaN and infinities, 16-bit floats); with the cache on, a 4096 row's kernel reads
+    the input buffer once."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("ZYX_WGSL_REDUCE", spec)
+    monkeypatch.setattr(wgpu_device, "_programs", {})
+    zyx._RT._drop_plans()
+    rng = np.random.default_rng(7)
+    for n in (257, 4096, 4099):
+        x = rng.standard_normal((3, n)).astype(np.float32)
+        x[1, n // 2] = np.nan
+        x[2, n - 1] = np.inf
+        t, tt = zyx.Tensor(x), torch.tensor(x)
+        np.testing.assert_allclose(t.softmax(-1).numpy(), tt.softmax(-1).numpy(),
+                                   rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(t.log_softmax(-1).numpy(), tt.log_softmax(-1).numpy(),
+                                   rtol=2e-5, atol=2e-5)
+    z = rng.standard_normal((4, 4096)).astype(np.float32)
+    np.testing.assert_allclose(
+        zyx.nn.functional.layer_norm(zyx.Tensor(z), (4096,)).numpy(),
+        torch.nn.functional.layer_norm(torch.tensor(z), (4096,)).numpy(), rtol=1e-4, atol=1e-4)
+    h = z.astype(np.float16)
+    np.testing.assert_allclose(
+        zyx.Tensor(h).softmax(-1).cast(zyx.float32).numpy(),
+        torch.tensor(h).float().softmax(-1).half().float().numpy(), rtol=2e-3, atol=1e-4)
+    cached = [p for p in wgpu_device._programs.values()
+              if any("zyx_c0" in src for src, _ in p.wgsl.passes)]
+    assert bool(cached) == (spec == "")

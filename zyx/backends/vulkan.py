@@ -43,7 +43,7 @@ from ..codegen.target import DeviceInfo
 from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from ..codegen.gpu.analysis import output_size
 from ..codegen.spirv import gemm as spirv_gemm
-from ..codegen.spirv.strategy import candidates, choose, splits
+from ..codegen.spirv.strategy import candidates, choose, reduce_tuning, splits
 from ..codegen.spirv.writer import write_kernel, write_split
 from . import Buffer, MemoryPool, ProgramCache, device_ids
 from .binary_cache import BinaryCache, cache_key
@@ -620,6 +620,18 @@ def _features(vk, pd):
             "storageBuffer8BitAccess": bool(s8.storageBuffer8BitAccess)}
 
 
+def _subgroup_properties(vk, pd):
+    """What the reduce combine needs of the device's subgroups (Vulkan 1.1 core): size,
+    and whether compute shaders have the arithmetic and relative-shuffle operations."""
+    sp = vk.VkPhysicalDeviceSubgroupProperties()
+    vk.vkGetPhysicalDeviceProperties2(pd, vk.VkPhysicalDeviceProperties2(pNext=sp))
+    ops = int(sp.supportedOperations)
+    return {"size": int(sp.subgroupSize),
+            "compute": bool(int(sp.supportedStages) & vk.VK_SHADER_STAGE_COMPUTE_BIT),
+            "arithmetic": bool(ops & vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT),
+            "shuffle_relative": bool(ops & vk.VK_SUBGROUP_FEATURE_SHUFFLE_RELATIVE_BIT)}
+
+
 def supported_dtypes(features):
     """Names of the zyx dtypes a device with these Vulkan features stores and computes:
     index math needs shaderInt64 (none without it); bytes (bool, int8, uint8) need 8-bit
@@ -643,8 +655,10 @@ def supported_dtypes(features):
 class VulkanDevice(ProgramCache):
     backend = "vulkan"
 
-    def __init__(self, vk, ctx, pool, props, features, uuid, debug=0, float_controls=()):
+    def __init__(self, vk, ctx, pool, props, features, uuid, debug=0, float_controls=(),
+                 subgroup=None):
         self.vk = vk
+        self.subgroup = subgroup or {}     # _subgroup_properties (the reduce combine)
         self.float_controls = float_controls
         self.ctx = ctx
         self.pool = pool
@@ -706,7 +720,8 @@ class VulkanDevice(ProgramCache):
                                  # llvmpipe ends an invocation's loops after 65535
                                  # iterations in all: the strategy spreads longer ones
                                  "loop_limit": LLVMPIPE_LOOPS if "llvmpipe" in self.name
-                                 else None})
+                                 else None,
+                                 "subgroup": self.subgroup})
         # products the SPIR-V writer tiles in workgroup memory (spirv/gemm.py) get no
         # register tiles from the kernelizer
         info.own_tiles = spirv_gemm.own_tiles(info)
@@ -780,13 +795,14 @@ class VulkanDevice(ProgramCache):
         controls = self.float_controls if os.environ.get(FLOAT_CONTROLS_ENV, "1") != "0" else ()
         if strategy == "split":
             n = splits(kernel.ops, nests, local, self._info)
-            launches = write_split(kernel, local, nests, n, self.fp64, controls)
+            launches = write_split(kernel, local, nests, n, self.fp64, controls,
+                                   reduce_tuning(self._info))
             n_out = output_size(kernel.ops)
             scratch = [n_out * n * max(_storage_size(kernel.ops[acc][1]), 1)
                        for acc in nests[0].results]
         else:
             launches = [write_kernel(kernel, strategy, local, items, nests, self.fp64,
-                                     controls)]
+                                     controls, reduce_tuning(self._info))]
             scratch = []
         self.check_dtypes(kernel, launches[0])
         return launches, scratch
@@ -954,6 +970,7 @@ def initialize(cfg, debug=0):
                 ("nan64", fc.shaderSignedZeroInfNanPreserveFloat64),
                 ("denorm32", fc.shaderDenormPreserveFloat32),
                 ("denorm64", fc.shaderDenormPreserveFloat64)) if ok)
+        subgroup = _subgroup_properties(vk, pd)
         if not features["shaderInt64"]:
             reasons.append(f"Vulkan device {i}: no shaderInt64 (zyx's index math)")
             continue
@@ -963,7 +980,7 @@ def initialize(cfg, debug=0):
             reasons.append(f"Vulkan device {i}: cannot create a device: {e!r}")
             continue
         pool = VulkanMemoryPool(ctx, ctx.heap_size(), limit)
-        dev = VulkanDevice(vk, ctx, pool, props, features, uuid, debug, controls)
+        dev = VulkanDevice(vk, ctx, pool, props, features, uuid, debug, controls, subgroup)
         dev._instance = instance
         pools.append(pool)
         devices.append(dev)

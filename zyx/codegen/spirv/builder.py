@@ -34,19 +34,26 @@ OP = dict(
     BitwiseOr=197, BitwiseXor=198, BitwiseAnd=199, Not=200,
     ControlBarrier=224, Phi=245, LoopMerge=246, SelectionMerge=247, Label=248, Branch=249,
     BranchConditional=250, Return=253,
+    GroupNonUniformShuffleDown=348, GroupNonUniformIAdd=349, GroupNonUniformFAdd=350,
+    GroupNonUniformSMin=353, GroupNonUniformUMin=354, GroupNonUniformSMax=356,
+    GroupNonUniformUMax=357,
 )
 
 # enumerants
 CAP = dict(Shader=1, Float64=10, Int64=11, Int16=22, Int8=39,
            StorageBuffer16BitAccess=4433, StorageBuffer8BitAccess=4448,
-           DenormPreserve=4464, SignedZeroInfNanPreserve=4466)
+           DenormPreserve=4464, SignedZeroInfNanPreserve=4466, GroupNonUniform=61,
+           GroupNonUniformArithmetic=63, GroupNonUniformShuffleRelative=66)
 # execution modes of SPV_KHR_float_controls (operand: the float width)
 MODE = dict(LocalSize=17, DenormPreserve=4459, SignedZeroInfNanPreserve=4461)
 STORAGE = dict(UniformConstant=0, Input=1, Workgroup=4, Function=7, StorageBuffer=12)
 DECO = dict(Block=2, ArrayStride=6, BuiltIn=11, NonWritable=24, Binding=33,
             DescriptorSet=34, Offset=35)
-BUILTIN = dict(NumWorkgroups=24, WorkgroupId=26, LocalInvocationId=27)
+BUILTIN = dict(NumWorkgroups=24, WorkgroupId=26, LocalInvocationId=27, SubgroupSize=36,
+               SubgroupId=40, SubgroupLocalInvocationId=41)
 SCOPE_WORKGROUP = 2
+SCOPE_SUBGROUP = 3
+GROUP_REDUCE = 0            # GroupOperation Reduce
 SEMANTICS_ACQREL_WORKGROUP = 0x8 | 0x100     # AcquireRelease | WorkgroupMemory
 
 

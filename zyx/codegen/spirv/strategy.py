@@ -19,6 +19,7 @@ import os
 
 from ..._core import kernel as K
 from ..gpu.analysis import output_size, reduce_nests
+from ..gpu.program import read_variant
 from ..gpu.reduce import choose_strategy
 from .elementwise import plan as elementwise_plan
 
@@ -26,6 +27,38 @@ ELEMENTWISE_LOCAL = 256
 GROUP_LOCAL = 256
 SPLIT_WORK = 64           # fewest elements per lane of a split group
 MAX_SPLITS = 4096
+
+# The reduce kernels' knobs (ZYX_VK_REDUCE="cache=1,subgroup=1,ilp=4,vec=4", read at every
+# lowering so that one machine can compare them):
+# cache: the group strategy keeps a row's elements in registers for the row's later
+#   loops (gpu.reduce.RowCache: softmax reads its row once, not three times);
+# subgroup: combine lanes' partials with subgroup operations where the device has them
+#   (VkPhysicalDeviceSubgroupProperties), one value per subgroup through workgroup memory;
+# ilp: the split strategy's first pass runs this many iterations of the nest's outer
+#   loop at once per lane (independent loads in flight; 1: one at a time);
+# vec: ... and reads them as vectors of `vec` elements where the loads are contiguous
+#   (each lane the vec consecutive elements of a run of vec blocks: 16-byte loads of
+#   float32; 1: scalar loads, each lane one element of each block).
+REDUCE_ENV = "ZYX_VK_REDUCE"
+REDUCE_DEFAULT = {"cache": 1, "subgroup": 1, "ilp": 4, "vec": 4}
+REDUCE_LIMITS = {"ilp": 16, "vec": 4}
+
+
+def reduce_tuning(info, spec=None):
+    """{cache, subgroup, ilp, vec} for the SPIR-V writer on the device `info` describes:
+    REDUCE_DEFAULT updated by `spec` (default: ZYX_VK_REDUCE); `subgroup` becomes the
+    device's subgroup size where it is on and the device has the operations the combine
+    needs (info.extra["subgroup"]: vulkan.py's query), else 0."""
+    out = read_variant(REDUCE_ENV, REDUCE_DEFAULT, REDUCE_LIMITS, spec)
+    for key in ("cache", "subgroup"):
+        if out[key] not in (0, 1):
+            raise ValueError(f"{REDUCE_ENV}={spec!r}: {key} is 0 or 1")
+    sg = info.extra.get("subgroup") or {}
+    size = sg.get("size", 0)
+    usable = sg.get("arithmetic") and sg.get("shuffle_relative") and sg.get("compute") \
+        and size >= 2 and not size & (size - 1)
+    out["subgroup"] = size if out["subgroup"] and usable else 0
+    return out
 
 
 def candidates(kernel, info):

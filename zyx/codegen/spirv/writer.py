@@ -24,10 +24,11 @@ import struct
 from ... import dtype as dt
 from ..._core import kernel as K
 from ..cstyle import half_rounds, round_half
-from ..gpu.analysis import loop_ends, narrow_index, output_size
+from ..gpu.analysis import eval_index, loop_ends, narrow_index, output_size
+from ..gpu.reduce import RowCache, row_cache
 from . import builder as B
 from . import f64math
-from .elementwise import write_elementwise
+from .elementwise import vector_view, write_elementwise
 
 # GLSL.std.450 instruction numbers
 GLSL = dict(Trunc=3, FAbs=4, Floor=8, Sin=13, Cos=14, Tanh=21, Pow=26, Exp=27, Log=28,
@@ -68,7 +69,8 @@ def uses_dtypes(kernel):
 
 class _Writer:
     def __init__(self, kernel, strategy, local, items, nests, fold, fp64=True,
-                 float_controls=(), splits=1, phase=0):
+                 float_controls=(), splits=1, phase=0, tuning=None):
+        self.tuning = tuning or {}      # strategy.reduce_tuning: cache, subgroup, ilp
         self.splits = splits      # groups per output (split strategy)
         self.phase = phase        # split strategy: 1 partials, 2 their combination
         self.f64_ok = fp64
@@ -94,6 +96,14 @@ class _Writer:
         self.vviews = {}         # (GLOBAL define, lanes) -> vector view (elementwise.py)
         self.lane_loads = {}     # LOAD op -> value given by the elementwise strategy
         self.lane_stores = None  # STORE op -> [values] the elementwise strategy stores
+        self.cache = RowCache()  # the group strategy's row cache (write_group)
+        self.cache_vars = {}     # row cache slot -> (Function array variable, element pointer)
+        self.positions = {}      # counted run loop -> u32 position of the open iteration
+        self.unroll_vars = {}    # counted nest's leading loop -> its u32 counter
+        self.loopless = set()    # split runs of exactly one iteration per lane (no loop)
+        self.run_value = None    # a loopless run's flat value when not the lane (ilp copies)
+        self.vec_loads = {}      # LOAD op -> component j read from `vec_got` (split pass 1)
+        self.vec_got = {}        # LOAD op -> the vector its component 0 loaded
 
     # -- types -------------------------------------------------------------------------
     def rtype(self, d):
@@ -195,8 +205,9 @@ class _Writer:
         return self.ops[j][1]
 
     # -- control flow ------------------------------------------------------------------
-    def open_loop(self, start, limit, step, itype, signed=True):
-        """Open `for (v = start; v < limit; v += step)`; returns v's id."""
+    def open_loop(self, start, limit, step, itype, signed=True, unroll=False):
+        """Open `for (v = start; v < limit; v += step)`; returns v's id. `unroll`: ask
+        the driver to unroll it (LoopControl Unroll: a row cache's constant positions)."""
         m = self.m
         pre = m.block
         header, body, cont, merge = m.id(), m.id(), m.id(), m.id()
@@ -205,7 +216,7 @@ class _Writer:
         var, nxt = m.id(), m.id()
         m.body += B._inst(B.OP["Phi"], [itype, var, start, pre, nxt, cont])
         cond = m.op("SLessThan" if signed else "ULessThan", self.boolt(), var, limit)
-        m.emit("LoopMerge", merge, cont, 0)
+        m.emit("LoopMerge", merge, cont, 1 if unroll else 0)
         m.emit("BranchConditional", cond, body, merge)
         m.label(body)
         self.loops.append(("loop", var, nxt, header, cont, merge, step, itype))
@@ -365,6 +376,8 @@ class _Writer:
         self.by_end = {n.end: n for n in self.nests if n.run[0] != n.root}
         self.split_loops = {}
         self.scratch = {}
+        if self.tuning.get("cache", 1):
+            self.cache = row_cache(_RegisterValues, self.ops, self.nests, self.local)
         self.body(0, len(self.ops))
         self.close_if()
 
@@ -402,7 +415,12 @@ class _Writer:
         if self.phase == 1:
             part = m.op("UMod", u32, group, self.c_u32(S))
             self.share = part
-            self.body(0, nest.end + 1)
+            ilp = self.tuning.get("ilp", 1)
+            if ilp > 1 and nest.run[0] != nest.root:
+                self.body(0, nest.root)
+                self.unrolled_share(nest, ilp)
+            else:
+                self.body(0, nest.end + 1)
             self.open_if(m.op("IEqual", bt, self.lane, self.c_u32(0)))
             slot = m.op("IAdd", u32, m.op("IMul", u32, out, self.c_u32(S)), part)
             for (var, eptr), acc in zip(bufs, nest.results):
@@ -442,13 +460,19 @@ class _Writer:
             if c == K.DEFINE:
                 self.define(i, op)
             elif c == K.LOOP:
-                if self.strategy != "serial" and i in self.split_loops:
-                    continue          # a loop of a split run: decoded from the flat loop
                 if self.strategy != "serial" and i in self.by_root:
                     self.open_split(self.by_root[i])
                     continue
+                if self.strategy != "serial" and i in self.split_loops:
+                    continue          # a loop of a split run: decoded from the flat loop
                 if self.strategy == "split" and i == self.nests[0].root:
                     self.val[i] = self.open_share(op[2])
+                    continue
+                if i in self.cache.unrolled:      # a counted nest's leading (block) loop
+                    k = self.open_loop(self.c_u32(0), self.c_u32(op[2]), self.c_u32(1),
+                                       self.u32(), signed=False, unroll=True)
+                    self.unroll_vars[i] = k
+                    self.set_index(i, k)
                     continue
                 narrow = i in self.narrow
                 t = self.i32() if narrow else self.rtype(K.IDX)
@@ -460,7 +484,8 @@ class _Writer:
                 if self.strategy != "serial" and op[2] in self.split_loops:
                     nest = self.split_loops[op[2]]
                     if op[2] == nest.run[0]:
-                        self.close_loop()
+                        if op[2] not in self.loopless:
+                            self.close_loop()
                         if i == nest.end:
                             self.combine(nest)
                     continue
@@ -534,6 +559,13 @@ class _Writer:
             return self.lane_loads[i]
         if ref in self.regs:
             return m.op("Load", self.rtype(d), self.reg_ptr(ref, index_ref))
+        if i in self.vec_loads:
+            return self.vector_lane(i, op)
+        if i in self.cache.uses:
+            v = m.op("Load", self.rtype(d), self.cached(i, self.cache.uses[i][0], d))
+            if guard >= 0:
+                v = m.op("Select", self.rtype(d), self.as_bool(guard), v, self.const(d, 0))
+            return v
         var, eptr, sd = self.bufs[ref]
         idx, it = self.index_of(index_ref)
         if guard >= 0:
@@ -547,7 +579,68 @@ class _Writer:
             v = self.convert(sd, d, v)
         if guard >= 0:
             v = m.op("Select", self.rtype(d), self.as_bool(guard), v, self.const(d, 0))
+        if i in self.cache.sources:
+            m.emit("Store", self.cached(i, self.cache.sources[i][0], d), v)
         return v
+
+    def vector_lane(self, i, op):
+        """Component j of the vector load i's copy 0 made (write_split's vec): copy 0
+        reads the vector at its own element's index / vec (a multiple of vec)."""
+        m = self.m
+        j, vec = self.vec_loads[i]
+        var, eptr, sd = self.bufs[op[2]]
+        if j == 0:
+            vvar, vptr, vt = vector_view(self, op[2], vec)
+            idx, it = self.index_of(op[3])
+            q = m.op("SDiv", it, idx, m.const(it, vec, 32 if it == self.i32() else 64))
+            self.vec_got[i] = m.op("Load", vt, m.op("AccessChain", vptr, vvar, self.c_u32(0), q))
+        v = self.from_storage(sd, m.op("CompositeExtract", self.stype(sd), self.vec_got[i], j))
+        return v if op[1] is sd else self.convert(sd, op[1], v)
+
+    def vector_loads(self, nest, vec):
+        """LOAD ops of `nest`'s body that split pass 1 may read as vectors of `vec`
+        elements: plain loads of 4-byte elements at base + root * flat + run, the base
+        (from the output indices) a multiple of vec, checked at sampled output indices."""
+        ops = self.ops
+        root, run, flat = nest.root, nest.run[0], nest.flat
+        if len(nest.run) != 1:
+            return []
+        index_vars = [i for i, op in enumerate(ops) if op[0] == K.INDEX]
+        samples = [{v: (0, ops[v][3] - 1, ops[v][3] // 2)[k] for v in index_vars}
+                   for k in range(3)]
+        out = []
+        for j in range(root + 1, nest.end):
+            op = ops[j]
+            if op[0] != K.LOAD or op[2] not in self.bufs or op[4] >= 0:
+                continue
+            sd = self.bufs[op[2]][2]
+            if sd.is_bool or sd.itemsize != 4:
+                continue
+            ok = True
+            for sample in samples:
+                base = eval_index(ops, op[3], {**sample, root: 0, run: 0})
+                at = eval_index(ops, op[3], {**sample, root: 3, run: 5})
+                if base is None or at is None or base % vec or at != base + 3 * flat + 5:
+                    ok = False
+                    break
+            if ok:
+                out.append(j)
+        return out
+
+    def cached(self, i, slot, d):
+        """Pointer to the row cache element load i reads or fills: slot `slot`'s
+        Function array (one element per counted iteration of this lane) at the position
+        of the iteration open in load i's nest."""
+        m = self.m
+        sh = self.cache_vars.get(slot)
+        if sh is None:
+            t = self.rtype(d)
+            arr = m.type_array(t, self.cache.slots[slot][1])
+            sh = self.cache_vars[slot] = (
+                m.function_variable(m.type_pointer("Function", arr)),
+                m.type_pointer("Function", t))
+        nest = next(n for n in self.nests if n.root < i < n.end)
+        return m.op("AccessChain", sh[1], sh[0], self.positions[nest.run[0]])
 
     def store(self, i, op):
         m = self.m
@@ -1072,6 +1165,48 @@ class _Writer:
                    self.c_u32(length))                                     # UMin
         return lo, hi
 
+    def unrolled_share(self, nest, ilp):
+        """Split pass 1's outer loop over this group's share, `ilp` iterations at a
+        time (each a copy of the loop body with its own registers: independent loads in
+        flight), then the remainder one at a time; then the lanes' combine."""
+        m = self.m
+        u32 = self.u32()
+        root = nest.root
+        lo, hi = self.share_bounds(self.ops[root][2])
+        hi = m.ext(self.glsl, u32, 41, hi, lo)                                  # UMax
+        count = m.op("ISub", u32, hi, lo)
+        main_end = m.op("IAdd", u32, lo, m.op("IMul", u32, m.op(
+            "UDiv", u32, count, self.c_u32(ilp)), self.c_u32(ilp)))
+        r = self.open_loop(lo, main_end, self.c_u32(ilp), u32, signed=False)
+        vec = self.tuning.get("vec", 0)
+        flat = nest.flat
+        loads = self.vector_loads(nest, vec) if vec > 1 and ilp % vec == 0 and \
+            flat == self.local and flat % vec == 0 else []
+        for u in range(ilp):
+            if loads:
+                # copies g * vec .. g * vec + vec - 1 take, per lane, the vec consecutive
+                # elements vec * lane + j of the g-th run of vec blocks: one vector load
+                # (each element is still reduced once: the copies permute the share)
+                g, j = divmod(u, vec)
+                e = m.op("IMul", u32, self.lane, self.c_u32(vec))
+                blk = m.op("IAdd", u32, r, self.c_u32(g * vec))
+                self.set_index(root, m.op("IAdd", u32, blk,
+                                          m.op("UDiv", u32, e, self.c_u32(flat))))
+                self.run_value = m.op("IAdd", u32, m.op("UMod", u32, e, self.c_u32(flat)),
+                                      self.c_u32(j))
+                self.vec_loads = {i: (j, vec) for i in loads}
+            else:
+                self.set_index(root, m.op("IAdd", u32, r, self.c_u32(u)) if u else r)
+            self.body(root + 1, nest.end)
+        self.run_value = None
+        self.vec_loads = {}
+        self.close_loop()
+        r = self.open_loop(main_end, hi, self.c_u32(1), u32, signed=False)
+        self.set_index(root, r)
+        self.body(root + 1, nest.end)
+        self.close_loop()
+        self.combine(nest)
+
     def open_share(self, length):
         """The nest's outer loop over this group's share (split pass 1, the run below it
         is split over the lanes)."""
@@ -1091,7 +1226,27 @@ class _Writer:
         u32 = self.u32()
         for loop in nest.run:
             self.split_loops[loop] = nest
-        if self.strategy == "split" and nest.run[0] == nest.root:
+        if nest.run[0] in self.cache.counted:
+            # the row cache's fixed count per lane, unrolled so that the cached values
+            # get constant positions (registers): f = lane + k * local, k < flat / local
+            k = self.open_loop(self.c_u32(0), self.c_u32(nest.flat // self.local),
+                               self.c_u32(1), u32, signed=False, unroll=True)
+            f = m.op("IAdd", u32, self.lane, m.op("IMul", u32, k, self.c_u32(self.local)))
+            pos, radix = k, nest.flat // self.local
+            for loop in sorted((x for x in self.unroll_vars if nest.root <= x < nest.run[0]),
+                               reverse=True):
+                pos = m.op("IAdd", u32, pos,
+                           m.op("IMul", u32, self.unroll_vars[loop], self.c_u32(radix)))
+                radix *= self.ops[loop][2]
+            self.positions[nest.run[0]] = pos
+        elif nest.flat == self.local and not (self.strategy == "split" and
+                                               nest.run[0] == nest.root):
+            # one iteration per lane: straight-line code, so that the split strategy's
+            # unrolled outer iterations (write_split's ilp) have their loads in flight
+            # together
+            f = self.lane if self.run_value is None else self.run_value
+            self.loopless.add(nest.run[0])
+        elif self.strategy == "split" and nest.run[0] == nest.root:
             lo, hi = self.share_bounds(nest.flat)
             f = self.open_loop(m.op("IAdd", u32, lo, self.lane), hi, self.c_u32(self.local),
                                u32, signed=False)
@@ -1109,7 +1264,12 @@ class _Writer:
 
     def combine(self, nest):
         """Combine each lane's partial accumulator of `nest` into every lane's: a tree in
-        workgroup memory, with barriers in the group's uniform control flow."""
+        workgroup memory, with barriers in the group's uniform control flow (or
+        subgroup operations first, `combine_subgroups`)."""
+        sg = self.tuning.get("subgroup", 0)
+        if sg and self.local % sg == 0 and all(
+                self.subgroup_ok(self.ops[acc][1]) for acc in nest.results):
+            return self.combine_subgroups(nest, sg)
         m = self.m
         u32 = self.u32()
         bt = self.boolt()
@@ -1143,6 +1303,101 @@ class _Writer:
             m.emit("Store", reg, m.op("Load", t, first))
             self.barrier()        # every lane has read [0] before the scratch is reused
 
+    @staticmethod
+    def subgroup_ok(d):
+        """Subgroup operations on d's registers need no extension: 32/64-bit floats
+        (16-bit floats are float32 registers) and 32-bit integers (8, 16 and 64-bit
+        integers need shaderSubgroupExtendedTypes; bool is left to the tree)."""
+        return d.is_float or (not d.is_bool and d.itemsize == 4)
+
+    def sub_builtin(self, name):
+        """A scalar u32 subgroup built-in's value (its Input variable made once)."""
+        m = self.m
+        var = self.scratch.get(("builtin", name))
+        if var is None:
+            var = m.global_variable(m.type_pointer("Input", self.u32()), "Input")
+            m.decorate(var, "BuiltIn", B.BUILTIN[name])
+            self.interface.append(var)
+            self.scratch[("builtin", name)] = var
+        return m.op("Load", self.u32(), var)
+
+    def subgroup_reduce(self, rop, d, v, width, arithmetic):
+        """v combined over the first `width` lanes of each subgroup. `arithmetic`: one
+        OpGroupNonUniform* Reduce over the whole subgroup (sums, integer max/min; every
+        lane gets the result); else a shuffle-down ladder of `combine_values` (lane i
+        takes lane i + s for s = width/2 .. 1: the tree's order and its NaN and
+        first-of-equal rules; lane 0 gets the result)."""
+        m = self.m
+        t = self.rtype(d)
+        scope = self.c_u32(B.SCOPE_SUBGROUP)
+        bop = K.REDUCE_BINARY[rop]
+        m.capability("GroupNonUniform")
+        if arithmetic:
+            m.capability("GroupNonUniformArithmetic")
+            if bop == K.B_ADD:
+                name = "FAdd" if d.is_float else "IAdd"
+            else:
+                name = ("S" if d.kind == "i" else "U") + ("Max" if bop == K.B_MAX else "Min")
+            return m.op("GroupNonUniform" + name, t, scope, B.GROUP_REDUCE, v)
+        m.capability("GroupNonUniformShuffleRelative")
+        s = width // 2
+        while s >= 1:
+            other = m.op("GroupNonUniformShuffleDown", t, scope, v, self.c_u32(s))
+            v = self.combine_values(rop, d, v, other)
+            s //= 2
+        return v
+
+    def combine_subgroups(self, nest, sg):
+        """`combine` through subgroups of `sg` lanes: each subgroup reduces its lanes'
+        partials (subgroup_reduce), its first lane writes the result to workgroup
+        memory at the subgroup's number; then, while more than one value is left, the
+        lanes numbered below that count (numbered subgroup-major: SubgroupId * sg +
+        SubgroupLocalInvocationId, so a subgroup reads consecutive values) reduce them
+        the same way. Two barriers per level instead of one per halving."""
+        m = self.m
+        u32, bt = self.u32(), self.boolt()
+        sub_lane = self.sub_builtin("SubgroupLocalInvocationId")
+        sub_id = self.sub_builtin("SubgroupId")
+        q = m.op("IAdd", u32, m.op("IMul", u32, sub_id, self.c_u32(sg)), sub_lane)
+        first = m.op("IEqual", bt, sub_lane, self.c_u32(0))
+        for acc in nest.results:
+            dop = self.ops[acc]
+            d, rop = dop[1], dop[6]
+            t = self.rtype(d)
+            bop = K.REDUCE_BINARY[rop]
+            arithmetic = bop == K.B_ADD or (not d.is_float and bop in (K.B_MAX, K.B_MIN))
+            key = ("subgroup", t)
+            sh = self.scratch.get(key)
+            if sh is None:
+                arr = m.type_array(t, self.local // sg)
+                sh = self.scratch[key] = (m.global_variable(m.type_pointer("Workgroup", arr),
+                                                            "Workgroup"),
+                                          m.type_pointer("Workgroup", t))
+            var, eptr = sh
+            reg = self.regs[acc][0]
+            v = self.subgroup_reduce(rop, d, m.op("Load", t, reg), sg, arithmetic)
+            n = self.local // sg
+            self.open_if(first)
+            m.emit("Store", m.op("AccessChain", eptr, var, sub_id), v)
+            self.close_if()
+            self.barrier()
+            while n > 1:
+                # lanes at or past n read a valid slot whose value never reaches lane 0
+                slot = m.ext(self.glsl, u32, 38, q, self.c_u32(n - 1))         # UMin
+                v = m.op("Load", t, m.op("AccessChain", eptr, var, slot))
+                self.barrier()
+                v = self.subgroup_reduce(rop, d, v, min(n, sg), False)
+                self.open_if(m.op("LogicalAnd", bt, first,
+                                  m.op("ULessThan", bt, q, self.c_u32(n))))
+                m.emit("Store", m.op("AccessChain", eptr, var,
+                                     m.op("UDiv", u32, q, self.c_u32(sg))), v)
+                self.close_if()
+                self.barrier()
+                n = -(-n // sg)
+            m.emit("Store", reg, m.op("Load", t, m.op("AccessChain", eptr, var,
+                                                      self.c_u32(0))))
+            self.barrier()        # every lane has read [0] before the scratch is reused
+
     def combine_values(self, rop, d, a, b):
         bop = K.REDUCE_BINARY[rop]
         if d.is_bool:
@@ -1153,6 +1408,16 @@ class _Writer:
     def barrier(self):
         self.m.emit("ControlBarrier", self.c_u32(B.SCOPE_WORKGROUP),
                     self.c_u32(B.SCOPE_WORKGROUP), self.c_u32(B.SEMANTICS_ACQREL_WORKGROUP))
+
+
+class _RegisterValues:
+    """The dialect question `gpu.reduce.row_cache` asks (does a load convert what it
+    reads?): the SPIR-V row cache keeps register values, after any conversion, so every
+    load may be cached."""
+
+    @staticmethod
+    def load_convert(d, x):
+        return x
 
 
 def _stride(d):
@@ -1166,12 +1431,13 @@ def _stride(d):
 KernelWriter = _Writer
 
 
-def write_split(kernel, local, nests, splits, fp64=True, float_controls=()):
+def write_split(kernel, local, nests, splits, fp64=True, float_controls=(), tuning=None):
     """The two SpirvKernels (partials, combination) of a kernel given the split
-    strategy: `splits` groups per output in the first pass."""
+    strategy: `splits` groups per output in the first pass. `tuning`: as write_kernel."""
     out = []
     for phase in (1, 2):
-        w = _Writer(kernel, "split", local, 1, nests, None, fp64, float_controls, splits, phase)
+        w = _Writer(kernel, "split", local, 1, nests, None, fp64, float_controls, splits, phase,
+                    tuning)
         words = w.write()
         groups = w.n_out * (splits if phase == 1 else 1)
         out.append(SpirvKernel(words, local, groups, "split", 1, uses_dtypes(kernel)))
@@ -1179,14 +1445,17 @@ def write_split(kernel, local, nests, splits, fp64=True, float_controls=()):
 
 
 def write_kernel(kernel, strategy="serial", local=256, items=1, nests=None, fp64=True,
-                 float_controls=()):
+                 float_controls=(), tuning=None):
     """The SpirvKernel of `kernel` with `strategy` ("serial", "elementwise" or "group"),
     `local` invocations per workgroup and, for "serial", `items` outputs per invocation
     (for "elementwise", `items` is the `elementwise.EwLayout`).
     `fp64`: the device computes float64 (else integer math functions go through float32).
     `float_controls`: of "nan32", "nan64", "denorm32", "denorm64", what the device can
-    preserve (VkPhysicalDeviceFloatControlsProperties): those modes are declared."""
-    w = _Writer(kernel, strategy, local, items, nests, None, fp64, float_controls)
+    preserve (VkPhysicalDeviceFloatControlsProperties): those modes are declared.
+    `tuning`: the reduce knobs `strategy.reduce_tuning` gives (None: row cache on, no
+    subgroup operations)."""
+    w = _Writer(kernel, strategy, local, items, nests, None, fp64, float_controls,
+                tuning=tuning)
     words = w.write()
     n_out = w.n_out
     if strategy == "group":

@@ -37,9 +37,10 @@ import struct
 from ... import dtype as dt
 from ..._core import kernel as K
 from ..cstyle import alu_operands, half_rounds, round_half
-from ..gpu.analysis import contiguous_loads
+from ..gpu.analysis import Nest, contiguous_loads
 from ..gpu.elementwise import elementwise_accesses
 from ..gpu.program import read_variant
+from ..gpu.reduce import RowCache, row_cache
 
 WORKGROUP = 256              # invocations per workgroup of the serial strategy
 EW_PER_MIN = 1 << 20        # fewest outputs of a loop-free kernel taking EW_DEFAULT's tiles
@@ -60,6 +61,12 @@ MAX_GROUPS = 65535           # WebGPU's maxComputeWorkgroupsPerDimension default
 # Longest loop written as one WGSL loop: lavapipe (llvmpipe) stops every shader loop after
 # 65,535 iterations, silently, so longer loops are written as a loop of chunks
 LOOP_CHUNK = 32768
+# The rows strategy's knob (ZYX_WGSL_REDUCE="cache=1", read at every lowering): cache=1
+# keeps a row's elements in a per-invocation array from the first loop that reads them
+# for the later loops that read them again (gpu.reduce.RowCache: softmax reads its row
+# once instead of three times).
+REDUCE_ENV = "ZYX_WGSL_REDUCE"
+REDUCE_DEFAULT = {"cache": 1}
 INT32_MAX = 2**31 - 1
 
 # bits per element of the dtypes packed in u32 words
@@ -1096,6 +1103,38 @@ def combine(d, rop, x, y):
     return wrap(d, f"({e})")
 
 
+def rows_tuning(spec=None):
+    """{cache} of the rows strategy: REDUCE_DEFAULT updated by `spec` (default: the
+    ZYX_WGSL_REDUCE environment variable)."""
+    out = read_variant(REDUCE_ENV, REDUCE_DEFAULT, {}, spec)
+    if out["cache"] not in (0, 1):
+        raise ValueError(f"{REDUCE_ENV}={spec!r}: cache is 0 or 1")
+    return out
+
+
+class _RowValues:
+    """The dialect question `gpu.reduce.row_cache` asks (does a load convert what it
+    reads?): the rows strategy caches the loaded register values, after any conversion."""
+
+    @staticmethod
+    def load_convert(d, x):
+        return x
+
+
+def rows_cache(ops, plan, wg):
+    """The RowCache of a rows kernel: each spread top-level loop is a nest whose run is
+    the loop itself (its inner loops stay whole in one invocation); loads of a read-only
+    buffer repeated at the same element by a later spread loop, where every invocation
+    runs the same count (at most gpu.reduce.ROW_CACHE_ITEMS) of both loops."""
+    nests = [Nest(t, end, [t], list(accs), False, ops[t][2]) for t, (end, accs) in
+             sorted(plan.items())]
+    cache = row_cache(_RowValues, ops, nests, wg)
+    # the cache answers plain loads only (a guarded load keeps its select on memory)
+    for j in [j for j in cache.uses if ops[j][4] >= 0]:
+        del cache.uses[j]
+    return cache
+
+
 class _RowHooks:
     """Opens each top-level loop as a loop strided over the workgroup's invocations and
     closes it with a workgroup tree reduction of its accumulators. With `split` = (parts,
@@ -1103,9 +1142,13 @@ class _RowHooks:
     it (invocation 0 stores the group's partial into the scratch buffer); phase 2 replaces
     the loop by one over the parts' partials and goes on with the rest of the kernel."""
 
-    def __init__(self, w, plan, wg, split=None, f64_totals=False):
+    def __init__(self, w, plan, wg, split=None, f64_totals=False, cache=None):
         self.w = w
         self.plan = plan
+        self.cache = cache if cache is not None else RowCache()
+        self.declared = set()
+        if self.cache.uses:
+            self._cache_values()
         self.inner = _SerialHooks(w, f64_totals)    # long float sums inside spread loops
         self.wg = wg
         self.ends = {end: t for t, (end, _) in plan.items()}
@@ -1120,9 +1163,36 @@ class _RowHooks:
             else:
                 self.skip = frozenset(range(t + 1, end))
 
+    def _cache_values(self):
+        """Loads answered from the row cache read its array (`w.lane`); the loads that
+        fill it store their value there too."""
+        w = self.w
+        for j, (slot, _) in self.cache.uses.items():
+            w.lane[j] = f"zyx_c{slot}[zyx_k{self._loop_of(j)}]"
+        value = w.value
+
+        def value_and_keep(i, op, ind):
+            line = value(i, op, ind)
+            source = self.cache.sources.get(i)
+            if source is None:
+                return line
+            return f"{line}\n{ind}zyx_c{source[0]}[zyx_k{self._loop_of(i)}] = v{i};"
+        w.value = value_and_keep
+
+    def _loop_of(self, j):
+        return next(t for t, (end, _) in self.plan.items() if t < j < end)
+
     def open_loop(self, i, op, ind):
         if i not in self.plan:
             return self.inner.open_loop(i, op, ind)
+        if self.split is None and i in self.cache.counted:
+            # a fixed count per invocation: zyx_k{i} indexes the row cache
+            lines = [f"{ind}var zyx_c{slot}: array<{wtype(d)}, {n}>;"
+                     for slot, (d, n) in enumerate(self.cache.slots) if slot not in self.declared]
+            self.declared.update(range(len(self.cache.slots)))
+            k = f"zyx_k{i}"
+            return lines + [f"{ind}for (var {k}: i32 = 0; {k} < {op[2] // self.wg}; {k}++) {{",
+                            f"{ind}  let r{i}: i32 = i32(lid.x) + {k} * {self.wg};"]
         if self.split is None:
             return loop_lines(f"r{i}", op[2], ind, "i32(lid.x)", self.wg)
         parts, phase = self.split
@@ -1222,7 +1292,9 @@ def _rows_pass(kernel, index, outputs, plan, max_groups, split, f64_totals=False
     lines, names = _decompose(index, "row", "  ")
     head.extend(lines)
     w.names.update(names)
-    hooks = _RowHooks(w, plan, wg, split, f64_totals)
+    cache = rows_cache(kernel.ops, plan, wg) if split is None and rows_tuning()["cache"] \
+        else None
+    hooks = _RowHooks(w, plan, wg, split, f64_totals, cache)
     _guard_stores(w, plan, live)
     _body(w, 0, "  ", hooks=hooks)
     decls = [f"var<workgroup> red_{t}: array<{t}, {wg}>;"
