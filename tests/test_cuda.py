@@ -1666,7 +1666,7 @@ def test_freed_cuda_tensors_return_memory_to_the_pool(cuda_runtime):
     pool = zyx._RT.device().pool       # (an earlier test may have re-initialized)
     # the first draw on a device caches a small index buffer (zyx.random, kept for later
     # draws): made before the count, so the test does not depend on what ran before it
-    zyx.randn(16).realize()
+    zyx.randn(1 << 20).realize()
     before = pool.used_bytes
     x = zyx.randn(1 << 20).realize()    # random numbers are lazy: store x too
     y = (x * 2 + 1).realize()

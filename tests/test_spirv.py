@@ -243,7 +243,7 @@ def test_reduce_tuning_knobs(monkeypatch):
     from zyx.codegen.spirv.strategy import reduce_tuning
     full = {"size": 32, "compute": True, "arithmetic": True, "shuffle_relative": True}
     gpu = DeviceInfo(num_cores=1, extra={"subgroup": full})
-    assert reduce_tuning(gpu) == {"cache": 1, "subgroup": 32, "ilp": 4, "vec": 4}
+    assert reduce_tuning(gpu) == {"cache": 0, "subgroup": 32, "ilp": 4, "vec": 4}
     assert reduce_tuning(DeviceInfo(num_cores=1))["subgroup"] == 0
     no_shuffle = DeviceInfo(num_cores=1, extra={"subgroup": dict(full, shuffle_relative=False)})
     assert reduce_tuning(no_shuffle)["subgroup"] == 0

@@ -359,8 +359,8 @@ def test_descriptor_sets_past_one_pool(vk_device):
         np.testing.assert_allclose(outs[i].numpy(), (base + i) * 2, rtol=1e-6)
 
 
-REDUCE_SPECS = ["", "subgroup=0,cache=0,ilp=1,vec=1", "ilp=8,cache=0", "subgroup=0,ilp=2,vec=1",
-                "ilp=16,vec=2"]
+REDUCE_SPECS = ["", "cache=1", "subgroup=0,cache=0,ilp=1,vec=1", "ilp=8,cache=0",
+                "subgroup=0,ilp=2,vec=1", "ilp=16,vec=2"]
 
 
 @pytest.mark.parametrize("spec", REDUCE_SPECS)

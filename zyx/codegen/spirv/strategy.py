@@ -40,7 +40,10 @@ MAX_SPLITS = 4096
 #   (each lane the vec consecutive elements of a run of vec blocks: 16-byte loads of
 #   float32; 1: scalar loads, each lane one element of each block).
 REDUCE_ENV = "ZYX_VK_REDUCE"
-REDUCE_DEFAULT = {"cache": 1, "subgroup": 1, "ilp": 4, "vec": 4}
+# (H200, NVIDIA's Vulkan driver, benches/gpu_vk_bandwidth_sweep.py: the subgroup combine
+# took softmax 16384x4096 from 0.282 to 0.24 ms; the row cache gained nothing there, 0.242
+# against 0.231 ms without it, so it is off; the split sum's ilp/vec did not move it)
+REDUCE_DEFAULT = {"cache": 0, "subgroup": 1, "ilp": 4, "vec": 4}
 REDUCE_LIMITS = {"ilp": 16, "vec": 4}
 
 
