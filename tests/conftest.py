@@ -1,6 +1,7 @@
 """Shared fixtures and helpers for the zyx test suite.
 
-* `device`: parametrized over `zyx.devices()`; while a test runs, that device is the
+* `device`: parametrized over `zyx.devices()` (WebGPU only with ZYX_TEST_WGPU=1: see
+  `_test_devices`); while a test runs, that device is the
   default one (zyx.set_default_device), so its tensors live and compute there.
 * numpy's global generator is seeded before every test, so failures reproduce.
 * `tol(dtype)` / `assert_close(...)`: per-dtype tolerances and a comparison that also checks
@@ -136,12 +137,21 @@ def _seed_numpy():
 
 
 def _test_devices():
-    """The devices the `device` fixture runs on: every device zyx lists, or those of the
-    backends ZYX_TEST_DEVICES names (comma-separated, e.g. "vulkan"): the GPU machine's
-    runs (.ci/gpu_run.sh suites) give each backend its own run at once."""
+    """The devices the `device` fixture runs on: those of the backends ZYX_TEST_DEVICES
+    names (comma-separated, e.g. "vulkan": the GPU machine's runs, .ci/gpu_run.sh suites,
+    give each backend its own run at once); otherwise every device zyx lists except
+    WebGPU ones, which join with ZYX_TEST_WGPU=1 or ZYX_DEVICE=wgpu. (WebGPU has no
+    pipeline cache, so every run compiles all its shaders again: on lavapipe its ~2000
+    device-parametrized tests took about 36 minutes of a 2-core machine, more than the
+    rest of the suite; tests/test_wgpu.py and tests/test_wgsl_gemm.py always run.)"""
     wanted = [w.strip() for w in os.environ.get("ZYX_TEST_DEVICES", "").split(",") if w.strip()]
     devs = zyx.devices()
-    return [d for d in devs if d.type in wanted] if wanted else devs
+    if wanted:
+        return [d for d in devs if d.type in wanted]
+    if (os.environ.get("ZYX_TEST_WGPU") == "1"
+            or os.environ.get("ZYX_DEVICE", "").startswith("wgpu")):
+        return devs
+    return [d for d in devs if d.type != "wgpu"]
 
 
 @pytest.fixture(params=_test_devices(), ids=str)
