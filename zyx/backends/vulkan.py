@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import functools
+import itertools
 import tempfile
 import threading
 import time
@@ -145,13 +146,17 @@ class _Batch:
 
 class _Handle:
     """A VkBuffer and its memory (one allocation per buffer)."""
-    __slots__ = ("buffer", "memory", "size", "mapped", "__weakref__")
+    __slots__ = ("buffer", "memory", "size", "mapped", "serial", "__weakref__")
+    _count = itertools.count()
 
     def __init__(self, buffer, memory, size, mapped=None):
         self.buffer = buffer
         self.memory = memory
         self.size = size
         self.mapped = mapped
+        # a number never reused (unlike id(): a handle dropped without destroy, such as a
+        # forgotten program's scratch, must not hand its cached descriptor sets to another)
+        self.serial = next(_Handle._count)
 
 
 class DescriptorSets:
@@ -167,14 +172,14 @@ class DescriptorSets:
         self.vk = vk
         self.device = device
         self._pools = []             # descriptor pools, the newest last
-        self._sets = {}              # (layout key, buffer ids) -> (pool, VkDescriptorSet[1])
-        self._by_buffer = {}         # id(_Handle) -> keys of the sets binding it
+        self._sets = {}              # (layout key, buffer serials) -> (pool, VkDescriptorSet[1])
+        self._by_buffer = {}         # _Handle.serial -> keys of the sets binding it
 
     def get(self, layout_key, set_layout, handles, wait_idle):
         """The set binding `handles` (in binding order) for `set_layout`, as the array
         vkCmdBindDescriptorSets takes; `wait_idle()` is called before the cache is
         emptied."""
-        key = (layout_key, tuple(map(id, handles)))
+        key = (layout_key, tuple(h.serial for h in handles))
         hit = self._sets.get(key)
         if hit is not None:
             return hit[1]
@@ -192,7 +197,7 @@ class DescriptorSets:
         vk.vkUpdateDescriptorSets(self.device, len(writes), writes, 0, None)
         self._sets[key] = (pool, arr)
         for h in handles:
-            self._by_buffer.setdefault(id(h), set()).add(key)
+            self._by_buffer.setdefault(h.serial, set()).add(key)
         return arr
 
     def _allocate(self, set_layout):
@@ -222,7 +227,7 @@ class DescriptorSets:
 
     def forget_buffer(self, h):
         """Free the sets binding buffer `h` (the device must no longer use them)."""
-        keys = self._by_buffer.pop(id(h), None)
+        keys = self._by_buffer.pop(h.serial, None)
         if not keys:
             return
         vk = self.vk
@@ -233,7 +238,7 @@ class DescriptorSets:
             pool, arr = entry
             vk.lib.vkFreeDescriptorSets(self.device, pool, 1, arr)
             for other in key[1]:
-                if other != id(h):
+                if other != h.serial:
                     linked = self._by_buffer.get(other)
                     if linked is not None:
                         linked.discard(key)
