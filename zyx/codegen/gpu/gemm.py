@@ -402,17 +402,24 @@ def wanted(ops, info):
     return p is not None and choose_tile(p, info) is not None
 
 
-def decode_flat(names, ops, ids, flat, itype, ind):
-    """Statements naming INDEX (or LOOP) ids from a flat row-major position `flat`."""
-    lines, stride = [], 1
+def flat_decode_exprs(ops, ids, flat):
+    """[(id, expression)] of INDEX (or LOOP) ids `ids` taken from a flat row-major
+    position `flat` (an expression), in the order of `ids` (C and WGSL spell `/` and `%`
+    alike)."""
+    out, stride = [], 1
     for k, i in enumerate(reversed(ids)):
         length = ops[i][3] if ops[i][0] == K.INDEX else ops[i][2]
         e = flat if stride == 1 else f"({flat} / {stride})"
         if k != len(ids) - 1:
             e = f"({e} % {length})"
-        lines.append(f"{ind}const {itype} {names[i]} = {e};")
+        out.append((i, e))
         stride *= length
-    return lines[::-1]
+    return out[::-1]
+
+
+def decode_flat(names, ops, ids, flat, itype, ind):
+    """Statements naming INDEX (or LOOP) ids from a flat row-major position `flat`."""
+    return [f"{ind}const {itype} {names[i]} = {e};" for i, e in flat_decode_exprs(ops, ids, flat)]
 
 
 def value_lines(dl, ops, roots, names, narrow, ind, skip=()):

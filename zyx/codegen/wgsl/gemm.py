@@ -50,7 +50,7 @@ import os
 from collections import namedtuple
 
 from ..._core import kernel as K
-from ..gpu.gemm import PLAIN_K, closure, plan
+from ..gpu.gemm import PLAIN_K, closure, flat_decode_exprs, plan
 from .writer import LOOP_CHUNK, PRELUDE, WGSLKernel, fold, literal
 
 GEMM_ENV = "ZYX_WGSL_GEMM"
@@ -228,15 +228,7 @@ def _chunk(t):
 def _decode(ops, names, ids, flat, ind):
     """Lines naming INDEX (or LOOP) ids `ids` (names[i]) from a flat row-major i32
     position `flat`."""
-    lines, stride = [], 1
-    for k, i in enumerate(reversed(ids)):
-        n = ops[i][3] if ops[i][0] == K.INDEX else ops[i][2]
-        e = flat if stride == 1 else f"({flat} / {stride})"
-        if k != len(ids) - 1:
-            e = f"({e} % {n})"
-        lines.append(f"{ind}let {names[i]}: i32 = {e};")
-        stride *= n
-    return lines[::-1]
+    return [f"{ind}let {names[i]}: i32 = {e};" for i, e in flat_decode_exprs(ops, ids, flat)]
 
 
 class _Side:
