@@ -214,7 +214,8 @@ def test_unreplayable_trace_falls_back_to_rules(replay_mode, monkeypatch):
         before = zyx.stats()["backward_replays"]
         x.cos().sum().backward()
         assert zyx.stats()["backward_replays"] == before
-        np.testing.assert_allclose(x.grad.numpy(), -np.sin([0.1, 0.7]), rtol=1e-6)
+        # (rtol: Vulkan's sin is only held to an absolute 2^-11 error; NVIDIA's was 1.2e-6)
+        np.testing.assert_allclose(x.grad.numpy(), -np.sin([0.1, 0.7]), rtol=1e-5)
     assert None in A._templates.values()
 
 

@@ -532,6 +532,13 @@ class _Writer:
             if xd.is_float and b == K.B_NOTEQ:
                 # unordered: true when either is NaN, whatever the driver makes of !=
                 return f"(!({x} == {y}))"
+            if xd.is_float:
+                # ordered: false when either is NaN. The NaN tests are by the bits and
+                # spelled out, because NVIDIA's driver turns select(x, c, x > c) into its
+                # own min/max, which drops a NaN x (relu and clamp of NaN gave 0 and c)
+                keep = [f"!zyx_isnan({e})" for i, e in ((op[3], x), (op[4], y))
+                        if not _non_nan_constant(ops[i])]
+                return f"(({x} {_COMPARE[b]} {y}){''.join(' && ' + k for k in keep)})"
             return f"({x} {_COMPARE[b]} {y})"
         if b == K.B_OR:
             return f"({_as_bool(xd, x)} || {_as_bool(ops[op[4]][1], y)})"
@@ -1116,6 +1123,12 @@ def combine(d, rop, x, y):
     else:
         e = f"max({x}, {y})" if b == K.B_MAX else f"min({x}, {y})"
     return wrap(d, f"({e})")
+
+
+def _non_nan_constant(op):
+    """Whether IR op `op` is a constant that is not NaN (a comparison with it needs no NaN
+    test on that side)."""
+    return op[0] == K.CONST and not math.isnan(float(op[2]))
 
 
 def float_extreme(b, x, y):
