@@ -35,6 +35,7 @@ CPU_COMPUTE = 1e9
 # -w: the shared renderer writes constant operands on purpose (`x || 0` in a NaN-aware
 # max); clang's warnings about them are noise
 BUILD_OPTIONS = ["-w"]
+UNBOUND = object()   # a PlanLaunches slot whose kernel arguments were never set
 
 
 class OpenCLMemoryPool(MemoryPool):
@@ -181,7 +182,10 @@ class PlanLaunches:
                     else:
                         self.users[x].append((kern, j, 0))
                 self.launches.append((kern, (launch.global_size,), (launch.local_size,)))
-        self.bound = [None] * nslots      # the handle each slot's arguments hold
+        # the handle each slot's arguments hold; UNBOUND until the first run sets them (a
+        # slot's handle may be None, an empty tensor's buffer: its arguments are still set,
+        # to NULL, or the launch fails with INVALID_KERNEL_ARGS)
+        self.bound = [UNBOUND] * nslots
         self.subs = {}                    # arena offset -> sub-buffer of the bound arena
 
     def run(self, table):
@@ -191,7 +195,7 @@ class PlanLaunches:
             handle = None if buf is None else buf.handle
             if handle is not bound[k]:
                 bound[k] = handle
-                if k == 0:
+                if k == 0 and handle is not None:
                     self.subs = {}
                     for kern, j, off in self.users[0]:
                         kern.set_arg(j, self._sub(buf, off))
