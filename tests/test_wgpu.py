@@ -376,3 +376,54 @@ def test_rows_row_cache(wgpu_device, monkeypatch, spec):
     cached = [p for p in wgpu_device._programs.values()
               if any("zyx_c0" in src for src, _ in p.wgsl.passes)]
     assert bool(cached) == (spec == "cache=1")
+
+
+class _FakeAdapter:
+    """An adapter as adapter_memory sees one: only its info dict."""
+    def __init__(self, **info):
+        self.info = info
+
+
+def test_adapter_memory_comes_from_config_then_vulkan_then_a_guess(monkeypatch):
+    """WebGPU reports no memory size: config memory_mb wins, a CPU adapter gets 2 GiB, a
+    GPU adapter over Vulkan the device-local heap Vulkan reports for its PCI ids, and
+    anything else 8 GiB."""
+    from zyx.backends import wgpu as W
+    asked = []
+
+    def heap(vendor, device):
+        asked.append((vendor, device))
+        return 141 << 30 if (vendor, device) == (0x10DE, 0x2335) else None
+    monkeypatch.setattr(W, "device_local_bytes", heap)
+    gpu = _FakeAdapter(adapter_type="DiscreteGPU", backend_type="Vulkan",
+                       vendor_id=0x10DE, device_id=0x2335)
+    assert W.adapter_memory(gpu, {"memory_mb": 1000}) == 1000 << 20
+    assert W.adapter_memory(gpu, {}) == 141 << 30
+    other = _FakeAdapter(adapter_type="DiscreteGPU", backend_type="Vulkan",
+                         vendor_id=0x1002, device_id=1)
+    assert W.adapter_memory(other, {}) == 8192 << 20
+    metal = _FakeAdapter(adapter_type="IntegratedGPU", backend_type="Metal")
+    assert W.adapter_memory(metal, {}) == 8192 << 20
+    cpu = _FakeAdapter(adapter_type="CPU", backend_type="Vulkan", vendor_id=65541, device_id=0)
+    assert W.adapter_memory(cpu, {}) == 2048 << 20
+    assert asked == [(0x10DE, 0x2335), (0x1002, 1)]
+
+
+def test_vulkan_reports_the_device_local_heap_of_a_listed_device():
+    """device_local_bytes finds a Vulkan device by its PCI ids and gives the heap the
+    Vulkan backend sizes its own pool by; unknown ids give None."""
+    from zyx.backends.vkmemory import device_local_bytes
+    vk_devs = [d for d in zyx.devices() if d.type == "vulkan"]
+    if not vk_devs:
+        pytest.skip("no Vulkan device here (apt mesa-vulkan-drivers libvulkan1 gives lavapipe)")
+    import vulkan as vk
+    instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(
+        pApplicationInfo=vk.VkApplicationInfo(apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))), None)
+    try:
+        props = vk.vkGetPhysicalDeviceProperties(vk.vkEnumeratePhysicalDevices(instance)[0])
+        ids = (props.vendorID, props.deviceID)
+    finally:
+        vk.vkDestroyInstance(instance, None)
+    got = device_local_bytes(*ids)
+    assert got == vk_devs[0].memory     # the Vulkan backend's pool: the same heap
+    assert device_local_bytes(0xFFFF, 0xFFFF) is None

@@ -33,8 +33,8 @@ runtime computes its float helpers in float32.
 Config (`"wgpu"` section of config.json): enabled (default true), adapter ("high-performance"
 (default) or "low-power": the power preference; "all": every adapter wgpu lists, one zyx
 device each), backend (only adapters of that wgpu backend type, e.g. "Vulkan"),
-memory_mb (the pool's size: WebGPU does not report the adapter's memory; default 8192,
-2048 for a CPU adapter), cache_limit_mb (freed buffers kept for reuse, default a tenth of
+memory_mb (the pool's size: WebGPU does not report the adapter's memory; default the
+device-local heap Vulkan reports for the same GPU, else 8192; 2048 for a CPU adapter), cache_limit_mb (freed buffers kept for reuse, default a tenth of
 the pool).
 """
 from __future__ import annotations
@@ -55,6 +55,7 @@ from ..codegen.wgsl import supports, write
 from ..codegen.wgsl.writer import BUFFER_DTYPES, strategies, uniform_args
 from . import Buffer, MemoryPool, ProgramCache
 from .blocks import FreeBlocks, configured_limit, default_limit
+from .vkmemory import device_local_bytes
 
 # A CPU adapter (lavapipe) ranks below the C backend (2e10 FLOP/s per core), as PoCL does
 CPU_COMPUTE = 1e9
@@ -536,6 +537,25 @@ def _adapters(wgpu, cfg):
     return [a] if a is not None else []
 
 
+def adapter_memory(adapter, cfg):
+    """The pool size of a device on `adapter`, in bytes. WebGPU does not say how much
+    memory an adapter has: the config's memory_mb; else, for a GPU adapter over Vulkan,
+    the device-local heap Vulkan reports for the same PCI ids (so the pool, and the freed
+    buffers it keeps for reuse, a tenth of it, scale with the GPU: with a guessed 8 GiB, a
+    1 GB tensor freed every step was released and allocated again); else 8 GiB, or 2 GiB
+    for a CPU adapter (which shares the host's memory)."""
+    if "memory_mb" in cfg:
+        return int(cfg["memory_mb"]) << 20
+    info = adapter.info
+    if str(info.get("adapter_type", "")).lower() == "cpu":
+        return 2048 << 20
+    if str(info.get("backend_type", "")).lower() == "vulkan":
+        found = device_local_bytes(int(info.get("vendor_id", -1)), int(info.get("device_id", -1)))
+        if found:
+            return found
+    return 8192 << 20
+
+
 def initialize(cfg, debug=0):
     try:
         import wgpu          # lazily: a missing package only skips this backend
@@ -565,10 +585,7 @@ def initialize(cfg, debug=0):
             continue
         lim = {k: int(device.limits[k]) for k in LIMITS if k in device.limits}
         max_buffer = min(lim["max-buffer-size"], lim["max-storage-buffer-binding-size"])
-        # WebGPU does not say how much memory the adapter has: the config's memory_mb, or
-        # 8 GiB (2 GiB for a CPU adapter, which shares the host's memory)
-        cpu = str(a.info.get("adapter_type", "")).lower() == "cpu"
-        total = int(cfg.get("memory_mb", 2048 if cpu else 8192)) << 20
+        total = adapter_memory(a, cfg)
         pool = WGPUMemoryPool(wgpu, device, max_buffer, total, limit)
         pools.append(pool)
         devices.append(WGPUDevice(wgpu, a, device, pool, lim, debug))
