@@ -309,6 +309,15 @@ def test_thread_choice_keeps_the_faster_mode():
     tc = scheduler.ThreadChoice(True)
     _run_choice(tc, {True: 1.0, False: 1e-4}, 2)  # slow only in parallel: keeps measuring
     assert tc.parallel is None and tc.watching
+    # long in both, but the team far slower (a busy core: each barrier waits out a time
+    # slice; a 2.4 ms sampling step took 110 ms parallel): measured, and kept on one thread
+    tc = scheduler.ThreadChoice(True)
+    loaded = {True: 0.11, False: 2.4e-3}
+    _run_choice(tc, loaded, 2)
+    assert tc.parallel is None
+    while tc.parallel is None:
+        _run_choice(tc, loaded, 1)
+    assert tc.parallel is False
     no_choice = scheduler.ThreadChoice(False)     # nothing parallel in the plan
     assert _run_choice(no_choice, {True: 1e-4, False: 1e-5}, 200) == [True] * 200
 

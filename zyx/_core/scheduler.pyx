@@ -62,6 +62,7 @@ cdef class ThreadChoice:
     most runs and 10x slower in many of the rest, and the rest is what the user waits for."""
     RUNS = 4
     LONG_S = 2e-3
+    COLD_PARALLEL = 1.5  # the cold parallel run within this many serial runs: no contest
     WINDOW = _WINDOW
     PROBE = _PROBE
     PROBE_FIRST = 32
@@ -147,9 +148,13 @@ cdef class ThreadChoice:
         if self.runs == 1:              # cold (first touch of the arena): kept aside
             self.reference = seconds
             return
-        if self.runs == 2 and seconds > self.LONG_S and self.reference > self.LONG_S:
-            # long in both modes (a slow first parallel run alone may be a loaded machine):
-            # parallel, and the other mode probed only rarely or when the time doubles
+        if (self.runs == 2 and seconds > self.LONG_S and self.reference > self.LONG_S
+                and self.reference < self.COLD_PARALLEL * seconds):
+            # long in both modes (a slow first parallel run alone may be a loaded machine),
+            # and the cold parallel run not far slower than the serial one (under a busy
+            # core a 2.4 ms sampling step took 110 ms parallel, every barrier waiting out a
+            # time slice: those plans are measured like short ones): parallel, and the
+            # other mode probed only rarely or when the time doubles
             self.parallel = True
             self.interval = self.until_probe = self.PROBE_MAX
             self.reference = 0.0         # set from the first full window (_keep)
