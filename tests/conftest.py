@@ -1,6 +1,6 @@
 """Shared fixtures and helpers for the zyx test suite.
 
-* `device`: parametrized over `zyx.devices()` (WebGPU only with ZYX_TEST_WGPU=1: see
+* `device`: parametrized over the first device of each backend zyx lists (see
   `_test_devices`); while a test runs, that device is the
   default one (zyx.set_default_device), so its tensors live and compute there.
 * numpy's global generator is seeded before every test, so failures reproduce.
@@ -142,35 +142,28 @@ def _test_devices():
     * ZYX_TEST_DEVICES names backends (comma-separated, e.g. "vulkan": the GPU machine's
       runs, .ci/gpu_run.sh suites, give each backend its own run at once) and every device
       of those backends runs; ZYX_TEST_DEVICES=all runs every device zyx lists.
-    * Otherwise the first device of each backend, except WebGPU, which joins with
-      ZYX_TEST_WGPU=1 or ZYX_DEVICE=wgpu. One device per backend because a second device
-      of the same backend runs the same generated code (CI has two PoCL platforms, and
-      the second one added a fifth of the suite's time for nothing). WebGPU has no
-      pipeline cache, so every run compiles all its shaders again: on lavapipe its ~2000
-      device-parametrized tests took about 36 minutes of a 2-core machine, more than the
-      rest of the suite; tests/test_wgpu.py and tests/test_wgsl_gemm.py always run."""
+    * Otherwise the first device of each backend. One device per backend because a
+      second device of the same backend runs the same generated code (CI has two PoCL
+      platforms, and the second one added a fifth of the suite's time for nothing)."""
     wanted = [w.strip() for w in os.environ.get("ZYX_TEST_DEVICES", "").split(",") if w.strip()]
     devs = zyx.devices()
     if wanted == ["all"]:
         return devs
     if wanted:
         return [d for d in devs if d.type in wanted]
-    with_wgpu = (os.environ.get("ZYX_TEST_WGPU") == "1"
-                 or os.environ.get("ZYX_DEVICE", "").startswith("wgpu"))
     first_of_each, seen = [], set()
     for d in devs:
-        if d.type in seen or (d.type == "wgpu" and not with_wgpu):
-            continue
-        seen.add(d.type)
-        first_of_each.append(d)
+        if d.type not in seen:
+            seen.add(d.type)
+            first_of_each.append(d)
     return first_of_each
 
 
 @pytest.fixture(params=_test_devices(), ids=str)
 def device(request):
-    """Run the test on one device, each of `_test_devices()` (the CPU, PoCL's OpenCL and
-    Vulkan on lavapipe in CI): it is the default device while the test runs, so the tensors the test creates
-    live there and its realizations run there. A test skipped mid-way on one device can
+    """Run the test on one device, each of `_test_devices()` (the CPU, PoCL's OpenCL, and
+    Vulkan and WebGPU on lavapipe in CI): it is the default device while the test runs,
+    so the tensors the test creates live there and its realizations run there. A test skipped mid-way on one device can
     leave work deferred there (a write to a realized tensor, kept alive by the skip's
     traceback); the runtime computes deferred work only with a realization on its own
     device (`Runtime._take_pending`), so it never reaches the next test's device."""
