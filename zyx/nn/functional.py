@@ -23,8 +23,8 @@ from .._core import kernel as K
 from .._core import replay as _replay
 from ..errors import DTypeError, InvalidArgumentError, ShapeError, ZyxError
 from ..runtime import RT
-from ..tensor import (Tensor, clamp_float_scalars, const_tensor, iota, matmul_nt, rebind,
-                      watch_range, where)
+from ..tensor import (Tensor, clamp_float_scalars, const_tensor, iota, linear_nt, matmul_nt,
+                      rebind, watch_range, where)
 from .init import copy_into   # in-place update of running stats (torch's copy_)
 
 __all__ = [
@@ -958,11 +958,13 @@ def linear(input, weight, bias=None):
     if w.ndim not in (1, 2) or x.ndim == 0 or x.shape[-1] != w.shape[-1]:
         raise ShapeError(f"linear: input {x.shape} and weight {w.shape} do not fit "
                          f"(need input.shape[-1] == weight.shape[-1])")
-    if w.ndim == 2 and x.ndim > 2 and x.dtype is w.dtype:
+    if w.ndim == 2 and x.ndim > 2 and x.dtype is w.dtype and x.dtype.is_float:
         # (..., 1, in) * (1.., out, in) summed over in: W broadcast over every leading axis
         # in one expand, so its gradient is one reduce over all of them (x @ W.T would
         # broadcast W over the batch axes only and sum their partial gradients afterwards:
         # a (batch, out, in) intermediate, 1M floats for a (64, 32, 128) input)
+        y = linear_nt(x, w)
+    elif w.ndim == 2 and x.ndim > 2 and x.dtype is w.dtype:
         lead, n = xs[:-1], ws[0]
         xe = x.reshape(lead + (1, xs[-1])).expand(lead + (n, xs[-1]))
         we = w.reshape((1,) * len(lead) + ws).expand(lead + ws)
