@@ -9,6 +9,13 @@ driver describes itself (16x16x16 subgroup shapes into float32, subgroups of 32)
 knobs; the backend choosing it only where the device lists shapes and ZYX_VK_COOPMAT is
 not 0 (on any Vulkan device, lavapipe included, with the shapes claimed).
 
+On lavapipe (or any Vulkan device), with the shapes claimed and the three cooperative
+operations emulated by plain SPIR-V (`EmulatedWriter`: each invocation of a subgroup
+computes its elements of a fragment from the staged tiles as the specification defines
+a load's layout and stride), the rest of the kernel as written for a GPU (copies,
+staging, layouts, prefetch, block totals, the scratch and the epilogue) runs against
+numpy.
+
 On a Vulkan device that offers VK_KHR_cooperative_matrix (skipped, with the reason,
 everywhere else, lavapipe included): the same products against numpy and against the
 float tiles (ZYX_VK_COOPMAT=0), every module checked by spirv-val as it is compiled.
@@ -277,6 +284,202 @@ def test_the_backend_takes_coopmat_only_with_shapes_and_not_switched_off(vk_devi
     monkeypatch.delenv(coopmat.COOPMAT_ENV)
     monkeypatch.setattr(info, "coop_shapes", ())
     assert strategy() == "gemm"
+
+
+# -- the kernel around emulated cooperative operations, on any Vulkan device ------------------
+
+class EmulatedWriter(coopmat.CoopWriter):
+    """CoopWriter with its cooperative matrices emulated: invocation `lane` of a
+    subgroup of S holds elements lane, lane + S, ... (row-major) of each accumulator in
+    a Function array, multiplies them from the staged tiles read through the fragment's
+    pointer, layout and stride as SPV_KHR_cooperative_matrix defines them, and stores
+    them to the scratch itself. Everything else is the GPU kernel's."""
+
+    def matrix_types(self):
+        self.bits_t = self.m.type_int(16, False)
+        self.zero_c = self.const(self.p.dtype, 0.0)
+
+    def per_lane(self):
+        f = self.tile.frag
+        return f.m * f.n // self.tile.subgroup
+
+    def lane_arrays(self):
+        m = self.m
+        arr = m.type_array(self.acc_t, self.per_lane())
+        return [[m.function_variable(m.type_pointer("Function", arr))
+                 for _ in range(self.tile.fn)] for _ in range(self.tile.fm)]
+
+    def element(self, var, e):
+        return self.m.op("AccessChain", self.m.type_pointer("Function", self.acc_t), var, e)
+
+    def zero_fragments(self):
+        self.accs = self.lane_arrays()
+        self.totals = self.lane_arrays() if self.fold else None
+        for row in self.accs + (self.totals or []):
+            for var in row:
+                self.each_element(lambda e, idx, var=var: self.m.emit(
+                    "Store", self.element(var, e), self.zero_c))
+
+    def each_element(self, body):
+        """body(e, idx) in a loop over this invocation's elements e (u32) of a fragment,
+        idx = the element's row-major position in it."""
+        e = self.open_loop(self.c_u32(0), self.c_u32(self.per_lane()), self.c_u32(1),
+                           self.u32(), signed=False)
+        body(e, self.uop("IAdd", self.sub_lane, self.uk("IMul", e, self.tile.subgroup)))
+        self.close_loop()
+
+    def staged_value(self, st, base, major, minor):
+        """The float32 value of element (major, minor) of a fragment at `base` of a
+        staged tile whose layout makes `major` the strided axis."""
+        m = self.m
+        at = self.uop("IAdd", base, self.uop("IAdd", self.uk("IMul", major, st.stride), minor))
+        bits = m.op("UConvert", self.u32(),
+                    self.shared_load(self.bits_t, m.op("AccessChain", st.eptr, st.var, at)))
+        if self.p.narrow is zyx.bfloat16:
+            return m.op("Bitcast", self.acc_t, self.uk("ShiftLeftLogical", bits, 16))
+        return self.h2f(bits)
+
+    def multiply(self, q):
+        t, f = self.tile, self.tile.frag
+        for i in range(t.fm):
+            for j in range(t.fn):
+                a_base = self.staged_index(self.sa, self.c_u32(q),
+                                           self.uk("IAdd", self.wr0, i * f.m))
+                b_base = self.staged_index(self.sb, self.c_u32(q),
+                                           self.uk("IAdd", self.wc0, j * f.n))
+
+                def body(e, idx, i=i, j=j, a_base=a_base, b_base=b_base):
+                    m = self.m
+                    r, c = self.uk("UDiv", idx, f.n), self.uk("UMod", idx, f.n)
+                    ptr = self.element(self.accs[i][j], e)
+                    s = m.op("Load", self.acc_t, ptr)
+                    for kq in range(f.k):
+                        kc = self.c_u32(kq)
+                        # A (M x K): RowMajor rows at Stride, ColumnMajor columns
+                        av = self.staged_value(self.sa, a_base, *((r, kc) if self.sa.layout ==
+                                                                  coopmat.ROW_MAJOR else (kc, r)))
+                        # B (K x N)
+                        bv = self.staged_value(self.sb, b_base, *((kc, c) if self.sb.layout ==
+                                                                  coopmat.ROW_MAJOR else (c, kc)))
+                        s = m.op("FAdd", self.acc_t, s, m.op("FMul", self.acc_t, av, bv))
+                    m.emit("Store", ptr, s)
+                self.each_element(body)
+
+    def fold_fragments(self):
+        m = self.m
+        for arow, trow in zip(self.accs, self.totals):
+            for a, t in zip(arow, trow):
+                def body(e, idx, a=a, t=t):
+                    pa, pt = self.element(a, e), self.element(t, e)
+                    m.emit("Store", pt, m.op("FAdd", self.acc_t, m.op("Load", self.acc_t, pt),
+                                             m.op("Load", self.acc_t, pa)))
+                    m.emit("Store", pa, self.zero_c)
+                self.each_element(body)
+
+    def fragment_to_scratch(self, i, j, var, eptr, base):
+        m = self.m
+
+        def body(e, idx):
+            v = m.op("Load", self.acc_t, self.element(self.accs[i][j], e))
+            if self.fold:
+                v = m.op("FAdd", self.acc_t,
+                         m.op("Load", self.acc_t, self.element(self.totals[i][j], e)), v)
+            self.shared_store(m.op("AccessChain", eptr, var, self.uop("IAdd", base, idx)), v)
+        self.each_element(body)
+
+
+# 8x8x8 fragments (a shape no driver lists; the code is the same for any M, N, K): small
+# tiles with few copies per invocation, since llvmpipe's compile time grows fast with the
+# module (a 32x32x16 tile of 16x16x16 fragments in 32 invocations took 70 s to compile)
+EMULATED_F16 = F16_SHAPE._replace(m=8, n=8, k=8)
+EMULATED_BF16 = BF16_SHAPE._replace(m=8, n=8, k=8)
+
+
+@pytest.fixture
+def emulated(vk_device, monkeypatch):
+    """Runs `fn()` on the Vulkan device with the strategy on (the device's info claims
+    float16 and bfloat16 8x8x8 shapes, the float tiles are on as on a GPU) and its
+    cooperative operations emulated, under ZYX_VK_COOPMAT_TILE=`tile`; gives (fn's
+    result, the strategies of the programs compiled)."""
+    from zyx.codegen.spirv import gemm as spirv_gemm
+    info = vk_device.info()
+    monkeypatch.setenv("ZYX_VK_GEMM", "1")
+    monkeypatch.delenv(coopmat.COOPMAT_ENV, raising=False)
+    monkeypatch.setattr(info, "coop_shapes", (EMULATED_F16, EMULATED_BF16))
+    monkeypatch.setattr(info, "own_tiles",
+                        coopmat.own_tiles(info, spirv_gemm.own_tiles(info)))
+    monkeypatch.setattr(coopmat, "CoopWriter", EmulatedWriter)
+
+    def run(tile, fn):
+        monkeypatch.setenv(coopmat.TILE_ENV, tile)
+        zyx._RT.plans.clear()
+        vk_device._programs.clear()
+        out = fn()
+        return out, [p.launches[0].strategy for p in vk_device._programs.values()]
+    yield run
+    zyx._RT.plans.clear()
+    vk_device._programs.clear()
+
+
+def _plain(x, d=zyx.float16):
+    """A realized tensor of dtype d (its products read the 16-bit words as they are)."""
+    return zyx.tensor(x).cast(d).realize()
+
+
+@pytest.mark.parametrize("tile,m,k,n,prefetch", [
+    ("16x16x8:2x2", 16, 16, 16, "1"),
+    ("16x16x8:2x2", 100, 37, 70, "1"),        # ragged rows, cols and K
+    ("16x16x8:2x2", 100, 37, 70, "0"),
+    ("32x32x16:4x4", 33, 8, 17, "1"),         # a K step past the whole K
+    ("32x32x8:2x2", 40, 24, 50, "1"),         # 2 x 2 fragments per subgroup
+])
+def test_emulated_matmul(emulated, monkeypatch, tile, m, k, n, prefetch):
+    monkeypatch.setenv("ZYX_VK_GEMM_PREFETCH", prefetch)
+    rng = np.random.default_rng(m + k + n)
+    a, b = _operands(rng, zyx.float16, (m, k), (k, n))
+    got, ran = emulated(tile, lambda: (_plain(a) @ _plain(b)).cast(zyx.float32).numpy())
+    assert "coopmat" in ran, ran
+    _check(got, a.astype(np.float64) @ b, zyx.float16)
+
+
+def test_emulated_layouts_batched_epilogue_totals_bfloat16(emulated):
+    rng = np.random.default_rng(7)
+    h = zyx.float16
+    a, b, c = _operands(rng, h, (3, 20, 24), (3, 24, 30), (30,))
+    at, bt = np.ascontiguousarray(a[0].T), np.ascontiguousarray(b[0].T)
+    la, lb = _operands(rng, h, (17, 9000), (9000, 18))
+    ba, bb = _operands(rng, zyx.bfloat16, (20, 33), (33, 18))
+    f64 = a.astype(np.float64)
+    z = _plain
+    cases = [
+        ("batched", lambda: z(a) @ z(b), f64 @ b, h),
+        ("bias relu", lambda: (z(a) @ z(b) + z(c)).relu(), np.maximum(f64 @ b + c, 0), h),
+        ("a @ b.T", lambda: z(a[0]) @ z(bt).T, f64[0] @ b[0], h),
+        ("a.T @ b", lambda: z(at).T @ z(b[0]), f64[0] @ b[0], h),
+        ("a.T @ b.T", lambda: z(at).T @ z(bt).T, f64[0] @ b[0], h),
+        ("cast in the kernel", lambda: zyx.tensor(a[1]).cast(h) @ z(b[1]), f64[1] @ b[1], h),
+        ("block totals", lambda: z(la) @ z(lb), la.astype(np.float64) @ lb, h),
+        ("bfloat16", lambda: z(ba, zyx.bfloat16) @ z(bb, zyx.bfloat16),
+         ba.astype(np.float64) @ bb, zyx.bfloat16),
+    ]
+    for name, fn, ref, d in cases:
+        got, ran = emulated("16x16x8:2x2", lambda: fn().cast(zyx.float32).numpy())
+        assert "coopmat" in ran, (name, ran)
+        _check(got, ref, d)
+
+
+def test_emulated_conv2d(emulated):
+    import zyx.nn.functional as F
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    x, w = _operands(rng, zyx.float16, (2, 8, 9, 9), (16, 8, 3, 3))
+    ref = torch.nn.functional.conv2d(torch.tensor(x, dtype=torch.float64),
+                                     torch.tensor(w, dtype=torch.float64), padding=1,
+                                     stride=2).numpy()
+    got, ran = emulated("16x16x8:2x2", lambda: F.conv2d(
+        _plain(x), _plain(w), padding=1, stride=2).cast(zyx.float32).numpy())
+    assert "coopmat" in ran, ran
+    _check(got, ref, zyx.float16)
 
 
 # -- on a device with cooperative matrices ----------------------------------------------------
