@@ -95,8 +95,20 @@ def check(got, ref, dtype):
     return f"{'ok' if err < 4 * ulp else 'MISMATCH'} {err:.1e}"
 
 
+def strategy_label(program, info):
+    """A compiled program's strategy, with its tile where it is the coopmat one."""
+    from zyx.codegen.spirv import coopmat
+    strategy = program.launches[0].strategy
+    if strategy == "coopmat":
+        got = coopmat.choose(program.kernel.ops, info)
+        if got is not None:
+            return f"coopmat {got[1].label()}"
+    return strategy
+
+
 def run_case(zyx, torch, dev, name, n, dtype, variants, t_torch):
     """The rows of one product: n x n times n x n in `dtype`, each variant."""
+    info = dev.info()
     rng = np.random.default_rng(n)
     host = [rng.standard_normal((n, n), dtype=np.float32) for _ in range(2)]
     a, b = (zyx.tensor(x, device=name).cast(dtype).realize() for x in host)
@@ -115,7 +127,7 @@ def run_case(zyx, torch, dev, name, n, dtype, variants, t_torch):
         try:
             use(zyx, dev, variant)
             got = (a @ b).cast(zyx.float32).numpy()[:rows]
-            strategies = ",".join(sorted({p.launches[0].strategy
+            strategies = ",".join(sorted({strategy_label(p, info)
                                           for p in dev._programs.values()}))
             verdict = check(got, ref, dtype)
             t = median_seconds(lambda: (a @ b).realize(), lambda: zyx.synchronize(name))
