@@ -15,7 +15,8 @@ round). A size or variant that fails prints its error in its row and the run goe
 
 Variants: "default" (the strategy's own tile), "off" (ZYX_VK_COOPMAT=0: the float tiles,
 the figure before), or a tile for ZYX_VK_COOPMAT_TILE (BMxBNxBK or BMxBNxBK:WMxWN, e.g.
-128x128x32:2x4), optionally followed by ",noprefetch" (ZYX_VK_GEMM_PREFETCH=0). Default
+128x128x32:2x4), optionally followed by ",noprefetch" (ZYX_VK_GEMM_PREFETCH=0) and/or
+",novector" (ZYX_VK_COOPMAT_VECTOR=0: operands copied value by value). Default
 variants: "default" and "off"; SWEEP (below) with the single argument "sweep".
 ZYX_COOPMAT_SIZES (default 1024,2048,4096) and ZYX_COOPMAT_DTYPES (default
 float16,bfloat16; bfloat16 rows run where the device lists a bfloat16 shape) choose the
@@ -39,9 +40,10 @@ REPS = 5
 ROUNDS = 15
 SWEEP = ["default", "off", "128x128x32", "128x128x16", "128x128x64", "128x64x32",
          "64x128x32", "64x64x32", "128x128x32:4x2", "128x128x32:2x2", "128x256x32:2x4",
-         "256x128x32:4x2", "128x128x32,noprefetch"]
+         "256x128x32:4x2", "128x128x32,noprefetch", "128x128x32,novector"]
 CHECK_ROWS = 64          # rows numpy checks where torch has no CUDA
-ENVS = ("ZYX_VK_COOPMAT", "ZYX_VK_COOPMAT_TILE", "ZYX_VK_GEMM_PREFETCH")
+ENVS = ("ZYX_VK_COOPMAT", "ZYX_VK_COOPMAT_TILE", "ZYX_VK_GEMM_PREFETCH",
+        "ZYX_VK_COOPMAT_VECTOR")
 
 
 def median_seconds(step, sync):
@@ -73,17 +75,20 @@ def cuda_torch():
 
 def use(zyx, dev, variant):
     """Set the environment for `variant` and drop compiled plans and programs."""
-    spec, _, extra = variant.partition(",")
+    spec, *extras = variant.split(",")
     for env in ENVS:
         os.environ.pop(env, None)
     if spec == "off":
         os.environ["ZYX_VK_COOPMAT"] = "0"
     elif spec != "default":
         os.environ["ZYX_VK_COOPMAT_TILE"] = spec
-    if extra == "noprefetch":
-        os.environ["ZYX_VK_GEMM_PREFETCH"] = "0"
-    elif extra:
-        raise ValueError(f"unknown variant suffix {extra!r} (only ',noprefetch')")
+    for extra in extras:
+        if extra == "noprefetch":
+            os.environ["ZYX_VK_GEMM_PREFETCH"] = "0"
+        elif extra == "novector":
+            os.environ["ZYX_VK_COOPMAT_VECTOR"] = "0"
+        else:
+            raise ValueError(f"unknown variant suffix {extra!r} (',noprefetch', ',novector')")
     zyx._RT.plans.clear()
     dev._programs.clear()
 

@@ -227,6 +227,28 @@ def test_choice_needs_shapes_16bit_operands_and_the_switches(monkeypatch):
     assert coopmat.choose(k16.ops, info) is None
 
 
+def test_vector_copies_where_the_operand_allows(monkeypatch):
+    """Operands read 16 bytes at a time: plain loads stepping by 1 along the copy's fast
+    direction, whose length there is a multiple of 8 (K for `a`, N for `b` of a @ b)."""
+    monkeypatch.delenv(coopmat.TILE_ENV, raising=False)
+    rng = np.random.default_rng(9)
+
+    def f(*shape):
+        return zyx.tensor(rng.standard_normal(shape).astype(np.float16))
+
+    def units(t):
+        (k, p), = gemm_kernels(t)
+        w = coopmat.CoopWriter(k, *coopmat.choose(k.ops, nvidia_info()), True, ())
+        w.write()
+        return w.sa.unit, w.sb.unit
+    assert units(f(64, 64) @ f(64, 128)) == (8, 8)
+    assert units(f(64, 37) @ f(37, 128)) == (1, 8)          # K = 37
+    assert units(f(64, 64) @ f(64, 70)) == (8, 1)           # N = 70
+    assert units(f(64, 64) @ f(128, 64).T) == (8, 8)        # both along K
+    monkeypatch.setenv(coopmat.VECTOR_ENV, "0")
+    assert units(f(64, 64) @ f(64, 128)) == (1, 1)
+
+
 def test_device_shapes_and_what_is_usable():
     from zyx.backends import vulkan_coopmat as vc
     assert vc.usable(F16_SHAPE) and vc.usable(BF16_SHAPE)
@@ -333,8 +355,16 @@ class EmulatedWriter(coopmat.CoopWriter):
         staged tile whose layout makes `major` the strided axis."""
         m = self.m
         at = self.uop("IAdd", base, self.uop("IAdd", self.uk("IMul", major, st.stride), minor))
-        bits = m.op("UConvert", self.u32(),
-                    self.shared_load(self.bits_t, m.op("AccessChain", st.eptr, st.var, at)))
+        if st.unit == 1:
+            bits = m.op("UConvert", self.u32(),
+                        self.shared_load(self.bits_t, m.op("AccessChain", st.eptr, st.var, at)))
+        else:       # a tile of uvec4s: word (at / 2) % 4 of vector at / 8, half at % 2
+            word = m.op("AccessChain", m.type_pointer("Workgroup", self.u32()), st.var,
+                        self.uk("UDiv", at, st.unit), self.uk("UMod", self.uk("UDiv", at, 2), 4))
+            shift = self.uk("IMul", self.uk("UMod", at, 2), 16)
+            bits = self.uk("BitwiseAnd", self.uop("ShiftRightLogical",
+                                                  self.shared_load(self.u32(), word), shift),
+                           0xFFFF)
         if self.p.narrow is zyx.bfloat16:
             return m.op("Bitcast", self.acc_t, self.uk("ShiftLeftLogical", bits, 16))
         return self.h2f(bits)
@@ -448,7 +478,8 @@ def test_emulated_layouts_batched_epilogue_totals_bfloat16(emulated):
     a, b, c = _operands(rng, h, (3, 20, 24), (3, 24, 30), (30,))
     at, bt = np.ascontiguousarray(a[0].T), np.ascontiguousarray(b[0].T)
     la, lb = _operands(rng, h, (17, 9000), (9000, 18))
-    ba, bb = _operands(rng, zyx.bfloat16, (20, 33), (33, 18))
+    ba, bb = _operands(rng, zyx.bfloat16, (20, 32), (32, 16))
+    wide, = _operands(rng, h, (20, 25))
     f64 = a.astype(np.float64)
     z = _plain
     cases = [
@@ -459,6 +490,9 @@ def test_emulated_layouts_batched_epilogue_totals_bfloat16(emulated):
         ("a.T @ b.T", lambda: z(at).T @ z(bt).T, f64[0] @ b[0], h),
         ("cast in the kernel", lambda: zyx.tensor(a[1]).cast(h) @ z(b[1]), f64[1] @ b[1], h),
         ("block totals", lambda: z(la) @ z(lb), la.astype(np.float64) @ lb, h),
+        # vectors of 8 along K at offsets 1 + 25 r: read value by value
+        ("offset view", lambda: z(wide)[:, 1:25] @ z(b[0]), wide[:, 1:25].astype(np.float64)
+         @ b[0], h),
         ("bfloat16", lambda: z(ba, zyx.bfloat16) @ z(bb, zyx.bfloat16),
          ba.astype(np.float64) @ bb, zyx.bfloat16),
     ]

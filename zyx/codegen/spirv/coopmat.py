@@ -19,6 +19,12 @@ multiplies them:
   operand is contiguous along K (`a_kfast`/`b_kfast`: MatrixA RowMajor, MatrixB
   ColumnMajor), else rows of its own side (ColumnMajor / RowMajor), each row padded by
   PAD elements (16 bytes) against bank conflicts;
+- a plain load stepping by 1 along the copy's fast direction, whose length there is a
+  multiple of 8 (`gpu.gemm.vector_lanes`: K of a row-major `a`, N of a row-major `b`),
+  is copied 8 values at a time: one 16-byte load through a uvec4 view of its binding
+  (value by value where its index is not a multiple of 8: a view with an offset) and one
+  16-byte store into a tile of uvec4s, which the cooperative loads read with the Stride
+  in uvec4s (the pointer's type may differ from the matrix's components);
 - the group's WM x WN subgroups (`SubgroupId`, the implementation's numbering) each own
   FM x FN fragments of the tile and, per fragment-K of the step, load FM A and FN B
   fragments with OpCooperativeMatrixLoadKHR (Stride in elements of the pointee type,
@@ -45,7 +51,8 @@ Knobs (read at each compile): ZYX_VK_COOPMAT=0 turns the strategy off (the float
 take these products again; read at device start too: the extension is then not
 enabled); ZYX_VK_COOPMAT_TILE=BMxBNxBK[:WMxWN] forces a tile (BM, BN multiples of the
 fragment's sides times the subgroups along them, BK of the fragment's K) and optionally
-the subgroup grid; the float tiles' ZYX_VK_GEMM=0 turns this strategy off too, and their
+the subgroup grid; ZYX_VK_COOPMAT_VECTOR=0 copies every operand value by value; the
+float tiles' ZYX_VK_GEMM=0 turns this strategy off too, and their
 ZYX_VK_GEMM_PREFETCH=0 copies each step's values at its start.
 """
 from __future__ import annotations
@@ -62,6 +69,8 @@ from .writer import SpirvKernel, uses_dtypes
 
 COOPMAT_ENV = "ZYX_VK_COOPMAT"
 TILE_ENV = "ZYX_VK_COOPMAT_TILE"
+VECTOR_ENV = "ZYX_VK_COOPMAT_VECTOR"
+VECTOR = G.VEC_BYTES // 2     # 16-bit values per 16-byte copy (one uvec4)
 PAD = 8                 # 16-bit elements after each staged row (16 bytes)
 # (rows, cols, K step) per group, tried largest first (as gpu.gemm.TILES)
 TILES = ((128, 128, 32), (128, 64, 32), (64, 128, 32), (64, 64, 32), (64, 32, 32),
@@ -286,12 +295,15 @@ def write_coopmat(kernel, p, tile, fp64=True, float_controls=()):
 
 class Staged(NamedTuple):
     """One operand's tile in workgroup memory: the variable, its element pointer type,
-    the row stride (elements), whether rows run along K, the cooperative load layout."""
+    the row stride (16-bit values), whether rows run along K, the cooperative load
+    layout, and `unit`, the 16-bit values per array element (1: u16 words; VECTOR:
+    uvec4s, where the operand is copied 16 bytes at a time)."""
     var: int
     eptr: int
     stride: int
     kfast: bool
     layout: int
+    unit: int
 
 
 class CoopWriter(spirv_gemm.GemmWriter):
@@ -332,11 +344,28 @@ class CoopWriter(spirv_gemm.GemmWriter):
         p, t = self.p, self.tile
         kfast = p.a_kfast if side == "a" else p.b_kfast
         length = t.bm if side == "a" else t.bn
-        var, eptr = self.workgroup_array(self.bits_t, staged_words(p, side, t))
+        unit = self.vector_width(side)
+        elem = self.uvec4_t if unit > 1 else self.bits_t
+        var, eptr = self.workgroup_array(elem, staged_words(p, side, t) // unit)
         # A's rows along K are row-major; B's (K x N) along K are its columns
         layout = (ROW_MAJOR if kfast else COLUMN_MAJOR) if side == "a" else \
             (COLUMN_MAJOR if kfast else ROW_MAJOR)
-        return Staged(var, eptr, t.bk + PAD if kfast else length + PAD, kfast, layout)
+        return Staged(var, eptr, t.bk + PAD if kfast else length + PAD, kfast, layout, unit)
+
+    def vector_width(self, side):
+        """16-bit values per copy of one operand: VECTOR where it is a plain unguarded
+        load that steps by 1 along the copy's fast direction, whose length there is a
+        multiple of VECTOR (`gpu.gemm.vector_lanes`), and the staged rows hold whole
+        vectors; else 1. ZYX_VK_COOPMAT_VECTOR=0: always 1."""
+        if os.environ.get(VECTOR_ENV, "1").strip() == "0":
+            return 1
+        p, t = self.p, self.tile
+        kfast = p.a_kfast if side == "a" else p.b_kfast
+        length = t.bm if side == "a" else t.bn
+        val = p.a if side == "a" else p.b
+        if not self.plain_load(val) or p.masks or (t.bk if kfast else length) % VECTOR:
+            return 1
+        return VECTOR if G.vector_lanes(self.ops, p, side, kfast, p.narrow) == VECTOR else 1
 
     def staged_index(self, st, kk, mm):
         """u32 index of K offset kk and row/col offset mm (u32 ids) in a staged tile."""
@@ -416,14 +445,127 @@ class CoopWriter(spirv_gemm.GemmWriter):
             out.append(self.guarded(cond, compute, self.bits_t, zero))
         return out
 
+    # -- copies 16 bytes at a time --------------------------------------------------------
+    def vector_slots(self, side):
+        """`GemmWriter.slots` for a side copied in vectors: (slot, flat copy index e, K
+        offset kk, row/col offset mm, ragged), each slot VECTOR values along the fast
+        direction from (kk, mm)."""
+        length = self.br if side == "a" else self.bc
+        kfast = self.p.a_kfast if side == "a" else self.p.b_kfast
+        per = length * self.bk // VECTOR
+        fast = (self.bk if kfast else length) // VECTOR
+        out = []
+        for s in range(-(-per // self.threads)):
+            e = self.uk("IAdd", self.tid, s * self.threads) if s else self.tid
+            f = self.uk("IMul", self.uk("UMod", e, fast), VECTOR)
+            sl = self.uk("UDiv", e, fast)
+            kk, mm = (f, sl) if kfast else (sl, f)
+            out.append((s, e, kk, mm, per % self.threads != 0))
+        return out
+
+    def word_view(self, define):
+        """(variable, element pointer type) of a global buffer viewed as uvec4s: a
+        second variable on the same binding."""
+        key = ("uvec4", define)
+        got = self.vviews.get(key)
+        if got is None:
+            m = self.m
+            argno = self.ops[define][3]
+            read_only = self.k.args[argno][2]
+            st = m.storage_buffer_struct(self.uvec4_t, 16, key)
+            if read_only:
+                m.member_decorate(st, 0, "NonWritable")
+            var = m.global_variable(m.type_pointer("StorageBuffer", st), "StorageBuffer")
+            m.decorate(var, "DescriptorSet", 0)
+            m.decorate(var, "Binding", argno)
+            got = self.vviews[key] = (var, m.type_pointer("StorageBuffer", self.uvec4_t))
+        return got
+
+    def vector_bits(self, val):
+        """The VECTOR 16-bit values from load `val`'s index on (a uvec4, the first value
+        in the low half of word 0): one 16-byte load where the index is a multiple of
+        VECTOR (the view's elements), else VECTOR loads of one value (a view with an
+        offset)."""
+        m = self.m
+        op = self.ops[val]
+        self.values([op[3]])
+        idx, it = self.index_of(op[3])
+        bits = 32 if it == self.i32() else 64
+        out = m.function_variable(m.type_pointer("Function", self.uvec4_t))
+        aligned = m.op("IEqual", self.boolt(),
+                       m.op("BitwiseAnd", it, idx, m.const(it, VECTOR - 1, bits)),
+                       m.const(it, 0, bits))
+        self.open_if(aligned)
+        var, eptr = self.word_view(op[2])
+        at = m.op("ShiftRightLogical", it, idx, m.const(it, VECTOR.bit_length() - 1, bits))
+        m.emit("Store", out, m.op("Load", self.uvec4_t,
+                                  m.op("AccessChain", eptr, var, self.c_u32(0), at)))
+        self.close_if()
+        self.open_if(m.op("LogicalNot", self.boolt(), aligned))
+        var, eptr, sd = self.bufs[op[2]]
+        halves = []
+        for j in range(VECTOR):
+            at = m.op("IAdd", it, idx, m.const(it, j, bits)) if j else idx
+            h = m.op("Load", self.stype(sd), m.op("AccessChain", eptr, var, self.c_u32(0), at))
+            halves.append(m.op("UConvert", self.u32(), h))
+        words = [self.uop("BitwiseOr", lo, self.uk("ShiftLeftLogical", hi, 16))
+                 for lo, hi in zip(halves[::2], halves[1::2])]
+        m.emit("Store", out, m.op("CompositeConstruct", self.uvec4_t, *words))
+        self.close_if()
+        return m.op("Load", self.uvec4_t, out)
+
+    def copy_vectors(self, side, slots, k0):
+        """This invocation's uvec4s of one operand tile at K origin k0 (0 past the ends:
+        a vector is wholly inside or outside, `vector_width`)."""
+        p = self.p
+        ids, extent = (p.rows, p.nr) if side == "a" else (p.cols, p.nc)
+        origin = self.r0 if side == "a" else self.c0
+        length = self.br if side == "a" else self.bc
+        val = p.a if side == "a" else p.b
+        zero = self.m.const_composite(self.uvec4_t, [self.c_u32(0)] * 4)
+        out = []
+        for s, e, kk, mm, ragged in slots:
+            pos = self.uop("IAdd", origin, mm)
+            kpos = self.uop("IAdd", k0, kk)
+            cond = self.m.op("LogicalAnd", self.boolt(), self.ult(pos, extent),
+                             self.ult(kpos, p.nk))
+            if ragged:
+                cond = self.m.op("LogicalAnd", self.boolt(), cond,
+                                 self.ult(e, length * self.bk // VECTOR))
+
+            def compute(pos=pos, kpos=kpos):
+                self.decode(ids, pos)
+                self.decode(p.loops, kpos)
+                return self.vector_bits(val)
+            out.append(self.guarded(cond, compute, self.uvec4_t, zero))
+        return out
+
+    # -- either way ------------------------------------------------------------------------
+    def side_slots(self, side):
+        st = self.sa if side == "a" else self.sb
+        return self.vector_slots(side) if st.unit > 1 else self.slots(side)
+
+    def side_type(self, side):
+        """The type of one copied value of a side (u16, or uvec4 for vectors)."""
+        st = self.sa if side == "a" else self.sb
+        return self.uvec4_t if st.unit > 1 else self.bits_t
+
+    def copy_side(self, side, slots, k0):
+        st = self.sa if side == "a" else self.sb
+        if st.unit > 1:
+            return self.copy_vectors(side, slots, k0)
+        return self.copy_bits(side, slots, k0)
+
     def stage(self, side, slots, vals):
-        """Store this invocation's copied words into the side's staged tile."""
+        """Store this invocation's copied values into the side's staged tile."""
         st = self.sa if side == "a" else self.sb
         length = self.br if side == "a" else self.bc
         for (s, e, kk, mm, ragged), v in zip(slots, vals):
             if ragged:
-                self.open_if(self.ult(e, length * self.bk))
+                self.open_if(self.ult(e, length * self.bk // st.unit))
             at = self.staged_index(st, kk, mm)
+            if st.unit > 1:
+                at = self.uk("UDiv", at, st.unit)
             self.shared_store(self.m.op("AccessChain", st.eptr, st.var, at), v)
             if ragged:
                 self.close_if()
@@ -435,9 +577,13 @@ class CoopWriter(spirv_gemm.GemmWriter):
         m = self.m
         q = self.c_u32(q)
         at = self.staged_index(st, q, pos)
+        if st.unit > 1:
+            at = self.uk("UDiv", at, st.unit)
         ptr = m.op("AccessChain", st.eptr, st.var, at)
+        # (Stride counts elements of the pointer's type: uvec4s of a vector-copied side)
         return m.op("CooperativeMatrixLoadKHR", t, ptr, self.c_u32(st.layout),
-                    self.c_u32(st.stride), SHARED_LOAD, self.c_u32(B.SCOPE_WORKGROUP))
+                    self.c_u32(st.stride // st.unit), SHARED_LOAD,
+                    self.c_u32(B.SCOPE_WORKGROUP))
 
     def products(self):
         """Every fragment-K of the step multiplied into the accumulators."""
@@ -491,28 +637,28 @@ class CoopWriter(spirv_gemm.GemmWriter):
     def k_loop(self):
         m = self.m
         bk = self.bk
-        sides = [(side, self.slots(side)) for side in ("a", "b")]
+        sides = [(side, self.side_slots(side)) for side in ("a", "b")]
         held = None
         if self.prefetch:
             # the next step's words carried over the loop's back edge
-            ptr = m.type_pointer("Function", self.bits_t)
-            held = {side: [m.function_variable(ptr) for _ in slots] for side, slots in sides}
+            held = {side: [m.function_variable(m.type_pointer("Function", self.side_type(side)))
+                           for _ in slots] for side, slots in sides}
             for side, slots in sides:
-                for var, v in zip(held[side], self.copy_bits(side, slots, self.c_u32(0))):
+                for var, v in zip(held[side], self.copy_side(side, slots, self.c_u32(0))):
                     m.emit("Store", var, v)
         k0 = self.open_loop(self.c_u32(0), self.c_u32(self.p.nk), self.c_u32(bk), self.u32(),
                             signed=False)
         for side, slots in sides:
             if held:
-                vals = [m.op("Load", self.bits_t, var) for var in held[side]]
+                vals = [m.op("Load", self.side_type(side), var) for var in held[side]]
             else:
-                vals = self.copy_bits(side, slots, k0)
+                vals = self.copy_side(side, slots, k0)
             self.stage(side, slots, vals)
         self.barrier()
         if held:
             nxt = self.uk("IAdd", k0, bk)
             for side, slots in sides:
-                for var, v in zip(held[side], self.copy_bits(side, slots, nxt)):
+                for var, v in zip(held[side], self.copy_side(side, slots, nxt)):
                     m.emit("Store", var, v)
         self.products()
         self.barrier()
@@ -569,6 +715,7 @@ class CoopWriter(spirv_gemm.GemmWriter):
         self.acc_t = self.rtype(p.dtype)
         self.tile_t = self.rtype(self.mul_dtype)
         self.zero_tile = self.const(self.mul_dtype, 0.0)
+        self.uvec4_t = m.type_vector(self.u32(), 4)
         self.matrix_types()
         self.sa, self.sb = self.staged("a"), self.staged("b")
         m.capability("GroupNonUniform")        # SubgroupId, SubgroupLocalInvocationId
