@@ -16,7 +16,9 @@ round). A size or variant that fails prints its error in its row and the run goe
 Variants: "default" (the strategy's own tile), "off" (ZYX_VK_COOPMAT=0: the float tiles,
 the figure before), or a tile for ZYX_VK_COOPMAT_TILE (BMxBNxBK or BMxBNxBK:WMxWN, e.g.
 128x128x32:2x4), optionally followed by ",noprefetch" (ZYX_VK_GEMM_PREFETCH=0) and/or
-",novector" (ZYX_VK_COOPMAT_VECTOR=0: operands copied value by value). Default
+",novector" (ZYX_VK_COOPMAT_VECTOR=0: operands copied value by value) and/or ",single"
+(ZYX_VK_COOPMAT_DOUBLE=0: one staged copy of the operand tiles, two barriers a step;
+rows otherwise say "double" where two copies fit). Default
 variants: "default" and "off"; SWEEP (below) with the single argument "sweep".
 ZYX_COOPMAT_SIZES (default 1024,2048,4096) and ZYX_COOPMAT_DTYPES (default
 float16,bfloat16; bfloat16 rows run where the device lists a bfloat16 shape) choose the
@@ -40,10 +42,10 @@ REPS = 5
 ROUNDS = 15
 SWEEP = ["default", "off", "128x128x32", "128x128x16", "128x128x64", "128x64x32",
          "64x128x32", "64x64x32", "128x128x32:4x2", "128x128x32:2x2", "128x256x32:2x4",
-         "256x128x32:4x2", "128x128x32,noprefetch", "128x128x32,novector"]
+         "256x128x32:4x2", "128x128x32,noprefetch", "128x128x32,novector", "128x128x32,single"]
 CHECK_ROWS = 64          # rows numpy checks where torch has no CUDA
 ENVS = ("ZYX_VK_COOPMAT", "ZYX_VK_COOPMAT_TILE", "ZYX_VK_GEMM_PREFETCH",
-        "ZYX_VK_COOPMAT_VECTOR")
+        "ZYX_VK_COOPMAT_VECTOR", "ZYX_VK_COOPMAT_DOUBLE")
 
 
 def median_seconds(step, sync):
@@ -87,8 +89,11 @@ def use(zyx, dev, variant):
             os.environ["ZYX_VK_GEMM_PREFETCH"] = "0"
         elif extra == "novector":
             os.environ["ZYX_VK_COOPMAT_VECTOR"] = "0"
+        elif extra == "single":
+            os.environ["ZYX_VK_COOPMAT_DOUBLE"] = "0"
         else:
-            raise ValueError(f"unknown variant suffix {extra!r} (',noprefetch', ',novector')")
+            raise ValueError(f"unknown variant suffix {extra!r} (',noprefetch', ',novector', "
+                             f"',single')")
     zyx._RT.plans.clear()
     dev._programs.clear()
 
@@ -107,7 +112,7 @@ def strategy_label(program, info):
     if strategy == "coopmat":
         got = coopmat.choose(program.kernel.ops, info)
         if got is not None:
-            return f"coopmat {got[1].label()}"
+            return f"coopmat {got[1].label()}" + (" double" if got[1].buffers > 1 else "")
     return strategy
 
 

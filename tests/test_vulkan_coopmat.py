@@ -143,8 +143,11 @@ def test_modules_validate(tile, monkeypatch):
             _, ct = got
             if tile is not None:
                 assert ct.label().startswith(tile.split(":")[0]), (name, ct)
-            for prefetch in ("1", "0") if tile in (None, "32x32x16") else ("1",):
+            variants = (("1", 2), ("0", 2), ("1", 1)) if tile in (None, "32x32x16") else \
+                (("1", ct.buffers),)
+            for prefetch, copies in variants:
                 monkeypatch.setenv("ZYX_VK_GEMM_PREFETCH", prefetch)
+                ct.buffers = copies
                 sk = coopmat.write_coopmat(k, *got, float_controls=("nan32", "denorm32"))
                 assert sk.strategy == "coopmat" and sk.local_size == ct.local
                 assert sk.groups == p.nb * -(-p.nr // ct.bm) * -(-p.nc // ct.bn)
@@ -180,6 +183,14 @@ def test_choice_needs_shapes_16bit_operands_and_the_switches(monkeypatch):
     # the largest tile whose groups (here 64 of 128 x 128) cover the device's units
     assert (tile.bm, tile.bn, tile.bk, tile.wm, tile.wn) == (128, 128, 32, 2, 4)
     assert (tile.fm, tile.fn, tile.local) == (4, 2, 256) and tile.frag == F16_SHAPE
+    # two staged copies of the operand tiles fit in 48 KiB (46 KiB with the scratch)
+    assert tile.buffers == 2 and coopmat.local_bytes(p, tile, 2) == 46080
+    monkeypatch.setenv(coopmat.DOUBLE_ENV, "0")
+    assert coopmat.choose(k16.ops, info)[1].buffers == 1
+    monkeypatch.delenv(coopmat.DOUBLE_ENV)
+    small = DeviceInfo(max_local_threads=1024, num_cores=64, local_mem_size=32768,
+                       coop_shapes=NVIDIA_SHAPES, extra={"subgroup": SUBGROUP_32})
+    assert coopmat.choose(k16.ops, small)[1].buffers == 1
     assert coopmat.choose(k16.ops, nvidia_info(cores=128))[1].label() == "128x64x32:2x2"
     assert coopmat.choose(k32.ops, info) is None                    # float32 operands
     assert coopmat.choose(k16.ops, nvidia_info(())) is None          # no shapes
@@ -456,15 +467,17 @@ def _plain(x, d=zyx.float16):
     return zyx.tensor(x).cast(d).realize()
 
 
-@pytest.mark.parametrize("tile,m,k,n,prefetch", [
-    ("16x16x8:2x2", 16, 16, 16, "1"),
-    ("16x16x8:2x2", 100, 37, 70, "1"),        # ragged rows, cols and K
-    ("16x16x8:2x2", 100, 37, 70, "0"),
-    ("32x32x16:4x4", 33, 8, 17, "1"),         # a K step past the whole K
-    ("32x32x8:2x2", 40, 24, 50, "1"),         # 2 x 2 fragments per subgroup
+@pytest.mark.parametrize("tile,m,k,n,prefetch,double", [
+    ("16x16x8:2x2", 16, 16, 16, "1", "1"),
+    ("16x16x8:2x2", 100, 37, 70, "1", "1"),   # ragged rows, cols and K
+    ("16x16x8:2x2", 100, 37, 70, "0", "1"),
+    ("16x16x8:2x2", 100, 37, 70, "1", "0"),   # one staged copy, two barriers a step
+    ("32x32x16:4x4", 33, 8, 17, "1", "1"),    # a K step past the whole K
+    ("32x32x8:2x2", 40, 24, 50, "1", "1"),    # 2 x 2 fragments per subgroup
 ])
-def test_emulated_matmul(emulated, monkeypatch, tile, m, k, n, prefetch):
+def test_emulated_matmul(emulated, monkeypatch, tile, m, k, n, prefetch, double):
     monkeypatch.setenv("ZYX_VK_GEMM_PREFETCH", prefetch)
+    monkeypatch.setenv(coopmat.DOUBLE_ENV, double)
     rng = np.random.default_rng(m + k + n)
     a, b = _operands(rng, zyx.float16, (m, k), (k, n))
     got, ran = emulated(tile, lambda: (_plain(a) @ _plain(b)).cast(zyx.float32).numpy())

@@ -30,6 +30,8 @@ multiplies them:
   fragments with OpCooperativeMatrixLoadKHR (Stride in elements of the pointee type,
   here the 16-bit words) and multiply them into their float32 accumulators with
   OpCooperativeMatrixMulAddKHR;
+- two staged copies of each operand tile where workgroup memory holds them (steps
+  alternate: one barrier per step instead of two; ZYX_VK_COOPMAT_DOUBLE=0: one copy);
 - after the K loop each accumulator is stored (OpCooperativeMatrixStoreKHR, RowMajor)
   into the subgroup's own M x N float32 scratch; after a subgroup barrier every
   invocation of the subgroup runs the kernel's epilogue (bias, activation, cast) and the
@@ -51,7 +53,8 @@ Knobs (read at each compile): ZYX_VK_COOPMAT=0 turns the strategy off (the float
 take these products again; read at device start too: the extension is then not
 enabled); ZYX_VK_COOPMAT_TILE=BMxBNxBK[:WMxWN] forces a tile (BM, BN multiples of the
 fragment's sides times the subgroups along them, BK of the fragment's K) and optionally
-the subgroup grid; ZYX_VK_COOPMAT_VECTOR=0 copies every operand value by value; the
+the subgroup grid; ZYX_VK_COOPMAT_VECTOR=0 copies every operand value by value;
+ZYX_VK_COOPMAT_DOUBLE=0 stages one copy of the operand tiles (two barriers a step); the
 float tiles' ZYX_VK_GEMM=0 turns this strategy off too, and their
 ZYX_VK_GEMM_PREFETCH=0 copies each step's values at its start.
 """
@@ -70,6 +73,7 @@ from .writer import SpirvKernel, uses_dtypes
 COOPMAT_ENV = "ZYX_VK_COOPMAT"
 TILE_ENV = "ZYX_VK_COOPMAT_TILE"
 VECTOR_ENV = "ZYX_VK_COOPMAT_VECTOR"
+DOUBLE_ENV = "ZYX_VK_COOPMAT_DOUBLE"
 VECTOR = G.VEC_BYTES // 2     # 16-bit values per 16-byte copy (one uvec4)
 PAD = 8                 # 16-bit elements after each staged row (16 bytes)
 # (rows, cols, K step) per group, tried largest first (as gpu.gemm.TILES)
@@ -102,12 +106,13 @@ class CoopShape(NamedTuple):
 class CoopTile:
     """A group's tile: BM x BN outputs per K step of BK, WM x WN subgroups of `subgroup`
     invocations, each owning FM x FN fragments of shape `frag` (a CoopShape)."""
-    __slots__ = ("bm", "bn", "bk", "wm", "wn", "fm", "fn", "frag", "subgroup")
+    __slots__ = ("bm", "bn", "bk", "wm", "wn", "fm", "fn", "frag", "subgroup", "buffers")
 
     def __init__(self, bm, bn, bk, wm, wn, frag, subgroup):
         self.bm, self.bn, self.bk, self.wm, self.wn = bm, bn, bk, wm, wn
         self.fm, self.fn = bm // (wm * frag.m), bn // (wn * frag.n)
         self.frag, self.subgroup = frag, subgroup
+        self.buffers = 1        # staged copies of each operand tile (`choose` sets 2)
 
     @property
     def local(self):
@@ -124,7 +129,8 @@ class CoopTile:
 
     def __repr__(self):
         return f"CoopTile({self.label()}, fragments {self.fm}x{self.fn} of " \
-               f"{self.frag.m}x{self.frag.n}x{self.frag.k}, subgroup {self.subgroup})"
+               f"{self.frag.m}x{self.frag.n}x{self.frag.k}, subgroup {self.subgroup}, " \
+               f"{self.buffers} staged copies)"
 
 
 def enabled(info):
@@ -196,11 +202,20 @@ def staged_words(p, side, tile):
     return length * (tile.bk + PAD) if kfast else tile.bk * (length + PAD)
 
 
-def local_bytes(p, tile):
-    """Workgroup memory: both staged tiles (16-bit) and each subgroup's float32 scratch
-    of one fragment."""
+def local_bytes(p, tile, buffers=1):
+    """Workgroup memory: `buffers` copies of both staged tiles (16-bit) and each
+    subgroup's float32 scratch of one fragment."""
     scratch = tile.wm * tile.wn * tile.frag.m * tile.frag.n * 4
-    return 2 * (staged_words(p, "a", tile) + staged_words(p, "b", tile)) + scratch
+    return 2 * buffers * (staged_words(p, "a", tile) + staged_words(p, "b", tile)) + scratch
+
+
+def buffers(p, tile, info):
+    """Staged copies per operand tile: 2 (the K step after this one is staged while this
+    one is multiplied: one barrier per step instead of two) where they fit in the
+    device's workgroup memory, else 1; ZYX_VK_COOPMAT_DOUBLE=0: 1."""
+    if os.environ.get(DOUBLE_ENV, "1").strip() == "0" or not info.local_mem_size:
+        return 1
+    return 2 if local_bytes(p, tile, 2) <= info.local_mem_size else 1
 
 
 def fits(p, tile, info):
@@ -251,6 +266,7 @@ def choose(ops, info, schedule=None):
         tile = forced_tile(frag, sub) or choose_tile(p, info, frag, sub)
     if tile is None or not fits(p, tile, info):
         return None
+    tile.buffers = buffers(p, tile, info)
     return p, tile
 
 
@@ -304,6 +320,8 @@ class Staged(NamedTuple):
     kfast: bool
     layout: int
     unit: int
+    side: str
+    words: int      # 16-bit values per staged copy (the second copy starts there)
 
 
 class CoopWriter(spirv_gemm.GemmWriter):
@@ -346,11 +364,13 @@ class CoopWriter(spirv_gemm.GemmWriter):
         length = t.bm if side == "a" else t.bn
         unit = self.vector_width(side)
         elem = self.uvec4_t if unit > 1 else self.bits_t
-        var, eptr = self.workgroup_array(elem, staged_words(p, side, t) // unit)
+        words = staged_words(p, side, t)
+        var, eptr = self.workgroup_array(elem, words * t.buffers // unit)
         # A's rows along K are row-major; B's (K x N) along K are its columns
         layout = (ROW_MAJOR if kfast else COLUMN_MAJOR) if side == "a" else \
             (COLUMN_MAJOR if kfast else ROW_MAJOR)
-        return Staged(var, eptr, t.bk + PAD if kfast else length + PAD, kfast, layout, unit)
+        return Staged(var, eptr, t.bk + PAD if kfast else length + PAD, kfast, layout, unit,
+                      side, words)
 
     def vector_width(self, side):
         """16-bit values per copy of one operand: VECTOR where it is a plain unguarded
@@ -368,10 +388,15 @@ class CoopWriter(spirv_gemm.GemmWriter):
         return VECTOR if G.vector_lanes(self.ops, p, side, kfast, p.narrow) == VECTOR else 1
 
     def staged_index(self, st, kk, mm):
-        """u32 index of K offset kk and row/col offset mm (u32 ids) in a staged tile."""
+        """u32 index (16-bit values) of K offset kk and row/col offset mm (u32 ids) in
+        the staged copy of the K step being written or multiplied."""
         if st.kfast:
-            return self.uop("IAdd", self.uk("IMul", mm, st.stride), kk)
-        return self.uop("IAdd", self.uk("IMul", kk, st.stride), mm)
+            at = self.uop("IAdd", self.uk("IMul", mm, st.stride), kk)
+        else:
+            at = self.uop("IAdd", self.uk("IMul", kk, st.stride), mm)
+        if self.tile.buffers > 1:
+            at = self.uop("IAdd", at, self.copy_base[st.side])
+        return at
 
     def shared_store(self, ptr, v):
         self.m.emit("Store", ptr, v, SHARED_STORE, self.c_u32(B.SCOPE_WORKGROUP))
@@ -648,6 +673,13 @@ class CoopWriter(spirv_gemm.GemmWriter):
                     m.emit("Store", var, v)
         k0 = self.open_loop(self.c_u32(0), self.c_u32(self.p.nk), self.c_u32(bk), self.u32(),
                             signed=False)
+        if self.tile.buffers > 1:
+            # steps alternate between the two staged copies: step i writes the copy
+            # step i - 1 did not read; step i - 2 read it, and every invocation finished
+            # those reads before the barrier of step i - 1, which the writer has passed
+            parity = self.uk("BitwiseAnd", self.uk("UDiv", k0, bk), 1)
+            self.copy_base = {st.side: self.uk("IMul", parity, st.words)
+                              for st in (self.sa, self.sb)}
         for side, slots in sides:
             if held:
                 vals = [m.op("Load", self.side_type(side), var) for var in held[side]]
@@ -661,7 +693,8 @@ class CoopWriter(spirv_gemm.GemmWriter):
                 for var, v in zip(held[side], self.copy_side(side, slots, nxt)):
                     m.emit("Store", var, v)
         self.products()
-        self.barrier()
+        if self.tile.buffers == 1:
+            self.barrier()          # the staged tiles are read before the next step writes
         if self.fold:
             self.fold_totals(k0)
         self.close_loop()
