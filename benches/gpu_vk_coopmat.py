@@ -179,15 +179,16 @@ def main(argv):
     else:
         print("cooperative-matrix shapes: none (no VK_KHR_cooperative_matrix, or "
               "ZYX_VK_COOPMAT=0 at start): the rows show the float tiles")
-    print(f"torch: {'CUDA ' + torch.cuda.get_device_name() if torch else 'no CUDA (numpy check on the first rows)'}; "
-          f"median of {ROUNDS} rounds of {REPS} products")
+    where = f"CUDA {torch.cuda.get_device_name()}" if torch else \
+        "no CUDA (numpy checks the first rows)"
+    print(f"torch: {where}; median of {ROUNDS} rounds of {REPS} products")
     print()
     print("| n | dtype | variant | strategies | check | ms | TFLOP/s | torch ms | torch TFLOP/s "
           "| torch / zyx time |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for dtype in dtypes:
         if dtype == "bfloat16" and not any(s.a == "bfloat16" for s in shapes):
-            print(f"| | bfloat16 | | skipped: the device lists no bfloat16 shape | | | | | | |")
+            print("| | bfloat16 | | skipped: the device lists no bfloat16 shape | | | | | | |")
             continue
         for n in sizes:
             t_torch = None

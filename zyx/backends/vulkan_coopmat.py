@@ -27,7 +27,8 @@ COMPONENTS = {0: "float16", 1: "float32", 2: "float64", 3: "int8", 4: "int16", 5
               6: "int64", 7: "uint8", 8: "uint16", 9: "uint32", 10: "uint64",
               1000141000: "bfloat16"}
 SCOPES = {1: "device", 2: "workgroup", 3: "subgroup", 5: "queue_family"}
-BFLOAT16_FEATURES_STYPE = 1000141000   # VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR
+# VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_BFLOAT16_FEATURES_KHR
+BFLOAT16_FEATURES_STYPE = 1000141000
 # VkPhysicalDeviceShaderBfloat16FeaturesKHR, declared here: the `vulkan` package (headers
 # 1.3.275) does not know it
 BFLOAT16_FEATURES_CDEF = """

@@ -27,8 +27,8 @@ multiplies them:
   in uvec4s (the pointer's type may differ from the matrix's components);
 - the group's WM x WN subgroups (`SubgroupId`, the implementation's numbering) each own
   FM x FN fragments of the tile and, per fragment-K of the step, load FM A and FN B
-  fragments with OpCooperativeMatrixLoadKHR (Stride in elements of the pointee type,
-  here the 16-bit words) and multiply them into their float32 accumulators with
+  fragments with OpCooperativeMatrixLoadKHR (Stride in elements of the pointee type:
+  16-bit words, or uvec4s) and multiply them into their float32 accumulators with
   OpCooperativeMatrixMulAddKHR;
 - two staged copies of each operand tile where workgroup memory holds them (steps
   alternate: one barrier per step instead of two; ZYX_VK_COOPMAT_DOUBLE=0: one copy);
