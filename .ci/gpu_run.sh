@@ -34,6 +34,10 @@
 #   tune    benches/bench_tuning.py on CUDA: the MNIST convnet step with heuristic and with
 #           autotuned schedules, and the time the search took; then tests/test_tuning.py
 #   vkbench benches/bench_vk.py on cuda:0, vulkan:0 and wgpu:0 (issue 30's cases)
+#   coopmat tests/test_vulkan_coopmat.py on the GPU (VK_KHR_cooperative_matrix products
+#           against numpy and the float tiles), then benches/gpu_vk_coopmat.py: float16 and
+#           bfloat16 matmuls 1024-4096 beside torch (COOPMAT_VARIANTS: the script's
+#           variants, e.g. "sweep"; default "default off")
 #   suites  the whole suite with CUDA, Vulkan and WebGPU as the default device, the three
 #           at once (4 xdist workers each)
 #   recipes benches/bench_recipes.py on CUDA (issue 31's recipes, torch CUDA beside them:
@@ -112,6 +116,15 @@ EOF
         PYTHONPATH=$(cd "$BASE_TREE" && pwd):$PYTHONPATH $PY benches/report.py \
             benches/bench_gpu.py ${BENCH_K:+-k "$BENCH_K"} >"$OUT/bench-base.md" 2>"$OUT/bench-base.err"
         cat "$OUT/bench-base.md"
+        ;;
+    coopmat)
+        $PY -m pytest -q -p no:cacheprovider -rs tests/test_vulkan_coopmat.py \
+            >"$OUT/coopmat.log" 2>&1
+        summary "coopmat tests" "$OUT/coopmat.log"
+        grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/coopmat.log" | head -20
+        $PY benches/gpu_vk_coopmat.py vulkan:0 ${COOPMAT_VARIANTS:-} >"$OUT/coopmat.md" \
+            2>"$OUT/coopmat.err"
+        cat "$OUT/coopmat.md"; tail -5 "$OUT/coopmat.err"
         ;;
     gemm)
         $PY benches/gpu_gemm_sweep.py ${GEMM_VARIANTS:-} >"$OUT/gemm.txt" 2>&1

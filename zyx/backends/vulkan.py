@@ -43,10 +43,12 @@ from ..errors import AllocationError, BackendError, DeviceLimitError, DTypeError
 from ..codegen.target import DeviceInfo
 from ..codegen.gpu.dispatch import GPU_SUM_BLOCK, register_tiles, tile_min_outputs
 from ..codegen.gpu.analysis import output_size
+from ..codegen.spirv import coopmat as spirv_coopmat
 from ..codegen.spirv import gemm as spirv_gemm
 from ..codegen.spirv.strategy import candidates, choose, reduce_tuning, splits
 from ..codegen.spirv.writer import write_kernel, write_split
 from . import Buffer, MemoryPool, ProgramCache, device_ids
+from . import vulkan_coopmat
 from .binary_cache import BinaryCache, cache_key
 from .blocks import FreeBlocks, configured_limit, default_limit
 
@@ -257,7 +259,7 @@ class DescriptorSets:
 class VulkanContext:
     """A logical device: queue, command pool, batches, buffers and staging memory."""
 
-    def __init__(self, vk, physical, family, features, props, debug=0):
+    def __init__(self, vk, physical, family, features, props, debug=0, coop=None):
         self.vk = vk
         self.physical = physical
         self.family = family
@@ -266,7 +268,8 @@ class VulkanContext:
         self.submits = 0             # batches submitted (tests count them)
         self._seq = 0                # number of the batch being recorded
         self._done = 0               # every batch up to this number has completed
-        self.device = self._create_device(features)
+        self.device = self._create_device(features, coop)
+        self.coop = coop is not None     # cooperative matrices enabled (vulkan_coopmat)
         self.queue = vk.vkGetDeviceQueue(self.device, family, 0)
         self.cmd_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
@@ -284,10 +287,12 @@ class VulkanContext:
         self._barriers = {}          # dst access mask -> (VkMemoryBarrier, its address)
         self.sets = DescriptorSets(vk, self.device)
 
-    def _create_device(self, features):
+    def _create_device(self, features, coop=None):
+        """The logical device; `coop` (a vulkan_coopmat.CoopSupport, or None) adds the
+        cooperative-matrix extensions and features (and float16 arithmetic types)."""
         vk = self.vk
         f16 = vk.VkPhysicalDeviceShaderFloat16Int8Features(
-            shaderInt8=features["shaderInt8"], shaderFloat16=False)
+            shaderInt8=features["shaderInt8"], shaderFloat16=coop is not None)
         s16 = vk.VkPhysicalDevice16BitStorageFeatures(
             pNext=f16, storageBuffer16BitAccess=features["storageBuffer16BitAccess"])
         s8 = vk.VkPhysicalDevice8BitStorageFeatures(
@@ -295,11 +300,15 @@ class VulkanContext:
         base = vk.VkPhysicalDeviceFeatures(shaderInt64=features["shaderInt64"],
                                            shaderInt16=features["shaderInt16"],
                                            shaderFloat64=features["shaderFloat64"])
-        f2 = vk.VkPhysicalDeviceFeatures2(pNext=s8, features=base)
+        head = s8 if coop is None else coop.chain(vk, s8)
+        f2 = vk.VkPhysicalDeviceFeatures2(pNext=head, features=base)
         queue = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1,
                                            pQueuePriorities=[1.0])
+        exts = coop.extensions if coop is not None else []
         info = vk.VkDeviceCreateInfo(pNext=f2, queueCreateInfoCount=1,
-                                     pQueueCreateInfos=[queue])
+                                     pQueueCreateInfos=[queue],
+                                     enabledExtensionCount=len(exts),
+                                     ppEnabledExtensionNames=exts or None)
         return vk.vkCreateDevice(self.physical, info, None)
 
     def _memory_type(self, want, prefer):
@@ -618,6 +627,7 @@ def _features(vk, pd):
     f2 = vk.VkPhysicalDeviceFeatures2(pNext=s8)
     vk.vkGetPhysicalDeviceFeatures2(pd, f2)
     return {"shaderInt64": bool(f2.features.shaderInt64),
+            "shaderFloat16": bool(f16.shaderFloat16),
             "shaderInt16": bool(f2.features.shaderInt16),
             "shaderFloat64": bool(f2.features.shaderFloat64),
             "shaderInt8": bool(f16.shaderInt8),
@@ -661,8 +671,10 @@ class VulkanDevice(ProgramCache):
     backend = "vulkan"
 
     def __init__(self, vk, ctx, pool, props, features, uuid, debug=0, float_controls=(),
-                 subgroup=None):
+                 subgroup=None, coop_shapes=()):
         self.vk = vk
+        # cooperative-matrix shapes enabled at device creation (vulkan_coopmat)
+        self.coop_shapes = tuple(coop_shapes)
         self.subgroup = subgroup or {}     # _subgroup_properties (the reduce combine)
         self.float_controls = float_controls
         self.ctx = ctx
@@ -721,15 +733,17 @@ class VulkanDevice(ProgramCache):
                           register_tiles=register_tiles(), window_tiles=False,
                           tile_min_outputs=tile_min_outputs(cores), sum_block=GPU_SUM_BLOCK,
                           dtypes=supported_dtypes(self.features), hardware=self.uuid,
+                          coop_shapes=self.coop_shapes,
                           extra={"cpu": is_cpu, "fp64": self.fp64,
                                  # llvmpipe ends an invocation's loops after 65535
                                  # iterations in all: the strategy spreads longer ones
                                  "loop_limit": LLVMPIPE_LOOPS if "llvmpipe" in self.name
                                  else None,
                                  "subgroup": self.subgroup})
-        # products the SPIR-V writer tiles in workgroup memory (spirv/gemm.py) get no
-        # register tiles from the kernelizer
-        info.own_tiles = spirv_gemm.own_tiles(info)
+        # products the SPIR-V writer tiles in workgroup memory (spirv/gemm.py) or
+        # multiplies with cooperative matrices (spirv/coopmat.py) get no register tiles
+        # from the kernelizer
+        info.own_tiles = spirv_coopmat.own_tiles(info, spirv_gemm.own_tiles(info))
         return info
 
     def info(self):
@@ -782,15 +796,22 @@ class VulkanDevice(ProgramCache):
                 raise DTypeError(f"{d.name} is not supported by Vulkan device {self.name}")
 
     def schedule_candidates(self, kernel):
-        """Schedules the autotuner may time for `kernel` (gemm tiles where the gemm
-        strategy takes it, else strategy.candidates)."""
-        return spirv_gemm.candidates(kernel, self._info) or candidates(kernel, self._info)
+        """Schedules the autotuner may time for `kernel` (cooperative-matrix and float
+        tiles where those strategies take it, else strategy.candidates)."""
+        return (spirv_coopmat.candidates(kernel, self._info) or
+                spirv_gemm.candidates(kernel, self._info) or candidates(kernel, self._info))
 
     def render(self, kernel, schedule=None):
         """([SpirvKernel] launched in order, [scratch buffer bytes]) of `kernel` for this
         device, with `schedule` (None: the one the autotuner chose, or the default)."""
         if schedule is None:
             schedule = self.schedules.get(kernel)
+        coop = spirv_coopmat.choose(kernel.ops, self._info, schedule)
+        if coop is not None:
+            launches = [spirv_coopmat.write_coopmat(kernel, *coop, self.fp64,
+                                                    self.float_controls)]
+            self.check_dtypes(kernel, launches[0])
+            return launches, []
         tiled = spirv_gemm.choose(kernel.ops, self._info, schedule)
         if tiled is not None:
             launches = [spirv_gemm.write_gemm(kernel, *tiled, self.fp64, self.float_controls)]
@@ -935,6 +956,25 @@ def fold_groups(groups, limits):
     return max(gx, 1), max(gy, 1)
 
 
+def coop_label(shape):
+    """A CoopShape as MxNxK A,B->C,result (scope)."""
+    return f"{shape.m}x{shape.n}x{shape.k} {shape.a},{shape.b}->{shape.c},{shape.result} " \
+           f"({shape.scope})"
+
+
+def create_context(vk, pd, family, features, props, debug, coop):
+    """The VulkanContext of a physical device, with the cooperative-matrix features of
+    `coop` when given; where the driver refuses them, one without (its `coop` False)."""
+    if coop is not None:
+        try:
+            return VulkanContext(vk, pd, family, features, props, debug, coop)
+        except vk.VkError as e:
+            if debug & 1:
+                print(f"zyx: Vulkan: the device refused cooperative matrices ({e!r}); "
+                      f"created without them", file=sys.stderr)
+    return VulkanContext(vk, pd, family, features, props, debug)
+
+
 def initialize(cfg, debug=0):
     try:
         import vulkan as vk     # dlopens libvulkan.so.1: OSError when there is no loader
@@ -979,19 +1019,26 @@ def initialize(cfg, debug=0):
         if not features["shaderInt64"]:
             reasons.append(f"Vulkan device {i}: no shaderInt64 (zyx's index math)")
             continue
+        extensions = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)}
+        coop = vulkan_coopmat.support(vk, instance, pd, extensions, features["shaderFloat16"])
         try:
-            ctx = VulkanContext(vk, pd, family, features, props, debug)
+            ctx = create_context(vk, pd, family, features, props, debug, coop)
         except vk.VkError as e:
             reasons.append(f"Vulkan device {i}: cannot create a device: {e!r}")
             continue
+        coop_shapes = coop.shapes if coop is not None and ctx.coop else ()
         pool = VulkanMemoryPool(ctx, ctx.heap_size(), limit)
-        dev = VulkanDevice(vk, ctx, pool, props, features, uuid, debug, controls, subgroup)
+        dev = VulkanDevice(vk, ctx, pool, props, features, uuid, debug, controls, subgroup,
+                           coop_shapes)
         dev._instance = instance
         pools.append(pool)
         devices.append(dev)
         if debug & 1:
             print(f"zyx: Vulkan device {dev.name} ({', '.join(dev.info().dtypes)})",
                   file=sys.stderr)
+            if coop_shapes:
+                print(f"zyx: Vulkan device {dev.name}: cooperative matrices "
+                      f"{', '.join(coop_label(s) for s in coop_shapes)}", file=sys.stderr)
     if not devices:
         raise BackendError("; ".join(reasons) or "Vulkan: no physical device")
     return pools, devices

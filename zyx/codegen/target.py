@@ -51,6 +51,10 @@ class DeviceInfo:
     product_lowerings: tuple = ()
     # (info, dtype) -> bool: convolution windows of that dtype are read K-major (None: no)
     k_major_windows: object = None
+    # matrix shapes the device multiplies cooperatively (Vulkan VK_KHR_cooperative_matrix,
+    # enabled at device creation): spirv.coopmat.CoopShape tuples (M, N, K, the A, B, C
+    # and result dtype names, scope); empty where there are none
+    coop_shapes: tuple = ()
     extra: dict = field(default_factory=dict)
 
     def reads_windows_k_major(self, dtype):

@@ -37,13 +37,19 @@ OP = dict(
     GroupNonUniformShuffleDown=348, GroupNonUniformIAdd=349, GroupNonUniformFAdd=350,
     GroupNonUniformSMin=353, GroupNonUniformUMin=354, GroupNonUniformSMax=356,
     GroupNonUniformUMax=357,
+    # SPV_KHR_cooperative_matrix
+    TypeCooperativeMatrixKHR=4456, CooperativeMatrixLoadKHR=4457,
+    CooperativeMatrixStoreKHR=4458, CooperativeMatrixMulAddKHR=4459,
+    CooperativeMatrixLengthKHR=4460,
 )
 
 # enumerants
-CAP = dict(Shader=1, Float64=10, Int64=11, Int16=22, Int8=39,
+CAP = dict(Shader=1, Float16=9, Float64=10, Int64=11, Int16=22, Int8=39,
            StorageBuffer16BitAccess=4433, StorageBuffer8BitAccess=4448,
            DenormPreserve=4464, SignedZeroInfNanPreserve=4466, GroupNonUniform=61,
-           GroupNonUniformArithmetic=63, GroupNonUniformShuffleRelative=66)
+           GroupNonUniformArithmetic=63, GroupNonUniformShuffleRelative=66,
+           VulkanMemoryModel=5345, CooperativeMatrixKHR=6022, BFloat16TypeKHR=5116,
+           BFloat16CooperativeMatrixKHR=5118)
 # execution modes of SPV_KHR_float_controls (operand: the float width)
 MODE = dict(LocalSize=17, DenormPreserve=4459, SignedZeroInfNanPreserve=4461)
 STORAGE = dict(UniformConstant=0, Input=1, Workgroup=4, Function=7, StorageBuffer=12)
@@ -55,6 +61,10 @@ SCOPE_WORKGROUP = 2
 SCOPE_SUBGROUP = 3
 GROUP_REDUCE = 0            # GroupOperation Reduce
 SEMANTICS_ACQREL_WORKGROUP = 0x8 | 0x100     # AcquireRelease | WorkgroupMemory
+MEMORY_MODEL = dict(GLSL450=1, Vulkan=3)
+# memory operand bits (the scope <id> of MakePointer* follows the mask)
+ACCESS_AVAILABLE, ACCESS_VISIBLE, ACCESS_NON_PRIVATE = 0x8, 0x10, 0x20
+FP_ENCODING_BFLOAT16 = 0     # SPV_KHR_bfloat16's OpTypeFloat encoding operand
 
 
 def _string_words(s):
@@ -78,7 +88,6 @@ class Module:
         self.caps = []
         self.exts = []
         self.imports = []
-        self.memory_model = []
         self.entries = []
         self.modes = []
         self.decos = []
@@ -90,6 +99,7 @@ class Module:
         self._signed = {}        # integer type id -> signedness
         self.block = None        # label id of the block being written
         self.extra_modes = []    # (mode name, operand) on the entry point
+        self.memory_model = MEMORY_MODEL["GLSL450"]
 
     def id(self):
         i = self.bound
@@ -104,6 +114,14 @@ class Module:
     def extension(self, name):
         if name not in self.exts:
             self.exts.append(name)
+
+    def vulkan_memory_model(self):
+        """Declare the Vulkan memory model (SPV_KHR_cooperative_matrix requires it): its
+        capability, its extension (core from SPIR-V 1.5) and OpMemoryModel's operand."""
+        self.capability("VulkanMemoryModel")
+        if self.version < (1, 5):
+            self.extension("SPV_KHR_vulkan_memory_model")
+        self.memory_model = MEMORY_MODEL["Vulkan"]
 
     def decorate(self, target, deco, *args):
         self.decos += _inst(OP["Decorate"], [target, DECO[deco], *args])
@@ -136,7 +154,26 @@ class Module:
     def type_float(self, bits):
         if bits == 64:
             self.capability("Float64")
+        elif bits == 16:
+            self.capability("Float16")
         return self._type(("float", bits), "TypeFloat", [bits])
+
+    def type_bfloat16(self):
+        """bfloat16 as a SPIR-V type (SPV_KHR_bfloat16): only for cooperative matrices,
+        memory and conversions."""
+        self.capability("BFloat16TypeKHR")
+        self.extension("SPV_KHR_bfloat16")
+        return self._type(("bfloat16",), "TypeFloat", [16, FP_ENCODING_BFLOAT16])
+
+    def type_cooperative_matrix(self, component, scope, rows, cols, use):
+        """A cooperative matrix type (SPV_KHR_cooperative_matrix); `scope`, `rows`,
+        `cols` and `use` are Python ints, written as u32 constants."""
+        self.capability("CooperativeMatrixKHR")
+        self.extension("SPV_KHR_cooperative_matrix")
+        u32 = self.type_int(32, False)
+        ids = [self.const(u32, v) for v in (scope, rows, cols, use)]
+        return self._type(("coopmat", component, scope, rows, cols, use),
+                          "TypeCooperativeMatrixKHR", [component, *ids])
 
     def type_vector(self, comp, n):
         return self._type(("vec", comp, n), "TypeVector", [comp, n])
@@ -243,7 +280,7 @@ class Module:
         for e in self.exts:
             out += _inst(OP["Extension"], _string_words(e))
         out += self.imports
-        out += _inst(OP["MemoryModel"], [0, 1])              # Logical, GLSL450
+        out += _inst(OP["MemoryModel"], [0, self.memory_model])      # Logical addressing
         out += _inst(OP["EntryPoint"], [5, entry_fn, *_string_words(name), *interface])
         out += _inst(OP["ExecutionMode"], [entry_fn, MODE["LocalSize"], *local_size])
         for mode, arg in self.extra_modes:

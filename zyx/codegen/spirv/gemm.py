@@ -159,15 +159,19 @@ def candidates(kernel, info):
 
 def write_gemm(kernel, p, tile, fp64=True, float_controls=()):
     """The SpirvKernel of `kernel` tiled as plan `p` says with tile (BR, BC, BK)."""
-    w = _GemmWriter(kernel, p, tile, fp64, float_controls)
+    w = GemmWriter(kernel, p, tile, fp64, float_controls)
     words = w.write()
     return SpirvKernel(words, THREADS, w.n_groups, "gemm", 1, uses_dtypes(kernel))
 
 
-class _GemmWriter(KernelWriter):
-    def __init__(self, kernel, p, tile, fp64, float_controls):
+class GemmWriter(KernelWriter):
+    """The tiled kernel's writer; coopmat.py extends it (its copies of the operand
+    tiles: `slots`, `copy_values`, and the value helpers)."""
+
+    def __init__(self, kernel, p, tile, fp64, float_controls, threads=THREADS):
         # "serial": each invocation stores its own outputs (no lane-0 store guard)
-        super().__init__(kernel, "serial", THREADS, 1, None, None, fp64, float_controls)
+        super().__init__(kernel, "serial", threads, 1, None, None, fp64, float_controls)
+        self.threads = threads      # invocations per workgroup sharing the copies
         self.p = p
         self.br, self.bc, self.bk = tile
         self.tr, self.tc = self.br // SIDE, self.bc // SIDE
@@ -262,11 +266,11 @@ class _GemmWriter(KernelWriter):
         per = length * self.bk
         fast = self.bk if kfast else length
         out = []
-        for s in range(-(-per // THREADS)):
-            e = self.uk("IAdd", self.tid, s * THREADS) if s else self.tid
+        for s in range(-(-per // self.threads)):
+            e = self.uk("IAdd", self.tid, s * self.threads) if s else self.tid
             f, sl = self.uk("UMod", e, fast), self.uk("UDiv", e, fast)
             kk, mm = (f, sl) if kfast else (sl, f)
-            out.append((s, e, kk, mm, per % THREADS != 0))
+            out.append((s, e, kk, mm, per % self.threads != 0))
         return out
 
     def copy_values(self, side, slots, k0):
@@ -427,15 +431,8 @@ class _GemmWriter(KernelWriter):
         self.close_loop()
 
     def epilogue(self):
-        """Every output of the sub-tile: its row, col (and the group's batch) variables,
-        the accumulated value in place of the result register's loads, the kernel's ops
-        after the reduction and its store, inside the output's range test."""
+        """Every output of the sub-tile: its accumulated value through `output`."""
         m = self.m
-        p, ops = self.p, self.ops
-        result = p.total if p.total is not None else p.acc
-        res_loads = {j for j, op in enumerate(ops)
-                     if j > p.end and op[0] == K.LOAD and op[2] == result}
-        st = ops[p.store]
         for i in range(self.tr):
             ci = min(self.tr, 4)
             row_off = self.uk("IAdd", self.uk("IMul", self.ty, ci),
@@ -446,17 +443,29 @@ class _GemmWriter(KernelWriter):
                 col_off = self.uk("IAdd", self.uk("IMul", self.tx, cj),
                                    (j // cj) * SIDE * cj + j % cj)
                 col = self.uop("IAdd", self.c0, col_off)
-                self.open_if(m.op("LogicalAnd", self.boolt(), self.ult(row, p.nr),
-                                  self.ult(col, p.nc)))
-                self.decode(p.rows, row)
-                self.decode(p.cols, col)
                 v = m.op("Load", self.acc_t, self.accs[i][j])
                 if self.fold:
                     v = m.op("FAdd", self.acc_t, m.op("Load", self.acc_t, self.totals[i][j]), v)
-                for q in res_loads:
-                    d = ops[q][1]
-                    self.val[q] = v if d is p.dtype else self.convert(p.dtype, d, v)
-                self.values([st[3], st[4]] if st[3] >= 0 else [st[4]], skip=res_loads)
-                self.store(p.store, st)
-                self.close_if()
+                self.output(row, col, v)
 
+    def output(self, row, col, v):
+        """The output at (row, col) (u32 positions in the group's batch) from its
+        accumulated value v (an acc_t id): inside the output's range test, its row and
+        col variables, v in place of the result register's loads, the kernel's ops
+        after the reduction and its store."""
+        m = self.m
+        p, ops = self.p, self.ops
+        result = p.total if p.total is not None else p.acc
+        res_loads = [j for j, op in enumerate(ops)
+                     if j > p.end and op[0] == K.LOAD and op[2] == result]
+        st = ops[p.store]
+        self.open_if(m.op("LogicalAnd", self.boolt(), self.ult(row, p.nr),
+                          self.ult(col, p.nc)))
+        self.decode(p.rows, row)
+        self.decode(p.cols, col)
+        for q in res_loads:
+            d = ops[q][1]
+            self.val[q] = v if d is p.dtype else self.convert(p.dtype, d, v)
+        self.values([st[3], st[4]] if st[3] >= 0 else [st[4]], skip=set(res_loads))
+        self.store(p.store, st)
+        self.close_if()
