@@ -6,8 +6,8 @@ edges, batched, a linear layer's bias + relu epilogue, every operand layout, a
 convolution's computed windows, block totals), for a device described as NVIDIA's Vulkan
 driver describes itself (16x16x16 subgroup shapes into float32, subgroups of 32), pass
 `spirv-val` and declare what the cooperative matrices need; the strategy's choice and
-knobs; the backend choosing it only where the device lists shapes and ZYX_VK_COOPMAT is
-not 0 (on any Vulkan device, lavapipe included, with the shapes claimed).
+knobs; the backend choosing it only where the device lists shapes and ZYX_VK_COOPMAT=1
+(opt-in until it has run on a GPU; on any Vulkan device, lavapipe included, with the shapes claimed).
 
 On lavapipe (or any Vulkan device), with the shapes claimed and the three cooperative
 operations emulated by plain SPIR-V (`EmulatedWriter`: each invocation of a subgroup
@@ -16,8 +16,9 @@ a load's layout and stride), the rest of the kernel as written for a GPU (copies
 staging, layouts, prefetch, block totals, the scratch and the epilogue) runs against
 numpy.
 
-On a Vulkan device that offers VK_KHR_cooperative_matrix (skipped, with the reason,
-everywhere else, lavapipe included): the same products against numpy and against the
+On a Vulkan device that offers VK_KHR_cooperative_matrix, started with
+ZYX_VK_COOPMAT=1 (.ci/gpu_run.sh coopmat; skipped, with the reason, everywhere else,
+lavapipe included): the same products against numpy and against the
 float tiles (ZYX_VK_COOPMAT=0), every module checked by spirv-val as it is compiled.
 """
 from __future__ import annotations
@@ -118,6 +119,13 @@ def products():
     }
 
 
+@pytest.fixture(autouse=True)
+def coopmat_requested(monkeypatch):
+    """The strategy is opt-in (ZYX_VK_COOPMAT=1) until it has run on a GPU: these tests
+    exercise it, so they ask for it (a test turning it off sets the variable itself)."""
+    monkeypatch.setenv(coopmat.COOPMAT_ENV, "1")
+
+
 # -- modules, without a GPU -------------------------------------------------------------
 
 @needs_spirv_val
@@ -170,8 +178,9 @@ def test_modules_validate(tile, monkeypatch):
 
 
 def test_choice_needs_shapes_16bit_operands_and_the_switches(monkeypatch):
-    for var in (coopmat.COOPMAT_ENV, coopmat.TILE_ENV, "ZYX_VK_GEMM", "ZYX_VK_GEMM_TILE"):
+    for var in (coopmat.TILE_ENV, "ZYX_VK_GEMM", "ZYX_VK_GEMM_TILE"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(coopmat.COOPMAT_ENV, "1")
     rng = np.random.default_rng(1)
 
     def f(*shape, d=np.float16):
@@ -230,10 +239,11 @@ def test_choice_needs_shapes_16bit_operands_and_the_switches(monkeypatch):
         with pytest.raises(ValueError, match=coopmat.TILE_ENV):
             coopmat.choose(k16.ops, info)
     monkeypatch.delenv(coopmat.TILE_ENV)
-    monkeypatch.setenv(coopmat.COOPMAT_ENV, "0")
-    assert coopmat.choose(k16.ops, info) is None
-    assert coopmat.own_tiles(info, float_tiles) is float_tiles
-    monkeypatch.delenv(coopmat.COOPMAT_ENV)
+    for off in ("0", ""):                           # opt-in: unset is off too
+        monkeypatch.setenv(coopmat.COOPMAT_ENV, off)
+        assert coopmat.choose(k16.ops, info) is None
+        assert coopmat.own_tiles(info, float_tiles) is float_tiles
+    monkeypatch.setenv(coopmat.COOPMAT_ENV, "1")
     monkeypatch.setenv("ZYX_VK_GEMM", "0")          # every product tile off
     assert coopmat.choose(k16.ops, info) is None
 
@@ -294,7 +304,7 @@ def test_the_backend_takes_coopmat_only_with_shapes_and_not_switched_off(vk_devi
     kernel for a float16 product where the device's info lists shapes and ZYX_VK_COOPMAT
     is not 0, and the float tiles otherwise."""
     monkeypatch.setenv("ZYX_VK_GEMM", "1")           # (on for CPU drivers too)
-    monkeypatch.delenv(coopmat.COOPMAT_ENV, raising=False)
+    monkeypatch.setenv(coopmat.COOPMAT_ENV, "1")
     monkeypatch.delenv(coopmat.TILE_ENV, raising=False)
     rng = np.random.default_rng(2)
     a16 = zyx.tensor(rng.standard_normal((256, 64)).astype(np.float16))
@@ -314,7 +324,7 @@ def test_the_backend_takes_coopmat_only_with_shapes_and_not_switched_off(vk_devi
     assert strategy() == "coopmat"
     monkeypatch.setenv(coopmat.COOPMAT_ENV, "0")
     assert strategy() == "gemm"
-    monkeypatch.delenv(coopmat.COOPMAT_ENV)
+    monkeypatch.setenv(coopmat.COOPMAT_ENV, "1")
     monkeypatch.setattr(info, "coop_shapes", ())
     assert strategy() == "gemm"
 
@@ -445,7 +455,7 @@ def emulated(vk_device, monkeypatch):
     from zyx.codegen.spirv import gemm as spirv_gemm
     info = vk_device.info()
     monkeypatch.setenv("ZYX_VK_GEMM", "1")
-    monkeypatch.delenv(coopmat.COOPMAT_ENV, raising=False)
+    monkeypatch.setenv(coopmat.COOPMAT_ENV, "1")
     monkeypatch.setattr(info, "coop_shapes", (EMULATED_F16, EMULATED_BF16))
     monkeypatch.setattr(info, "own_tiles",
                         coopmat.own_tiles(info, spirv_gemm.own_tiles(info)))
@@ -538,9 +548,12 @@ def coop_device(vk_device, monkeypatch):
     default choice) that gives (fn's result, the strategies of the programs compiled)."""
     info = vk_device.info()
     if coopmat.fragment(info, zyx.float16) is None:
+        why = ("ZYX_VK_COOPMAT=1 was not set when the device started (the strategy is "
+               "opt-in)" if not coopmat.requested() else
+               f"{info.coop_shapes or 'no shapes'}")
         pytest.skip(f"{info.name} offers no float16 cooperative matrices "
-                    f"(VK_KHR_cooperative_matrix): {info.coop_shapes or 'no shapes'}")
-    monkeypatch.delenv(coopmat.COOPMAT_ENV, raising=False)
+                    f"(VK_KHR_cooperative_matrix): {why}")
+    monkeypatch.setenv(coopmat.COOPMAT_ENV, "1")
 
     def run(tile, fn):
         if tile is None:

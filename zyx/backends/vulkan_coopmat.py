@@ -7,15 +7,13 @@ Vulkan memory model those modules declare (VK_KHR_vulkan_memory_model,
 type) and, where the device offers bfloat16 shapes, VK_KHR_shader_bfloat16's type and
 cooperative-matrix features.
 
-`support()` answers None (nothing enabled, `DeviceInfo.coop_shapes` empty) when
-ZYX_VK_COOPMAT=0 at device start, when an extension or feature is missing, or when no
+`support()` answers None (nothing enabled, `DeviceInfo.coop_shapes` empty) unless
+ZYX_VK_COOPMAT=1 at device start (off by default until run on a GPU: coopmat.requested), when an extension or feature is missing, or when no
 subgroup shape multiplies float16 (or bfloat16) into float32.
 """
 from __future__ import annotations
 
-import os
-
-from ..codegen.spirv.coopmat import COOPMAT_ENV, CoopShape
+from ..codegen.spirv.coopmat import CoopShape, requested
 
 EXTENSION = "VK_KHR_cooperative_matrix"
 MEMORY_MODEL_EXTENSION = "VK_KHR_vulkan_memory_model"   # core in 1.2; zyx asks for 1.1
@@ -147,7 +145,7 @@ def support(vk, instance, physical, extensions, shader_float16):
     """The CoopSupport of a physical device whose extension names are `extensions`
     (`shader_float16`: VkPhysicalDeviceShaderFloat16Int8Features.shaderFloat16), or
     None (module docstring)."""
-    if os.environ.get(COOPMAT_ENV, "").strip() == "0":
+    if not requested():
         return None
     if EXTENSION not in extensions or MEMORY_MODEL_EXTENSION not in extensions or \
             not shader_float16:

@@ -49,9 +49,10 @@ and the scratch that another invocation reads is non-private and made available 
 or visible (loads) at workgroup scope, as glslang writes `shared` variables; the group
 and subgroup barriers (AcquireRelease | WorkgroupMemory) then order them.
 
-Knobs (read at each compile): ZYX_VK_COOPMAT=0 turns the strategy off (the float tiles
-take these products again; read at device start too: the extension is then not
-enabled); ZYX_VK_COOPMAT_TILE=BMxBNxBK[:WMxWN] forces a tile (BM, BN multiples of the
+Knobs (read at each compile): ZYX_VK_COOPMAT=1 turns the strategy on (off by default
+until these kernels have run on a GPU with the extension, see `requested`; read at device
+start too: without it the extension is not enabled and the float tiles take these
+products); ZYX_VK_COOPMAT_TILE=BMxBNxBK[:WMxWN] forces a tile (BM, BN multiples of the
 fragment's sides times the subgroups along them, BK of the fragment's K) and optionally
 the subgroup grid; ZYX_VK_COOPMAT_VECTOR=0 copies every operand value by value;
 ZYX_VK_COOPMAT_DOUBLE=0 stages one copy of the operand tiles (two barriers a step); the
@@ -133,10 +134,19 @@ class CoopTile:
                f"{self.buffers} staged copies)"
 
 
+def requested():
+    """Whether ZYX_VK_COOPMAT=1 asks for cooperative matrices. Off by default until the
+    kernels have run on a device with the extension: they were validated with spirv-val
+    and run on lavapipe with the three cooperative instructions emulated, never on a GPU,
+    so a driver's reading of a layout or stride could still differ from ours."""
+    return os.environ.get(COOPMAT_ENV, "").strip() == "1"
+
+
 def enabled(info):
-    """Whether the strategy may take products on the device `info`: it lists shapes, the
-    float tiles are on (spirv_gemm.enabled) and ZYX_VK_COOPMAT is not 0."""
-    if os.environ.get(COOPMAT_ENV, "").strip() == "0":
+    """Whether the strategy may take products on the device `info`: ZYX_VK_COOPMAT=1
+    (`requested`), the device lists shapes and the float tiles are on
+    (spirv_gemm.enabled)."""
+    if not requested():
         return False
     return bool(info.coop_shapes) and spirv_gemm.enabled(info)
 
