@@ -457,28 +457,13 @@ class CoopWriter(spirv_gemm.GemmWriter):
         """This invocation's 16-bit values of one operand tile at K origin k0 (u32), 0
         past the ends: `GemmWriter.copy_values` with the values as staged words."""
         p = self.p
-        ids, extent = (p.rows, p.nr) if side == "a" else (p.cols, p.nc)
-        origin = self.r0 if side == "a" else self.c0
-        length = self.br if side == "a" else self.bc
         val = p.a if side == "a" else p.b
         raw = self.plain_load(val) and not p.masks
         zero = self.m.const(self.bits_t, 0, 16)
-        out = []
-        for s, e, kk, mm, ragged in slots:
-            pos = self.uop("IAdd", origin, mm)
-            kpos = self.uop("IAdd", k0, kk)
-            cond = self.m.op("LogicalAnd", self.boolt(), self.ult(pos, extent),
-                             self.ult(kpos, p.nk))
-            if ragged:
-                cond = self.m.op("LogicalAnd", self.boolt(), cond,
-                                 self.ult(e, length * self.bk))
 
-            def compute(pos=pos, kpos=kpos):
-                self.decode(ids, pos)
-                self.decode(p.loops, kpos)
-                return self.raw_bits(val) if raw else self.computed_bits(val)
-            out.append(self.guarded(cond, compute, self.bits_t, zero))
-        return out
+        def compute():
+            return self.raw_bits(val) if raw else self.computed_bits(val)
+        return self.guarded_copies(side, slots, k0, 1, compute, self.bits_t, zero)
 
     # -- copies 16 bytes at a time --------------------------------------------------------
     def vector_slots(self, side):
@@ -552,28 +537,10 @@ class CoopWriter(spirv_gemm.GemmWriter):
     def copy_vectors(self, side, slots, k0):
         """This invocation's uvec4s of one operand tile at K origin k0 (0 past the ends:
         a vector is wholly inside or outside, `vector_width`)."""
-        p = self.p
-        ids, extent = (p.rows, p.nr) if side == "a" else (p.cols, p.nc)
-        origin = self.r0 if side == "a" else self.c0
-        length = self.br if side == "a" else self.bc
-        val = p.a if side == "a" else p.b
+        val = self.p.a if side == "a" else self.p.b
         zero = self.m.const_composite(self.uvec4_t, [self.c_u32(0)] * 4)
-        out = []
-        for s, e, kk, mm, ragged in slots:
-            pos = self.uop("IAdd", origin, mm)
-            kpos = self.uop("IAdd", k0, kk)
-            cond = self.m.op("LogicalAnd", self.boolt(), self.ult(pos, extent),
-                             self.ult(kpos, p.nk))
-            if ragged:
-                cond = self.m.op("LogicalAnd", self.boolt(), cond,
-                                 self.ult(e, length * self.bk // VECTOR))
-
-            def compute(pos=pos, kpos=kpos):
-                self.decode(ids, pos)
-                self.decode(p.loops, kpos)
-                return self.vector_bits(val)
-            out.append(self.guarded(cond, compute, self.uvec4_t, zero))
-        return out
+        return self.guarded_copies(side, slots, k0, VECTOR, lambda: self.vector_bits(val),
+                                   self.uvec4_t, zero)
 
     # -- either way ------------------------------------------------------------------------
     def side_slots(self, side):
@@ -768,17 +735,6 @@ class CoopWriter(spirv_gemm.GemmWriter):
         self.wr0 = self.uk("IMul", self.uk("UDiv", self.sub_id, t.wn), t.fm * t.frag.m)
         self.wc0 = self.uk("IMul", self.uk("UMod", self.sub_id, t.wn), t.fn * t.frag.n)
         self.zero_fragments()
-        # `group` is the same for the whole group: the cooperative operations and the
-        # barriers inside this branch are in uniform control flow
-        self.open_if(self.ult(group, self.n_groups))
-        self.r0 = self.uk("IMul", self.uk("UMod", self.uk("UDiv", group, self.gc), self.gr),
-                           self.br)
-        self.c0 = self.uk("IMul", self.uk("UMod", group, self.gc), self.bc)
-        if p.batch:
-            self.decode(p.batch, self.uk("UDiv", group, self.gc * self.gr))
-        self.k_loop()
-        self.epilogue()
-        self.close_if()
-        m.emit("Return")
-        self.float_modes()
+        # (the cooperative operations, like the barriers, are then in uniform control flow)
+        self.group_body(group)
         return m.words(entry, fn_type, entry_label, self.interface, (t.local, 1, 1))

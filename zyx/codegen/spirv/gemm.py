@@ -278,11 +278,26 @@ class GemmWriter(KernelWriter):
         operand's closure with the slot's row (col) and K variables, masked, 0 past the
         ends; a list of tile_t value ids."""
         p = self.p
+        val = p.a if side == "a" else p.b
+        zero = self.zero_tile
+
+        def compute():
+            self.values([val] + p.masks)
+            v = self.value_as(val, self.mul_dtype)
+            for mask in p.masks:
+                v = self.m.op("Select", self.tile_t, self.as_bool(mask), v, zero)
+            return v
+        return self.guarded_copies(side, slots, k0, 1, compute, self.tile_t, zero)
+
+    def guarded_copies(self, side, slots, k0, unit, compute, ty, zero):
+        """For each slot (`slots`) of one operand tile at K origin k0: `compute()` (a
+        value id of type `ty`) with the index variables set to the slot's row (col) and
+        K position, or `zero` past the ends of the operand or, on a ragged last slot,
+        of the tile (`unit` values per slot: the tile holds length * BK / unit of them)."""
+        p = self.p
         ids, extent = (p.rows, p.nr) if side == "a" else (p.cols, p.nc)
         origin = self.r0 if side == "a" else self.c0
         length = self.br if side == "a" else self.bc
-        val = p.a if side == "a" else p.b
-        zero = self.zero_tile
         out = []
         for s, e, kk, mm, ragged in slots:
             pos = self.uop("IAdd", origin, mm)
@@ -291,17 +306,13 @@ class GemmWriter(KernelWriter):
                              self.ult(kpos, p.nk))
             if ragged:
                 cond = self.m.op("LogicalAnd", self.boolt(), cond,
-                                 self.ult(e, length * self.bk))
+                                 self.ult(e, length * self.bk // unit))
 
-            def compute(pos=pos, kpos=kpos):
+            def at_slot(pos=pos, kpos=kpos):
                 self.decode(ids, pos)
                 self.decode(p.loops, kpos)
-                self.values([val] + p.masks)
-                v = self.value_as(val, self.mul_dtype)
-                for mask in p.masks:
-                    v = self.m.op("Select", self.tile_t, self.as_bool(mask), v, zero)
-                return v
-            out.append(self.guarded(cond, compute, self.tile_t, zero))
+                return compute()
+            out.append(self.guarded(cond, at_slot, ty, zero))
         return out
 
     def store_tile(self, side, slots, vals):
@@ -372,8 +383,14 @@ class GemmWriter(KernelWriter):
         for row in self.accs + (self.totals or []):
             for var in row:
                 m.emit("Store", var, zero_acc)
-        # every invocation of a group has the same `group`: the branch is uniform, so
-        # the barriers inside it are in uniform control flow
+        self.group_body(group)
+        return m.words(entry, fn_type, entry_label, self.interface, (THREADS, 1, 1))
+
+    def group_body(self, group):
+        """The rest of the entry point for workgroup `group`: its tile's origin, the K
+        loop, the epilogue, the return. Every invocation of a group has the same `group`:
+        the branch is uniform, so the barriers inside it are in uniform control flow."""
+        p = self.p
         self.open_if(self.ult(group, self.n_groups))
         self.r0 = self.uk("IMul", self.uk("UMod", self.uk("UDiv", group, self.gc), self.gr),
                            self.br)
@@ -383,9 +400,8 @@ class GemmWriter(KernelWriter):
         self.k_loop()
         self.epilogue()
         self.close_if()
-        m.emit("Return")
+        self.m.emit("Return")
         self.float_modes()
-        return m.words(entry, fn_type, entry_label, self.interface, (THREADS, 1, 1))
 
     def k_loop(self):
         m = self.m
