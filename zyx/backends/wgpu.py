@@ -34,8 +34,8 @@ Config (`"wgpu"` section of config.json): enabled (default true), adapter ("high
 (default) or "low-power": the power preference; "all": every adapter wgpu lists, one zyx
 device each), backend (only adapters of that wgpu backend type, e.g. "Vulkan"),
 memory_mb (the pool's size: WebGPU does not report the adapter's memory; default the
-device-local heap Vulkan reports for the same GPU, else 8192; 2048 for a CPU adapter), cache_limit_mb (freed buffers kept for reuse, default a tenth of
-the pool).
+device-local heap Vulkan reports for the same GPU, else 8192; 2048 for a CPU adapter),
+cache_limit_mb (freed buffers kept for reuse, default a tenth of the pool).
 """
 from __future__ import annotations
 
