@@ -33,6 +33,19 @@ def kernels_of(t):
     return [passes.optimize(s.kernel) for s in steps if s.kernel is not None]
 
 
+def gemm_kernels_of(t):
+    """The kernels of lazy tensor `t` as a GPU device gets them (no register tiles, sums
+    in blocks of GPU_SUM_BLOCK), each with its gemm plan (codegen/gpu/gemm.plan: None
+    where the kernel is not a product)."""
+    from zyx.codegen.gpu import dispatch
+    from zyx.codegen.gpu import gemm as gpu_gemm
+    g = zyx._RT.graph
+    order, _ = g.collect([t._id])
+    steps, _ = kernelize(g, order, [t._id], 64, False, dispatch.GPU_SUM_BLOCK)
+    ks = [passes.optimize(s.kernel) for s in steps if s.kernel is not None]
+    return [(k, gpu_gemm.plan(k.ops)) for k in ks]
+
+
 def _f(*shape, dtype=np.float32):
     return zyx.Tensor(np.random.randn(*shape).astype(dtype))
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import zyx
-from gpu_cases import GRAPHS, kernels_of
+from gpu_cases import GRAPHS, gemm_kernels_of, kernels_of
 from zyx.codegen.gpu.analysis import reduce_nests
 from zyx.codegen.spirv import builder
 from zyx.codegen.spirv.elementwise import plan as ew_plan
@@ -148,20 +148,6 @@ def test_group_folding_arithmetic():
 
 # -- shared-memory product tiles (codegen/spirv/gemm.py) ---------------------------------
 
-def _gemm_kernels(t):
-    """The kernels of `t` as a GPU device gets them (no register tiles), and each one's
-    gemm plan."""
-    from zyx._core.kernelizer import kernelize
-    from zyx._core.passes import optimize
-    from zyx.codegen.gpu import dispatch
-    from zyx.codegen.gpu import gemm as gpu_gemm
-    g = zyx._RT.graph
-    order, _ = g.collect([t._id])
-    steps, _ = kernelize(g, order, [t._id], 64, False, dispatch.GPU_SUM_BLOCK)
-    ks = [optimize(s.kernel) for s in steps if s.kernel is not None]
-    return [(k, gpu_gemm.plan(k.ops)) for k in ks]
-
-
 def _gemm_graphs():
     import zyx.nn.functional as F
 
@@ -189,7 +175,7 @@ def test_gemm_modules_validate(tile, monkeypatch):
     info = DeviceInfo(max_local_threads=1024, num_cores=1, local_mem_size=48 * 1024)
     planned = 0
     for name, t in _gemm_graphs().items():
-        for k, p in _gemm_kernels(t):
+        for k, p in gemm_kernels_of(t):
             if p is None:
                 continue
             planned += 1
@@ -209,7 +195,7 @@ def test_gemm_modules_validate(tile, monkeypatch):
 
 def test_gemm_choice_and_knobs(monkeypatch):
     from zyx.codegen.spirv import gemm as spirv_gemm
-    (k, p), = _gemm_kernels(zyx.tensor(np.ones((256, 64), np.float32)) @
+    (k, p), = gemm_kernels_of(zyx.tensor(np.ones((256, 64), np.float32)) @
                             zyx.tensor(np.ones((64, 256), np.float32)))
     big = DeviceInfo(max_local_threads=1024, num_cores=16, local_mem_size=32768)
     assert spirv_gemm.choose(k.ops, big)[1] == (64, 64, 16)      # 16 groups: one per core
@@ -294,7 +280,7 @@ def test_split_vector_loads():
     """Split pass 1 of a whole-tensor float32 sum reads 4-vectors (a second, vector view
     of the input's binding) with vec=4 and scalars with vec=1; both pass spirv-val."""
     t = zyx.tensor(np.ones(1 << 20, np.float32)).sum()
-    (k, _), = _gemm_kernels(t)          # as a GPU gets it: blocks of GPU_SUM_BLOCK (256)
+    (k, _), = gemm_kernels_of(t)          # as a GPU gets it: blocks of GPU_SUM_BLOCK (256)
     nests = reduce_nests(k.ops)
     n = splits(k.ops, nests, 256, DeviceInfo(num_cores=1))
     assert n > 1

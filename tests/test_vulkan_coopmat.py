@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 import zyx
+from gpu_cases import gemm_kernels_of
 from zyx.codegen.target import DeviceInfo
 from zyx.errors import BackendError
 
@@ -72,20 +73,6 @@ def instructions(words):
         n, op = words[i] >> 16, words[i] & 0xFFFF
         yield op, words[i + 1:i + n]
         i += n
-
-
-def gemm_kernels(t):
-    """The kernels of `t` as a GPU device gets them (no register tiles) with each one's
-    gemm plan (None where it is not a product)."""
-    from zyx._core.kernelizer import kernelize
-    from zyx._core.passes import optimize
-    from zyx.codegen.gpu import dispatch
-    from zyx.codegen.gpu import gemm as gpu_gemm
-    g = zyx._RT.graph
-    order, _ = g.collect([t._id])
-    steps, _ = kernelize(g, order, [t._id], 64, False, dispatch.GPU_SUM_BLOCK)
-    ks = [optimize(s.kernel) for s in steps if s.kernel is not None]
-    return [(k, gpu_gemm.plan(k.ops)) for k in ks]
 
 
 def products():
@@ -143,7 +130,7 @@ def test_modules_validate(tile, monkeypatch):
     info = nvidia_info()
     taken = set()
     for name, t in products().items():
-        for k, p in gemm_kernels(t):
+        for k, p in gemm_kernels_of(t):
             if p is None or p.narrow is None:
                 continue
             got = coopmat.choose(k.ops, info)
@@ -185,8 +172,8 @@ def test_choice_needs_shapes_16bit_operands_and_the_switches(monkeypatch):
 
     def f(*shape, d=np.float16):
         return zyx.tensor(rng.standard_normal(shape).astype(d))
-    (k16, _), = gemm_kernels(f(1024, 64) @ f(64, 1024))
-    (k32, _), = gemm_kernels(f(1024, 64, d=np.float32) @ f(64, 1024, d=np.float32))
+    (k16, _), = gemm_kernels_of(f(1024, 64) @ f(64, 1024))
+    (k32, _), = gemm_kernels_of(f(1024, 64, d=np.float32) @ f(64, 1024, d=np.float32))
     info = nvidia_info(cores=64)
     p, tile = coopmat.choose(k16.ops, info)
     # the largest tile whose groups (here 64 of 128 x 128) cover the device's units
@@ -258,7 +245,7 @@ def test_vector_copies_where_the_operand_allows(monkeypatch):
         return zyx.tensor(rng.standard_normal(shape).astype(np.float16))
 
     def units(t):
-        (k, p), = gemm_kernels(t)
+        (k, p), = gemm_kernels_of(t)
         w = coopmat.CoopWriter(k, *coopmat.choose(k.ops, nvidia_info()), True, ())
         w.write()
         return w.sa.unit, w.sb.unit
@@ -276,7 +263,7 @@ def test_device_shapes_and_what_is_usable():
     assert not vc.usable(NVIDIA_SHAPES[2]) and not vc.usable(NVIDIA_SHAPES[3])
     assert not vc.usable(F16_SHAPE._replace(scope="workgroup"))
     assert vc.COMPONENTS[0] == "float16" and vc.COMPONENTS[1000141000] == "bfloat16"
-    assert vkb.coop_label(F16_SHAPE) == "16x16x16 float16,float16->float32,float32 (subgroup)"
+    assert F16_SHAPE.label() == "16x16x16 float16,float16->float32,float32 (subgroup)"
 
 
 # -- the backend's choice, on any Vulkan device ---------------------------------------------
@@ -309,7 +296,7 @@ def test_the_backend_takes_coopmat_only_with_shapes_and_not_switched_off(vk_devi
     rng = np.random.default_rng(2)
     a16 = zyx.tensor(rng.standard_normal((256, 64)).astype(np.float16))
     b16 = zyx.tensor(rng.standard_normal((64, 256)).astype(np.float16))
-    (kernel, _), = gemm_kernels(a16 @ b16)
+    (kernel, _), = gemm_kernels_of(a16 @ b16)
     info = vk_device.info()
     monkeypatch.setattr(info, "num_cores", 1)        # any tile fills the device
     monkeypatch.setattr(vk_device, "schedules", {})
@@ -416,7 +403,7 @@ class EmulatedWriter(coopmat.CoopWriter):
                     m.emit("Store", ptr, s)
                 self.each_element(body)
 
-    def fold_fragments(self):
+    def fold_accumulators(self):
         m = self.m
         for arow, trow in zip(self.accs, self.totals):
             for a, t in zip(arow, trow):

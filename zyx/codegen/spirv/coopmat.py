@@ -103,6 +103,11 @@ class CoopShape(NamedTuple):
     result: str
     scope: str
 
+    def label(self):
+        """MxNxK A,B->C,result (scope)."""
+        return f"{self.m}x{self.n}x{self.k} {self.a},{self.b}->{self.c},{self.result} " \
+               f"({self.scope})"
+
 
 class CoopTile:
     """A group's tile: BM x BN outputs per K step of BK, WM x WN subgroups of `subgroup`
@@ -446,12 +451,7 @@ class CoopWriter(spirv_gemm.GemmWriter):
 
     def computed_bits(self, val):
         """The bits of operand `val` computed by its closure, masked."""
-        p = self.p
-        self.values([val] + p.masks)
-        v = self.value_as(val, self.mul_dtype)
-        for mask in p.masks:
-            v = self.m.op("Select", self.tile_t, self.as_bool(mask), v, self.zero_tile)
-        return self.to_bits(v)
+        return self.to_bits(self.masked_value(val))
 
     def copy_bits(self, side, slots, k0):
         """This invocation's 16-bit values of one operand tile at K origin k0 (u32), 0
@@ -543,22 +543,22 @@ class CoopWriter(spirv_gemm.GemmWriter):
                                    self.uvec4_t, zero)
 
     # -- either way ------------------------------------------------------------------------
-    def side_slots(self, side):
+    def slots(self, side):
         st = self.sa if side == "a" else self.sb
-        return self.vector_slots(side) if st.unit > 1 else self.slots(side)
+        return self.vector_slots(side) if st.unit > 1 else super().slots(side)
 
     def side_type(self, side):
         """The type of one copied value of a side (u16, or uvec4 for vectors)."""
         st = self.sa if side == "a" else self.sb
         return self.uvec4_t if st.unit > 1 else self.bits_t
 
-    def copy_side(self, side, slots, k0):
+    def copy_values(self, side, slots, k0):
         st = self.sa if side == "a" else self.sb
         if st.unit > 1:
             return self.copy_vectors(side, slots, k0)
         return self.copy_bits(side, slots, k0)
 
-    def stage(self, side, slots, vals):
+    def store_tile(self, side, slots, vals):
         """Store this invocation's copied values into the side's staged tile."""
         st = self.sa if side == "a" else self.sb
         length = self.br if side == "a" else self.bc
@@ -618,16 +618,7 @@ class CoopWriter(spirv_gemm.GemmWriter):
             for var in row:
                 m.emit("Store", var, self.zero_c)
 
-    def fold_totals(self, k0):
-        """Every block of K, the accumulators are added into the totals and restarted."""
-        m = self.m
-        every = max(self.p.block // self.bk, 1) * self.bk
-        self.open_if(m.op("IEqual", self.boolt(), self.uk("UMod", k0, every),
-                          self.c_u32(every - self.bk)))
-        self.fold_fragments()
-        self.close_if()
-
-    def fold_fragments(self):
+    def fold_accumulators(self):
         m = self.m
         for arow, trow in zip(self.accs, self.totals):
             for a, t in zip(arow, trow):
@@ -636,45 +627,20 @@ class CoopWriter(spirv_gemm.GemmWriter):
                 m.emit("Store", t, s)
                 m.emit("Store", a, self.zero_c)
 
-    def k_loop(self):
-        m = self.m
-        bk = self.bk
-        sides = [(side, self.side_slots(side)) for side in ("a", "b")]
-        held = None
-        if self.prefetch:
-            # the next step's words carried over the loop's back edge
-            held = {side: [m.function_variable(m.type_pointer("Function", self.side_type(side)))
-                           for _ in slots] for side, slots in sides}
-            for side, slots in sides:
-                for var, v in zip(held[side], self.copy_side(side, slots, self.c_u32(0))):
-                    m.emit("Store", var, v)
-        k0 = self.open_loop(self.c_u32(0), self.c_u32(self.p.nk), self.c_u32(bk), self.u32(),
-                            signed=False)
+    def begin_step(self, k0):
         if self.tile.buffers > 1:
             # steps alternate between the two staged copies: step i writes the copy
             # step i - 1 did not read; step i - 2 read it, and every invocation finished
             # those reads before the barrier of step i - 1, which the writer has passed
-            parity = self.uk("BitwiseAnd", self.uk("UDiv", k0, bk), 1)
+            parity = self.uk("BitwiseAnd", self.uk("UDiv", k0, self.bk), 1)
             self.copy_base = {st.side: self.uk("IMul", parity, st.words)
                               for st in (self.sa, self.sb)}
-        for side, slots in sides:
-            if held:
-                vals = [m.op("Load", self.side_type(side), var) for var in held[side]]
-            else:
-                vals = self.copy_side(side, slots, k0)
-            self.stage(side, slots, vals)
-        self.barrier()
-        if held:
-            nxt = self.uk("IAdd", k0, bk)
-            for side, slots in sides:
-                for var, v in zip(held[side], self.copy_side(side, slots, nxt)):
-                    m.emit("Store", var, v)
-        self.products()
+
+    def end_step(self, k0):
         if self.tile.buffers == 1:
             self.barrier()          # the staged tiles are read before the next step writes
         if self.fold:
             self.fold_totals(k0)
-        self.close_loop()
 
     # -- the epilogue ----------------------------------------------------------------------
     def epilogue(self):

@@ -277,17 +277,18 @@ class GemmWriter(KernelWriter):
         """This invocation's values of one operand tile at K origin k0 (u32): the
         operand's closure with the slot's row (col) and K variables, masked, 0 past the
         ends; a list of tile_t value ids."""
-        p = self.p
-        val = p.a if side == "a" else p.b
-        zero = self.zero_tile
+        val = self.p.a if side == "a" else self.p.b
+        return self.guarded_copies(side, slots, k0, 1, lambda: self.masked_value(val),
+                                   self.tile_t, self.zero_tile)
 
-        def compute():
-            self.values([val] + p.masks)
-            v = self.value_as(val, self.mul_dtype)
-            for mask in p.masks:
-                v = self.m.op("Select", self.tile_t, self.as_bool(mask), v, zero)
-            return v
-        return self.guarded_copies(side, slots, k0, 1, compute, self.tile_t, zero)
+    def masked_value(self, val):
+        """Operand value `val` at the index variables as they are set, in the products'
+        dtype (tile_t), 0 where a mask of the plan is off."""
+        self.values([val] + self.p.masks)
+        v = self.value_as(val, self.mul_dtype)
+        for mask in self.p.masks:
+            v = self.m.op("Select", self.tile_t, self.as_bool(mask), v, self.zero_tile)
+        return v
 
     def guarded_copies(self, side, slots, k0, unit, compute, ty, zero):
         """For each slot (`slots`) of one operand tile at K origin k0: `compute()` (a
@@ -404,22 +405,28 @@ class GemmWriter(KernelWriter):
         self.float_modes()
 
     def k_loop(self):
+        """The loop over K in steps of BK: this invocation's share of both operand tiles
+        copied (`copy_values`, one step ahead where prefetching) and staged (`store_tile`),
+        a barrier, the step's products (`products`), then `end_step`. A subclass changes
+        what is copied, staged and multiplied through those methods, `side_type`,
+        `begin_step` and `fold_accumulators`."""
         m = self.m
         bk = self.bk
         sides = [(side, self.slots(side)) for side in ("a", "b")]
         held = None
         if self.prefetch:
             # registers carrying the next step's values over the loop's back edge
-            ptr = m.type_pointer("Function", self.tile_t)
-            held = {side: [m.function_variable(ptr) for _ in slots] for side, slots in sides}
+            held = {side: [m.function_variable(m.type_pointer("Function", self.side_type(side)))
+                           for _ in slots] for side, slots in sides}
             for side, slots in sides:
                 for var, v in zip(held[side], self.copy_values(side, slots, self.c_u32(0))):
                     m.emit("Store", var, v)
         k0 = self.open_loop(self.c_u32(0), self.c_u32(self.p.nk), self.c_u32(bk), self.u32(),
                             signed=False)
+        self.begin_step(k0)
         for side, slots in sides:
             if held:
-                vals = [m.op("Load", self.tile_t, var) for var in held[side]]
+                vals = [m.op("Load", self.side_type(side), var) for var in held[side]]
             else:
                 vals = self.copy_values(side, slots, k0)
             self.store_tile(side, slots, vals)
@@ -430,21 +437,43 @@ class GemmWriter(KernelWriter):
                 for var, v in zip(held[side], self.copy_values(side, slots, nxt)):
                     m.emit("Store", var, v)
         self.products()
+        self.end_step(k0)
+        self.close_loop()
+
+    def side_type(self, side):
+        """The type of one copied value of operand `side` (held over the back edge)."""
+        return self.tile_t
+
+    def begin_step(self, k0):
+        """Called at the top of each K step (K origin k0), before the copies are staged:
+        nothing to do here; the cooperative-matrix writer picks its staged copy."""
+
+    def end_step(self, k0):
+        """After a step's products: a barrier, so the staged tiles are read before the
+        next step writes them, and every block of K the totals (`fold_totals`)."""
         self.barrier()
         if self.fold:
-            # every block of K the sub-tile is added into the totals and restarted
-            every = max(self.p.block // bk, 1) * bk
-            self.open_if(m.op("IEqual", self.boolt(), self.uk("UMod", k0, every),
-                              self.c_u32(every - bk)))
-            zero = self.const(self.p.dtype, 0.0)
-            for arow, trow in zip(self.accs, self.totals):
-                for a, t in zip(arow, trow):
-                    s = m.op("FAdd", self.acc_t, m.op("Load", self.acc_t, t),
-                             m.op("Load", self.acc_t, a))
-                    m.emit("Store", t, s)
-                    m.emit("Store", a, zero)
-            self.close_if()
-        self.close_loop()
+            self.fold_totals(k0)
+
+    def fold_totals(self, k0):
+        """Every block of K, the accumulators are added into the totals and restarted."""
+        m = self.m
+        every = max(self.p.block // self.bk, 1) * self.bk
+        self.open_if(m.op("IEqual", self.boolt(), self.uk("UMod", k0, every),
+                          self.c_u32(every - self.bk)))
+        self.fold_accumulators()
+        self.close_if()
+
+    def fold_accumulators(self):
+        """Each total += its accumulator; the accumulator = 0."""
+        m = self.m
+        zero = self.const(self.p.dtype, 0.0)
+        for arow, trow in zip(self.accs, self.totals):
+            for a, t in zip(arow, trow):
+                s = m.op("FAdd", self.acc_t, m.op("Load", self.acc_t, t),
+                         m.op("Load", self.acc_t, a))
+                m.emit("Store", t, s)
+                m.emit("Store", a, zero)
 
     def epilogue(self):
         """Every output of the sub-tile: its accumulated value through `output`."""
