@@ -956,12 +956,6 @@ def fold_groups(groups, limits):
     return max(gx, 1), max(gy, 1)
 
 
-def coop_label(shape):
-    """A CoopShape as MxNxK A,B->C,result (scope)."""
-    return f"{shape.m}x{shape.n}x{shape.k} {shape.a},{shape.b}->{shape.c},{shape.result} " \
-           f"({shape.scope})"
-
-
 def create_context(vk, pd, family, features, props, debug, coop):
     """The VulkanContext of a physical device, with the cooperative-matrix features of
     `coop` when given; where the driver refuses them, one without (its `coop` False)."""
@@ -1019,8 +1013,7 @@ def initialize(cfg, debug=0):
         if not features["shaderInt64"]:
             reasons.append(f"Vulkan device {i}: no shaderInt64 (zyx's index math)")
             continue
-        extensions = {e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(pd, None)}
-        coop = vulkan_coopmat.support(vk, instance, pd, extensions, features["shaderFloat16"])
+        coop = vulkan_coopmat.support(vk, instance, pd, features["shaderFloat16"])
         try:
             ctx = create_context(vk, pd, family, features, props, debug, coop)
         except vk.VkError as e:
@@ -1038,7 +1031,7 @@ def initialize(cfg, debug=0):
                   file=sys.stderr)
             if coop_shapes:
                 print(f"zyx: Vulkan device {dev.name}: cooperative matrices "
-                      f"{', '.join(coop_label(s) for s in coop_shapes)}", file=sys.stderr)
+                      f"{', '.join(s.label() for s in coop_shapes)}", file=sys.stderr)
     if not devices:
         raise BackendError("; ".join(reasons) or "Vulkan: no physical device")
     return pools, devices

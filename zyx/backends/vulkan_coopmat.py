@@ -141,12 +141,14 @@ def compute_stage(vk, physical):
     return bool(int(props.cooperativeMatrixSupportedStages) & vk.VK_SHADER_STAGE_COMPUTE_BIT)
 
 
-def support(vk, instance, physical, extensions, shader_float16):
-    """The CoopSupport of a physical device whose extension names are `extensions`
-    (`shader_float16`: VkPhysicalDeviceShaderFloat16Int8Features.shaderFloat16), or
-    None (module docstring)."""
+def support(vk, instance, physical, shader_float16):
+    """The CoopSupport of a physical device (`shader_float16`:
+    VkPhysicalDeviceShaderFloat16Int8Features.shaderFloat16), or None (module
+    docstring). Asks the driver nothing unless ZYX_VK_COOPMAT=1."""
     if not requested():
         return None
+    extensions = {e.extensionName
+                  for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)}
     if EXTENSION not in extensions or MEMORY_MODEL_EXTENSION not in extensions or \
             not shader_float16:
         return None
