@@ -29,16 +29,20 @@ REPS = 10
 ROUNDS = 7
 
 
-def _timed(step, sync):
-    step()
-    sync()                       # compile and warm up outside the timing
+def median_per_step(step, sync, warmups=1, rounds=ROUNDS, reps=REPS):
+    """Median seconds per step() over `rounds` rounds of `reps` calls queued back to back
+    and one sync() each, after `warmups` calls and a sync (compilation, pipelines and
+    allocations outside the timing)."""
+    for _ in range(warmups):
+        step()
+    sync()
     times = []
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         t0 = time.perf_counter()
-        for _ in range(REPS):
+        for _ in range(reps):
             step()
         sync()
-        times.append((time.perf_counter() - t0) / REPS)
+        times.append((time.perf_counter() - t0) / reps)
     return float(np.median(times))
 
 
@@ -119,13 +123,13 @@ def main(argv):
         if wanted and name not in wanted:
             continue
         step, nbytes, flops, tfn, shape, dtn = make()
-        t = _timed(step, sync)
+        t = median_per_step(step, sync)
         rate = f"{nbytes / t / 1e9:.0f} GB/s" if nbytes else f"{flops / t / 1e12:.1f} TFLOP/s"
         tt = ""
         ratio = ""
         if torch is not None:
             ta = torch.randn(*shape, device="cuda", dtype=getattr(torch, dtn))
-            tt_s = _timed(lambda: tfn(ta), torch.cuda.synchronize)
+            tt_s = median_per_step(lambda: tfn(ta), torch.cuda.synchronize)
             tt, ratio = f"{tt_s * 1e3:.3f}", f"{t / tt_s:.2f}"
         print(f"| {name} | {t * 1e3:.3f} | {rate} | {tt} | {ratio} |", flush=True)
     if not wanted or "cold" in wanted:

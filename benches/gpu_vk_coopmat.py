@@ -4,7 +4,8 @@
     python3 benches/gpu_vk_coopmat.py [device] [variant ...]     (from the repository root)
 
 The device defaults to vulkan:0. It prints the device's cooperative-matrix shapes
-(DeviceInfo.coop_shapes; none: VK_KHR_cooperative_matrix is absent or ZYX_VK_COOPMAT=0),
+(DeviceInfo.coop_shapes; none: VK_KHR_cooperative_matrix is absent or ZYX_VK_COOPMAT was
+set to something other than 1; the script sets it to 1 when it is unset),
 then one markdown row per size, dtype and variant: the strategies of the programs
 compiled (coopmat: cooperative matrices; gemm: the float tiles), the check against
 torch (CUDA; without it numpy on the first 64 rows: the largest error over the largest
@@ -28,15 +29,17 @@ from __future__ import annotations
 
 import os
 import re
-import statistics
 import sys
-import time
 import traceback
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
+# cooperative matrices are opt-in: the device must enable them when it starts
+os.environ.setdefault("ZYX_VK_COOPMAT", "1")
+
+from bench_vk import median_per_step  # noqa: E402  (after the environment is set)
 
 REPS = 5
 ROUNDS = 15
@@ -46,23 +49,6 @@ SWEEP = ["default", "off", "128x128x32", "128x128x16", "128x128x64", "128x64x32"
 CHECK_ROWS = 64          # rows numpy checks where torch has no CUDA
 ENVS = ("ZYX_VK_COOPMAT", "ZYX_VK_COOPMAT_TILE", "ZYX_VK_GEMM_PREFETCH",
         "ZYX_VK_COOPMAT_VECTOR", "ZYX_VK_COOPMAT_DOUBLE")
-
-
-def median_seconds(step, sync):
-    """Median seconds per step() over ROUNDS rounds of REPS calls and a sync, after two
-    warm-up rounds (compilation, pipeline creation, allocations)."""
-    for _ in range(2):
-        for _ in range(REPS):
-            step()
-        sync()
-    times = []
-    for _ in range(ROUNDS):
-        t0 = time.perf_counter()
-        for _ in range(REPS):
-            step()
-        sync()
-        times.append((time.perf_counter() - t0) / REPS)
-    return statistics.median(times)
 
 
 def cuda_torch():
@@ -80,9 +66,8 @@ def use(zyx, dev, variant):
     spec, *extras = variant.split(",")
     for env in ENVS:
         os.environ.pop(env, None)
-    if spec == "off":
-        os.environ["ZYX_VK_COOPMAT"] = "0"
-    elif spec != "default":
+    os.environ["ZYX_VK_COOPMAT"] = "0" if spec == "off" else "1"
+    if spec not in ("off", "default"):
         os.environ["ZYX_VK_COOPMAT_TILE"] = spec
     for extra in extras:
         if extra == "noprefetch":
@@ -140,7 +125,8 @@ def run_case(zyx, torch, dev, name, n, dtype, variants, t_torch):
             strategies = ",".join(sorted({strategy_label(p, info)
                                           for p in dev._programs.values()}))
             verdict = check(got, ref, dtype)
-            t = median_seconds(lambda: (a @ b).realize(), lambda: zyx.synchronize(name))
+            t = median_per_step(lambda: (a @ b).realize(), lambda: zyx.synchronize(name),
+                                warmups=2 * REPS, rounds=ROUNDS, reps=REPS)
         except Exception as e:          # a variant that does not compile, launch or fit
             first = (str(e).splitlines() or [""])[0][:100]
             print(f"{label} failed: {type(e).__name__}: {first} | | | | | |", flush=True)
@@ -173,12 +159,12 @@ def main(argv):
     print(f"device: {info.name}")
     shapes = info.coop_shapes
     if shapes:
-        print("cooperative-matrix shapes (M x N x K A,B -> C,result scope):")
+        print("cooperative-matrix shapes:")
         for s in shapes:
-            print(f"  {s.m}x{s.n}x{s.k} {s.a},{s.b} -> {s.c},{s.result} {s.scope}")
+            print(f"  {s.label()}")
     else:
         print("cooperative-matrix shapes: none (no VK_KHR_cooperative_matrix, or "
-              "ZYX_VK_COOPMAT=0 at start): the rows show the float tiles")
+              "ZYX_VK_COOPMAT other than 1 at start): the rows show the float tiles")
     where = f"CUDA {torch.cuda.get_device_name()}" if torch else \
         "no CUDA (numpy checks the first rows)"
     print(f"torch: {where}; median of {ROUNDS} rounds of {REPS} products")
@@ -195,7 +181,8 @@ def main(argv):
             if torch is not None:
                 x = torch.randn(n, n, device="cuda").to(getattr(torch, dtype))
                 y = torch.randn(n, n, device="cuda").to(getattr(torch, dtype))
-                t_torch = median_seconds(lambda: x @ y, torch.cuda.synchronize)
+                t_torch = median_per_step(lambda: x @ y, torch.cuda.synchronize,
+                                          warmups=2 * REPS, rounds=ROUNDS, reps=REPS)
             try:
                 run_case(zyx, torch, dev, name, n, dtype, variants, t_torch)
             except Exception as e:      # the operands themselves (memory, dtype)
