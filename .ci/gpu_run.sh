@@ -118,8 +118,6 @@ EOF
         cat "$OUT/bench-base.md"
         ;;
     coopmat)
-        # (ZYX_VK_COOPMAT=1: the strategy is opt-in until this phase has passed on a GPU)
-        export ZYX_VK_COOPMAT=1
         $PY -m pytest -q -p no:cacheprovider -rs tests/test_vulkan_coopmat.py \
             >"$OUT/coopmat.log" 2>&1
         summary "coopmat tests" "$OUT/coopmat.log"

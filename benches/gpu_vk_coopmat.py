@@ -4,8 +4,8 @@
     python3 benches/gpu_vk_coopmat.py [device] [variant ...]     (from the repository root)
 
 The device defaults to vulkan:0. It prints the device's cooperative-matrix shapes
-(DeviceInfo.coop_shapes; none: VK_KHR_cooperative_matrix is absent or ZYX_VK_COOPMAT was
-set to something other than 1; the script sets it to 1 when it is unset),
+(DeviceInfo.coop_shapes; none: VK_KHR_cooperative_matrix is absent or ZYX_VK_COOPMAT=0
+was set at start),
 then one markdown row per size, dtype and variant: the strategies of the programs
 compiled (coopmat: cooperative matrices; gemm: the float tiles), the check against
 torch (CUDA; without it numpy on the first 64 rows: the largest error over the largest
@@ -36,16 +36,14 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
-# cooperative matrices are opt-in: the device must enable them when it starts
-os.environ.setdefault("ZYX_VK_COOPMAT", "1")
 
-from bench_vk import median_per_step  # noqa: E402  (after the environment is set)
+from bench_vk import median_per_step  # noqa: E402  (after the path is set)
 
 REPS = 5
 ROUNDS = 15
 SWEEP = ["default", "off", "128x128x32", "128x128x16", "128x128x64", "128x64x32",
          "64x128x32", "64x64x32", "128x128x32:4x2", "128x128x32:2x2", "128x256x32:2x4",
-         "256x128x32:4x2", "128x128x32,noprefetch", "128x128x32,novector", "128x128x32,single"]
+         "128x256x32:4x2", "128x256x16", "256x128x32:4x2", "128x128x32,noprefetch", "128x128x32,novector", "128x128x32,single"]
 CHECK_ROWS = 64          # rows numpy checks where torch has no CUDA
 ENVS = ("ZYX_VK_COOPMAT", "ZYX_VK_COOPMAT_TILE", "ZYX_VK_GEMM_PREFETCH",
         "ZYX_VK_COOPMAT_VECTOR", "ZYX_VK_COOPMAT_DOUBLE")
@@ -164,7 +162,7 @@ def main(argv):
             print(f"  {s.label()}")
     else:
         print("cooperative-matrix shapes: none (no VK_KHR_cooperative_matrix, or "
-              "ZYX_VK_COOPMAT other than 1 at start): the rows show the float tiles")
+              "ZYX_VK_COOPMAT=0 at start): the rows show the float tiles")
     where = f"CUDA {torch.cuda.get_device_name()}" if torch else \
         "no CUDA (numpy checks the first rows)"
     print(f"torch: {where}; median of {ROUNDS} rounds of {REPS} products")

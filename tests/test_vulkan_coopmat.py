@@ -6,8 +6,8 @@ edges, batched, a linear layer's bias + relu epilogue, every operand layout, a
 convolution's computed windows, block totals), for a device described as NVIDIA's Vulkan
 driver describes itself (16x16x16 subgroup shapes into float32, subgroups of 32), pass
 `spirv-val` and declare what the cooperative matrices need; the strategy's choice and
-knobs; the backend choosing it only where the device lists shapes and ZYX_VK_COOPMAT=1
-(opt-in until it has run on a GPU; on any Vulkan device, lavapipe included, with the shapes claimed).
+knobs; the backend choosing it only where the device lists shapes and ZYX_VK_COOPMAT is
+not 0 (on any Vulkan device, lavapipe included, with the shapes claimed).
 
 On lavapipe (or any Vulkan device), with the shapes claimed and the three cooperative
 operations emulated by plain SPIR-V (`EmulatedWriter`: each invocation of a subgroup
@@ -16,9 +16,9 @@ a load's layout and stride), the rest of the kernel as written for a GPU (copies
 staging, layouts, prefetch, block totals, the scratch and the epilogue) runs against
 numpy.
 
-On a Vulkan device that offers VK_KHR_cooperative_matrix, started with
-ZYX_VK_COOPMAT=1 (.ci/gpu_run.sh coopmat; skipped, with the reason, everywhere else,
-lavapipe included): the same products against numpy and against the
+On a Vulkan device that offers VK_KHR_cooperative_matrix (.ci/gpu_run.sh coopmat on
+NVIDIA's driver; skipped, with the reason, everywhere else, lavapipe included): the same
+products against numpy and against the
 float tiles (ZYX_VK_COOPMAT=0), every module checked by spirv-val as it is compiled.
 """
 from __future__ import annotations
@@ -108,15 +108,16 @@ def products():
 
 @pytest.fixture(autouse=True)
 def coopmat_requested(monkeypatch):
-    """The strategy is opt-in (ZYX_VK_COOPMAT=1) until it has run on a GPU: these tests
-    exercise it, so they ask for it (a test turning it off sets the variable itself)."""
-    monkeypatch.setenv(coopmat.COOPMAT_ENV, "1")
+    """These tests exercise the strategy: a ZYX_VK_COOPMAT=0 in the environment that runs
+    them must not turn it off (a test turning it off sets the variable itself)."""
+    monkeypatch.delenv(coopmat.COOPMAT_ENV, raising=False)
 
 
 # -- modules, without a GPU -------------------------------------------------------------
 
 @needs_spirv_val
-@pytest.mark.parametrize("tile", [None, "32x32x16", "64x64x32", "128x128x32", "128x64x32",
+@pytest.mark.parametrize("tile", [None, "32x32x16", "64x64x32", "128x128x32", "128x256x32",
+                                  "128x64x32",
                                   "64x64x16:1x4", "32x64x32:2x1"])
 def test_modules_validate(tile, monkeypatch):
     """Every product of `products()` the plan accepts is taken by the strategy, and its
@@ -226,11 +227,14 @@ def test_choice_needs_shapes_16bit_operands_and_the_switches(monkeypatch):
         with pytest.raises(ValueError, match=coopmat.TILE_ENV):
             coopmat.choose(k16.ops, info)
     monkeypatch.delenv(coopmat.TILE_ENV)
-    for off in ("0", ""):                           # opt-in: unset is off too
+    for off in ("0", " 0 "):                        # on unless switched off
         monkeypatch.setenv(coopmat.COOPMAT_ENV, off)
         assert coopmat.choose(k16.ops, info) is None
         assert coopmat.own_tiles(info, float_tiles) is float_tiles
-    monkeypatch.setenv(coopmat.COOPMAT_ENV, "1")
+    for on in ("1", ""):
+        monkeypatch.setenv(coopmat.COOPMAT_ENV, on)
+        assert coopmat.choose(k16.ops, info) is not None
+    monkeypatch.delenv(coopmat.COOPMAT_ENV)
     monkeypatch.setenv("ZYX_VK_GEMM", "0")          # every product tile off
     assert coopmat.choose(k16.ops, info) is None
 
@@ -535,8 +539,7 @@ def coop_device(vk_device, monkeypatch):
     default choice) that gives (fn's result, the strategies of the programs compiled)."""
     info = vk_device.info()
     if coopmat.fragment(info, zyx.float16) is None:
-        why = ("ZYX_VK_COOPMAT=1 was not set when the device started (the strategy is "
-               "opt-in)" if not coopmat.requested() else
+        why = ("ZYX_VK_COOPMAT=0 when the device started" if not coopmat.requested() else
                f"{info.coop_shapes or 'no shapes'}")
         pytest.skip(f"{info.name} offers no float16 cooperative matrices "
                     f"(VK_KHR_cooperative_matrix): {why}")

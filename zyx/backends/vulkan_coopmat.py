@@ -7,9 +7,9 @@ Vulkan memory model those modules declare (VK_KHR_vulkan_memory_model,
 type) and, where the device offers bfloat16 shapes, VK_KHR_shader_bfloat16's type and
 cooperative-matrix features.
 
-`support()` answers None (nothing enabled, `DeviceInfo.coop_shapes` empty) unless
-ZYX_VK_COOPMAT=1 at device start (off by default until run on a GPU: coopmat.requested), when an extension or feature is missing, or when no
-subgroup shape multiplies float16 (or bfloat16) into float32.
+`support()` answers None (nothing enabled, `DeviceInfo.coop_shapes` empty) when
+ZYX_VK_COOPMAT=0 at device start (coopmat.requested), when an extension or feature is
+missing, or when no subgroup shape multiplies float16 (or bfloat16) into float32.
 """
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def compute_stage(vk, physical):
 def support(vk, instance, physical, shader_float16):
     """The CoopSupport of a physical device (`shader_float16`:
     VkPhysicalDeviceShaderFloat16Int8Features.shaderFloat16), or None (module
-    docstring). Asks the driver nothing unless ZYX_VK_COOPMAT=1."""
+    docstring). Asks the driver nothing when ZYX_VK_COOPMAT=0."""
     if not requested():
         return None
     extensions = {e.extensionName

@@ -49,10 +49,9 @@ and the scratch that another invocation reads is non-private and made available 
 or visible (loads) at workgroup scope, as glslang writes `shared` variables; the group
 and subgroup barriers (AcquireRelease | WorkgroupMemory) then order them.
 
-Knobs (read at each compile): ZYX_VK_COOPMAT=1 turns the strategy on (off by default
-until these kernels have run on a GPU with the extension, see `requested`; read at device
-start too: without it the extension is not enabled and the float tiles take these
-products); ZYX_VK_COOPMAT_TILE=BMxBNxBK[:WMxWN] forces a tile (BM, BN multiples of the
+Knobs (read at each compile): ZYX_VK_COOPMAT=0 turns the strategy off (see `requested`;
+read at device start too: then the extension is not enabled and the float tiles take
+these products); ZYX_VK_COOPMAT_TILE=BMxBNxBK[:WMxWN] forces a tile (BM, BN multiples of the
 fragment's sides times the subgroups along them, BK of the fragment's K) and optionally
 the subgroup grid; ZYX_VK_COOPMAT_VECTOR=0 copies every operand value by value;
 ZYX_VK_COOPMAT_DOUBLE=0 stages one copy of the operand tiles (two barriers a step); the
@@ -77,8 +76,11 @@ VECTOR_ENV = "ZYX_VK_COOPMAT_VECTOR"
 DOUBLE_ENV = "ZYX_VK_COOPMAT_DOUBLE"
 VECTOR = G.VEC_BYTES // 2     # 16-bit values per 16-byte copy (one uvec4)
 PAD = 8                 # 16-bit elements after each staged row (16 bytes)
-# (rows, cols, K step) per group, tried largest first (as gpu.gemm.TILES)
-TILES = ((128, 128, 32), (128, 64, 32), (64, 128, 32), (64, 64, 32), (64, 32, 32),
+# (rows, cols, K step) per group, tried largest first (as gpu.gemm.TILES). 128x256 (2x4
+# subgroups of 64x64 outputs) was the fastest of the sweep on an H200 at 4096 (190
+# TFLOP/s against 150 for 128x128, benches/gpu_vk_coopmat.py sweep); it needs 512 groups
+# of 4096^2 outputs, so smaller products fall to 128x128 through the cover test.
+TILES = ((128, 256, 32), (128, 128, 32), (128, 64, 32), (64, 128, 32), (64, 64, 32), (64, 32, 32),
          (32, 64, 32), (32, 32, 32))
 MAX_LOCAL = 1024        # invocations per group (Vulkan's guaranteed minimum is 128)
 USE_A, USE_B, USE_ACCUMULATOR = 0, 1, 2          # Cooperative Matrix Use
@@ -140,15 +142,13 @@ class CoopTile:
 
 
 def requested():
-    """Whether ZYX_VK_COOPMAT=1 asks for cooperative matrices. Off by default until the
-    kernels have run on a device with the extension: they were validated with spirv-val
-    and run on lavapipe with the three cooperative instructions emulated, never on a GPU,
-    so a driver's reading of a layout or stride could still differ from ours."""
-    return os.environ.get(COOPMAT_ENV, "").strip() == "1"
+    """Whether cooperative matrices may be used: yes unless ZYX_VK_COOPMAT=0 (the float
+    tiles then take every product; read at device start and at each compile)."""
+    return os.environ.get(COOPMAT_ENV, "1").strip() != "0"
 
 
 def enabled(info):
-    """Whether the strategy may take products on the device `info`: ZYX_VK_COOPMAT=1
+    """Whether the strategy may take products on the device `info`: not switched off
     (`requested`), the device lists shapes and the float tiles are on
     (spirv_gemm.enabled)."""
     if not requested():
