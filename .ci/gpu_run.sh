@@ -38,8 +38,8 @@
 #           against numpy and the float tiles), then benches/gpu_vk_coopmat.py: float16 and
 #           bfloat16 matmuls 1024-4096 beside torch (COOPMAT_VARIANTS: the script's
 #           variants, e.g. "sweep"; default "default off")
-#   suites  the whole suite with CUDA, Vulkan and WebGPU as the default device, the three
-#           at once (4 xdist workers each)
+#   suites  the tests of each backend of SUITES (default "cuda vulkan wgpu"; -k BACKEND,
+#           SUITE_ALL=1 the whole suite) with it as the default device, all at once
 #   recipes benches/bench_recipes.py on CUDA (issue 31's recipes, torch CUDA beside them:
 #           zyx/torch ratios), then tests/test_bounds.py with CUDA as the default device
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
@@ -192,19 +192,24 @@ EOF
         done
         ;;
     suites)
-        # the whole suite on CUDA, Vulkan and WebGPU at once (one GPU, 16 cores: the three
-        # share it), each with only its own devices in the `device` fixture
-        # (ZYX_TEST_DEVICES) and bounded by SUITE_TIMEOUT (SIGINT: pytest still prints
-        # what ran)
-        n=4; $PY -c "import xdist" 2>/dev/null || n=0
-        XD=(); [ "$n" -gt 0 ] && XD=(-n "$n")
-        for d in cuda vulkan wgpu; do
+        # the device-parametrized suite on several backends at once (SUITES, default
+        # "cuda vulkan wgpu"; one GPU, 16 cores: they share it, 12 xdist workers split
+        # between them): each run has only its own devices in the `device` fixture
+        # (ZYX_TEST_DEVICES) and selects the tests whose names or ids name its backend
+        # (-k; SUITE_ALL=1: every test, the CPU-only ones too), bounded by SUITE_TIMEOUT
+        # (SIGINT: pytest still prints what ran)
+        read -r -a suites <<<"${SUITES:-cuda vulkan wgpu}"
+        n=$(( 12 / ${#suites[@]} )); $PY -c "import xdist" 2>/dev/null || n=0
+        XD=(); [ "$n" -gt 1 ] && XD=(-n "$n")
+        for d in "${suites[@]}"; do
+            K=(-k "$d"); [ "${SUITE_ALL:-0}" = 1 ] && K=()
             ZYX_DEVICE=$d ZYX_TEST_DEVICES=$d ZYX_SPIRV_VALIDATE=0 \
                 timeout -s INT "${SUITE_TIMEOUT:-540}" $PY -m pytest -q \
-                -p no:cacheprovider "${XD[@]}" --maxfail=30 tests >"$OUT/suite-$d.log" 2>&1 &
+                -p no:cacheprovider "${XD[@]}" "${K[@]}" --maxfail=30 tests \
+                >"$OUT/suite-$d.log" 2>&1 &
         done
         wait
-        for d in cuda vulkan wgpu; do
+        for d in "${suites[@]}"; do
             summary "suite on $d" "$OUT/suite-$d.log"
             grep -E "^(FAILED|ERROR)" "$OUT/suite-$d.log" | head -15
         done

@@ -209,6 +209,17 @@ def skip_on_lavapipe(why):
         pytest.skip(f"lavapipe on {dev}: {why}")
 
 
+def skip_without_signed_zeros(why):
+    """Skip the running test where a computed zero's sign may be lost (`why`: how the test
+    brings a -0.0 back): on lavapipe, which folds such expressions, and on WebGPU, whose
+    WGSL specification lets an implementation ignore the sign of a zero (NVIDIA's driver
+    through wgpu does, in the gather case)."""
+    skip_on_lavapipe(f"{why}: lavapipe folds it without signed zeros")
+    dev = zyx.get_default_device()
+    if str(dev).startswith("wgpu"):
+        pytest.skip(f"{dev}: {why}: WGSL lets implementations ignore the sign of a zero")
+
+
 def only_backend(name, reason):
     """Body of a module fixture running a test module on backend `name` alone: the
     runtime is re-initialized with only that backend (skipping the module with `reason`
