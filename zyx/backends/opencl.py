@@ -4,14 +4,15 @@ shared C-family renderer with `OpenCLDialect` and lowered to work-groups by `gpu
 One device per OpenCL device found, each with its own context, in-order queue and pool.
 Config (`"opencl"` section of config.json): platform_ids (list of platform numbers to
 use, default all), enabled (default true), cache_limit_mb (the freed buffers a device's
-pool keeps for reuse, default a tenth of its memory), plan_launches (default true;
-ZYX_PLAN_LAUNCHES=0: every plan's kernels get their own cl.Kernel objects with their
-arguments set once, `PlanLaunches`). A CPU OpenCL device (PoCL) ranks below the
+pool keeps for reuse, default a tenth of its memory), plan_launches (every plan's kernels
+get their own cl.Kernel objects with their arguments set once, `PlanLaunches`; default on,
+off on NVIDIA's platform: `plan_launches_default`; ZYX_PLAN_LAUNCHES=0/1 decides). A CPU OpenCL device (PoCL) ranks below the
 C backend, so it is the default device only when ZYX_DEVICE=opencl or the config's
 "default_device": "opencl" asks for it.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -41,15 +42,7 @@ UNBOUND = object()   # a PlanLaunches slot whose kernel arguments were never set
 class OpenCLMemoryPool(MemoryPool):
     """Device buffers (cl.Buffer). Freed buffers are kept by size and handed out again, as
     realizations allocate the same sizes every step; they are released when the device
-    runs out of memory.
-
-    Sub-buffers (`sub_buffer`: a plan's temporaries at offsets of its arena) outlive
-    neither their parent nor the commands that use them: a parent with sub-buffers is
-    never released while they exist (trim leaves it to the last one), and sub-buffers that
-    are let go (`retire`) are released only once the queue has finished, before their
-    parent. NVIDIA's OpenCL crashed (SIGSEGV, at the next clReleaseMemObject) where a
-    parent was released by trim while a plan still held sub-buffers of it, then those
-    were released when the plans were dropped."""
+    runs out of memory."""
     name = "opencl"
 
     def __init__(self, cl, ctx, queue, total_bytes, cache_limit=None):
@@ -59,10 +52,6 @@ class OpenCLMemoryPool(MemoryPool):
         self.queue = queue
         self._blocks = FreeBlocks(default_limit(total_bytes, cache_limit))  # freed buffers
         self._uploads = []  # events of queued host->device copies (each holds its array)
-        # id(parent) -> [parent cl.Buffer, live sub-buffers, trimmed (release it when the
-        # last sub-buffer goes)]
-        self._parents = {}
-        self._retired = []  # (parent, sub-buffers) let go, released at the next finish
 
     def allocate(self, nbytes):
         if nbytes > self.free_bytes:
@@ -108,66 +97,9 @@ class OpenCLMemoryPool(MemoryPool):
     def trim(self, keep=0):
         """Release kept free buffers, the ones freed longest ago first, until at most
         `keep` bytes stay kept (0: all; zyx.empty_cache). OpenCL frees a buffer's memory
-        once the commands using it have run. A buffer with sub-buffers is released after
-        its last one (class docstring)."""
+        once the commands using it have run."""
         for b in self._blocks.evict(keep):
-            entry = self._parents.get(id(b))
-            if entry is None:
-                b.release()
-            else:
-                entry[2] = True
-
-    def sub_buffer(self, parent, offset, nbytes):
-        """The bytes [offset, offset + nbytes) of the cl.Buffer `parent` as a buffer of
-        their own; `retire` lets it go."""
-        sub = parent.get_sub_region(offset, nbytes)
-        entry = self._parents.get(id(parent))
-        if entry is None:
-            entry = self._parents[id(parent)] = [parent, 0, False]
-        entry[1] += 1
-        return sub
-
-    def retire(self, parent, subs):
-        """Let go of sub-buffers of `parent` made by `sub_buffer`: released once the queue
-        has finished (queued kernels may still use them), then the parent where trim had
-        released it meanwhile."""
-        if subs:
-            self._retired.append((parent, list(subs)))
-            if len(self._retired) > 64:     # a loop that never reads back: wait here
-                self.queue.finish()
-                self.finished()
-
-    def _release_retired(self):
-        """Release the retired sub-buffers (the queue has finished), then each parent that
-        trim released meanwhile and that has no sub-buffer left."""
-        retired, self._retired = self._retired, []
-        for parent, subs in retired:
-            for sub in subs:
-                sub.release()
-            entry = self._parents.get(id(parent))
-            if entry is None:
-                continue
-            entry[1] -= len(subs)
-            if entry[1] <= 0:
-                del self._parents[id(parent)]
-                if entry[2]:
-                    parent.release()
-
-    def __del__(self):
-        # a pool dropped with its device (the runtime re-initialized): sub-buffers before
-        # their parents here too
-        try:
-            self.queue.finish()
-            self._release_retired()
-        except Exception:     # interpreter shutdown: pyopencl may be gone already
-            pass
-
-    def finished(self):
-        """The queue has run everything queued: forget the uploads' events and release
-        what was retired."""
-        self._uploads.clear()
-        if self._retired:
-            self._release_retired()
+            b.release()
 
     def host_to_pool(self, src, dst, wait_events=()):
         """Queue the copy and return: a blocking write on the in-order queue would wait for
@@ -190,7 +122,7 @@ class OpenCLMemoryPool(MemoryPool):
             return
         self.cl.enqueue_copy(self.queue, dst.reshape(-1).view(np.uint8), src.handle,
                              wait_for=list(wait_events) or None, is_blocking=True)
-        self.finished()           # in order: everything queued before has run
+        self._uploads.clear()     # in order: every copy queued before has run
 
     def sync_events(self, events):
         events = [e for e in events if e is not None]
@@ -233,7 +165,6 @@ class PlanLaunches:
     def __init__(self, device, kernels, nslots):
         cl = device.cl
         self.cl = cl
-        self.pool = device.pool
         self.queue = device.pool.queue
         self.launches = []        # (cl.Kernel, global size, local size)
         self.users = [[] for _ in range(nslots)]     # per slot: (cl.Kernel, arg, offset)
@@ -257,7 +188,6 @@ class PlanLaunches:
         # to NULL, or the launch fails with INVALID_KERNEL_ARGS)
         self.bound = [UNBOUND] * nslots
         self.subs = {}                    # arena offset -> sub-buffer of the bound arena
-        self.arena = None                 # the cl.Buffer those sub-buffers are regions of
 
     def run(self, table):
         """Enqueue the plan over `table` (Buffers, None for an empty arena)."""
@@ -267,8 +197,7 @@ class PlanLaunches:
             if handle is not bound[k]:
                 bound[k] = handle
                 if k == 0 and handle is not None:
-                    self._retire_subs()
-                    self.arena = handle
+                    self.subs = {}
                     for kern, j, off in self.users[0]:
                         kern.set_arg(j, self._sub(buf, off))
                 else:
@@ -284,24 +213,9 @@ class PlanLaunches:
         sub = self.subs.get(offset)
         if sub is None:
             sub = arena.handle if offset == 0 else \
-                self.pool.sub_buffer(arena.handle, offset, arena.nbytes - offset)
+                arena.handle.get_sub_region(offset, arena.nbytes - offset)
             self.subs[offset] = sub
         return sub
-
-    def _retire_subs(self):
-        """Hand the sub-buffers of the arena bound so far to the pool (OpenCLMemoryPool:
-        released after the queue finished, before their parent)."""
-        subs = [sub for off, sub in self.subs.items() if off != 0]
-        self.subs = {}
-        if subs:
-            self.pool.retire(self.arena, subs)
-
-    def __del__(self):
-        # a dropped plan (plans evicted or cleared) leaves its sub-buffers to the pool
-        try:
-            self._retire_subs()
-        except Exception:     # interpreter shutdown: the pool may be gone already
-            pass
 
 
 def _warp_size(cl, d, is_cpu):
@@ -464,13 +378,23 @@ class OpenCLDevice(ProgramCache):
     def synchronize(self):
         """Wait until everything queued on this device has run."""
         self.pool.queue.finish()
-        self.pool.finished()
+        self.pool._uploads.clear()
 
     def release(self, program):
         self.forget(program)
         for b in program.scratch or ():
             b.release()
         program.scratch = None
+
+
+def plan_launches_default(platform_name):
+    """Whether plans run through PlanLaunches when neither ZYX_PLAN_LAUNCHES nor the
+    config says: not on NVIDIA's OpenCL. There, releasing the sub-buffers that hold a
+    plan's arena temporaries segfaulted inside the driver (clReleaseMemObject, an H200,
+    driver of 2026-11: when plans were dropped, and again when the release waited for the
+    queue to finish and came before the parent's), while the kernel-by-kernel path, which
+    makes no sub-buffers, passed the same tests."""
+    return "NVIDIA" not in platform_name.upper()
 
 
 def _platforms(cl, cfg):
@@ -512,6 +436,7 @@ def initialize(cfg, debug=0):
 
     pools, devices, reasons = [], [], []
     limit = configured_limit(cfg)
+    explicit = "ZYX_PLAN_LAUNCHES" in os.environ or "plan_launches" in cfg
     plan_launches = switch(cfg, "plan_launches", "ZYX_PLAN_LAUNCHES")
     for platform in _platforms(cl, cfg):
         try:
@@ -538,7 +463,8 @@ def initialize(cfg, debug=0):
             pool = OpenCLMemoryPool(cl, ctx, queue, d.global_mem_size, limit)
             pools.append(pool)
             device = OpenCLDevice(cl, d, pool, debug)
-            device.plan_launches = plan_launches
+            device.plan_launches = plan_launches if explicit else \
+                plan_launches_default(platform.name)
             devices.append(device)
     if not devices:
         raise BackendError("; ".join(reasons) or "OpenCL: no platform has a usable device")
