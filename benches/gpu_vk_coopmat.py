@@ -43,7 +43,8 @@ REPS = 5
 ROUNDS = 15
 SWEEP = ["default", "off", "128x128x32", "128x128x16", "128x128x64", "128x64x32",
          "64x128x32", "64x64x32", "128x128x32:4x2", "128x128x32:2x2", "128x256x32:2x4",
-         "128x256x32:4x2", "128x256x16", "256x128x32:4x2", "128x128x32,noprefetch", "128x128x32,novector", "128x128x32,single"]
+         "128x256x32:4x2", "128x256x16", "256x128x32:4x2", "128x128x32,noprefetch",
+         "128x128x32,novector", "128x128x32,single"]
 CHECK_ROWS = 64          # rows numpy checks where torch has no CUDA
 ENVS = ("ZYX_VK_COOPMAT", "ZYX_VK_COOPMAT_TILE", "ZYX_VK_GEMM_PREFETCH",
         "ZYX_VK_COOPMAT_VECTOR", "ZYX_VK_COOPMAT_DOUBLE")

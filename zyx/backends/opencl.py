@@ -6,9 +6,9 @@ Config (`"opencl"` section of config.json): platform_ids (list of platform numbe
 use, default all), enabled (default true), cache_limit_mb (the freed buffers a device's
 pool keeps for reuse, default a tenth of its memory), plan_launches (every plan's kernels
 get their own cl.Kernel objects with their arguments set once, `PlanLaunches`; default on,
-off on NVIDIA's platform: `plan_launches_default`; ZYX_PLAN_LAUNCHES=0/1 decides). A CPU OpenCL device (PoCL) ranks below the
-C backend, so it is the default device only when ZYX_DEVICE=opencl or the config's
-"default_device": "opencl" asks for it.
+off on NVIDIA's platform: `plan_launches_default`; ZYX_PLAN_LAUNCHES=0/1 decides). A CPU
+OpenCL device (PoCL) ranks below the C backend, so it is the default device only when
+ZYX_DEVICE=opencl or the config's "default_device": "opencl" asks for it.
 """
 from __future__ import annotations
 

@@ -51,8 +51,8 @@ and subgroup barriers (AcquireRelease | WorkgroupMemory) then order them.
 
 Knobs (read at each compile): ZYX_VK_COOPMAT=0 turns the strategy off (see `requested`;
 read at device start too: then the extension is not enabled and the float tiles take
-these products); ZYX_VK_COOPMAT_TILE=BMxBNxBK[:WMxWN] forces a tile (BM, BN multiples of the
-fragment's sides times the subgroups along them, BK of the fragment's K) and optionally
+these products); ZYX_VK_COOPMAT_TILE=BMxBNxBK[:WMxWN] forces a tile (BM, BN multiples of
+the fragment's sides times the subgroups along them, BK of the fragment's K) and optionally
 the subgroup grid; ZYX_VK_COOPMAT_VECTOR=0 copies every operand value by value;
 ZYX_VK_COOPMAT_DOUBLE=0 stages one copy of the operand tiles (two barriers a step); the
 float tiles' ZYX_VK_GEMM=0 turns this strategy off too, and their
@@ -80,8 +80,8 @@ PAD = 8                 # 16-bit elements after each staged row (16 bytes)
 # subgroups of 64x64 outputs) was the fastest of the sweep on an H200 at 4096 (190
 # TFLOP/s against 150 for 128x128, benches/gpu_vk_coopmat.py sweep); it needs 512 groups
 # of 4096^2 outputs, so smaller products fall to 128x128 through the cover test.
-TILES = ((128, 256, 32), (128, 128, 32), (128, 64, 32), (64, 128, 32), (64, 64, 32), (64, 32, 32),
-         (32, 64, 32), (32, 32, 32))
+TILES = ((128, 256, 32), (128, 128, 32), (128, 64, 32), (64, 128, 32), (64, 64, 32),
+         (64, 32, 32), (32, 64, 32), (32, 32, 32))
 MAX_LOCAL = 1024        # invocations per group (Vulkan's guaranteed minimum is 128)
 USE_A, USE_B, USE_ACCUMULATOR = 0, 1, 2          # Cooperative Matrix Use
 ROW_MAJOR, COLUMN_MAJOR = 0, 1                   # Cooperative Matrix Layout
