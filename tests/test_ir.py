@@ -128,6 +128,52 @@ def test_cse_keeps_signed_zeros_apart():
     assert not np.signbit(out[0]) and np.signbit(out[1])
 
 
+def test_decided_guards_and_signed_zero_sums_fold(device):
+    """What a range split leaves for simplify: a guarded load whose guard is a constant
+    reads plainly (true) or is 0 (false), a conjunction with a constant is its other side
+    or the constant, and x + -0.0 and x - 0.0 are x; x + 0.0 and x - -0.0 stay (they
+    make -0.0 into 0.0). The optimized kernel computes what the unoptimized one does."""
+    ops = [(K.DEFINE, F32, K.SCOPE_GLOBAL, 0, False, 32, -1),  # 0 out: 4 rows of 8
+           (K.DEFINE, F32, K.SCOPE_GLOBAL, 1, True, 8, -1),    # 1 x
+           (K.INDEX, I64, 0, 8),                               # 2 i
+           (K.CONST, BOOL, True), (K.CONST, BOOL, False),      # 3, 4
+           (K.CONST, I64, 5),                                  # 5
+           (K.BINARY, BOOL, K.B_CMPLT, 2, 5),                  # 6 i < 5
+           (K.BINARY, BOOL, K.B_AND, 3, 6),                    # 7 True and (i < 5): 6
+           (K.BINARY, BOOL, K.B_OR, 6, 4),                     # 8 (i < 5) or False: 6
+           (K.BINARY, BOOL, K.B_AND, 6, 4),                    # 9 False
+           (K.LOAD, F32, 1, 2, 3),                             # 10 x[i] (guard true)
+           (K.LOAD, F32, 1, 2, 9),                             # 11 0.0 (guard false)
+           (K.LOAD, F32, 1, 2, 8),                             # 12 guarded by i < 5
+           (K.CONST, F32, -0.0), (K.CONST, F32, 0.0),          # 13, 14
+           (K.BINARY, F32, K.B_ADD, 10, 13),                   # 15 x + -0.0: x
+           (K.BINARY, F32, K.B_ADD, 14, 10),                   # 16 0.0 + x: stays
+           (K.BINARY, F32, K.B_SUB, 12, 14),                   # 17 g - 0.0: g
+           (K.BINARY, F32, K.B_SUB, 10, 13),                   # 18 x - -0.0: stays
+           (K.BINARY, F32, K.B_ADD, 15, 11),                   # 19 x + 0.0 (the load): stays
+           (K.CONST, I64, 8), (K.BINARY, I64, K.B_ADD, 2, 20),  # 20, 21: i + 8
+           (K.CONST, I64, 16), (K.BINARY, I64, K.B_ADD, 2, 22),  # 22, 23: i + 16
+           (K.CONST, I64, 24), (K.BINARY, I64, K.B_ADD, 2, 24),  # 24, 25: i + 24
+           (K.STORE, None, 0, 2, 17), (K.STORE, None, 0, 21, 16),
+           (K.STORE, None, 0, 23, 18), (K.STORE, None, 0, 25, 19)]
+    k = K.Kernel(ops, [(F32, 32, False), (F32, 8, True)], "guards")
+    opt = passes.optimize(k)
+    loads = [op for op in opt.ops if op[0] == K.LOAD]
+    assert len(loads) == 2 and sorted(op[4] == -1 for op in loads) == [False, True], opt
+    bools = [op for op in opt.ops if op[0] == K.BINARY and op[1] is BOOL]
+    assert [op[2] for op in bools] == [K.B_CMPLT], opt       # And / Or folded away
+    adds = [op for op in opt.ops if op[0] == K.BINARY and op[1] is F32]
+    assert len(adds) == 3, opt                                # 16, 18, 19 stay
+    x = np.array([-0.0, 0.0, 1.5, -2.0, np.nan, -np.inf, -0.0, 3.0], np.float32)
+    want = np.concatenate([np.where(np.arange(8) < 5, x, 0) - np.float32(0.0),
+                           np.float32(0.0) + x, x - np.float32(-0.0), x + np.float32(0.0)])
+    for kernel in (k, opt):
+        got = _run(kernel, x)
+        assert np.array_equal(got, want, equal_nan=True)
+        if "llvmpipe" not in repr(device):   # (lavapipe folds 0.0 + x to x itself)
+            assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
 def test_folding_in_graphs_keeps_values():
     """Constant-only graphs fold to constants and still compute the right values."""
     assert (zyx.full((2,), 300, dtype=zyx.int32).cast(zyx.int8) + 1).tolist() == [45, 45]

@@ -218,6 +218,136 @@ def test_cat_noncontiguous_and_mixed_sizes(a):
         zyx.stack([x, zyx.zeros(2, 3, 5)])
 
 
+# cat and pad on the C backend: loops split at the parts' ranges (codegen/cpu/rangesplit.py)
+
+@pytest.fixture
+def split_log(monkeypatch, device):
+    """The piece counts of every kernel the C backend's index-set split looked at while
+    the test ran (plans cleared first so its kernels are compiled), and whether the
+    test's device is the C backend (elsewhere the list stays empty)."""
+    from zyx.codegen.cpu import rangesplit
+    log = []
+    split = rangesplit.split_ranges
+
+    def logged(kernel):
+        pieces = split(kernel)
+        log.append(len(pieces) if pieces else 1)
+        return pieces
+    monkeypatch.setattr(rangesplit, "split_ranges", logged)
+    zyx._RT.plans.clear()
+    return log, device.type == "cpu"
+
+
+def _was_split(split_log, pieces=2):
+    log, cpu = split_log
+    assert not cpu or max(log, default=1) >= pieces, log
+
+
+def test_cat_of_odd_1d_parts_splits_exactly(split_log):
+    """Parts of odd lengths, one of a single element and one shorter than a split piece
+    (it stays guarded inside its neighbour's piece), with NaN, infinities and -0.0 at
+    the ends of the parts: every element exact, the signs of zeros kept, the ranges'
+    first and last elements included."""
+    rng = np.random.default_rng(5)
+    lens = (1001, 1, 2047, 3, 777, 130)
+    parts = [rng.standard_normal(n).astype(np.float32) for n in lens]
+    for p in parts:
+        p[0], p[-1] = -0.0, np.nan if len(p) > 2 else -np.inf
+    parts[2][1], parts[2][-2] = np.inf, -0.0
+    got = zyx.cat([zyx.Tensor(p) * 1 for p in parts]).numpy()
+    want = np.concatenate(parts)
+    assert got.shape == want.shape
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.signbit(got[~np.isnan(want)]), np.signbit(want[~np.isnan(want)]))
+    _was_split(split_log, 4)
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 40, 50), 0), ((40, 3, 50), 1), ((20, 30, 7), 2),
+                                        ((37, 41), 0), ((41, 37), 1)],
+                         ids=["3d-axis0", "3d-middle", "3d-last", "2d-axis0", "2d-axis1"])
+def test_cat_along_each_axis_splits(split_log, shape, axis):
+    """cat of three parts of different lengths along the first, a middle and the last
+    axis: values exact against numpy."""
+    rng = np.random.default_rng(axis)
+    parts = []
+    for n in (shape[axis], 1 + shape[axis] // 3, 2 * shape[axis] + 1):
+        s = list(shape)
+        s[axis] = n
+        parts.append(rng.standard_normal(s).astype(np.float32))
+    got = zyx.cat([zyx.Tensor(p) + 0 for p in parts], dim=axis)
+    assert_close(got, np.concatenate(parts, axis), dtype=zyx.float32, rtol=0, atol=0)
+    _was_split(split_log, 3)
+
+
+def test_cat_fused_with_elementwise_work_splits(split_log):
+    """Elementwise work on the parts (exp, a cast, a product of two parts) and after the
+    cat (a scale and shift), all in the cat's kernel: values against numpy."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((64, 30)).astype(np.float32)
+    b = rng.standard_normal((64, 17)).astype(np.float32)
+    i = rng.integers(-5, 5, (64, 9)).astype(np.int32)
+    x, y, k = zyx.Tensor(a), zyx.Tensor(b), zyx.Tensor(i)
+    got = zyx.cat([x.exp(), y * y - 1, k.float(), x[:, :4] * y[:, :4]], dim=1) * 0.5 + 2
+    want = np.concatenate([np.exp(a), b * b - 1, i.astype(np.float32), a[:, :4] * b[:, :4]],
+                          1) * 0.5 + 2
+    assert_close(got, want, dtype=zyx.float32)
+    _was_split(split_log, 4)
+
+
+def test_pad_with_a_value_splits_on_both_axes(split_log):
+    """A 2-D pad with a nonzero value on every side: the pieces that are all padding
+    store the value, the middle one copies; values exact, also fused with work after."""
+    b = np.random.default_rng(8).standard_normal((50, 61)).astype(np.float32)
+    x = zyx.Tensor(b)
+    want = np.pad(b, ((3, 2), (1, 4)), constant_values=1.5)
+    assert_close(x.pad((1, 4, 3, 2), value=1.5), want, dtype=zyx.float32, rtol=0, atol=0)
+    _was_split(split_log, 4)
+    assert_close((x * 2).pad((1, 4, 3, 2), value=-7.0) - 1,
+                 np.pad(b * 2, ((3, 2), (1, 4)), constant_values=-7.0) - 1, dtype=zyx.float32)
+    i = np.arange(3000, dtype=np.int64)
+    assert_close(zyx.Tensor(i).pad((70, 90), value=7), np.pad(i, (70, 90), constant_values=7),
+                 dtype=zyx.int64)
+
+
+def test_cat_with_an_empty_part_splits(split_log):
+    """A zero-length part between two others (and at the end) adds no piece and no
+    element."""
+    rng = np.random.default_rng(9)
+    p = rng.standard_normal((33, 70)).astype(np.float32)
+    q = rng.standard_normal((33, 50)).astype(np.float32)
+    e = np.zeros((33, 0), np.float32)
+    parts = [p, e, q, e]
+    got = zyx.cat([zyx.Tensor(t) * 1 for t in parts], dim=1)
+    assert_close(got, np.concatenate(parts, 1), dtype=zyx.float32, rtol=0, atol=0)
+    _was_split(split_log, 2)
+
+
+def test_cat_kernel_is_one_plain_loop_per_part(monkeypatch, device):
+    """The C source of a cat of four flattened parts has one loop per part, each a plain
+    copy: no guarded load, no select, and the pieces after the first `nowait` but the
+    last; without the split it is one loop with a guarded load per part."""
+    from zyx._core.kernelizer import kernelize
+    from zyx.codegen.cpu import rangesplit
+    if device.type != "cpu":
+        pytest.skip("the C backend's rendering")
+    dev = zyx._RT.device()
+    rng = np.random.default_rng(10)
+    shapes = [(40, 30), (70,), (64, 33), (7, 20)]
+    parts = [zyx.Tensor(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+    t = zyx.cat([(p * 1.0).reshape(-1) for p in parts])
+    g = zyx._RT.graph
+    order, _ = g.collect([t._id])
+    steps, _ = kernelize(g, order, [t._id], dev.info().preferred_vector_size)
+    kernel, = [s.kernel for s in steps if s.kernel is not None]
+    split = dev.render(kernel, "k")
+    assert split.count("for (") == len(shapes), split
+    assert " ? " not in split and "%" not in split, split
+    assert split.count("nowait") == (len(shapes) - 1 if "omp for" in split else 0), split
+    monkeypatch.setattr(rangesplit, "ENABLED", False)
+    whole = dev.render(kernel, "k")
+    assert whole.count("for (") == 1 and whole.count(" ? ") >= len(shapes), whole
+
+
 def test_split_chunk():
     b = np.random.randn(7, 4).astype(np.float32)
     x = zyx.Tensor(b)

@@ -2,6 +2,8 @@
 """Always-on IR passes: constant folding with algebraic identities, common subexpression
 elimination and dead code elimination. Each pass maps an op list to a new op list; SSA
 references are renumbered at the end so backends see a dense list."""
+import math
+
 import numpy as np
 
 from .kernel import (CONST, DEFINE, INDEX, LOOP, ENDLOOP, LOAD, STORE, CAST, UNARY, BINARY,
@@ -64,6 +66,15 @@ def simplify(list ops):
                 if r >= 0:
                     op[p] = remap.get(r, r)
             op = tuple(op)
+        if c == LOAD and op[4] >= 0 and out[op[4]][0] == CONST \
+                and out[op[2]][2] != SCOPE_REGISTER:
+            # a decided guard (a range the C backend's index-set split settled): true
+            # reads plainly, false reads the 0 every backend gives a failed guard
+            if out[op[4]][2]:
+                op = op[:4] + (-1,)
+            else:
+                remap[i] = _emit_const(out, op[1], _py(0, op[1]))
+                continue
         folded = _simplify_op(op, out)
         if folded is not None:
             remap[i] = folded
@@ -130,12 +141,20 @@ def _simplify_op(tuple op, list out):
             if r is not None:
                 return _emit_const(out, dt, r)
         if bop == B_ADD:
-            if cb and vb == 0 and not dt.is_float:
+            if cb and vb == 0 and (not dt.is_float or _negative_zero(vb)):
                 return a
-            if ca and va == 0 and not dt.is_float:
+            if ca and va == 0 and (not dt.is_float or _negative_zero(va)):
                 return b
-        elif bop == B_SUB and cb and vb == 0 and not dt.is_float:
+        elif bop == B_SUB and cb and vb == 0 and (not dt.is_float or not _negative_zero(vb)):
             return a
+        elif (bop == B_AND or bop == B_OR) and dt.is_bool and (ca or cb):
+            # a guard's conjunction with a decided comparison: And(True, x) is x,
+            # And(False, x) is False (Or the other way round)
+            v, other = (va, b) if ca else (vb, a)
+            if out[other][1].is_bool:
+                if bool(v) == (bop == B_AND):
+                    return other
+                return _emit_const(out, dt, bop == B_OR)
         elif bop == B_MUL:
             if cb and vb == 1:
                 return a
@@ -156,6 +175,14 @@ def _simplify_op(tuple op, list out):
         if ca and not op[1].is_bool:
             return _emit_const(out, op[1], -va if not op[1].kind == "u" else va)
     return None
+
+
+def _negative_zero(v):
+    """True for the float -0.0: x + -0.0 is x for every float x (+0.0 + -0.0 is +0.0,
+    -0.0 + -0.0 is -0.0), which x + 0.0 is not (-0.0 + 0.0 is +0.0); x - 0.0 likewise
+    is x. A cat pads each part with -0.0 for that reason, and once a range split has
+    decided the guards, the sum of pads folds to the one live part."""
+    return isinstance(v, float) and v == 0 and math.copysign(1.0, v) < 0
 
 
 def _emit_const(list out, dt, v):

@@ -2,7 +2,9 @@
 index loops OpenMP splits over threads and whose inner loops are written for the
 compiler's vectorizer, and the prelude every translation unit starts with.
 
-Before rendering, the C-only IR rewrites run (rowstash, hoist, nanflag, padtaps); then
+Before rendering, the C-only IR rewrites run: rangesplit first (a kernel whose guards
+test ranges of an output index becomes pieces, written one loop nest after the other by
+`_render_pieces`), then on each kernel or piece rowstash, hoist, nanflag, padtaps; then
 `cstyle.render_body` writes the body through `CBackendDialect`, with the pragma of each
 loop chosen here (`_LoopPragmas`). The module constants are the rendering knobs
 (benches/flag_ab.py flips them for comparisons). What the compiler and CPU allow comes
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from ... import dtype as dt
 from ..._core import kernel as K
 from ..cstyle import CDialect, alu_operands, render_body
-from . import padtaps
+from . import padtaps, rangesplit
 from .hoist import hoist_invariants
 from .nanflag import NAN_MAX, NAN_MIN, flag_nan_reductions
 from .rowstash import stash_row_values
@@ -226,6 +228,11 @@ def render_kernel(kernel, name, target, orphan=False, par_if=False):
     kind "region" ones (a parallel reduction into a scalar, whose accumulator must be
     shared) open their own region, which with `par_if` runs in parallel only when the
     plan's `zyx_par` says so."""
+    pieces = rangesplit.split_ranges(kernel) if rangesplit.ENABLED else None
+    if pieces:
+        out = _render_pieces(kernel, pieces, name, target, orphan)
+        if out is not None:
+            return out
     kernel, bounds = _rewrite(kernel)
     ops = kernel.ops
     has_loops = any(op[0] == K.LOOP for op in ops)
@@ -264,6 +271,58 @@ def render_kernel(kernel, name, target, orphan=False, par_if=False):
             "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n"), kind
 
 
+def _render_pieces(kernel, pieces, name, target, orphan):
+    """(source, kind) of `kernel` written as its range-split `pieces` (rangesplit.py), one
+    loop nest after the other in one function; None when a piece would open a parallel
+    region of its own (then the kernel is written whole). Whether the loops run over
+    threads is the whole kernel's decision (its work against PARALLEL_MIN_WORK): every
+    piece is then its own `omp for` over all its index loops, with `nowait` but the last
+    (the pieces write different elements, and a static schedule gives each thread a
+    share of each piece), and written whole (not orphaned) they share one region."""
+    work, idx_work = 1, 1
+    for op in kernel.ops:
+        if op[0] == K.LOOP:
+            work *= op[2]
+        elif op[0] == K.INDEX:
+            idx_work *= op[3]
+    par = target.openmp and idx_work * work >= PARALLEL_MIN_WORK
+    assoc = _sums_products_only(kernel.ops)
+    kinds, params, nests = set(), {}, []
+    for n, piece in enumerate(pieces):
+        piece, bounds = _rewrite(piece)
+        ops = piece.ops
+        pragmas = _LoopPragmas(target, ops, False)
+        pragmas.idx_work = idx_work    # (the kernel's: no piece's reduce loop opens a region)
+        # float sums reassociate (ZYX_ASSOC_FN, on the whole function) only where the whole
+        # kernel allows it: a piece of mere sums must not bring it to a piece with an exp
+        pragmas.assoc = assoc
+        frame = padtaps.BoundsFrame(bounds, pragmas, ops) if bounds else None
+        r, _ = render_body(piece, _DIALECT, pragmas, frame)
+        kinds |= pragmas.kinds
+        for argno, d, ro in r.params:
+            params[argno] = (d, ro)
+        tail = " nowait" if par and n < len(pieces) - 1 else ""
+        head = _index_loops(r.indices, "#pragma omp for", par,
+                            any(op[0] == K.LOOP for op in ops), target.openmp, tail)
+        nests.append("\n".join(head) + "\n" + "\n".join("  " + ln for ln in r.lines) +
+                     "\n  " + "}" * len(r.indices))
+    if "region" in kinds:
+        return None
+    lines = []
+    for argno in sorted(params):
+        d, ro = params[argno]
+        const = "const " if ro else ""
+        lines.append(f"  {const}{_DIALECT.storage_type(d)}* restrict g{argno} = "
+                     f"({const}{_DIALECT.storage_type(d)}*)args[{argno}];")
+    body = "\n".join(nests)
+    if par and not orphan:
+        body = f"  #pragma omp parallel{target.team_clause}\n  {{\n{body}\n  }}"
+    kind = "for" if par else "serial"
+    attr = "ZYX_ASSOC_FN " if "assoc" in kinds else ""
+    return (f"\n{attr}void {name}(void** restrict args) {{\n" + "\n".join(lines) + "\n" +
+            body + "\n}\n"), kind
+
+
 def _rewrite(kernel):
     """(kernel, narrowed loop bounds) after the C-only IR rewrites, in their order."""
     if STASH_ROWS:
@@ -293,10 +352,11 @@ def _column_block_loops(idx, pfor):
             f"i{s1} < {n1}LL * (c + 1) / zyx_nt; i{s1}++) {{"]
 
 
-def _index_loops(idx, pfor, par, has_loops, omp):
+def _index_loops(idx, pfor, par, has_loops, omp, tail=""):
     """The index loops opening the kernel, each after its pragma: the outer ones split
     over threads when `par` (collapsed), the innermost `omp simd` in an elementwise
-    kernel. `omp`: pragmas at all."""
+    kernel. `omp`: pragmas at all; `tail`: clauses ending the pragma that splits the
+    loops over threads (a range-split piece's `nowait`)."""
     head = []
     # an elementwise kernel whose innermost index loop is a few elements long (an axis
     # split at a pooling window: 2) vectorizes the last two loops as one
@@ -319,7 +379,7 @@ def _index_loops(idx, pfor, par, has_loops, omp):
             elif last and not short_last:
                 pragma = "#pragma omp simd"
         if pragma:
-            head.append("  " + pragma)
+            head.append("  " + pragma + (tail if pragma.startswith(pfor) else ""))
         head.append(f"  for (long long i{ssa} = 0; i{ssa} < {length}LL; i{ssa}++) {{")
     return head
 
@@ -332,6 +392,7 @@ class _LoopPragmas:
     def __init__(self, target, ops, par_if):
         self.target = target
         self.par_if = par_if
+        self.assoc = True        # float sums may reassociate where the kernel's ops allow
         self.kinds = set()
         self.idx_work = 1
         for op in ops:
@@ -365,7 +426,7 @@ class _LoopPragmas:
     def _serial(self, ops, i, scan, red):
         if scan.inner:
             return ""
-        if list(scan.accs) == ["+"] and _sums_products_only(ops) and all(
+        if list(scan.accs) == ["+"] and self.assoc and _sums_products_only(ops) and all(
                 ops[o[2]][1].is_float for o in ops[i + 1:scan.end] if o[0] == K.STORE
                 and ops[o[2]][2] == K.SCOPE_REGISTER):
             # Float sums into scalar accumulators (a matmul's 4x4 tile): gcc turns
