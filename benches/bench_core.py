@@ -60,6 +60,42 @@ def test_chain_torch(benchmark, chain_data):
     benchmark(lambda: t.exp(t.relu(a * 1.5 + b) * b - a))
 
 
+# -- cat of a DDP bucket: the gradients of an MLP 784-1024-1024-10, scaled and flattened -----
+GRAD_SHAPES = [(1024, 784), (1024,), (1024, 1024), (1024,), (10, 1024), (10,)]
+N_GRADS = sum(int(np.prod(s)) for s in GRAD_SHAPES)
+
+
+@pytest.fixture(scope="module")
+def grad_parts(rng):
+    return [rng.random(s, dtype=np.float32) for s in GRAD_SHAPES]
+
+
+@pytest.mark.benchmark(group="cat-grads-1.86M")
+def test_cat_grads_zyx(benchmark, grad_parts):
+    """Each part scaled, flattened and concatenated (DistributedDataParallel's bucket):
+    the C lowering copies each part's range in a loop of its own (codegen/cpu/rangesplit)."""
+    ps = [zyx.Tensor(p).realize() for p in grad_parts]
+    cat = lambda: zyx.cat([(p * 0.5).reshape(-1) for p in ps])      # noqa: E731
+    np.testing.assert_array_equal(cat().numpy(),
+                                  np.concatenate([p.reshape(-1) * 0.5 for p in grad_parts]))
+    benchmark.extra_info["bytes"] = 2 * 4 * N_GRADS
+    benchmark(lambda: cat().realize())
+
+
+@pytest.mark.benchmark(group="cat-grads-1.86M")
+def test_cat_grads_numpy(benchmark, grad_parts):
+    benchmark.extra_info["bytes"] = 2 * 4 * N_GRADS
+    benchmark(lambda: np.concatenate([p.reshape(-1) * 0.5 for p in grad_parts]))
+
+
+@pytest.mark.benchmark(group="cat-grads-1.86M")
+def test_cat_grads_torch(benchmark, grad_parts):
+    t = need_torch()
+    ps = [t.from_numpy(p) for p in grad_parts]
+    benchmark.extra_info["bytes"] = 2 * 4 * N_GRADS
+    benchmark(lambda: t.cat([(p * 0.5).reshape(-1) for p in ps]))
+
+
 @pytest.fixture(scope="module")
 def sum_data(rng):
     return rng.random(N_SUM, dtype=np.float32)
