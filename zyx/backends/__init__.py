@@ -107,14 +107,14 @@ def load_config(path=None, debug=0) -> dict:
 _OFF = ("0", "false", "off", "no")
 
 
-def switch(cfg, key, env):
+def switch(cfg, key, env, default=True):
     """An on/off setting of a backend: the environment variable `env` when set ("0",
-    "false", "off", "no": off), else the config section's `key` (default on);
+    "false", "off", "no": off), else the config section's `key`, else `default`;
     BackendError when the config's value is not a boolean."""
     value = os.environ.get(env)
     if value is not None:
         return value.strip().lower() not in _OFF
-    value = cfg.get(key, True)
+    value = cfg.get(key, default)
     if not isinstance(value, bool):
         raise BackendError(f"{key}={value!r} is not true or false")
     return value

@@ -12,7 +12,6 @@ ZYX_DEVICE=opencl or the config's "default_device": "opencl" asks for it.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
@@ -436,8 +435,6 @@ def initialize(cfg, debug=0):
 
     pools, devices, reasons = [], [], []
     limit = configured_limit(cfg)
-    explicit = "ZYX_PLAN_LAUNCHES" in os.environ or "plan_launches" in cfg
-    plan_launches = switch(cfg, "plan_launches", "ZYX_PLAN_LAUNCHES")
     for platform in _platforms(cl, cfg):
         try:
             _check_platform(platform)
@@ -463,8 +460,8 @@ def initialize(cfg, debug=0):
             pool = OpenCLMemoryPool(cl, ctx, queue, d.global_mem_size, limit)
             pools.append(pool)
             device = OpenCLDevice(cl, d, pool, debug)
-            device.plan_launches = plan_launches if explicit else \
-                plan_launches_default(platform.name)
+            device.plan_launches = switch(cfg, "plan_launches", "ZYX_PLAN_LAUNCHES",
+                                          plan_launches_default(platform.name))
             devices.append(device)
     if not devices:
         raise BackendError("; ".join(reasons) or "OpenCL: no platform has a usable device")
