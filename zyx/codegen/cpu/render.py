@@ -259,16 +259,23 @@ def render_kernel(kernel, name, target, orphan=False, par_if=False):
         # loops: a parallel pragma there would nest the reduce's region
         head = _index_loops(idx, pfor, par, has_loops,
                             target.openmp and "region" not in kinds)
-    params = []
-    for argno, d, ro in sorted(r.params):
-        const = "const " if ro else ""
-        params.append(f"  {const}{_DIALECT.storage_type(d)}* restrict g{argno} = "
-                      f"({const}{_DIALECT.storage_type(d)}*)args[{argno}];")
     body = ["  " + ln for ln in r.lines] if idx else r.lines
     kind = "region" if "region" in kinds else ("for" if "for" in kinds else "serial")
+    return (_function_head(name, kinds, sorted(r.params)) + "\n".join(head) + "\n" +
+            "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n"), kind
+
+
+def _function_head(name, kinds, params):
+    """A kernel function's opening: `void name(void** args) {` (reassociating float sums,
+    ZYX_ASSOC_FN, where `kinds` has "assoc") and a typed pointer per argument of `params`,
+    (argno, dtype, read-only) in argument order."""
+    lines = []
+    for argno, d, ro in params:
+        const = "const " if ro else ""
+        lines.append(f"  {const}{_DIALECT.storage_type(d)}* restrict g{argno} = "
+                     f"({const}{_DIALECT.storage_type(d)}*)args[{argno}];")
     attr = "ZYX_ASSOC_FN " if "assoc" in kinds else ""
-    return (f"\n{attr}void {name}(void** restrict args) {{\n" + "\n".join(params) + "\n" +
-            "\n".join(head) + "\n" + "\n".join(body) + "\n" + "}" * len(idx) + "\n}\n"), kind
+    return f"\n{attr}void {name}(void** restrict args) {{\n" + "\n".join(lines) + "\n"
 
 
 def _render_pieces(kernel, pieces, name, target, orphan):
@@ -308,19 +315,11 @@ def _render_pieces(kernel, pieces, name, target, orphan):
                      "\n  " + "}" * len(r.indices))
     if "region" in kinds:
         return None
-    lines = []
-    for argno in sorted(params):
-        d, ro = params[argno]
-        const = "const " if ro else ""
-        lines.append(f"  {const}{_DIALECT.storage_type(d)}* restrict g{argno} = "
-                     f"({const}{_DIALECT.storage_type(d)}*)args[{argno}];")
     body = "\n".join(nests)
     if par and not orphan:
         body = f"  #pragma omp parallel{target.team_clause}\n  {{\n{body}\n  }}"
-    kind = "for" if par else "serial"
-    attr = "ZYX_ASSOC_FN " if "assoc" in kinds else ""
-    return (f"\n{attr}void {name}(void** restrict args) {{\n" + "\n".join(lines) + "\n" +
-            body + "\n}\n"), kind
+    head = _function_head(name, kinds, [(a, *params[a]) for a in sorted(params)])
+    return head + body + "\n}\n", ("for" if par else "serial")
 
 
 def _rewrite(kernel):
