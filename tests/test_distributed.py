@@ -414,7 +414,8 @@ class FakeDriverApi:
     def __init__(self):
         self.synced = 0
         self.ready = set()
-        self.recorded = []
+        self.recorded = []              # (event, stream)
+        self.waits = []                 # (stream, event): cuStreamWaitEvent's
 
     def cuStreamSynchronize(self, stream):
         self.synced += 1
@@ -424,8 +425,12 @@ class FakeDriverApi:
         return (0,) if ev in self.ready else (600,)
 
     def cuEventRecord(self, ev, stream):
-        self.recorded.append(ev)
+        self.recorded.append((ev, stream))
         self.ready.discard(ev)          # as CUDA: pending again until the new work ran
+        return (0,)
+
+    def cuStreamWaitEvent(self, stream, ev, flags):
+        self.waits.append((stream, ev))
         return (0,)
 
     def cuEventCreate(self, flags):
@@ -452,6 +457,9 @@ def _fake_driver():
 
         def event_create(self):
             return self.check(self.api.cuEventCreate(0), "cuEventCreate")
+
+        def side_stream(self):
+            return 1
     return Driver()
 
 
@@ -470,35 +478,66 @@ def test_nccl_backend_guards_host_waits_on_its_stream():
     b.dev = types.SimpleNamespace(dlpack_stream=0)
     b.watchdog = NcclWatchdog(lib, b.comm, 1, 3, 0.2)
     drv.add_wait_guard(b._guard)
-    item = b._call("all_reduce", lib.ncclAllReduce, 1, 1, 4, 7, 0)
-    work = b._done(item, True)
-    assert b._done(item, False) is None and lib.collectives == 1
-    assert not work.is_completed() and len(drv.api.recorded) == 1
+    job = b._call("all_reduce", lib.ncclAllReduce, 1, 1, 4, 7, 0)
+    # on the side stream (1) after an event of the device's stream (0), which then waits
+    # for the collective's own event: kernels queued later read its result. One event
+    # does both (a wait takes the state of the record before it)
+    (ev, s0), (ev1, s1) = drv.api.recorded
+    assert ev is ev1 and (s0, s1) == (0, 1) and drv.api.waits == [(1, ev), (0, ev)]
+    work = b._done(job, True)
+    assert b._done(job, False) is None and lib.collectives == 1
+    assert not work.is_completed() and b._events == []
     # the collective's event completes: stream_sync passes, the event goes back for reuse
-    drv.api.ready.add(drv.api.recorded[-1])
+    drv.api.ready.add(ev)
     drv.stream_sync()
-    assert drv.api.synced == 1 and item.finished and work.is_completed()
-    assert b._events == drv.api.recorded
+    assert drv.api.synced == 1 and job.item.finished and work.is_completed()
+    assert b._events == [ev]
     # a collective that never finishes (its event, reused, is pending again): the host
     # wait raises after the timeout, naming it, instead of blocking in the driver
     b._call("all_reduce", lib.ncclAllReduce, 1, 1, 4, 7, 0)
+    assert [e for e, _ in drv.api.recorded[2:]] == [ev, ev]         # reused, none made
     start = time.monotonic()
     with pytest.raises(dist.DistributedError, match=r"rank 1: all_reduce over ranks 0-2 did "
                        r"not complete within 0.2 s"):
         drv.stream_sync()
     assert time.monotonic() - start < 3 and drv.api.synced == 1 and lib.aborts == 1
-    assert drv.api.recorded[0] is drv.api.recorded[1]
     with pytest.raises(dist.DistributedError, match="aborted after an earlier failure"):
         b._call("all_reduce", lib.ncclAllReduce, 1, 1, 4, 7, 0)
     assert lib.collectives == 2
     # destroy_process_group after the abort: nothing left to destroy in NCCL; the guard
     # and the events go
     lib.ncclCommDestroy = lambda comm: pytest.fail("destroyed an aborted communicator")
-    b._events.append(drv.api.recorded[0])
+    b._events.append(ev)
     b.destroy()
     assert drv.wait_guards == () and b._events == [] and drv.api.destroyed == 1
     drv.stream_sync()
     assert drv.api.synced == 2
+
+
+def test_nccl_start_all_reduce_runs_beside_later_kernels_until_joined():
+    """start_all_reduce (DistributedDataParallel's buckets): queued on the side stream
+    after the device stream's work so far, but the device's stream does not wait for it
+    until join(); its event is reused only once it ran and was joined."""
+    import ctypes
+    import types
+    from zyx import dtype as zdt
+    from zyx.distributed.nccl import NcclBackend
+    from zyx.distributed.watchdog import NcclWatchdog
+    lib = FakeNccl()
+    drv = _fake_driver()
+    b = NcclBackend.__new__(NcclBackend)
+    b.lib, b.comm, b.driver, b._events = lib, ctypes.c_void_p(), drv, []
+    b.watchdog = NcclWatchdog(lib, b.comm, 0, 2, 5.0)
+    buf = types.SimpleNamespace(ptr=4096)
+    job = b.start_all_reduce(buf, 10, zdt.float32, dist.ReduceOp.SUM, True)
+    (ev, _), (_, side) = drv.api.recorded
+    assert side == 1 and drv.api.waits == [(1, ev)] and job.result is None
+    drv.api.ready.add(ev)
+    assert job.is_done() and b._events == []            # ran, not joined: kept
+    job.join()
+    assert drv.api.waits == [(1, ev), (0, ev)] and b._events == [ev]
+    with pytest.raises(dist.DistributedError, match="nccl has no int8 type"):
+        b.start_all_reduce(buf, 10, zdt.int8, dist.ReduceOp.SUM, True)
 
 
 def test_nccl_nonblocking_config_layout():

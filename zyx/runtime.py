@@ -522,14 +522,40 @@ class Runtime:
             pending[:] = [r for r in pending if r() is not None]
         pending.extend([weakref.ref(t) for t in tensors])
 
-    def realize(self, ids, device=None):
+    def realize(self, ids, device=None, ready=None):
         """Compute the nodes `ids` (and what this thread deferred) and turn them into
         leaves; one thread at a time (see `lock`). `device` (a backend device) forces
-        where; otherwise `_device_for` chooses."""
-        with self.lock:
-            self._realize(ids, device)
+        where; otherwise `_device_for` chooses.
 
-    def _realize(self, ids, device=None):
+        `ready` ({node id among `ids`: fn}): each fn is called once, `fn(buffer, fresh)`,
+        as soon as that node's value is queued, while the plan's later kernels may still
+        be queued after it (scheduler.execute says what `fresh` means): work started
+        there (a collective on another stream) overlaps the rest of the plan. A node
+        already computed, or computed some other way, is handed over when the
+        realization ends."""
+        with self.lock:
+            if not ready:
+                self._realize(ids, device)
+                return
+            fired = set()
+            calls = {i: self._once(fn, i, fired) for i, fn in ready.items()}
+            self._realize(ids, device, calls)
+            for i, fn in calls.items():
+                if i not in fired:
+                    node = self.graph.get(i)
+                    if node.op != LEAF:   # not stored by the plan: computed on its own
+                        self._realize([i], device)
+                        node = self.graph.get(i)
+                    fn(node.buffer, False)
+
+    @staticmethod
+    def _once(fn, i, fired):
+        def call(buffer, fresh):
+            fired.add(i)
+            fn(buffer, fresh)
+        return call
+
+    def _realize(self, ids, device=None, ready=None):
         pending = self.pending
         if pending:
             if device is None and self._multi:   # where the targets alone run
@@ -560,12 +586,14 @@ class Runtime:
         plan.last_used = self.stats["realizations"]
         if self.recorder is not None:
             self.recorder.before(plan, order, ids, dev, checks)
+        if ready:
+            ready = {p: ready[order[p]] for p in plan.targets if order[p] in ready}
         if plan.params is None:
-            self._execute_checked(plan, order, dev, ids, checks)
+            self._execute_checked(plan, order, dev, ids, checks, ready)
         else:
             leaves = self._param_leaves(plan, order, dev)
             try:
-                self._execute_checked(plan, order + leaves, dev, ids, checks)
+                self._execute_checked(plan, order + leaves, dev, ids, checks, ready)
             finally:
                 for nid in leaves:
                     self.graph.release(nid)
@@ -1017,13 +1045,14 @@ class Runtime:
                 return order, key, all_ids, read
             checks = read
 
-    def _execute_checked(self, plan, order, dev, ids, checks):
+    def _execute_checked(self, plan, order, dev, ids, checks, ready=None):
         """Run the plan, checks first: host checks before it runs, flags after it ran and
         before any target is bound (the scheduler then frees what it allocated). A failed
-        check leaves every tensor, parameter and deferred gradient as it was."""
+        check leaves every tensor, parameter and deferred gradient as it was. `ready`:
+        scheduler.execute's."""
         if not checks:
             scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
-                              self.stats, self.debug)
+                              self.stats, self.debug, None, ready)
             return
         flagged = [c for c in checks if c.flag is not None]
         verify = self._verify_flags(flagged, plan.targets[len(ids) - len(flagged):]) \
@@ -1033,7 +1062,7 @@ class Runtime:
                 if c.flag is None:
                     self.checks.check_leaf(c)
             scheduler.execute(plan, self.graph, order, dev.pool, self._move_to_pool,
-                              self.stats, self.debug, verify)
+                              self.stats, self.debug, verify, ready)
         except BaseException as exc:
             for c in checks:        # a flag holds its operand's graph: made again if needed
                 c.flag = None

@@ -206,7 +206,7 @@ cdef class ThreadChoice:
 class Plan:
     __slots__ = ("steps", "nbytes", "free_after", "targets", "leaves", "device", "stored",
                  "nkernels", "runner", "launcher", "slot", "owned", "root", "arena_bytes",
-                 "nslots", "threads", "last_used", "params", "bound")
+                 "nslots", "threads", "last_used", "params", "bound", "kernel_of")
 
     def __init__(self, steps, nbytes, free_after, targets, leaves, device, stored):
         self.steps = steps
@@ -222,6 +222,7 @@ class Plan:
         self.last_used = 0     # the runtime's realization count when it last ran (plan LRU)
         self.params = None     # values read at launch (runtime._values_plan), if any
         self.bound = None      # a plan at a bound on a growing size: its bounds.BoundGraph
+        self.kernel_of = None  # position -> index of the launched kernel writing it (ready)
 
 
 ARENA_ALIGN = 64
@@ -402,11 +403,13 @@ def leaf_buffers(plan, graph, list order, pool, move_to_pool):
 
 
 def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug=0,
-                   verify=None):
+                   verify=None, dict ready=None):
     """Run a plan compiled into one device program (`plan.runner`) or prepared as one
     launch record (`plan.launcher`): allocate the arena and the buffers that outlive the
     run, fill the slot table (addresses for a runner, Buffers for a launcher), make one
     call. `verify(buffer_of)` (the runtime's value checks) runs before any target is bound.
+    `ready`: see execute (a launcher calls them between its launches, a runner after its
+    one call).
 
     Anything raised before the results reach the graph (an allocation failure, a
     KeyboardInterrupt during the call, a failed check) frees what this run allocated:
@@ -440,10 +443,17 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
             arena, _ = pool.allocate(plan.arena_bytes)
             made.append(arena)
             table[0] = arena if launcher else arena.ptr
+        calls = _ready_calls(plan, ready, bufs, root, made) if ready else None
+        if calls is not None and verify is None:
+            _fire(calls, -1)              # leaves: ready before anything runs
         if launcher:
             if waits:
                 pool.sync_events(waits)
-            plan.device.run_launches(plan.launcher, table)
+            if calls is None or verify is not None:
+                plan.device.run_launches(plan.launcher, table)
+            else:
+                plan.device.run_launches(plan.launcher, table,
+                                         _launch_stops(plan.launcher, calls))
         else:
             _run_program(plan, table, debug)
         # a Ctrl-C that arrived during the call is raised here, while `made` still says
@@ -451,9 +461,12 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
         PyErr_CheckSignals()
         if verify is not None:
             verify(lambda p: bufs[root.get(p, p)])
+        if calls is not None:
+            _fire(calls, None)            # a runner's, or all of them once checked
     except BaseException:
         for b in made:
-            free(b)
+            if calls is None or not _handed(calls, b):   # a collective may still write it
+                free(b)
         raise
     stats["kernels_launched"] += plan.nkernels
     if arena is not None:
@@ -473,6 +486,81 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
             free(bufs[p])
 
 
+
+class _ReadyCall:
+    """One `ready` callback of a run: `fn(buffer, fresh)` once the kernel at index
+    `kernel` of the plan's launches was queued (-1: a leaf, ready before any)."""
+    __slots__ = ("kernel", "fn", "buffer", "fresh", "fired")
+
+    def __init__(self, kernel, fn, buffer, fresh):
+        self.kernel = kernel
+        self.fn = fn
+        self.buffer = buffer
+        self.fresh = fresh
+        self.fired = False
+
+    def fire(self):
+        if not self.fired:
+            self.fired = True
+            self.fn(self.buffer, self.fresh)
+
+
+def _kernel_of(plan):
+    """{position: index among the plan's launched kernels of the kernel writing it}."""
+    if plan.kernel_of is None:
+        kernel_of, k = {}, 0
+        for st in plan.steps:
+            if st.kernel is not None and plan.nbytes.get(st.args[0]):
+                for o in st.args[:st.nout]:
+                    kernel_of[o] = k
+                k += 1
+        plan.kernel_of = kernel_of
+    return plan.kernel_of
+
+
+def _ready_calls(plan, dict ready, dict bufs, dict root, list made):
+    """The _ReadyCalls of `ready` ({target position: fn}) in launch order. A target is
+    `fresh` when the run computed it into a buffer of its own (not a leaf's, not one
+    another target shares)."""
+    kernel_of = _kernel_of(plan)
+    leaves = set(plan.leaves)
+    shared = {}
+    for p in plan.targets:
+        r = root.get(p, p)
+        shared[r] = shared.get(r, 0) + (1 if r != p else 0)
+    calls = []
+    for p, fn in ready.items():
+        r = root.get(p, p)
+        fresh = r == p and r not in leaves and not shared.get(r) and \
+            any(bufs[r] is b for b in made)
+        calls.append(_ReadyCall(-1 if r in leaves else kernel_of.get(r, -1), fn, bufs[r],
+                                fresh))
+    calls.sort(key=lambda c: c.kernel)
+    return calls
+
+
+def _fire(list calls, upto):
+    """Fire the calls whose kernel index is at most `upto` (None: all)."""
+    for c in calls:
+        if upto is None or c.kernel <= upto:
+            c.fire()
+
+
+def _launch_stops(launcher, list calls):
+    """[(launch end, [fire...])]: where a launcher stops to call back, from its
+    `kernel_ends` (the launch index after each kernel's last launch)."""
+    stops = {}
+    ends = launcher.kernel_ends
+    for c in calls:
+        if c.kernel >= 0:
+            stops.setdefault(ends[c.kernel], []).append(c.fire)
+    return sorted(stops.items())
+
+
+def _handed(list calls, b):
+    return any(c.fired and c.buffer is b for c in calls)
+
+
 cdef void _run_program(plan, list table, int debug) except *:
     """One call of the plan's program, on the thread team or not as its ThreadChoice says
     (timed while the choice is being measured)."""
@@ -486,13 +574,20 @@ cdef void _run_program(plan, list table, int debug) except *:
         plan.device.run_plan(plan.runner, table, parallel)
 
 
-def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0, verify=None):
+def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0, verify=None,
+            dict ready=None):
     """Run `plan` on the subgraph `order`; realized targets become LEAF nodes.
-    `verify`: see execute_runner."""
+    `verify`: see execute_runner. `ready` ({target position: fn}): each fn is called
+    once, `fn(buffer, fresh)`, as soon as the kernel computing that target was queued
+    (on a GPU it may still be running; before the run ends, while later kernels are
+    still to be queued) with the buffer that will hold the value; `fresh` says the run
+    computed it into a buffer of its own (not a leaf's or another target's), which the
+    callback may then write through work ordered after that kernel (a collective). With
+    value checks (`verify`) the calls come after the run, once the values are checked."""
     cdef dict bufs = {}
     cdef Py_ssize_t p, si
     if plan.runner is not None or plan.launcher is not None:
-        execute_runner(plan, graph, order, pool, move_to_pool, stats, debug, verify)
+        execute_runner(plan, graph, order, pool, move_to_pool, stats, debug, verify, ready)
         return
     device = plan.device
     bufs = leaf_buffers(plan, graph, order, pool, move_to_pool)
@@ -500,13 +595,25 @@ def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0, ver
     free_after = plan.free_after
     launched = 0
     free = graph.free_buffer
+    calls = []               # _ReadyCalls in the order their targets are computed
+    aliased = {st.args[1] for st in plan.steps if st.alias} if ready else ()
+    if ready:
+        for p in plan.leaves:
+            if p in ready:
+                calls.append(_ReadyCall(-1, ready[p], bufs[p], False))
     try:
+        if verify is None:
+            _fire(calls, None)
         for si, st in enumerate(plan.steps):
             out = st.args[0]
             if st.alias:   # a contiguous reshape of a buffer: share it, copy nothing
                 buf = bufs[st.args[1]]
                 buf.refs += 1
                 bufs[out] = buf
+                if ready and out in ready:
+                    calls.append(_ReadyCall(si, ready[out], buf, False))
+                    if verify is None:
+                        calls[-1].fire()
                 for p in free_after[si]:
                     free(bufs.pop(p))
                 continue
@@ -519,15 +626,22 @@ def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0, ver
                 for o in st.args[:st.nout]:
                     bufs[o].event = ev
                 launched += 1
+            if ready:
+                for o in st.args[:st.nout]:
+                    if o in ready:
+                        calls.append(_ReadyCall(si, ready[o], bufs[o], o not in aliased))
+                        if verify is None:
+                            calls[-1].fire()
             for p in free_after[si]:
                 free(bufs.pop(p))
         PyErr_CheckSignals()
         if verify is not None:
             verify(bufs.__getitem__)
+            _fire(calls, None)
     except BaseException:     # as in execute_runner: free what this run holds, re-raise
         leaves = set(plan.leaves)
         for p, buf in bufs.items():
-            if p not in leaves:
+            if p not in leaves and not _handed(calls, buf):
                 free(buf)
         raise
     stats["kernels_launched"] += launched

@@ -272,6 +272,7 @@ class CUDADriver(ResultTupleDriver):
         self.make_current()
         self.stream = self.check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING),
                                  "cuStreamCreate")
+        self._side = None        # side_stream(), made when first asked for
         self._launch = drv.cuLaunchKernel
         lib = driver_library()
         self._direct = direct_launch(lib)
@@ -326,6 +327,18 @@ class CUDADriver(ResultTupleDriver):
 
     def host_alloc(self, nbytes):
         return int(self.check(self.drv.cuMemHostAlloc(nbytes, 0), f"cuMemHostAlloc({nbytes})"))
+
+    def side_stream(self):
+        """A second non-blocking stream of this device, made once, for work that runs
+        beside the kernels of `stream` (NCCL's collectives), ordered against them only by
+        events (event_record / stream_wait_event)."""
+        side = self._side
+        if side is None:
+            self.make_current()
+            side = self._side = self.check(
+                self.drv.cuStreamCreate(self.drv.CUstream_flags.CU_STREAM_NON_BLOCKING),
+                "cuStreamCreate")
+        return side
 
     def event_create(self):
         return self.check(self.drv.cuEventCreate(self._no_timing), "cuEventCreate")

@@ -70,7 +70,8 @@ class ResultTupleDriver:
                   "copy_to_host": "MemcpyDtoHAsync", "event_record": "EventRecord",
                   "event_sync": "EventSynchronize", "event_destroy": "EventDestroy",
                   "stream_sync": "StreamSynchronize", "function": "ModuleGetFunction",
-                  "module_unload": "ModuleUnload", "event_query": "EventQuery"}
+                  "module_unload": "ModuleUnload", "event_query": "EventQuery",
+                  "stream_wait_event": "StreamWaitEvent"}
     PREFIX = ""
     CALLS = {}       # "alloc", "free", "host_free"
     NOT_READY = 600  # CUDA_ERROR_NOT_READY and hipErrorNotReady: an event still pending
@@ -107,8 +108,14 @@ class ResultTupleDriver:
     def copy_to_host(self, dst, src, nbytes):
         self._call("copy_to_host", dst, src, nbytes, self.stream)
 
-    def event_record(self, ev):
-        self._call("event_record", ev, self.stream)
+    def event_record(self, ev, stream=None):
+        """Record `ev` on this device's stream (or on `stream`, another of its streams)."""
+        self._call("event_record", ev, self.stream if stream is None else stream)
+
+    def stream_wait_event(self, ev, stream=None):
+        """Make work queued later on this device's stream (or on `stream`) wait until
+        `ev` has happened, without the host waiting."""
+        self._call("stream_wait_event", self.stream if stream is None else stream, ev, 0)
 
     def event_sync(self, ev):
         for guard in self.wait_guards:
@@ -589,6 +596,7 @@ class DriverPlanLaunches:
         fixed = []                                    # (value index, scratch address)
         specs = []
         nvalues = 0
+        self.kernel_ends = []     # per kernel: the index after its last launch
         for program, slots in kernels:
             scratch = program.scratch
             if scratch is None and program.gpu.scratch:
@@ -606,6 +614,7 @@ class DriverPlanLaunches:
                     users[k].add(li)
                 specs.append((pl, launch, nvalues))
                 nvalues += max(len(pl.sources), 1)
+            self.kernel_ends.append(len(specs))
         self.values = values = np.zeros(max(nvalues, 1), np.uint64)
         for j, ptr in fixed:
             values[j] = ptr
@@ -639,14 +648,26 @@ class DriverPlanLaunches:
         self.bound = [-1] * nslots    # the address each slot's values hold (-1: none yet)
         self.runs = 0
         self.graph = None
+        self.pieces = {}          # (first, end) launch range -> its GraphReplay (stops)
         api = getattr(driver, "graph_api", None)
         if api is not None and len(self.calls) >= self.GRAPH_MIN_LAUNCHES:
-            from .graphs import GraphReplay
-            self.graph = GraphReplay(api, [api.node_params(*p) for p in self.node_params],
-                                     self.launches_of_slot, device.debug)
+            self.graph = self._replay_of(0, len(self.calls))
 
-    def run(self, table):
-        """Launch the plan over `table` (Buffers, None for an empty arena)."""
+    def _replay_of(self, first, end):
+        """A GraphReplay of launches first..end-1 (the whole plan, or a piece of it
+        between two stops)."""
+        from .graphs import GraphReplay
+        api = self.device.driver.graph_api
+        return GraphReplay(api, [api.node_params(*p) for p in self.node_params[first:end]],
+                           [[i - first for i in li if first <= i < end]
+                            for li in self.launches_of_slot], self.device.debug)
+
+    def run(self, table, stops=None):
+        """Launch the plan over `table` (Buffers, None for an empty arena). `stops`
+        ([(launch index, [fn...])], ascending): call each fn once the launches before
+        that index were queued, before the rest are (a collective then starts on another
+        stream while the plan's later kernels run); each piece between stops replays as
+        a graph of its own."""
         values = self.values
         bound = self.bound
         moved = None
@@ -661,9 +682,12 @@ class DriverPlanLaunches:
                 else:
                     moved.append(k)
         if moved is not None and self.mapped and not self._bind_maps(moved):
-            self._run_unmapped(table)
+            self._run_unmapped(table, stops)
             return
         self.runs += 1
+        if stops:
+            self._run_pieces(stops)
+            return
         if self.graph is not None and self.runs > 1:
             try:
                 self.graph.replay(tuple(bound))
@@ -671,6 +695,28 @@ class DriverPlanLaunches:
             except BackendError as e:     # a driver refusing graphs: plain launches
                 self._drop_graph(e)
         for call in self.calls:
+            call()
+
+    def _run_pieces(self, stops):
+        first = 0
+        for end, fns in stops + [(len(self.calls), ())]:
+            if end > first:
+                self._run_piece(first, end)
+            for fn in fns:
+                fn()
+            first = end
+
+    def _run_piece(self, first, end):
+        if self.graph is not None and self.runs > 1 and end - first >= self.GRAPH_MIN_LAUNCHES:
+            piece = self.pieces.get((first, end))
+            if piece is None:
+                piece = self.pieces[(first, end)] = self._replay_of(first, end)
+            try:
+                piece.replay(tuple(self.bound))
+                return
+            except BackendError as e:
+                self._drop_graph(e)
+        for call in self.calls[first:end]:
             call()
 
     def _bind_maps(self, moved):
@@ -689,29 +735,40 @@ class DriverPlanLaunches:
                         return False
         return True
 
-    def _run_unmapped(self, table):
+    def _run_unmapped(self, table, stops=None):
         """This run kernel by kernel through DriverDevice.launch, which takes the kernels
         lowered without tensor maps where a buffer is misaligned for them."""
         device, pool = self.device, self.device.pool
-        for program, slots in self.kernels:
+        kernel_at = {end: k for k, end in enumerate(self.kernel_ends)}
+        after = {kernel_at[end]: fns for end, fns in stops or ()}   # fns due after kernel k
+        for k, (program, slots) in enumerate(self.kernels):
             args = []
             for where, x in slots:
                 buf = table[0 if where == "a" else x]
                 args.append(_Address((0 if buf is None else buf.ptr) +
                                      (x if where == "a" else 0)))
             device.launch(program, pool, args)
+            for fn in after.get(k, ()):
+                fn()
 
     def _drop_graph(self, error):
         if self.device.debug & 64:
             print(f"zyx: graph replay off for this plan ({error})", file=sys.stderr)
         graph, self.graph = self.graph, None
         graph.close()
+        self._close_pieces()
+
+    def _close_pieces(self):
+        pieces, self.pieces = self.pieces, {}
+        for piece in pieces.values():
+            piece.close()
 
     def close(self):
         """Destroy the plan's graphs (the plan is dropped)."""
         if self.graph is not None:
             self.graph.close()
             self.graph = None
+        self._close_pieces()
 
     def __del__(self):
         try:
@@ -867,10 +924,11 @@ class DriverDevice(ProgramCache):
         ensure_current(self.driver)
         return DriverPlanLaunches(self, kernels, nslots)
 
-    def run_launches(self, launcher, table):
-        """Run a DriverPlanLaunches over the plan's slot table (Buffers)."""
+    def run_launches(self, launcher, table, stops=None):
+        """Run a DriverPlanLaunches over the plan's slot table (Buffers); `stops`: see
+        DriverPlanLaunches.run."""
         ensure_current(self.driver)
-        launcher.run(table)
+        launcher.run(table, stops)
 
     def synchronize(self):
         """Wait until everything queued on this device's stream has run."""

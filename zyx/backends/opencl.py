@@ -166,6 +166,7 @@ class PlanLaunches:
         self.cl = cl
         self.queue = device.pool.queue
         self.launches = []        # (cl.Kernel, global size, local size)
+        self.kernel_ends = []     # per kernel: the index after its last launch
         self.users = [[] for _ in range(nslots)]     # per slot: (cl.Kernel, arg, offset)
         for program, slots in kernels:
             if program.gpu.scratch and program.scratch is None:
@@ -182,14 +183,17 @@ class PlanLaunches:
                     else:
                         self.users[x].append((kern, j, 0))
                 self.launches.append((kern, (launch.global_size,), (launch.local_size,)))
+            self.kernel_ends.append(len(self.launches))
         # the handle each slot's arguments hold; UNBOUND until the first run sets them (a
         # slot's handle may be None, an empty tensor's buffer: its arguments are still set,
         # to NULL, or the launch fails with INVALID_KERNEL_ARGS)
         self.bound = [UNBOUND] * nslots
         self.subs = {}                    # arena offset -> sub-buffer of the bound arena
 
-    def run(self, table):
-        """Enqueue the plan over `table` (Buffers, None for an empty arena)."""
+    def run(self, table, stops=None):
+        """Enqueue the plan over `table` (Buffers, None for an empty arena). `stops`
+        ([(launch index, [fn...])], ascending): call each fn once the launches before
+        that index were enqueued, before the rest are."""
         bound = self.bound
         for k, buf in enumerate(table):
             handle = None if buf is None else buf.handle
@@ -203,8 +207,17 @@ class PlanLaunches:
                     for kern, j, _ in self.users[k]:
                         kern.set_arg(j, handle)
         enqueue, queue = self.cl.enqueue_nd_range_kernel, self.queue
-        for kern, global_size, local_size in self.launches:
-            enqueue(queue, kern, global_size, local_size)
+        if not stops:
+            for kern, global_size, local_size in self.launches:
+                enqueue(queue, kern, global_size, local_size)
+            return
+        first = 0
+        for end, fns in stops + [(len(self.launches), ())]:
+            for kern, global_size, local_size in self.launches[first:end]:
+                enqueue(queue, kern, global_size, local_size)
+            for fn in fns:
+                fn()
+            first = max(first, end)
 
     def _sub(self, arena, offset):
         """The arena's bytes from `offset` on, as a buffer (the offsets are multiples of
@@ -371,8 +384,9 @@ class OpenCLDevice(ProgramCache):
         config key, ZYX_PLAN_LAUNCHES=0)."""
         return PlanLaunches(self, kernels, nslots) if self.plan_launches else None
 
-    def run_launches(self, launcher, table):
-        launcher.run(table)
+    def run_launches(self, launcher, table, stops=None):
+        """Run a PlanLaunches over the plan's slot table; `stops`: see PlanLaunches.run."""
+        launcher.run(table, stops)
 
     def synchronize(self):
         """Wait until everything queued on this device has run."""

@@ -1,12 +1,14 @@
 """The `nccl` backend: NCCL's collectives on CUDA tensors, NCCL loaded with ctypes.
 
 The library comes from the `nvidia-nccl-cu13` / `nvidia-nccl-cu12` wheel (PyTorch's CUDA
-builds depend on it) or the system (`find_library("nccl")`). Every call is enqueued on the
-zyx CUDA device's one in-order stream (`device.dlpack_stream`), with the realized tensors'
-device pointers: kernels queued before a collective run before it, kernels queued after
-run after it, and data never passes through the host. A collective writes a fresh device
-buffer (a realized zero tensor) that becomes the caller's tensor's value
-(`work.set_value`: torch's in-place semantics).
+builds depend on it) or the system (`find_library("nccl")`). Every call is enqueued on a
+second stream of the zyx CUDA device (`driver.side_stream()`), with the realized
+tensors' device pointers, after an event recorded on the device's own stream: kernels
+queued before a collective run before it, and, once the collective is joined (at once
+for torch's calls; when DistributedDataParallel needs the sums for its buckets), kernels
+queued after run after it. Data never passes through the host. A collective writes the
+tensor's own buffer where nothing else can see it, else a fresh device buffer that
+becomes the caller's tensor's value (`work.set_value`: torch's in-place semantics).
 
 The ranks meet through the rendezvous store (or MPI when an MPI launcher started them):
 rank 0 makes the NCCL unique id, the others read it there."""
@@ -140,6 +142,40 @@ def _check(rc, what):
         raise DistributedError(f"{what} failed: NCCL error {rc} ({msg})")
 
 
+class SideReduce:
+    """A collective queued on the side stream (NcclBackend._call). `join()`
+    makes the work queued afterwards on the device's stream wait for it (the host does
+    not wait: the watchdog guards host waits); `result` is the buffer holding the sum
+    (None: the input's own). Its event goes back to the backend once it ran and was
+    joined."""
+
+    __slots__ = ("backend", "event", "result", "item", "joined", "finished")
+
+    def __init__(self, backend, event):
+        self.backend = backend
+        self.event = event
+        self.result = None
+        self.item = None
+        self.joined = self.finished = False
+
+    def is_done(self):
+        return self.backend.watchdog.is_done(self.item)
+
+    def join(self):
+        if not self.joined:
+            self.backend.driver.stream_wait_event(self.event)
+            self.joined = True
+            self._recycle()
+
+    def ran(self):
+        self.finished = True
+        self._recycle()
+
+    def _recycle(self):
+        if self.joined and self.finished:
+            self.backend._events.append(self.event)
+
+
 class NcclBackend:
     """One NCCL communicator over the world, bound to one zyx CUDA device, created
     non-blocking and watched (watchdog.NcclWatchdog): every collective is tracked by a CUDA
@@ -178,15 +214,51 @@ class NcclBackend:
         if self.watchdog.pending:
             self.watchdog.wait()
 
-    def _call(self, what, fn, *args):
-        """Run NCCL call `fn(*args, comm, stream)` for collective `what`; track it."""
+    def _call(self, what, fn, *args, join=True):
+        """Run NCCL call `fn(*args, comm, stream)` for collective `what` on the device's
+        side stream, after everything queued on its stream so far (an event orders it);
+        track it. Every collective goes there, so NCCL sees them in one stream's order.
+        With `join` the device's stream waits for it (kernels queued later read its
+        result); else the caller joins the returned SideReduce when it needs the result,
+        and kernels queued before that run beside the transfer."""
         self.watchdog.check_usable(what)
-        rc = fn(*args, self.comm, self._stream())
+        driver = self.driver
+        side = driver.side_stream()
+        before = self._event()
+        driver.event_record(before)
+        driver.stream_wait_event(before, side)
+        self._events.append(before)       # the wait took its state: free to record again
+        rc = fn(*args, self.comm, ctypes.c_void_p(int(side)))
         self.watchdog.settle(rc, what)
-        ev = self._events.pop() if self._events else self.driver.event_create()
-        self.driver.event_record(ev)
-        return self.watchdog.track(what, lambda: self.driver.event_query(ev),
-                                   lambda: self._events.append(ev))
+        ev = self._event()
+        driver.event_record(ev, side)
+        job = SideReduce(self, ev)
+        job.item = self.watchdog.track(what, lambda: driver.event_query(ev), job.ran)
+        if join:
+            job.join()
+        return job
+
+    def _event(self):
+        return self._events.pop() if self._events else self.driver.event_create()
+
+    # -- collectives beside the kernels --------------------------------------------------------
+    def start_all_reduce(self, buffer, numel, dtype, op, in_place):
+        """All-reduce the device Buffer `buffer` (`numel` elements of `dtype`) without
+        joining: kernels queued after it run beside the transfer (see _call). In place
+        when `in_place` (nothing else can see the buffer), else into a fresh buffer, the
+        SideReduce's `result`. Join it before anything reads the result."""
+        code = _DTYPES.get(dtype)
+        if code is None:
+            raise DistributedError(f"nccl has no {dtype.name} type")
+        out = None
+        if not in_place:
+            with RT.lock:
+                out, _ = self.dev.pool.allocate(max(numel * dtype.itemsize, 1))
+        job = self._call("all_reduce", self.lib.ncclAllReduce, buffer.ptr,
+                        buffer.ptr if out is None else out.ptr, numel, code, _OPS[op.name],
+                        join=False)
+        job.result = out
+        return job
 
     # -- buffers -------------------------------------------------------------------------
     def _ptr(self, t):
@@ -200,9 +272,6 @@ class NcclBackend:
     @property
     def dev_name(self):
         return RT.name_of(self.dev)
-
-    def _stream(self):
-        return ctypes.c_void_p(self.dev.dlpack_stream)
 
     def _dtype(self, t):
         code = _DTYPES.get(t.dtype)
@@ -222,13 +291,14 @@ class NcclBackend:
     def _assign(t, src):
         set_value(t, src)
 
-    def _done(self, item, async_op):
+    def _done(self, job, async_op):
         """Stream order is the synchronization (later kernels on the stream run after),
         so a synchronous collective returns at once; the watchdog waits for it at the
         next host wait. The work handle's wait() blocks until it ran, against the timeout
         (or wait's own), as torch's does."""
         if not async_op:
             return None
+        item = job.item
         return Work(lambda: self.watchdog.is_done(item),
                     lambda timeout: self.watchdog.wait(
                         item, None if timeout is None else
@@ -245,56 +315,56 @@ class NcclBackend:
         src = self._ptr(t)
         if sole_owner(t):
             # nothing but t can see its buffer: NCCL reduces in place (send == recv)
-            item = self._call("all_reduce", self.lib.ncclAllReduce, src, src, t.numel(),
-                              self._dtype(t), _OPS[op.name])
-            return self._done(item, async_op)
+            job = self._call("all_reduce", self.lib.ncclAllReduce, src, src, t.numel(),
+                             self._dtype(t), _OPS[op.name])
+            return self._done(job, async_op)
         out = self._fresh(t.shape, t.dtype)
-        item = self._call("all_reduce", self.lib.ncclAllReduce, src, self._ptr(out),
-                          t.numel(), self._dtype(t), _OPS[op.name])
+        job = self._call("all_reduce", self.lib.ncclAllReduce, src, self._ptr(out),
+                         t.numel(), self._dtype(t), _OPS[op.name])
         self._assign(t, out)
-        return self._done(item, async_op)
+        return self._done(job, async_op)
 
     def broadcast(self, t, src, async_op):
         out = self._fresh(t.shape, t.dtype)
         send = self._ptr(t) if self.rank == src else self._ptr(out)
-        item = self._call("broadcast", self.lib.ncclBroadcast, send, self._ptr(out),
-                          t.numel(), self._dtype(t), src)
+        job = self._call("broadcast", self.lib.ncclBroadcast, send, self._ptr(out),
+                         t.numel(), self._dtype(t), src)
         if self.rank != src:
             self._assign(t, out)
-        return self._done(item, async_op)
+        return self._done(job, async_op)
 
     def _gather(self, t, what):
         out = self._fresh((self.size,) + tuple(t.shape), t.dtype)
-        item = self._call(what, self.lib.ncclAllGather, self._ptr(t), self._ptr(out),
-                          t.numel(), self._dtype(t))
-        return out, item
+        job = self._call(what, self.lib.ncclAllGather, self._ptr(t), self._ptr(out),
+                         t.numel(), self._dtype(t))
+        return out, job
 
     def all_gather(self, outs, t, async_op):
-        out, item = self._gather(t, "all_gather")
+        out, job = self._gather(t, "all_gather")
         for i, o in enumerate(outs):
             self._assign(o, out[i])
-        return self._done(item, async_op)
+        return self._done(job, async_op)
 
     def all_gather_into_tensor(self, out, t, async_op):
-        res, item = self._gather(t, "all_gather_into_tensor")
+        res, job = self._gather(t, "all_gather_into_tensor")
         self._assign(out, res.reshape(out.shape))
-        return self._done(item, async_op)
+        return self._done(job, async_op)
 
     def reduce_scatter_tensor(self, out, t, op, async_op):
         res = self._fresh(out.shape, out.dtype)
-        item = self._call("reduce_scatter", self.lib.ncclReduceScatter, self._ptr(t),
-                          self._ptr(res), out.numel(), self._dtype(t), _OPS[op.name])
+        job = self._call("reduce_scatter", self.lib.ncclReduceScatter, self._ptr(t),
+                         self._ptr(res), out.numel(), self._dtype(t), _OPS[op.name])
         self._assign(out, res)
-        return self._done(item, async_op)
+        return self._done(job, async_op)
 
     def send(self, t, dst, tag, meta, async_op):
         what = f"send to rank {dst}"
         if meta is not None:
             m = Tensor(np.array(meta), device=self.dev_name)
             self._call(what, self.lib.ncclSend, self._ptr(m), meta.size, 4, dst)
-        item = self._call(what, self.lib.ncclSend, self._ptr(t), t.numel(), self._dtype(t),
-                          dst)
-        return self._done(item, async_op)
+        job = self._call(what, self.lib.ncclSend, self._ptr(t), t.numel(), self._dtype(t),
+                         dst)
+        return self._done(job, async_op)
 
     def recv(self, t, src, tag, meta, check, async_op):
         if src is None:
@@ -305,10 +375,10 @@ class NcclBackend:
             self._call(what, self.lib.ncclRecv, self._ptr(got), meta.size, 4, src)
             check(got.numpy(), src)
         out = self._fresh(t.shape, t.dtype)
-        item = self._call(what, self.lib.ncclRecv, self._ptr(out), t.numel(),
-                          self._dtype(t), src)
+        job = self._call(what, self.lib.ncclRecv, self._ptr(out), t.numel(),
+                         self._dtype(t), src)
         self._assign(t, out)
-        return self._done(item, async_op), src
+        return self._done(job, async_op), src
 
     def barrier(self, async_op=False):
         one = Tensor(np.ones(1, np.float32), device=self.dev_name)

@@ -130,6 +130,14 @@ def set_value(t, src):
             t.copy_(src)
 
 
+def plain(t) -> bool:
+    """True when tensor `t` has no recorded history, is not a view and has no views, and
+    alone holds its graph node: a value written into its buffer is seen by nobody else
+    (sole_owner adds the buffer's side)."""
+    return t._ctx is None and t._view is None and not t._views and \
+        RT.graph.get(t._id).rc == 1
+
+
 def sole_owner(t) -> bool:
     """True when a collective may write realized tensor `t`'s buffer in place: nothing
     but `t` can observe it. `t` is plain (no recorded history, not a view, no views), it
@@ -137,8 +145,7 @@ def sole_owner(t) -> bool:
     autograd snapshot), the node alone holds the buffer (no realized reshape aliasing it,
     no live DLPack export) and the memory is the pool's, not a user's array
     (from_numpy / from_dlpack)."""
-    if t._ctx is not None or t._view is not None or t._views:
+    if not plain(t):
         return False
-    node = RT.graph.get(t._id)
-    buf = node.buffer
-    return buf is not None and node.rc == 1 and buf.refs == 1 and not buf.borrowed
+    buf = RT.graph.get(t._id).buffer
+    return buf is not None and buf.refs == 1 and not buf.borrowed
