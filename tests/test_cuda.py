@@ -2071,3 +2071,54 @@ def test_cuda_graph_replays_rebind_buffers_that_change(cuda_runtime):
     replay = next(p.launcher.graph for p in zyx._RT.plans.values()
                   if p.launcher is not None and p.launcher.graph is not None)
     assert replay.replays >= 45 and replay.builds <= G.VARIANTS and replay.rebinds > 0
+
+
+def test_ready_callbacks_fire_between_cuda_graph_pieces(cuda_runtime, monkeypatch):
+    """RT.realize(ready=...) on a plan replayed as CUDA graphs: the plan is cut at each
+    target whose callback is due, each piece replays on its own (a graph where it has
+    several launches), and a callback comes after its own kernel was launched and before
+    the next one is."""
+    from zyx.runtime import RT
+    dev = zyx._RT.device()
+    if dev.driver.graph_api is None or not dev.plan_launches:
+        pytest.skip("CUDA graphs are off (ZYX_CUDA_GRAPHS=0 or ZYX_PLAN_LAUNCHES=0, or the "
+                    "driver has no graph calls)")
+    a_np = np.linspace(0.1, 1, 1 << 16).astype(np.float32)
+    a = zyx.tensor(a_np)
+    x64 = np.exp(a_np.astype(np.float64) * 2).sum()
+    want = [x64, (a_np * x64).sum()]
+    want.append((a_np + want[1]).max())
+    launched = [0]
+
+    def counting(call):
+        def counted(*args):
+            launched[0] += 1
+            return call(*args)
+        return counted
+    for run in range(4):
+        x = (a * 2).exp().sum()
+        y = (a * x).sum()
+        z = (a + y).max()
+        log = []
+        launched[0] = 0
+
+        def rec(name):
+            def ready(buffer, fresh):
+                log.append((name, fresh, launched[0]))
+            return ready
+        RT.realize([x._id, y._id, z._id], ready={x._id: rec("x"), y._id: rec("y"),
+                                                 z._id: rec("z")})
+        assert [n for n, _, _ in log] == ["x", "y", "z"] and all(f for _, f, _ in log)
+        for got, w in zip((x, y, z), want):
+            np.testing.assert_allclose(got.numpy(), w, rtol=1e-4)
+        if run == 0:     # count the plan's launches from here on: plain calls and graphs
+            plan = max(zyx._RT.plans.values(), key=lambda p: p.last_used)
+            lau = plan.launcher
+            lau.calls = [counting(c) for c in lau.calls]
+            lau.GRAPH_MIN_LAUNCHES = 1     # every piece a graph, however short
+            monkeypatch.setattr(dev.driver.graph_api, "launch",
+                                counting(dev.driver.graph_api.launch))
+            continue
+        counts = [k for _, _, k in log]
+        assert 0 < counts[0] < counts[1] < counts[2] == launched[0], counts
+    assert plan.launcher.pieces, "the cut plan never replayed a piece as a graph"

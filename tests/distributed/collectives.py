@@ -180,6 +180,18 @@ def main():
     dist.all_reduce_coalesced(ts, op=ReduceOp.MAX)
     check(ts[0].numpy(), np.stack([data(r, "float32") for r in range(world)]).max(0),
           "all_reduce_coalesced MAX")
+    # all_reduce_as_computed: lazy tensors computed in one realization, each reduced in
+    # place; one a plain lazy tensor, one that another tensor also reads, one realized
+    base = tensor(data(rank, "float32", shape=(4, 5)), "float32")
+    lazy = [(base * 2).sum(1), base.exp(), (base - 1).realize()]
+    reader = lazy[1] * 1                  # records an op on lazy[1]: not reduced in place
+    w = dist.all_reduce_as_computed(lazy)
+    w.wait()
+    vals = [data(r, "float32", shape=(4, 5)).astype(np.float64) for r in range(world)]
+    for t, want in zip(lazy, (sum((v * 2).sum(1) for v in vals), sum(np.exp(v) for v in vals),
+                              sum(v - 1 for v in vals))):
+        check(t.numpy(), want, "all_reduce_as_computed")
+    check(reader.numpy(), np.exp(vals[rank]), "a lazy op recorded before the reduction")
     # 0-d tensors
     s = zyx.Tensor(np.float32(rank + 1))
     dist.all_reduce(s, op=ReduceOp.MAX)

@@ -50,6 +50,13 @@ def main():
         assert "(3,)" in str(e) and "(4,)" in str(e), e
     else:
         raise AssertionError("mismatched shapes did not raise")
+    # all_reduce_as_computed between GPUs: lazy values, reduced as each one is computed
+    base = zyx.Tensor(vals[rank].astype(np.float32), device=dev)
+    lazy = [(base * 2).sum(1), base.exp(), (base - 1).realize()]
+    dist.all_reduce_as_computed(lazy).wait()
+    for t, want in zip(lazy, (sum((v * 2).sum(1) for v in vals), sum(np.exp(v) for v in vals),
+                              sum(v - 1 for v in vals))):
+        np.testing.assert_allclose(t.numpy(), want, rtol=1e-5, err_msg="as_computed")
     zyx.manual_seed(0)
     ref = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2)).to(dev)
     model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2)).to(dev)

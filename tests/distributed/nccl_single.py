@@ -61,6 +61,22 @@ def main():
         dist.all_reduce(x)
     np.testing.assert_allclose(x.numpy(), np.arange(6))
     assert not backend.watchdog.pending and backend.watchdog.aborted is None
+    # all_reduce_as_computed: each tensor reduced on the side stream once its kernel is
+    # queued, in place where nothing else reads it, else into a buffer of its own
+    base = zyx.Tensor(np.arange(20, dtype=np.float32).reshape(4, 5) / 10, device=dev)
+    lazy = [(base * 2).sum(1), base.exp(), (base - 1).realize()]
+    reader = lazy[1] * 1
+    dist.all_reduce_as_computed(lazy).wait()
+    b = np.arange(20, dtype=np.float64).reshape(4, 5) / 10
+    for t, want in zip(lazy + [reader], ((b * 2).sum(1), np.exp(b), b - 1, np.exp(b))):
+        np.testing.assert_allclose(t.numpy(), want, rtol=1e-5, err_msg="as_computed")
+    with_int8 = [zyx.ones(3, dtype="int8", device=dev) * 2]
+    try:
+        dist.all_reduce_as_computed(with_int8)
+    except dist.DistributedError as e:
+        assert "int8" in str(e), e
+    else:
+        raise AssertionError("an int8 tensor was not refused")
     # a DDP step equals a plain step
     zyx.manual_seed(0)
     ref = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 2)).to(dev)

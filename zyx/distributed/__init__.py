@@ -16,7 +16,8 @@ other ranks only up to init_process_group's timeout. See docs/distributed.md.
 from .work import DistributedError, ReduceOp, Work
 from .group import TCPStore
 from .collectives import (
-    all_gather, all_gather_into_tensor, all_reduce, all_reduce_coalesced, barrier, broadcast,
+    all_gather, all_gather_into_tensor, all_reduce, all_reduce_as_computed,
+    all_reduce_coalesced, barrier, broadcast,
     destroy_process_group, get_backend, get_rank, get_world_size, init_process_group,
     irecv, is_available, is_initialized, is_main_process, is_mpi_available,
     is_nccl_available, isend, recv, reduce_scatter, reduce_scatter_tensor, send,
@@ -25,7 +26,8 @@ from .collectives import (
 
 __all__ = [
     "DistributedError", "ReduceOp", "Work", "TCPStore", "all_gather",
-    "all_gather_into_tensor", "all_reduce", "all_reduce_coalesced", "barrier", "broadcast",
+    "all_gather_into_tensor", "all_reduce", "all_reduce_as_computed", "all_reduce_coalesced",
+    "barrier", "broadcast",
     "destroy_process_group", "get_backend", "get_rank", "get_world_size",
     "init_process_group", "irecv", "is_available", "is_initialized", "is_main_process",
     "is_mpi_available", "is_nccl_available", "isend", "recv", "reduce_scatter",

@@ -11,7 +11,7 @@ from .. import dtype as dt
 from ..runtime import RT
 from ..tensor import Tensor
 from .group import ProcessGroup, State, TCPStore, as_seconds, env_rank_world, launched_by_mpi
-from .work import DistributedError, ReduceOp, REDUCE_OPS, Work, completed_work
+from .work import DistributedError, ReduceOp, REDUCE_OPS, Work, completed_work, plain, set_value
 
 _KINDS = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
           "reduce_scatter", "reduce_scatter_tensor", "send/recv", "all_reduce_coalesced")
@@ -295,25 +295,80 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False):
     cross-rank argument check for the whole list instead of one per tensor (the list's
     shapes and dtypes must match across ranks). Each reduction starts at once; with
     async_op=True returns one work handle whose wait() waits for them all."""
-    _check_group(group)
-    g = _need("all_reduce_coalesced")
-    tensors = [_tensor(t, "all_reduce_coalesced") for t in tensors]
-    _reduce_op(op)
+    g, tensors = _coalesced(tensors, op, group, "all_reduce_coalesced")
     if not tensors:
         return completed_work() if async_op else None
+    works = [g.backend.all_reduce(t, op, True) for t in tensors]
+    work = _all_of(works)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def all_reduce_as_computed(tensors, op=ReduceOp.SUM, group=None, check=True):
+    """Compute `tensors` (lazy tensors, such as DistributedDataParallel's flat gradient
+    buckets) in one realization and all-reduce each in place, starting each reduction as
+    soon as the kernel computing that tensor is queued rather than after the whole
+    realization. With the nccl backend the reductions run on a stream of their own, so
+    the first tensors' transfers overlap the kernels computing the later ones (list them
+    in the order they can be computed, as backward produces gradients). With mpi the
+    reductions start once the realization ran (the C backend computes it in one call).
+
+    One cross-rank argument check covers the list, as all_reduce_coalesced (`check=False`
+    skips it: a caller whose list never changes, DistributedDataParallel, checks once; a
+    check waits for the device's queued work before the realization starts). Returns a
+    work handle: call wait() before reading the tensors; with nccl it makes the work
+    queued afterwards on the device wait for the reductions, without blocking the host
+    (a host wait, such as reading a value, is guarded by the timeout)."""
+    g, tensors = _coalesced(tensors, op, group, "all_reduce_as_computed", check)
+    start = getattr(g.backend, "start_all_reduce", None)
+    if not tensors:
+        return completed_work()
+    if start is None:
+        RT.realize([t._id for t in tensors])
+        return _all_of([g.backend.all_reduce(t, op, True) for t in tensors])
+    for t in tensors:
+        g.backend.dtype_code(t.dtype)        # refused before anything runs
+    jobs = []
+
+    def ready_of(t):
+        alone = plain(t)
+
+        def ready(buffer, fresh):
+            jobs.append((t, start(buffer, t.numel(), t.dtype, op, fresh and alone)))
+        return ready
+    RT.realize([t._id for t in tensors], ready={t._id: ready_of(t) for t in tensors})
+
+    def join(timeout=None):
+        for t, job in jobs:
+            job.join()
+            if job.result is not None:
+                set_value(t, job.result)
+    return Work(lambda: all(job.is_done() for _, job in jobs), join)
+
+
+def _coalesced(tensors, op, group, kind, check=True):
+    """The group and the list of a coalesced all-reduce, checked across the ranks."""
+    _check_group(group)
+    g = _need(kind)
+    tensors = [_tensor(t, kind) for t in tensors]
+    _reduce_op(op)
+    if not tensors or not check:
+        return g, tensors
     dtypes = tuple(t.dtype for t in tensors)
     same = all(d is dtypes[0] for d in dtypes)
     meta = _described_as("all_reduce_coalesced", dtypes[0] if same else None,
                          tuple(t.numel() for t in tensors), op, -1,
                          0 if same else zlib.crc32(",".join(d.name for d in dtypes).encode()))
     _agree(g, "all_reduce_coalesced", None, op, meta=meta)
-    works = [g.backend.all_reduce(t, op, True) for t in tensors]
-    work = Work(lambda: all(w.is_completed() for w in works),
+    return g, tensors
+
+
+def _all_of(works):
+    """One work handle over several: done when all are, wait() waits for each."""
+    return Work(lambda: all(w.is_completed() for w in works),
                 lambda timeout: [w.wait(timeout) for w in works])
-    if async_op:
-        return work
-    work.wait()
-    return None
 
 
 def broadcast(tensor, src, group=None, async_op=False):

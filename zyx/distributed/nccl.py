@@ -145,8 +145,8 @@ def _check(rc, what):
 class SideReduce:
     """A collective queued on the side stream (NcclBackend._call). `join()`
     makes the work queued afterwards on the device's stream wait for it (the host does
-    not wait: the watchdog guards host waits); `result` is the buffer holding the sum
-    (None: the input's own). Its event goes back to the backend once it ran and was
+    not wait: the watchdog guards host waits); `result` is a flat tensor holding the sum
+    (None: the input's own buffer holds it). Its event goes back to the backend once it ran and was
     joined."""
 
     __slots__ = ("backend", "event", "result", "item", "joined", "finished")
@@ -246,7 +246,7 @@ class NcclBackend:
         """All-reduce the device Buffer `buffer` (`numel` elements of `dtype`) without
         joining: kernels queued after it run beside the transfer (see _call). In place
         when `in_place` (nothing else can see the buffer), else into a fresh buffer, the
-        SideReduce's `result`. Join it before anything reads the result."""
+        SideReduce's `result` (a flat tensor). Join it before anything reads the result."""
         code = _DTYPES.get(dtype)
         if code is None:
             raise DistributedError(f"nccl has no {dtype.name} type")
@@ -274,9 +274,14 @@ class NcclBackend:
         return RT.name_of(self.dev)
 
     def _dtype(self, t):
-        code = _DTYPES.get(t.dtype)
+        return self.dtype_code(t.dtype)
+
+    @staticmethod
+    def dtype_code(dtype):
+        """NCCL's ncclDataType_t of a zyx dtype; DistributedError when NCCL has none."""
+        code = _DTYPES.get(dtype)
         if code is None:
-            raise DistributedError(f"nccl has no {t.dtype.name} type")
+            raise DistributedError(f"nccl has no {dtype.name} type")
         return code
 
     def _fresh(self, shape, dtype):

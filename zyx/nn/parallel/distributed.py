@@ -5,11 +5,12 @@ How it meets zyx's lazy autograd: `backward()` only records the gradients (they 
 computed by the next realization). DDP registers a post-accumulate-grad hook on every
 parameter; at the end of a backward() the first hook that fires flattens the fresh `.grad`s
 into buckets (about `bucket_cap_mb` each, in reverse parameter order, the order backward
-produces them), computes them all in one plan (forward, backward and the flattening fuse
-there; computing bucket by bucket would recompute the forward for each), then starts
-every bucket's all-reduce without waiting (`all_reduce_coalesced`: one cross-rank
-argument check for all buckets; MPI Iallreduce in the bucket's own buffer, or NCCL on the
-device's stream) and waits for them. Each parameter's `.grad` then is a lazy slice of its
+produces them) and computes them all in one plan (forward, backward and the flattening
+fuse there; computing bucket by bucket would recompute the forward for each), starting
+each bucket's all-reduce as soon as the plan has queued the kernel computing it
+(`all_reduce_as_computed`): with NCCL, on a stream of its own, so the first buckets'
+transfers overlap the kernels of the rest of the backward; with MPI, once the plan ran.
+The buckets' shapes are checked across the ranks once, at the first reduction. Each parameter's `.grad` then is a lazy slice of its
 reduced bucket times 1/world_size, which fuses into the optimizer's update:
 `loss.backward(); opt.step()` with any zyx optimizer works unchanged, and `.grad` read
 after backward() is already the average (as in torch, so clip_grad_norm_ sees it too)."""
@@ -71,6 +72,10 @@ class DistributedDataParallel(Module):
         self.broadcast_buffers = bool(broadcast_buffers)
         self.require_backward_grad_sync = True
         self.bucket_cap_mb = bucket_cap_mb
+        # False: start the reductions once the whole backward was computed (for measuring
+        # what the overlap buys; nothing else changes)
+        self.overlap_reduction = True
+        self._checked = False              # the buckets' cross-rank check passed
         self._sync_next = True
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._reduced = {}                 # id(param) -> weakref to the .grad DDP set
@@ -148,11 +153,14 @@ class DistributedDataParallel(Module):
                     p.grad = None       # only the flat buckets are computed, not both
                 flats.append(cat(parts) if len(parts) > 1 else parts[0])
                 del parts
-            # one plan computes everything backward() left lazy, and the buckets
-            RT.realize([f._id for f in flats])
-            # one cross-rank check for all buckets, then every bucket's reduction started
-            # (in place: each flat bucket is a fresh buffer only it holds)
-            dist.all_reduce_coalesced(flats, async_op=True).wait()
+            # one plan computes everything backward() left lazy, and the buckets; each
+            # bucket's reduction starts once it is computed (in place: each flat bucket
+            # is a fresh buffer only it holds). The buckets never change, so their
+            # cross-rank check runs once.
+            if not self.overlap_reduction:
+                RT.realize([f._id for f in flats])
+            dist.all_reduce_as_computed(flats, check=not self._checked).wait()
+            self._checked = True
             scale = 1.0 / dist.get_world_size()
             for b, f in zip(self._buckets, flats):
                 off = 0
