@@ -29,8 +29,10 @@
 #           torch (SHAPES_VARIANTS: space-separated ZYX_GPU_GEMM values or "plain-input")
 #   nccl    tests/test_distributed.py on the GPU: NCCL with world size 1 (communicator, every
 #           collective, a DDP step, the watchdog's tracking), the rest of the file beside it
-#           (mpirun cases skip without Open MPI and mpi4py); then benches/dist_nccl_step.py
-#           (the MNIST convnet step plain and in DDP)
+#           (mpirun cases skip without Open MPI and mpi4py; two-GPU cases without two
+#           GPUs); then benches/dist_nccl_step.py (the MNIST convnet step plain and in DDP)
+#           and, with two GPUs, benches/dist_nccl_overlap.py (DDP's all-reduces overlapping
+#           the backward or not)
 #   tune    benches/bench_tuning.py on CUDA: the MNIST convnet step with heuristic and with
 #           autotuned schedules, and the time the search took; then tests/test_tuning.py
 #   vkbench benches/bench_vk.py on cuda:0, vulkan:0 and wgpu:0 (issue 30's cases)
@@ -145,6 +147,11 @@ EOF
         # what DDP over NCCL adds to the MNIST convnet step (world size 1)
         $PY benches/dist_nccl_step.py --rounds 7 --steps 20 >"$OUT/nccl-step.log" 2>&1
         grep -E "^\||MNIST|skipped|Error" "$OUT/nccl-step.log" | head -12
+        # DDP over two GPUs, its bucket all-reduces overlapping the backward or not
+        # (skipped on a machine of one GPU)
+        $PY benches/dist_nccl_overlap.py --gpus 2 --rounds 7 --steps 10 \
+            >"$OUT/nccl-overlap.log" 2>&1
+        grep -E "^\||MLP|skipped|Error" "$OUT/nccl-overlap.log" | head -12
         ;;
     tune)
         ZYX_DEVICE=cuda $PY -m pytest benches/bench_tuning.py --benchmark-only -s -q \

@@ -243,9 +243,9 @@ def _cuda_count():
         return 0
 
 
-@pytest.mark.skipif(_cuda_count() < 2 or not _cuda_and_nccl(),
-                    reason="needs two CUDA devices and libnccl")
-def test_nccl_two_gpus_torchrun_env():
+def _two_gpu_ranks(script, *args, timeout=600):
+    """Start `script` as ranks 0 and 1 with torchrun's environment (one GPU each);
+    [(returncode, output)] once both ended (or were killed after `timeout` seconds)."""
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -258,11 +258,43 @@ def test_nccl_two_gpus_torchrun_env():
         env.update(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "distributed", "nccl_ranks.py")], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
-    assert all("nccl ranks ok" in o for o in outs)
+            [sys.executable, os.path.join(HERE, "distributed", script)] + [str(a) for a in args],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    results = []
+    for p in procs:
+        try:
+            out = p.communicate(timeout=timeout)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out = p.communicate()[0] + "\n(killed: past the test's timeout)"
+        results.append((p.returncode, out))
+    return results
+
+
+_TWO_GPUS = pytest.mark.skipif(_cuda_count() < 2 or not _cuda_and_nccl(),
+                               reason="needs two CUDA devices and libnccl")
+
+
+@_TWO_GPUS
+def test_nccl_two_gpus_torchrun_env():
+    results = _two_gpu_ranks("nccl_ranks.py")
+    assert [rc for rc, _ in results] == [0, 0], "\n".join(o for _, o in results)
+    assert all("nccl ranks ok" in o for _, o in results)
+
+
+@_TWO_GPUS
+@pytest.mark.parametrize("mode", ["exit", "hang"])
+def test_nccl_two_gpus_a_lost_peer_raises_within_the_timeout(tmp_path, mode):
+    """A rank that exits, or never calls the collective: the other raises DistributedError
+    (the watchdog aborts the communicator) within the group's timeout, then exits."""
+    start = time.monotonic()
+    results = _two_gpu_ranks("nccl_failure.py", mode, 15, tmp_path / "reported",
+                             timeout=240)
+    rc0, out0 = results[0]
+    assert rc0 == 0 and f"nccl failure {mode} ok" in out0, "\n".join(o for _, o in results)
+    secs = float(out0.split("raised after ")[1].split(" s")[0])
+    assert secs < 15 + 30, out0
+    assert time.monotonic() - start < 200
 
 
 # -- the NCCL watchdog, against a fake NCCL (no GPU needed) ----------------------------------
