@@ -65,6 +65,12 @@ def test_ready_for_a_target_that_is_already_computed_or_shared():
     assert sorted(log) == [("done", False, None), ("twice", False, None),
                            ("view", False, None)]
     np.testing.assert_allclose(view.numpy(), (A * 5).reshape(8, 8), rtol=1e-6)
+    # the reshape of a value computed in the same run, which only it keeps: its own
+    alone = (a * 7).exp().reshape(8, 8)
+    log = []
+    RT.realize([alone._id], ready={alone._id: _recorder(log, "alone")})
+    assert log == [("alone", True, None)]
+    np.testing.assert_allclose(alone.numpy(), np.exp(A * 7).reshape(8, 8), rtol=1e-5)
 
 
 def test_ready_waits_for_the_value_checks_and_never_fires_when_they_fail():

@@ -1349,6 +1349,9 @@ def from_dlpack(obj) -> Tensor:
     if kind in (dlpack.KDL_CUDA, dlpack.KDL_ROCM):
         name = f"{'cuda' if kind == dlpack.KDL_CUDA else 'hip'}:{builtins.int(index)}"
         dev = RT.resolve(name)
+        current = getattr(dev, "make_current", None)
+        if current is not None:     # the producer checks its device is the current one
+            current()
         stream = getattr(dev, "dlpack_stream", None)
         cap = dlpack.request(obj, stream=stream) if stream is not None else dlpack.request(obj)
         release, t = dlpack.consume(cap)

@@ -521,18 +521,19 @@ def _kernel_of(plan):
 def _ready_calls(plan, dict ready, dict bufs, dict root, list made):
     """The _ReadyCalls of `ready` ({target position: fn}) in launch order. A target is
     `fresh` when the run computed it into a buffer of its own (not a leaf's, not one
-    another target shares)."""
+    another target holds too)."""
     kernel_of = _kernel_of(plan)
     leaves = set(plan.leaves)
-    shared = {}
-    for p in plan.targets:
+    users = {}                  # buffer position -> how many targets it holds
+    for p in set(plan.targets):
         r = root.get(p, p)
-        shared[r] = shared.get(r, 0) + (1 if r != p else 0)
+        users[r] = users.get(r, 0) + 1
     calls = []
     for p, fn in ready.items():
         r = root.get(p, p)
-        fresh = r == p and r not in leaves and not shared.get(r) and \
-            any(bufs[r] is b for b in made)
+        # a buffer the run made that holds this target alone (itself, or a temporary
+        # only this target's reshape keeps)
+        fresh = r not in leaves and users.get(r) == 1 and any(bufs[r] is b for b in made)
         calls.append(_ReadyCall(-1 if r in leaves else kernel_of.get(r, -1), fn, bufs[r],
                                 fresh))
     calls.sort(key=lambda c: c.kernel)

@@ -915,6 +915,13 @@ class DriverDevice(ProgramCache):
             program.unmapped = self.compile_variant(program.kernel, schedule)
         return program.unmapped
 
+    def make_current(self):
+        """Make this device's context current on this thread, whatever is current now
+        (another library may have changed it): a DLPack producer such as PyTorch checks
+        the current device against its tensor's."""
+        self.driver.make_current()
+        _CURRENT.driver = self.driver
+
     def prepare_launches(self, kernels, nslots):
         """The plan-level launch record of `kernels` ([(program, slots)], scheduler's
         prepare_launches): a DriverPlanLaunches; None where switched off

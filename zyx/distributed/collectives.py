@@ -11,7 +11,8 @@ from .. import dtype as dt
 from ..runtime import RT
 from ..tensor import Tensor
 from .group import ProcessGroup, State, TCPStore, as_seconds, env_rank_world, launched_by_mpi
-from .work import DistributedError, ReduceOp, REDUCE_OPS, Work, completed_work, plain, set_value
+from .work import (DistributedError, ReduceOp, REDUCE_OPS, Work, completed_work, plain,
+                   set_value, sole_owner)
 
 _KINDS = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
           "reduce_scatter", "reduce_scatter_tensor", "send/recv", "all_reduce_coalesced")
@@ -336,7 +337,9 @@ def all_reduce_as_computed(tensors, op=ReduceOp.SUM, group=None, check=True):
         alone = plain(t)
 
         def ready(buffer, fresh):
-            jobs.append((t, start(buffer, t.numel(), t.dtype, op, fresh and alone)))
+            # computed into a buffer of its own, or computed before and held by t alone
+            in_place = (fresh and alone) or sole_owner(t)
+            jobs.append((t, start(buffer, t.numel(), t.dtype, op, in_place)))
         return ready
     RT.realize([t._id for t in tensors], ready={t._id: ready_of(t) for t in tensors})
 

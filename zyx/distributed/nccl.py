@@ -247,16 +247,11 @@ class NcclBackend:
         joining: kernels queued after it run beside the transfer (see _call). In place
         when `in_place` (nothing else can see the buffer), else into a fresh buffer, the
         SideReduce's `result` (a flat tensor). Join it before anything reads the result."""
-        code = _DTYPES.get(dtype)
-        if code is None:
-            raise DistributedError(f"nccl has no {dtype.name} type")
-        out = None
-        if not in_place:
-            with RT.lock:
-                out, _ = self.dev.pool.allocate(max(numel * dtype.itemsize, 1))
+        code = self.dtype_code(dtype)
+        out = None if in_place else self._fresh((numel,), dtype)
         job = self._call("all_reduce", self.lib.ncclAllReduce, buffer.ptr,
-                        buffer.ptr if out is None else out.ptr, numel, code, _OPS[op.name],
-                        join=False)
+                         buffer.ptr if out is None else self._ptr(out), numel, code,
+                         _OPS[op.name], join=False)
         job.result = out
         return job
 
