@@ -258,7 +258,8 @@ def _two_gpu_ranks(script, *args, timeout=600):
         env.update(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "distributed", script)] + [str(a) for a in args],
+            [sys.executable, os.path.join(HERE, "distributed", script)] +
+            [str(a) for a in args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     results = []
     for p in procs:

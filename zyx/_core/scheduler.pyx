@@ -420,6 +420,7 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
     cdef list made = []         # buffers allocated here and not yet handed to the graph
     cdef bint launcher = plan.launcher is not None
     cdef list waits = None      # events of leaves still being written (other queues)
+    calls = None                # _ReadyCalls of `ready`
     free = graph.free_buffer
     slot = plan.slot
     for p in plan.leaves:
@@ -484,7 +485,6 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
     for p in plan.owned:     # owned temporaries only a target's alias kept alive
         if p not in seen:
             free(bufs[p])
-
 
 
 class _ReadyCall:

@@ -707,7 +707,8 @@ class DriverPlanLaunches:
             first = end
 
     def _run_piece(self, first, end):
-        if self.graph is not None and self.runs > 1 and end - first >= self.GRAPH_MIN_LAUNCHES:
+        if self.graph is not None and self.runs > 1 and \
+                end - first >= self.GRAPH_MIN_LAUNCHES:
             piece = self.pieces.get((first, end))
             if piece is None:
                 piece = self.pieces[(first, end)] = self._replay_of(first, end)

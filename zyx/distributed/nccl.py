@@ -146,8 +146,8 @@ class SideReduce:
     """A collective queued on the side stream (NcclBackend._call). `join()`
     makes the work queued afterwards on the device's stream wait for it (the host does
     not wait: the watchdog guards host waits); `result` is a flat tensor holding the sum
-    (None: the input's own buffer holds it). Its event goes back to the backend once it ran and was
-    joined."""
+    (None: the input's own buffer holds it). Its event goes back to the backend once it
+    ran and was joined."""
 
     __slots__ = ("backend", "event", "result", "item", "joined", "finished")
 

@@ -10,8 +10,9 @@ fuse there; computing bucket by bucket would recompute the forward for each), st
 each bucket's all-reduce as soon as the plan has queued the kernel computing it
 (`all_reduce_as_computed`): with NCCL, on a stream of its own, so the first buckets'
 transfers overlap the kernels of the rest of the backward; with MPI, once the plan ran.
-The buckets' shapes are checked across the ranks once, at the first reduction. Each parameter's `.grad` then is a lazy slice of its
-reduced bucket times 1/world_size, which fuses into the optimizer's update:
+The buckets' shapes are checked across the ranks once, at the first reduction. Each
+parameter's `.grad` then is a lazy slice of its reduced bucket times 1/world_size, which
+fuses into the optimizer's update:
 `loss.backward(); opt.step()` with any zyx optimizer works unchanged, and `.grad` read
 after backward() is already the average (as in torch, so clip_grad_norm_ sees it too)."""
 from __future__ import annotations
