@@ -1,12 +1,13 @@
 """Where a small training step's time goes on a GPU device: the MNIST convnet step of
 bench_gpu.py (batch 64, Adam), which is bound by host work, not by the GPU.
 
-    python benches/gpu_step_profile.py [device] [--profile]     (default: cuda)
+    python benches/gpu_step_profile.py [device] [--profile] [--split]    (default: cuda)
 
 Prints the step's median time (synchronized), the time to build its graph (forward and
 backward, nothing realized), the kernels of its plan and the time of each launched
 alone (back to back, synchronized: GPU time plus launch), and with --profile the
-functions with the most host time (cProfile, 200 steps)."""
+functions with the most host time (cProfile, 200 steps). --split realizes the gradients
+before the optimizer's step (two plans, as DistributedDataParallel runs it)."""
 import cProfile
 import os
 import pstats
@@ -23,7 +24,7 @@ import zyx.nn.functional as F  # noqa: E402
 from zyx import optim  # noqa: E402
 
 
-def main(name="cuda", profile=False):
+def main(name="cuda", profile=False, split=False):
     import bench_gpu as bg
     zyx.set_default_device(name)
     zyx.manual_seed(0)
@@ -41,6 +42,8 @@ def main(name="cuda", profile=False):
 
     def step():
         graph()
+        if split:
+            zyx.realize(*[p.grad for p in model.parameters()])
         opt.step()
 
     sync = lambda: zyx.synchronize(name)      # noqa: E731
@@ -53,7 +56,8 @@ def main(name="cuda", profile=False):
         step()
         sync()
         ts.append(time.perf_counter() - t0)
-    print(f"{name}: convnet step {statistics.median(ts) * 1e3:.3f} ms (synchronized, median of 50)")
+    print(f"{name}: convnet step{' (gradients, then the update)' if split else ''} "
+          f"{statistics.median(ts) * 1e3:.3f} ms (synchronized, median of 50)")
     gs = []
     for _ in range(50):
         t0 = time.perf_counter()
@@ -61,12 +65,14 @@ def main(name="cuda", profile=False):
         gs.append(time.perf_counter() - t0)
         opt.step()
     sync()
+    first = zyx._RT.stats["realizations"]
+    step()
     print(f"{name}: building the graph (forward + backward, lazy) {statistics.median(gs) * 1e3:.3f} ms")
-    plan = max(zyx._RT.plans.values(), key=lambda p: p.last_used)
-    kernels = [st for st in plan.steps if st.kernel is not None]
-    print(f"{name}: plan of {len(kernels)} kernels "
+    plans = [p for p in zyx._RT.plans.values() if p.last_used >= first]
+    kernels = [st for plan in plans for st in plan.steps if st.kernel is not None]
+    print(f"{name}: {len(plans)} plan(s) of {len(kernels)} kernels "
           f"({sum(st.nout > 1 for st in kernels)} with several outputs), "
-          f"{len(plan.steps)} steps")
+          f"{sum(len(plan.steps) for plan in plans)} steps")
     # each kernel of the plan launched alone, back to back (GPU time plus the launch)
     from zyx import tuning
     dev = zyx._RT.resolve(name)
@@ -96,4 +102,4 @@ def main(name="cuda", profile=False):
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    main(args[0] if args else "cuda", "--profile" in sys.argv)
+    main(args[0] if args else "cuda", "--profile" in sys.argv, "--split" in sys.argv)

@@ -24,7 +24,13 @@ from ..errors import BackendError
 from ..files import write_atomic
 from . import warn
 
-DEFAULT_FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno")
+# -fno-trapping-math: zyx never unmasks floating-point traps, and without it gcc will not
+# if-convert a select or a NaN test inside a loop ("control flow in loop"), so a fused
+# epilogue (GELU's backward times a dropout mask after a matmul) stayed scalar: the LM
+# recipe's CPU step went from 213 to 144 ms with it. IEEE results are unchanged (only
+# whether an operation may trap is assumed).
+DEFAULT_FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-fwrapv", "-fno-math-errno",
+                 "-fno-trapping-math")
 DEFAULT_COMPILE_TIMEOUT_S = 300.0
 WIDE_VECTORS = "-mprefer-vector-width=512"
 _PROBE_SRC = "int f(int x){return x+1;}"
