@@ -13,13 +13,13 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import zyx  # noqa: E402
 import zyx.nn.functional as F  # noqa: E402
 from bench_conv import _convnet, _mnist_batch  # noqa: E402
+from dist_nccl_step import per_step  # noqa: E402
 
 
 def convnet(lib, ce, device):
@@ -42,13 +42,6 @@ def step_of(lib, setup, split):
         opt.step()
         return loss.item()
     return step
-
-
-def timed(fn, steps):
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    return (time.perf_counter() - t0) / steps
 
 
 def main():
@@ -78,7 +71,7 @@ def main():
     times = {k: [] for k in cases}
     for _ in range(args.rounds):
         for k, fn in cases.items():
-            times[k].append(timed(fn, args.steps))
+            times[k].append(per_step(fn, args.steps))
     print(f"zyx on {dev!r}; medians of {args.rounds} rounds x {args.steps} steps")
     print("| recipe | how | median | min |")
     print("| --- | --- | --- | --- |")
