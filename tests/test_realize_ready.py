@@ -156,3 +156,21 @@ def test_ready_between_opencl_launches(monkeypatch, prepared):
         for got, want in zip((x, y, z), _expected()):
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-4)
     RT._drop_plans()
+
+
+def test_driver_launch_record_calls_back_between_its_launches():
+    """gpudriver.DriverPlanLaunches (CUDA, HIP) with stops, without a GPU: its prepared
+    launches replaced by recorders, no graphs; each stop's callbacks run after the
+    launches before its index and before the rest."""
+    from zyx.backends.gpudriver import DriverPlanLaunches
+    done = []
+    lau = DriverPlanLaunches.__new__(DriverPlanLaunches)
+    lau.calls = [lambda i=i: done.append(i) for i in range(5)]
+    lau.values, lau.bound, lau.positions, lau.mapped = None, [], [], []
+    lau.runs, lau.graph, lau.pieces = 0, None, {}
+    lau.run([], [(2, [lambda: done.append("a")]), (4, [lambda: done.append("b"),
+                                                        lambda: done.append("c")])])
+    assert done == [0, 1, "a", 2, 3, "b", "c", 4]
+    done.clear()
+    lau.run([], [(0, [lambda: done.append("first")]), (5, [lambda: done.append("last")])])
+    assert done == ["first", 0, 1, 2, 3, 4, "last"]

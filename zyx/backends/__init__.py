@@ -120,6 +120,20 @@ def switch(cfg, key, env, default=True):
     return value
 
 
+def run_in_pieces(count, stops, run):
+    """A plan's launch record run between stops: `run(first, end)` makes launches
+    first..end-1 of `count`, and each stop's fns ([(launch index, [fn...])], ascending:
+    scheduler.execute's `ready` callbacks) are called once the launches before its index
+    were made, before the rest are."""
+    first = 0
+    for end, fns in stops + [(count, ())]:
+        if end > first:
+            run(first, end)
+        for fn in fns:
+            fn()
+        first = max(first, end)
+
+
 def warn(message):
     """A warning users see once per message (config values ignored, cache not usable...)."""
     warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -41,7 +41,7 @@ from functools import partial
 import numpy as np
 
 from ..errors import AllocationError, BackendError
-from . import Buffer, MemoryPool, ProgramCache, device_ids, switch
+from . import Buffer, MemoryPool, ProgramCache, device_ids, run_in_pieces, switch
 from .blocks import FreeBlocks, configured_limit, default_limit
 from ..codegen.gpu.dispatch import lower, own_tiles, schedule_candidates
 from ..codegen.gpu.nvidia.tma import MAP_BYTES
@@ -686,7 +686,7 @@ class DriverPlanLaunches:
             return
         self.runs += 1
         if stops:
-            self._run_pieces(stops)
+            run_in_pieces(len(self.calls), stops, self._run_piece)
             return
         if self.graph is not None and self.runs > 1:
             try:
@@ -696,15 +696,6 @@ class DriverPlanLaunches:
                 self._drop_graph(e)
         for call in self.calls:
             call()
-
-    def _run_pieces(self, stops):
-        first = 0
-        for end, fns in stops + [(len(self.calls), ())]:
-            if end > first:
-                self._run_piece(first, end)
-            for fn in fns:
-                fn()
-            first = end
 
     def _run_piece(self, first, end):
         if self.graph is not None and self.runs > 1 and \

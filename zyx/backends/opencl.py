@@ -22,7 +22,7 @@ from .. import dtype as dt
 from .._core import kernel as K
 from ..errors import AllocationError, BackendError, DTypeError
 from ..codegen.target import DeviceInfo
-from . import Buffer, MemoryPool, ProgramCache, switch
+from . import Buffer, MemoryPool, ProgramCache, run_in_pieces, switch
 from .binary_cache import BinaryCache, cache_key
 from .blocks import FreeBlocks, configured_limit, default_limit
 from ..codegen.cstyle import OpenCLDialect
@@ -206,18 +206,15 @@ class PlanLaunches:
                 else:
                     for kern, j, _ in self.users[k]:
                         kern.set_arg(j, handle)
+        if stops:
+            run_in_pieces(len(self.launches), stops, self._enqueue)
+        else:
+            self._enqueue(0, len(self.launches))
+
+    def _enqueue(self, first, end):
         enqueue, queue = self.cl.enqueue_nd_range_kernel, self.queue
-        if not stops:
-            for kern, global_size, local_size in self.launches:
-                enqueue(queue, kern, global_size, local_size)
-            return
-        first = 0
-        for end, fns in stops + [(len(self.launches), ())]:
-            for kern, global_size, local_size in self.launches[first:end]:
-                enqueue(queue, kern, global_size, local_size)
-            for fn in fns:
-                fn()
-            first = max(first, end)
+        for kern, global_size, local_size in self.launches[first:end]:
+            enqueue(queue, kern, global_size, local_size)
 
     def _sub(self, arena, offset):
         """The arena's bytes from `offset` on, as a buffer (the offsets are multiples of
