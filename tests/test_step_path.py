@@ -208,6 +208,71 @@ def test_linear_fast_path_gradients_match_torch():
         np.testing.assert_allclose(a.grad.numpy(), c.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("sa,sb", [((2, 3, 5, 4), (2, 3, 4, 6)), ((4, 1, 7), (4, 7, 1)),
+                                   ((3, 6, 2), (3, 2, 5)), ((1, 2, 1, 3), (1, 2, 3, 1))])
+def test_batched_matmul_fast_path_values_and_gradients(sa, sb):
+    """a @ b of one dtype and equal batch dims (attention's products) against torch,
+    including m = 1 and n = 1 (no expand on that side)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+    za, zb = zyx.Tensor(a, requires_grad=True), zyx.Tensor(b, requires_grad=True)
+    ta, tb = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+    zo, to = za @ zb.exp(), ta @ tb.exp()
+    np.testing.assert_allclose(zo.numpy(), to.detach().numpy(), rtol=1e-5, atol=1e-6)
+    (zo.tanh() * 3).sum().backward()
+    (to.tanh() * 3).sum().backward()
+    np.testing.assert_allclose(za.grad.numpy(), ta.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(zb.grad.numpy(), tb.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,ns,affine", [((4, 6, 8), (8,), "both"),
+                                             ((3, 5, 4), (5, 4), "weight"),
+                                             ((7, 3), (3,), "bias"), ((2, 9), (9,), "none")])
+def test_layer_norm_fast_path_values_and_gradients(dtype, shape, ns, affine):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal(shape) * 2 + 1).astype(dtype)
+    w = rng.standard_normal(ns).astype(dtype) if affine in ("both", "weight") else None
+    b = rng.standard_normal(ns).astype(dtype) if affine in ("both", "bias") else None
+    zs = [zyx.Tensor(v, requires_grad=True) if v is not None else None for v in (x, w, b)]
+    ts = [torch.tensor(v, requires_grad=True) if v is not None else None for v in (x, w, b)]
+    zo = F.layer_norm(zs[0], ns, zs[1], zs[2], eps=1e-4)
+    to = torch.nn.functional.layer_norm(ts[0], ns, ts[1], ts[2], eps=1e-4)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(zo.numpy(), to.detach().numpy(), **tol)
+    (zo * zo.detach().exp()).sum().backward()
+    (to * to.detach().exp()).sum().backward()
+    for z, t in zip(zs, ts):
+        if z is not None:
+            np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), **tol)
+
+
+def test_embedding_fast_path_wraps_negative_indices_and_checks_the_range():
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((5, 3)).astype(np.float32)
+    for idt in (np.int64, np.int32):
+        idx = np.array([[0, 4, -1], [2, -5, 3]], dtype=idt)
+        out = F.embedding(zyx.Tensor(idx), zyx.Tensor(w))
+        np.testing.assert_array_equal(out.numpy(), w[idx % 5])
+    with pytest.raises(IndexError, match="out of range"):
+        F.embedding(zyx.Tensor(np.array([1, 5])), zyx.Tensor(w)).numpy()
+    wz = zyx.Tensor(w, requires_grad=True)
+    F.embedding(zyx.Tensor(np.array([1, 1, 3])), wz).sum().backward()
+    expect = np.zeros_like(w)
+    expect[1], expect[3] = 2, 1
+    np.testing.assert_array_equal(wz.grad.numpy(), expect)
+
+
+@pytest.mark.parametrize("dtype", [None, zyx.float64, zyx.float16])
+def test_square_subsequent_mask_is_torchs(dtype):
+    m = zyx.nn.Transformer.generate_square_subsequent_mask(6, dtype=dtype)
+    assert m.dtype is (dtype or zyx.float32) and m.shape == (6, 6)
+    np.testing.assert_array_equal(m.numpy().astype(np.float64),
+                                  np.triu(np.full((6, 6), -np.inf), k=1))
+
+
 # -- register tiles of matmul-like reductions -------------------------------------------------
 
 @pytest.mark.parametrize("m,k,n", [(64, 784, 128), (128, 64, 784), (16, 8, 48), (24, 64, 32),

@@ -2153,6 +2153,10 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         # the common case, as the general path below builds it
         bt = _make(G.PERMUTE, (1, 0), (b,), (nb.shape[1], nb.shape[0]), nb.dtype)
         return matmul_nt(a, bt)
+    sa, sb = na.shape, nb.shape
+    if len(sa) == len(sb) and len(sa) > 2 and na.dtype is nb.dtype and sa[:-2] == sb[:-2] \
+            and sa[-1] == sb[-2]:
+        return _batched_matmul(a, b, sa, sb, na.dtype)
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError("matmul does not accept 0-d tensors; use *")
     d = dt.promote(a.dtype, b.dtype)
@@ -2177,6 +2181,26 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if vb:
         acc = acc.squeeze(-1)
     return acc
+
+
+def _batched_matmul(a: Tensor, b: Tensor, sa: tuple, sb: tuple, d) -> Tensor:
+    """a (..., m, k) @ b (..., k, n) of one dtype and equal batch dims (attention's q @ k.T
+    and weights @ v): the nodes the general path of matmul makes, made directly, without
+    its checks and method calls (a sampling loop builds four per layer every token)."""
+    nd = len(sa)
+    batch, (m, k), n = sa[:-2], sa[-2:], sb[-1]
+    full = batch + (m, n, k)
+    xe = _make(G.RESHAPE, batch + (m, 1, k), (a,), batch + (m, 1, k), d)
+    if n != 1:
+        xe = _make(G.EXPAND, full, (xe,), full, d)
+    perm = tuple(range(nd - 2)) + (nd - 1, nd - 2)
+    bt = _make(G.PERMUTE, perm, (b,), batch + (n, k), d)
+    ye = _make(G.RESHAPE, batch + (1, n, k), (bt,), batch + (1, n, k), d)
+    if m != 1:
+        ye = _make(G.EXPAND, full, (ye,), full, d)
+    prod = _make(G.BINARY, K.B_MUL, (xe, ye), full, d)
+    acc = _make(G.REDUCE, (K.R_SUM, (nd,)), (prod,), batch + (m, n, 1), d)
+    return _make(G.RESHAPE, batch + (m, n), (acc,), batch + (m, n), d)
 
 
 def _expand_to(x: Tensor, node, shape: tuple) -> Tensor:

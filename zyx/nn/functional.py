@@ -164,6 +164,8 @@ def _take(x: Tensor, axis: int, idx, message=None, info=()) -> Tensor:
     idx = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx, dtype=np.int64))
     n = x.shape[axis]
     a, b, ni = x.shape[:axis], x.shape[axis + 1:], idx.ndim
+    if (idx.dtype is dt.int64 or idx.dtype is dt.int32) and not x.dtype.is_bool:
+        return _take_nodes(x, idx, n, a, b, message, info)
     raw = idx
     idx = where(idx < 0, idx + n, idx)
     cls = iota(n, idx.dtype)
@@ -175,6 +177,38 @@ def _take(x: Tensor, axis: int, idx, message=None, info=()) -> Tensor:
     if x.dtype.is_bool:
         return (xv & sel)._reduce(K.R_MAX, len(a) + ni, False)
     return where(sel, xv, const_tensor(0, x.dtype, ()))._reduce(K.R_SUM, len(a) + ni, False)
+
+
+def _take_nodes(x, idx, n, a, b, message, info):
+    """_take's nodes for an int32/int64 `idx` into a non-bool `x`, made directly (an embedding
+    lookup is built every token of a sampling loop; the general path's public methods cost
+    most of it): the same wrap of negative indices, one-hot compare, range check and sum."""
+    mk, ish, di, d = _TB.make, idx.shape, idx.dtype, x.dtype
+    ni = len(ish)
+    neg = mk(_G.BINARY, K.B_CMPLT, (idx, const_tensor(0, di, ish)), ish, dt.bool_)
+    wrapped = mk(_G.WHERE, None, (neg, mk(_G.BINARY, K.B_ADD, (idx, const_tensor(n, di, ish)),
+                                           ish, di), idx), ish, di)
+    full = a + ish + (n,) + b
+    ishape = (1,) * len(a) + ish + (1,) + (1,) * len(b)
+    cshape = (1,) * (len(a) + ni) + (n,) + (1,) * len(b)
+    ie = mk(_G.RESHAPE, ishape, (wrapped,), ishape, di)
+    ce = mk(_G.RESHAPE, cshape, (iota(n, di),), cshape, di)
+    if ishape != full:
+        ie = mk(_G.EXPAND, full, (ie,), full, di)
+    if cshape != full:
+        ce = mk(_G.EXPAND, full, (ce,), full, di)
+    sel = mk(_G.BINARY, K.B_EQ, (ie, ce), full, dt.bool_)
+    if message is not None:
+        watch_range(sel, idx, -n, n, message, info)
+    xshape = a + (1,) * ni + (n,) + b
+    xv = mk(_G.RESHAPE, xshape, (x,), xshape, d) if xshape != x.shape else x
+    if xshape != full:
+        xv = mk(_G.EXPAND, full, (xv,), full, d)
+    picked = mk(_G.WHERE, None, (sel, xv, const_tensor(0, d, full)), full, d)
+    kept = a + ish + (1,) + b
+    summed = mk(_G.REDUCE, (K.R_SUM, (len(a) + ni,)), (picked,), kept, d)
+    out = a + ish + b
+    return mk(_G.RESHAPE, out, (summed,), out, d)
 
 
 def _batched(x: Tensor, nd: int, what: str):
@@ -998,7 +1032,10 @@ def _norm_dims(x, normalized_shape, what):
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """(x - mean) / sqrt(var + eps) over the trailing `normalized_shape` dims (biased var)."""
     x = _float(_t(input))
-    _, axes = _norm_dims(x, normalized_shape, "layer_norm")
+    ns, axes = _norm_dims(x, normalized_shape, "layer_norm")
+    fast = _layer_norm_nodes(x, ns, axes, weight, bias, eps)
+    if fast is not None:
+        return fast
     m = x.mean(axes, keepdim=True)
     c = x - m
     v = (c * c).mean(axes, keepdim=True)
@@ -1007,6 +1044,45 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         y = y * weight
     if bias is not None:
         y = y + bias
+    return y
+
+
+def _layer_norm_nodes(x, ns, axes, weight, bias, eps):
+    """layer_norm of a float32/float64 `x` whose weight and bias (when given) are tensors of
+    its dtype and shape `ns`: the nodes of the general path below, made directly (a
+    transformer builds five per token while sampling, and the public methods' checks were
+    most of their cost). None when the case does not apply."""
+    d = x.dtype
+    if d is not dt.float32 and d is not dt.float64 or type(eps) not in (float, int):
+        return None
+    for p in (weight, bias):
+        if p is not None and not (isinstance(p, Tensor) and p.dtype is d and p.shape == ns):
+            return None
+    shape = x.shape
+    count = 1
+    for v in ns:
+        count *= v
+    if not count:
+        return None
+    mk = _TB.make
+    kshape = shape[:len(shape) - len(ns)] + (1,) * len(ns)
+    inv = const_tensor(1.0 / count, d, kshape)
+    mean = mk(_G.BINARY, K.B_MUL, (mk(_G.REDUCE, (K.R_SUM, axes), (x,), kshape, d), inv),
+              kshape, d)
+    c = mk(_G.BINARY, K.B_SUB, (x, mk(_G.EXPAND, shape, (mean,), shape, d)), shape, d)
+    sq = mk(_G.REDUCE, (K.R_SUM, axes), (mk(_G.BINARY, K.B_MUL, (c, c), shape, d),), kshape, d)
+    var = mk(_G.BINARY, K.B_MUL, (sq, inv), kshape, d)
+    root = mk(_G.UNARY, K.U_SQRT, (mk(_G.BINARY, K.B_ADD, (var, const_tensor(eps, d, kshape)),
+                                      kshape, d),), kshape, d)
+    scale = mk(_G.UNARY, K.U_RECIP, (root,), kshape, d)
+    y = mk(_G.BINARY, K.B_MUL, (c, mk(_G.EXPAND, shape, (scale,), shape, d)), shape, d)
+    ones = (1,) * (len(shape) - len(ns)) + ns
+    for p, op in ((weight, K.B_MUL), (bias, K.B_ADD)):
+        if p is not None:
+            pe = mk(_G.RESHAPE, ones, (p,), ones, d) if ones != ns else p
+            if ones != shape:
+                pe = mk(_G.EXPAND, shape, (pe,), shape, d)
+            y = mk(_G.BINARY, op, (y, pe), shape, d)
     return y
 
 

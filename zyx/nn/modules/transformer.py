@@ -11,7 +11,8 @@ import math
 import numpy as np
 
 from ...errors import ShapeError, ZyxError
-from ...tensor import Tensor, where
+from ... import dtype as dt
+from ...tensor import Tensor, iota, where
 from .. import functional as F
 from .. import init
 from .activation import GELU, ReLU
@@ -396,6 +397,12 @@ class Transformer(Module):
     def generate_square_subsequent_mask(sz: int, device=None, dtype=None) -> Tensor:
         """(sz, sz) float mask for causal attention: -inf above the diagonal (a position
         may not attend to later ones), 0.0 on and below it."""
-        d = np.float32 if dtype is None else None
-        m = np.triu(np.full((sz, sz), -np.inf, dtype=d or np.float64), k=1)
-        return Tensor(m, dtype=dtype, device=device)
+        d = dt.float32 if dtype is None else dt.to_dtype(dtype)
+        if not d.is_float:
+            m = np.triu(np.full((sz, sz), -np.inf), k=1)
+            return Tensor(m, dtype=d, device=device)
+        # computed where it is used, from two cached ranges: no host array and no upload
+        # every call (a sampling loop asks for one per token)
+        rows = iota(sz, dt.int32, device).reshape(sz, 1)
+        cols = iota(sz, dt.int32, device).reshape(1, sz)
+        return where(cols > rows, float("-inf"), 0.0).cast(d)
