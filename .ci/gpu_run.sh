@@ -44,6 +44,8 @@
 #           SUITE_ALL=1 the whole suite) with it as the default device, all at once
 #   recipes benches/bench_recipes.py on CUDA (issue 31's recipes, torch CUDA beside them:
 #           zyx/torch ratios), then tests/test_bounds.py with CUDA as the default device
+#   firststep benches/first_step.py: the first training step of a fresh process, empty
+#           caches, zyx on CUDA beside PyTorch eager and torch.compile (reduce-overhead)
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
 # Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
 # pytest-xdist spreads the suites over the machine's cores when its wheel was carried:
@@ -172,6 +174,13 @@ EOF
             tests/test_bounds.py >"$OUT/bounds-tests.log" 2>&1
         summary "test_bounds on cuda" "$OUT/bounds-tests.log"
         grep -E "^(FAILED|ERROR)" "$OUT/bounds-tests.log" | head -10
+        ;;
+    firststep)
+        # the first training step of a fresh process with empty caches: zyx on CUDA,
+        # PyTorch eager and torch.compile(mode="reduce-overhead") (issue 31)
+        $PY benches/first_step.py --device cuda --timeout 240 >"$OUT/firststep.md" \
+            2>"$OUT/firststep.err"
+        cat "$OUT/firststep.md"; grep -E "Error|error" "$OUT/firststep.err" | tail -3
         ;;
     opencl-cache)
         # the tests of the disk caches and of the C backend, with OpenCL as the default
