@@ -100,6 +100,9 @@ class MultiheadAttention(Module):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
                 attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
+        # self-attention (one tensor as query, key and value): one product with the packed
+        # in_proj_weight, as torch's in_projection_packed, instead of three with its slices
+        packed = query is key and key is value and self._qkv_same_embed_dim
         batched = query.ndim == 3
         if not batched:
             if query.ndim != 2:
@@ -109,7 +112,10 @@ class MultiheadAttention(Module):
                 key_padding_mask = key_padding_mask.unsqueeze(0) if isinstance(
                     key_padding_mask, Tensor) else Tensor(np.asarray(key_padding_mask)[None])
         elif self.batch_first:
-            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+            if packed:
+                query = key = value = query.transpose(0, 1)
+            else:
+                query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         # (L, N, E) from here on
         L, n, e = query.shape
         S = key.shape[0]
@@ -117,10 +123,15 @@ class MultiheadAttention(Module):
             raise ShapeError(f"MultiheadAttention: query {query.shape}, key {key.shape}, value "
                              f"{value.shape} do not fit embed_dim {self.embed_dim}")
         h, hd = self.num_heads, self.head_dim
-        q, k, v = self._projections(query, key, value)
-        q = q.reshape(L, n, h, hd).permute(1, 2, 0, 3)               # (N, H, L, hd)
-        k = k.reshape(S, n, h, hd).permute(1, 2, 0, 3)
-        v = v.reshape(S, n, h, hd).permute(1, 2, 0, 3)
+        if packed:
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
+            qkv = qkv.reshape(L, n, 3, h, hd).permute(2, 1, 3, 0, 4)  # (3, N, H, L, hd)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+        else:
+            q, k, v = self._projections(query, key, value)
+            q = q.reshape(L, n, h, hd).permute(1, 2, 0, 3)           # (N, H, L, hd)
+            k = k.reshape(S, n, h, hd).permute(1, 2, 0, 3)
+            v = v.reshape(S, n, h, hd).permute(1, 2, 0, 3)
         mask = _additive(attn_mask, q.dtype, "attn_mask")
         if mask is not None:
             if mask.shape == (L, S):
