@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from ...errors import ShapeError, ZyxError
 from ... import dtype as dt
+from ...errors import ShapeError, ZyxError
 from ...tensor import Tensor, iota, where
 from .. import functional as F
 from .. import init
