@@ -273,6 +273,25 @@ def test_square_subsequent_mask_is_torchs(dtype):
                                   np.triu(np.full((6, 6), -np.inf), k=1))
 
 
+@pytest.mark.parametrize("k,split", [(128, True), (1024, False)])
+def test_gelu_after_a_short_matmul_is_split_from_it(k, split, monkeypatch):
+    """A linear layer's GELU (an erf call) after a product of length <= 512 becomes its own
+    elementwise kernel on the CPU (kernelizer._split_call_epilogues); a long product keeps
+    it fused; the values are the same either way."""
+    from math import erf
+    from zyx._core import kernelizer
+    rng = np.random.default_rng(10)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((16, k), (48, k), (48,)))
+    pre = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    ref = 0.5 * pre * (1 + np.vectorize(erf)(pre / np.sqrt(2)))
+    for on in (True, False):
+        monkeypatch.setattr(kernelizer, "SPLIT_CALL_EPILOGUES", on)
+        RT.plans.clear()
+        y = F.gelu(F.linear(zyx.Tensor(x), zyx.Tensor(w), zyx.Tensor(b)))
+        np.testing.assert_allclose(y.numpy(), ref, rtol=2e-4, atol=2e-4)
+        assert len(_last_plan().steps) == (2 if on and split else 1)
+
+
 # -- register tiles of matmul-like reductions -------------------------------------------------
 
 @pytest.mark.parametrize("m,k,n", [(64, 784, 128), (128, 64, 784), (16, 8, 48), (24, 64, 32),

@@ -26,7 +26,7 @@ from .passes import reorder
 from .kernel import (Kernel, IDX, CONST as K_CONST, DEFINE, INDEX, LOOP, ENDLOOP, LOAD, STORE,
                      CAST as K_CAST, UNARY as K_UNARY, BINARY as K_BINARY, WHERE as K_WHERE,
                      SCOPE_GLOBAL, SCOPE_REGISTER, B_ADD, B_MUL, B_DIV, B_MOD, B_CMPLT, B_CMPGT,
-                     B_AND, REDUCE_BINARY, R_SUM, reduce_identity)
+                     B_AND, REDUCE_BINARY, R_SUM, reduce_identity, U_ERF, U_TANH)
 from zyx import dtype as _dt
 from zyx.codegen.heuristics import (choose_upcast, contiguous_reduces, upcast_candidates,
                                     upcast_label)
@@ -231,6 +231,61 @@ def _store_by_use(list nodes, list consumers, list srcpos, list stored, dict fou
         under_expand[p] = expanded and not stored[p]
     if found is not None:
         found.update(rk.result())
+
+
+# Unary ops a C kernel computes by calling libm (erff, tanhf), which gcc cannot vectorize in
+# the straight-line epilogue of a register tile: see _split_call_epilogues.
+_CALL_UNARIES = frozenset((U_ERF, U_TANH))
+SPLIT_CALL_EPILOGUES = True     # (a switch for measuring it against the fused form)
+CALL_EPILOGUE_MAX_LENGTH = 512  # reduce lengths up to which such an epilogue is split off
+
+
+def _split_call_epilogues(list nodes, list consumers, list srcpos, list stored, dict rows):
+    """Store a short product reduce (a matmul with K <= CALL_EPILOGUE_MAX_LENGTH) whose
+    fused epilogue calls erf or tanh (GELU after a linear layer): on a CPU the epilogue of
+    a register tile is straight-line code, evaluated one output at a time with a scalar
+    libm call, and with a short K it cost more than the products (the recipe LM's first
+    feed-forward layer: 64x128 by 512 took 3x its second layer's time for the same work).
+    Stored, the reduce is a kernel of sums and products only (reassociated, vectorized)
+    and the epilogue an elementwise kernel whose loop gcc vectorizes with libmvec's erff
+    and tanhf. Only epilogues of elementwise ops and reshapes that end in stored nodes
+    are split (no row kernel's expand, no other reduce's body)."""
+    cdef Py_ssize_t n = len(nodes), r, q, c
+    for r in range(n):
+        node = nodes[r]
+        if node.op != REDUCE or stored[r] or node.arg[0] != R_SUM:
+            continue
+        body = nodes[srcpos[r][0]]
+        if body.op != BINARY or body.arg != B_MUL or not node.dtype.is_float:
+            continue
+        length = 1
+        for a in node.arg[1]:
+            length *= body.shape[a]
+        if length > CALL_EPILOGUE_MAX_LENGTH:
+            continue
+        calls = False
+        ends = []
+        todo = [r]
+        seen = set()
+        ok = True
+        while todo and ok:
+            q = todo.pop()
+            for c in consumers[q]:
+                if c in seen:
+                    continue
+                seen.add(c)
+                cn = nodes[c]
+                if cn.op not in EPILOGUE:
+                    ok = False
+                    break
+                if cn.op == UNARY and cn.arg in _CALL_UNARIES:
+                    calls = True
+                if stored[c]:
+                    ends.append(c)
+                else:
+                    todo.append(c)
+        if ok and calls and ends and not any(e in rows for e in ends):
+            stored[r] = True
 
 
 def _stored_slice(Py_ssize_t p, list nodes, list consumers, list stored, rk):
@@ -1302,6 +1357,8 @@ def kernelize(graph, list order, list target_ids, int vector_bytes=64,
     srcpos = [[pos[s] for s in nodes[p].srcs] for p in range(n)]
     rows = {}
     stored = decide_stored(nodes, consumers, srcpos, targets, rows)
+    if register_tiles and SPLIT_CALL_EPILOGUES:
+        _split_call_epilogues(nodes, consumers, srcpos, stored, rows)
     aliases = {}
     for t in targets:   # a target that only reshapes a buffer needs no kernel
         q = t
