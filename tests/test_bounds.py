@@ -386,3 +386,49 @@ def test_host_cat_keeps_dtypes_and_gradients(on_cpu):
     y = zyx.cat([w, zyx.tensor(np.zeros((2, 1), np.float32))], 1)
     (y * 3).sum().backward()
     assert np.array_equal(w.grad.numpy(), np.full((2, 2), 3.0, np.float32))
+
+
+def test_cropped_context_needs_no_growing_plan(on_cpu):
+    """nanoGPT's generate with its context cropped (`idx[:, -T:]`) and the next token still
+    lazy when appended: on the CPU the small window is copied on the host
+    (Runtime.host_window) and the lazy token realized before a host cat, so once the
+    context is full every step's graph is the same and no realization has a size that
+    grows (no bound runs, no new plans)."""
+    zyx.manual_seed(0)
+    V, D, T = 11, 8, 6
+    emb, head = nn.Embedding(V, D), nn.Linear(D, V)
+    E, W, b = emb.weight.numpy(), head.weight.numpy(), head.bias.numpy()
+    idx = zyx.tensor(np.array([[3]]))
+    with zyx.no_grad():
+        for step in range(30):
+            if step == T + 2:
+                before = _stats()
+            ctx = idx[:, -T:]
+            probs = F.softmax(head(emb(ctx).mean(1)), dim=-1)
+            idx = zyx.cat([idx, zyx.argmax(probs, dim=-1, keepdim=True)], 1)
+            assert zyx._RT.graph.get(idx._id).op == 0      # a realized leaf
+    plans, runs = (a - b for a, b in zip(_stats(), before))
+    assert plans == 0 and runs == 0, (plans, runs)
+    codes = idx.numpy()[0]
+    for n in (1, 5, 6, 7, 20, 30):                  # every step's choice, from numpy
+        p = (E[codes[max(0, n - T):n]].mean(0) @ W.T + b).argmax()
+        assert p == codes[n]
+
+
+def test_small_windows_of_host_tensors_are_views(on_cpu):
+    """A small window of a realized CPU tensor is copied at once, and still behaves as a
+    view: writes through it reach the base, writes to the base reach it."""
+    a = np.arange(24).reshape(2, 12)
+    z = zyx.tensor(a)
+    for key in [(slice(None), slice(-5, None)), (1, slice(2, 7)), (0,), (slice(0, 1), 3)]:
+        assert np.array_equal(z[key].numpy(), a[key]), key
+    w = z[:, 3:6]
+    w[0, 1] = 100
+    a[:, 3:6][0, 1] = 100
+    assert np.array_equal(z.numpy(), a)
+    v = z[1, 2:5]
+    z[1, 3] = -7
+    a[1, 3] = -7
+    assert np.array_equal(v.numpy(), a[1, 2:5])
+    z += 1
+    assert np.array_equal(v.numpy(), a[1, 2:5] + 1)

@@ -140,13 +140,15 @@ _RAN = object()     # _values_plan's answer when _bound_realize ran the graph
 class _BoundFamily:
     """Graphs of one shape skeleton (bounds.py): the first one's shapes and args, the
     fitted bounds.Template once a second one differed in sizes (False: not a family), and
-    the sizes n that got ordinary plans. Plan keys hold the object (hashed by identity)."""
-    __slots__ = ("first", "template", "exact")
+    the sizes n that got ordinary plans, and the size of the last graph run at a bound.
+    Plan keys hold the object (hashed by identity)."""
+    __slots__ = ("first", "template", "exact", "last")
 
     def __init__(self, first):
         self.first = first
         self.template = None
         self.exact = set()
+        self.last = -1
 
 
 class Runtime:
@@ -798,9 +800,12 @@ class Runtime:
         if bind is None:
             return False
         n, starts, consts = bind
-        if len(fam.exact) < 2 or n in fam.exact:
+        if len(fam.exact) < 2 or n in fam.exact or n == fam.last:
+            # (the same size twice in a row has stopped growing, a sampling loop's context
+            # once cropped: planned exactly, later steps find that plan by their key)
             fam.exact.add(n)
             return False
+        fam.last = n
         B = bounds.bound_for(n)
         pkey = ("bound", fam, B)
         plan = self.plans.get(pkey)
@@ -905,6 +910,37 @@ class Runtime:
             out, _ = pool.allocate(arr.nbytes)
         out.event = pool.host_to_pool(arr, out, [])
         return graph.leaf(out, tuple(arr.shape), d)
+
+    def in_host_memory(self, nid):
+        """Whether node `nid` is realized in host memory (the C backend's pool)."""
+        node = self.graph.get(nid)
+        return node.op == LEAF and isinstance(getattr(node.buffer, "pool", None),
+                                              HostMemoryPool)
+
+    def host_window(self, nid, pads, shape):
+        """A new realized leaf of `shape` holding the window that shrinking `pads`
+        ((before, after) per axis, none positive) cut from the realized leaf `nid` in host
+        memory (the C backend's pool), copied on the host; None when `nid` is not that.
+        tensor's basic indexing takes this for small windows that need no gradient: a
+        sampling loop's `idx[:, -T:]` of its growing tokens is then a leaf of one shape
+        every step, so the step's plan is found by its key, with no staging of a growing
+        size (bounds.py) every token."""
+        if not self.in_host_memory(nid):
+            return None
+        node = self.graph.get(nid)
+        buf = node.buffer
+        d = node.dtype
+        count = 1
+        for s in node.shape:
+            count *= s
+        src = buf.handle[:count * d.itemsize].view(d.np).reshape(node.shape)
+        arr = np.ascontiguousarray(src[tuple([slice(-b, n + a) for (b, a), n
+                                              in zip(pads, node.shape)])]).reshape(shape)
+        pool = buf.pool
+        with self.lock:
+            out, _ = pool.allocate(max(arr.nbytes, 1))
+        out.event = pool.host_to_pool(arr, out, [])
+        return self.graph.leaf(out, shape, d)
 
     def _staged(self, nid, shape, dev):
         """A leaf of `shape` holding leaf `nid` in its leading corner, zeros elsewhere."""

@@ -1871,6 +1871,9 @@ CAT_GROUP_NUMEL = 1 << 16
 # Realized parts that need no gradient, in host memory, into at most this many elements
 # are concatenated right away on the host (Runtime.host_cat).
 HOST_CAT_NUMEL = 1 << 16
+# Windows of at most this many elements cut from a realized tensor in host memory that
+# needs no gradient are copied right away (Runtime.host_window).
+HOST_SLICE_NUMEL = 1 << 12
 
 
 def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
@@ -1920,6 +1923,15 @@ def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
             out = out | p
         else:
             out = out + p
+    if appends and len(tensors) == 2 and builtins.any(
+            RT.in_host_memory(t._id) for t in tensors):
+        # the append to a realized tensor in host memory: its lazy part is computed on
+        # its own (a sampling step's next token, the same graph every step), then both
+        # are concatenated on the host, so no realization has a size that grows
+        RT.realize([t._id for t in tensors if _graph.get(t._id).op != G.LEAF])
+        nid = RT.host_cat([t._id for t in tensors], a)
+        if nid is not None:
+            return _wrap(nid)
     if appends and len(tensors) == 2:
         # A small append to a realized tensor (a sampling loop's `idx = cat([idx, nxt],
         # 1)` on a GPU, or with nxt still lazy) is computed now, with its lazy part: idx
@@ -2298,6 +2310,13 @@ def _basic_getitem(self, idx):
             cut = cut or length != n
         else:
             return None
+    if cut and 0 < _prod(out_shape) <= HOST_SLICE_NUMEL and not _records((self,)):
+        # a small window of a realized tensor in host memory: copied now, a leaf (the
+        # context a sampling loop crops out of its growing tokens then has one shape
+        # every step, and the step's plan is found as is)
+        nid = RT.host_window(self._id, pads, tuple(out_shape))
+        if nid is not None:
+            return _wrap(nid)
     x = self._pad(pads) if cut else self
     return x.reshape(tuple(out_shape)) if drop else x
 
