@@ -2310,15 +2310,31 @@ def _basic_getitem(self, idx):
             cut = cut or length != n
         else:
             return None
-    if cut and 0 < _prod(out_shape) <= HOST_SLICE_NUMEL and not _records((self,)):
+    if cut and 0 < _prod(out_shape) <= HOST_SLICE_NUMEL and not _records((self,)) \
+            and _one_block(pads, shape):
         # a small window of a realized tensor in host memory: copied now, a leaf (the
         # context a sampling loop crops out of its growing tokens then has one shape
-        # every step, and the step's plan is found as is)
+        # every step, and the step's plan is found as is). Only windows that are one block
+        # of the row-major buffer, which torch's views are contiguous for: a copy is
+        # contiguous, and is_contiguous must still answer as torch does.
         nid = RT.host_window(self._id, pads, tuple(out_shape))
         if nid is not None:
             return _wrap(nid)
     x = self._pad(pads) if cut else self
     return x.reshape(tuple(out_shape)) if drop else x
+
+
+def _one_block(pads, shape):
+    """Whether the window that shrinking `pads` cut from a row-major `shape` is one
+    contiguous block of it: every axis after the first one longer than 1 is whole."""
+    longer = False
+    for (before, after), n in zip(pads, shape):
+        length = n + before + after
+        if longer and length != n:
+            return False
+        if length != 1:
+            longer = True
+    return True
 
 
 def _is_mask(i):
