@@ -7,6 +7,7 @@ ZYX_DEBUG is a bitmask: 1 devices, 2 scheduling, 4 kernel IR, 8 generated source
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -132,6 +133,14 @@ def _host_values(node):
     if out.nbytes:
         buf.pool.pool_to_host(buf, out, [buf.event] if buf.event is not None else [])
     return out
+
+
+def _host_view(node):
+    """A realized leaf's values in host memory (the C backend's pool), as a numpy view of
+    its buffer: no copy, in its dtype's host representation."""
+    d = node.dtype
+    count = math.prod(node.shape)
+    return node.buffer.handle[:count * d.itemsize].view(d.np).reshape(node.shape)
 
 
 _RAN = object()     # _values_plan's answer when _bound_realize ran the graph
@@ -898,18 +907,8 @@ class Runtime:
         for n in nodes:
             if n.op != LEAF or n.dtype is not first.dtype or n.buffer.pool is not pool:
                 return None
-        d = first.dtype
-        parts = []
-        for n in nodes:
-            count = 1
-            for s in n.shape:
-                count *= s
-            parts.append(n.buffer.handle[:count * d.itemsize].view(d.np).reshape(n.shape))
-        arr = np.concatenate(parts, axis)
-        with self.lock:
-            out, _ = pool.allocate(arr.nbytes)
-        out.event = pool.host_to_pool(arr, out, [])
-        return graph.leaf(out, tuple(arr.shape), d)
+        return self._leaf_in(pool, np.concatenate([_host_view(n) for n in nodes], axis),
+                             first.dtype)
 
     def in_host_memory(self, nid):
         """Whether node `nid` is realized in host memory (the C backend's pool)."""
@@ -928,19 +927,10 @@ class Runtime:
         if not self.in_host_memory(nid):
             return None
         node = self.graph.get(nid)
-        buf = node.buffer
-        d = node.dtype
-        count = 1
-        for s in node.shape:
-            count *= s
-        src = buf.handle[:count * d.itemsize].view(d.np).reshape(node.shape)
-        arr = np.ascontiguousarray(src[tuple([slice(-b, n + a) for (b, a), n
-                                              in zip(pads, node.shape)])]).reshape(shape)
-        pool = buf.pool
-        with self.lock:
-            out, _ = pool.allocate(max(arr.nbytes, 1))
-        out.event = pool.host_to_pool(arr, out, [])
-        return self.graph.leaf(out, shape, d)
+        window = _host_view(node)[tuple([slice(-b, n + a) for (b, a), n
+                                         in zip(pads, node.shape)])]
+        return self._leaf_in(node.buffer.pool, np.ascontiguousarray(window).reshape(shape),
+                             node.dtype)
 
     def _staged(self, nid, shape, dev):
         """A leaf of `shape` holding leaf `nid` in its leading corner, zeros elsewhere."""
@@ -1034,7 +1024,11 @@ class Runtime:
         return out
 
     def _param_leaf(self, arr, dtype, dev):
-        pool = dev.pool
+        return self._leaf_in(dev.pool, arr, dtype)
+
+    def _leaf_in(self, pool, arr, dtype):
+        """A new realized leaf in `pool` holding the numpy array `arr` (of dtype's host
+        representation)."""
         with self.lock:
             buf, _ = pool.allocate(arr.nbytes)
         buf.event = pool.host_to_pool(arr, buf, [])

@@ -1900,7 +1900,14 @@ def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
     numel = _prod([s for i, s in enumerate(ref.shape) if i != a]) * total
     appends = numel <= HOST_CAT_NUMEL and not _records(tensors) \
         and builtins.any(_graph.get(t._id).op == G.LEAF for t in tensors)
-    if appends and builtins.all(_graph.get(t._id).op == G.LEAF for t in tensors):
+    if appends and (builtins.all(_graph.get(t._id).op == G.LEAF for t in tensors) or (
+            len(tensors) == 2 and builtins.any(RT.in_host_memory(t._id) for t in tensors))):
+        # realized parts in host memory are concatenated on the host; an append to one
+        # (a sampling step's next token, still lazy) computes its lazy part on its own
+        # first (the same graph every step), so no realization has a size that grows
+        lazy = [t._id for t in tensors if _graph.get(t._id).op != G.LEAF]
+        if lazy:
+            RT.realize(lazy)
         nid = RT.host_cat([t._id for t in tensors], a)
         if nid is not None:
             return _wrap(nid)
@@ -1923,15 +1930,6 @@ def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
             out = out | p
         else:
             out = out + p
-    if appends and len(tensors) == 2 and builtins.any(
-            RT.in_host_memory(t._id) for t in tensors):
-        # the append to a realized tensor in host memory: its lazy part is computed on
-        # its own (a sampling step's next token, the same graph every step), then both
-        # are concatenated on the host, so no realization has a size that grows
-        RT.realize([t._id for t in tensors if _graph.get(t._id).op != G.LEAF])
-        nid = RT.host_cat([t._id for t in tensors], a)
-        if nid is not None:
-            return _wrap(nid)
     if appends and len(tensors) == 2:
         # A small append to a realized tensor (a sampling loop's `idx = cat([idx, nxt],
         # 1)` on a GPU, or with nxt still lazy) is computed now, with its lazy part: idx

@@ -1059,9 +1059,7 @@ def _layer_norm_nodes(x, ns, axes, weight, bias, eps):
         if p is not None and not (isinstance(p, Tensor) and p.dtype is d and p.shape == ns):
             return None
     shape = x.shape
-    count = 1
-    for v in ns:
-        count *= v
+    count = math.prod(ns)
     if not count:
         return None
     mk = _TB.make
