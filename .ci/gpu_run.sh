@@ -195,6 +195,12 @@ EOF
         $PY benches/gpu_elementwise_sweep.py >"$OUT/sweep.log" 2>"$OUT/sweep.err"
         cat "$OUT/sweep.log"; tail -5 "$OUT/sweep.err"
         ;;
+    stepprofile)
+        # where the recipe steps' GPU time goes: zyx's kernels one by one, PyTorch's
+        # kernels from torch.profiler for the same steps
+        $PY benches/gpu_step_profile.py cuda --recipe --torch >"$OUT/stepprofile.log" 2>&1
+        cat "$OUT/stepprofile.log" | head -120
+        ;;
     profile)
         $PY benches/gpu_launch_profile.py cuda >"$OUT/profile.log" 2>&1
         head -40 "$OUT/profile.log"

@@ -1,7 +1,11 @@
 """Where a small training step's time goes on a GPU device: the MNIST convnet step of
 bench_gpu.py (batch 64, Adam), which is bound by host work, not by the GPU.
 
-    python benches/gpu_step_profile.py [device] [--profile] [--split]    (default: cuda)
+    python benches/gpu_step_profile.py [device] [--profile] [--split] [--recipe]
+
+(default device: cuda). --torch prints, after zyx's, PyTorch's CUDA kernels for the same
+recipe step (torch.profiler, 20 steps), the peer's split of the GPU time. --recipe profiles bench_recipes.py's MNIST convnet instead
+(batch 128, two 5x5 convolutions) and, after it, the recipe transformer LM step.
 
 Prints the step's median time (synchronized), the time to build its graph (forward and
 backward, nothing realized), the kernels of its plan and the time of each launched
@@ -9,6 +13,7 @@ alone (back to back, synchronized: GPU time plus launch), and with --profile the
 functions with the most host time (cProfile, 200 steps). --split realizes the gradients
 before the optimizer's step (two plans, as DistributedDataParallel runs it)."""
 import cProfile
+import gc
 import os
 import pstats
 import statistics
@@ -24,18 +29,66 @@ import zyx.nn.functional as F  # noqa: E402
 from zyx import optim  # noqa: E402
 
 
-def main(name="cuda", profile=False, split=False):
+class _GCPauses:
+    """Python's garbage collections while it is alive: count and time per generation."""
+    def __init__(self):
+        self.n, self.t, self._t0 = [0, 0, 0], [0.0, 0.0, 0.0], 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase, info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            g = info["generation"]
+            self.n[g] += 1
+            self.t[g] += time.perf_counter() - self._t0
+
+    def stop(self):
+        gc.callbacks.remove(self._cb)
+
+    def __str__(self):
+        return "gc collections by generation " + ", ".join(
+            f"{n} ({t * 1e3:.1f} ms)" for n, t in zip(self.n, self.t)) + \
+            f", {len(gc.get_objects())} objects tracked"
+
+
+def _bench_convnet():
     import bench_gpu as bg
-    zyx.set_default_device(name)
-    zyx.manual_seed(0)
     model = bg._zyx_convnet()
-    opt = optim.Adam(model.parameters(), lr=1e-3)
     rng = np.random.default_rng(0)
     x = zyx.tensor(rng.standard_normal((bg.B, 1, 28, 28), dtype=np.float32))
     y = zyx.tensor(rng.integers(0, 10, bg.B))
+    return "convnet step", model, optim.Adam(model.parameters(), lr=1e-3), x, y, \
+        lambda out, y: F.cross_entropy(out, y)
+
+
+def _recipe_convnet():
+    from bench_conv import _convnet, _mnist_batch
+    model = _convnet(zyx.nn)
+    xn, yn = _mnist_batch()
+    return "recipe convnet step", model, optim.Adam(model.parameters(), lr=1e-3), \
+        zyx.tensor(xn), zyx.tensor(yn), lambda out, y: F.cross_entropy(out, y)
+
+
+def _recipe_lm():
+    import recipe_lm as R
+    model = R.make_model(zyx, zyx.get_default_device())
+    model.train()
+    codes = R.text_codes()
+    ix = np.random.default_rng(0).integers(0, len(codes) - R.T - 1, R.B)
+    x = zyx.tensor(np.stack([codes[i:i + R.T] for i in ix]))
+    y = zyx.tensor(np.stack([codes[i + 1:i + R.T + 1] for i in ix]))
+    return "recipe LM step (no clipping)", model, optim.AdamW(model.parameters(), lr=R.LR), \
+        x, y, lambda out, y: F.cross_entropy(out.view(-1, R.VOCAB), y.view(-1))
+
+
+def main(name="cuda", profile=False, split=False, make=_bench_convnet):
+    zyx.set_default_device(name)
+    zyx.manual_seed(0)
+    what, model, opt, x, y, loss_fn = make()
 
     def graph():
-        loss = F.cross_entropy(model(x), y)
+        loss = loss_fn(model(x), y)
         opt.zero_grad()
         loss.backward()
         return loss
@@ -50,14 +103,16 @@ def main(name="cuda", profile=False, split=False):
     for _ in range(5):
         step()
     sync()
-    ts = []
+    ts, pauses = [], _GCPauses()
     for _ in range(50):
         t0 = time.perf_counter()
         step()
         sync()
         ts.append(time.perf_counter() - t0)
-    print(f"{name}: convnet step{' (gradients, then the update)' if split else ''} "
-          f"{statistics.median(ts) * 1e3:.3f} ms (synchronized, median of 50)")
+    pauses.stop()
+    print(f"{name}: {what}{' (gradients, then the update)' if split else ''} "
+          f"{statistics.median(ts) * 1e3:.3f} ms (synchronized, median of 50; mean "
+          f"{statistics.mean(ts) * 1e3:.3f} ms); {pauses}")
     gs = []
     for _ in range(50):
         t0 = time.perf_counter()
@@ -84,7 +139,7 @@ def main(name="cuda", profile=False, split=False):
         rows.append((tu._time(prog, tu._args(st.kernel, bufs, dev.pool)), st))
     total = sum(t for t, _ in rows)
     print(f"{name}: kernels alone {total * 1e3:.3f} ms in all; the slowest:")
-    for t, st in sorted(rows, key=lambda r: -r[0])[:12]:
+    for t, st in sorted(rows, key=lambda r: -r[0])[:16]:
         k = st.kernel
         label = getattr(st.program, "gpu", None)
         label = getattr(label, "strategy", "") if label is not None else ""
@@ -100,6 +155,39 @@ def main(name="cuda", profile=False, split=False):
         pstats.Stats(pr).sort_stats("tottime").print_stats(25)
 
 
+def torch_kernels(recipe):
+    """PyTorch's CUDA kernel times for one recipe step ("convnet" or "lm"), the slowest
+    first: the GPU time zyx's kernels compete with."""
+    import torch
+    import bench_recipes as br
+    torch.manual_seed(0)
+    if recipe == "convnet":
+        step = br._convnet_step(torch, torch.nn.functional.cross_entropy, "cuda")
+    else:
+        step = br._lm_fixed(torch, "cuda")
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile as tprofile
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            step()
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    total = sum(e.self_device_time_total for e in rows) / 20
+    print(f"torch cuda: recipe {recipe} step, GPU time per step {total / 1e3:.3f} ms "
+          f"in {sum(e.count for e in rows) // 20} kernels; the slowest:")
+    for e in sorted(rows, key=lambda e: -e.self_device_time_total)[:10]:
+        print(f"  {e.self_device_time_total / 20:8.1f} us  x{e.count // 20}  {e.key[:90]}")
+
+
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    main(args[0] if args else "cuda", "--profile" in sys.argv, "--split" in sys.argv)
+    dev = args[0] if args else "cuda"
+    if "--recipe" in sys.argv:
+        for make, recipe in ((_recipe_convnet, "convnet"), (_recipe_lm, "lm")):
+            main(dev, "--profile" in sys.argv, "--split" in sys.argv, make)
+            if "--torch" in sys.argv:
+                torch_kernels(recipe)
+    else:
+        main(dev, "--profile" in sys.argv, "--split" in sys.argv)

@@ -337,6 +337,78 @@ def test_convolutions_and_gradients_against_numpy(spec, want, image_last, lowere
     assert sum(g.strategy == "gemm" for g in found) >= 3
 
 
+def test_split_k_parts_for_an_h100():
+    """gemm.parts: the MNIST convnet's weight gradients at batch 128 on 132 SMs. 32 x 800
+    outputs over 51200 terms have 25 of the smallest tiles: 16 pieces of 3200 terms give
+    400; 64 x 288 over 8192 terms: 16 pieces of 512. A 1-channel 5x5 gradient (32 x 25,
+    one tile) cannot reach 132 groups even cut 128 ways, so it stays whole; products
+    whose tiles already fill the device, or too short to cut, stay whole."""
+    assert gemm.parts(H100, 32, 800, 51200, 128) == 16
+    assert gemm.parts(H100, 64, 288, 8192, 128) == 16
+    assert gemm.parts(H100, 32, 25, 73728, 128) == 1
+    assert gemm.parts(H100, 4096, 4096, 4096, 128) == 1
+    assert gemm.parts(H100, 32, 800, 4096, 8) == 8          # (most: the batch's divisors)
+    assert gemm.parts(H100, 32, 800, 2048, 128) == 8        # pieces of PART_MIN_K at least
+    assert gemm.parts(H100, 8, 800, 51200, 128) == 1        # too narrow to be a gemm
+    assert zyx._RT.resolve("cpu").info().product_parts is None
+
+
+def test_split_weight_gradient_is_a_gemm_on_an_h100(opencl_device, monkeypatch):
+    """With the H100's pieces, the recipe convnet's second weight gradient (32 x 800
+    outputs, batch 128) becomes a batched gemm of 16 x 13 tiles and a short sum over the
+    pieces; uncut, its 13 tiles leave the gemm strategy to the group strategies."""
+    def gradient_kernels(parts, n):
+        # (n: a shape of its own for each, as the backward's template is per shape)
+        monkeypatch.setattr(opencl_device.info(), "product_parts", parts)
+        x = zyx.Tensor(np.zeros((n, 32, 24, 24), np.float32), requires_grad=True)
+        w = zyx.Tensor(np.zeros((32, 32, 5, 5), np.float32), requires_grad=True)
+        y = F.conv2d(x, w)
+        gw, = zyx.autograd.grad([y], [w], [zyx.Tensor(np.zeros(y.shape, np.float32))])
+        g = zyx._RT.graph
+        order, _ = g.collect([gw._id])
+        steps, _ = kernelize(g, order, [gw._id], 64, False, gpu.GPU_SUM_BLOCK, None, None,
+                             0, False, lambda ops: gemm.wanted(ops, H100))
+        return [gpu.lower(optimize(s.kernel), OpenCLDialect(), H100)
+                for s in steps if s.kernel is not None]
+    split = gradient_kernels(lambda r, c, k, m: gemm.parts(H100, r, c, k, m), 128)
+    assert [g.strategy for g in split] == ["gemm", "serial"]
+    assert split[0].launches[0].groups == 16 * 13
+    whole = gradient_kernels(None, 120)
+    assert "gemm" not in [g.strategy for g in whole]
+
+
+@pytest.mark.parametrize("parts", [2, 4])
+@pytest.mark.parametrize("groups", [1, 2])
+def test_split_weight_gradients_against_numpy(parts, groups, lowered, opencl_device,
+                                              monkeypatch):
+    """Weight gradients cut along the batch into `parts` products (split-K,
+    DeviceInfo.product_parts), strided and padded, grouped or not, against numpy; the
+    pieces run as gemm tiles."""
+    monkeypatch.setattr(opencl_device.info(), "product_parts",
+                        lambda r, c, k, most: parts)
+    found = lowered(None)
+    r = np.random.default_rng(5)
+    n, cin, cout = 8, 16, 32
+    for stride, pad in ((1, 1), (2, 0)):
+        x = r.standard_normal((n, cin, 11, 11)).astype(np.float32)
+        w = (r.standard_normal((cout, cin // groups, 3, 3)) * 0.2).astype(np.float32)
+        X, W = zyx.Tensor(x), zyx.Tensor(w, requires_grad=True)
+        y = F.conv2d(X, W, stride=stride, padding=pad, groups=groups)
+        g = r.standard_normal(y.shape).astype(np.float32)
+        (y * zyx.Tensor(g)).sum().backward()
+        xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        ho = y.shape[-1]
+        win = np.empty((n, cin, 3, 3, ho, ho))
+        for i in range(3):
+            for j in range(3):
+                win[:, :, i, j] = xp[:, :, i:i + stride * ho:stride, j:j + stride * ho:stride]
+        cg, og = cin // groups, cout // groups
+        ref = np.concatenate([np.einsum("ncijhw,nohw->ocij", win[:, q * cg:(q + 1) * cg],
+                                        g[:, q * og:(q + 1) * og]) for q in range(groups)])
+        close(W.grad, ref, rtol=1e-4, atol=1e-3)
+    assert any(g.strategy == "gemm" for g in found)
+
+
 def test_padded_channels_last_windows_are_copied_as_vectors():
     """A padded convolution over a channels-last image (F._conv_forward's image_last):
     the window is where(inside, load, 0) with the test independent of the channels, the

@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import AllocationError, BackendError
 from . import Buffer, MemoryPool, ProgramCache, device_ids, run_in_pieces, switch
 from .blocks import FreeBlocks, configured_limit, default_limit
-from ..codegen.gpu.dispatch import lower, own_tiles, schedule_candidates
+from ..codegen.gpu.dispatch import lower, own_tiles, product_parts, schedule_candidates
 from ..codegen.gpu.nvidia.tma import MAP_BYTES
 
 # Host<->device copies go through two pinned staging slots (a page-locked copy runs at
@@ -813,6 +813,7 @@ class DriverDevice(ProgramCache):
         self.schedules = {}        # zyx kernel -> lowering schedule the autotuner chose
         self._info = self._make_info()
         self._info.own_tiles = own_tiles(self._info)
+        self._info.product_parts = product_parts(self._info)
 
     def info(self):
         return self._info

@@ -27,7 +27,8 @@ from .binary_cache import BinaryCache, cache_key
 from .blocks import FreeBlocks, configured_limit, default_limit
 from ..codegen.cstyle import OpenCLDialect
 from ..codegen.gpu.dispatch import (GPU_SUM_BLOCK, WORK_GROUP, lower, own_tiles,
-                                    register_tiles, schedule_candidates, tile_min_outputs)
+                                    product_parts, register_tiles, schedule_candidates,
+                                    tile_min_outputs)
 
 # Below the C backend's estimate (2e10 FLOP/s per core) for any core count: the C backend
 # computes on the same CPU faster than PoCL's generic code, so it must stay the default.
@@ -267,6 +268,7 @@ class OpenCLDevice(ProgramCache):
         self.arena_align = max(64, cl_device.mem_base_addr_align // 8)
         self._info = self._make_info()
         self._info.own_tiles = own_tiles(self._info)
+        self._info.product_parts = product_parts(self._info)
 
     def _make_info(self):
         d, cl = self.dev, self.cl

@@ -42,6 +42,11 @@ class DeviceInfo:
     # (kernel ops) -> True where the backend tiles the kernel itself (GPU gemm tiles):
     # kernelize leaves it without register tiles
     own_tiles: object = None
+    # (rows, cols, k, most) -> parts: how many pieces nn.functional cuts a long product's
+    # reduce of k terms into (split-K; a divisor of `most`, the batch it splits), each
+    # piece a product of its own, then a sum of the pieces. None: never cut (the CPU's
+    # register tiles; lowerings whose reduce strategies take long products as they are)
+    product_parts: object = None
     # "highest", "high" or "medium" (zyx.set_float32_matmul_precision): whether float32
     # products may run on TF32 tensor cores; written by the runtime
     float32_precision: str = "highest"

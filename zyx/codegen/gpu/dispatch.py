@@ -101,6 +101,14 @@ def own_tiles(info):
     return lambda ops: gemm.wanted(ops, info)
 
 
+def product_parts(info):
+    """DeviceInfo.product_parts of a GPU device described by `info` (gemm.parts), None
+    where gemm tiles are off."""
+    if not gemm.enabled():
+        return None
+    return lambda rows, cols, k, most: gemm.parts(info, rows, cols, k, most)
+
+
 def tile_min_outputs(num_cores):
     """DeviceInfo.tile_min_outputs of a GPU with `num_cores` compute units: kernels with
     fewer outputs keep one output per work-item (or a group per output)."""

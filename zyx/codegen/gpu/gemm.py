@@ -393,6 +393,32 @@ def choose_tile(p, info, want=None):
     return None
 
 
+PART_MIN_K = 256       # fewest reduce terms per piece of a split product
+PART_WAVES = 2         # groups per compute unit a split product aims at
+
+
+def parts(info, nr, nc, nk, most):
+    """How many pieces (a power of two dividing `most`) a product of nr x nc outputs over
+    nk terms is cut into before it is built (split-K, DeviceInfo.product_parts): 1 when
+    its tiles already cover PART_WAVES x the compute units, else the fewest pieces that
+    do, each at least PART_MIN_K terms long. A convolution's weight gradient (32 x 800
+    outputs over batch x height x width = 51200 terms in the MNIST convnet) has 13 tiles
+    for 132 compute units; uncut it takes the group strategies, one output per group
+    (H200: 1.38 ms)."""
+    if nr < MIN_SIDE or nc < MIN_SIDE:
+        return 1
+    want = PART_WAVES * max(info.num_cores, 1)
+    # the smallest tile's groups: choose_tile takes at least this many when it tiles
+    br, bc, _ = TILES[-1]
+    tiles = -(-nr // br) * -(-nc // bc)
+    n = 1
+    while tiles * n < want and most % (2 * n) == 0 and nk // (2 * n) >= PART_MIN_K:
+        n *= 2
+    # pieces whose tiles still leave compute units idle are not tiled (choose_tile):
+    # the group strategies then take the product better uncut
+    return n if tiles * n >= max(info.num_cores, 1) else 1
+
+
 def wanted(ops, info):
     """True when `gpu.lower` will take this kernel as a gemm on the device `info`
     (DeviceInfo.own_tiles: the kernelizer leaves it untiled)."""
