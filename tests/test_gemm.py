@@ -348,9 +348,9 @@ def test_split_k_parts_for_an_h100():
     assert gemm.parts(H100, 32, 25, 73728, 128) == 1
     assert gemm.parts(H100, 4096, 4096, 4096, 128) == 1
     assert gemm.parts(H100, 32, 800, 4096, 8) == 8          # (most: the batch's divisors)
-    assert gemm.parts(H100, 32, 800, 2048, 128) == 8        # pieces of PART_MIN_K at least
+    assert gemm.parts(H100, 32, 800, 1024, 128) == 8        # pieces of PART_MIN_K at least
     assert gemm.parts(H100, 8, 800, 51200, 128) == 1        # too narrow to be a gemm
-    assert zyx._RT.resolve("cpu").info().product_parts is None
+    assert DeviceInfo().product_parts is None               # (the CPU: never cut)
 
 
 def test_split_weight_gradient_is_a_gemm_on_an_h100(opencl_device, monkeypatch):
@@ -406,6 +406,56 @@ def test_split_weight_gradients_against_numpy(parts, groups, lowered, opencl_dev
         ref = np.concatenate([np.einsum("ncijhw,nohw->ocij", win[:, q * cg:(q + 1) * cg],
                                         g[:, q * og:(q + 1) * og]) for q in range(groups)])
         close(W.grad, ref, rtol=1e-4, atol=1e-3)
+    assert any(g.strategy == "gemm" for g in found)
+
+
+def test_split_linear_weight_gradient_is_a_gemm_on_an_h100(opencl_device, monkeypatch):
+    """The recipe LM's feed-forward weight gradient (512 x 128 outputs over B x T = 2048
+    positions) has 64 of the smallest tiles for 132 SMs: with the H100's pieces it is
+    8 gemms of 256 positions each, then their sum; uncut it is no gemm."""
+    def gradient_kernels(parts, t):
+        monkeypatch.setattr(opencl_device.info(), "product_parts", parts)
+        x = zyx.Tensor(np.zeros((32, t, 128), np.float32))
+        w = zyx.Tensor(np.zeros((512, 128), np.float32), requires_grad=True)
+        y = F.linear(x, w)
+        gw, = zyx.autograd.grad([y], [w], [zyx.Tensor(np.zeros(y.shape, np.float32))])
+        g = zyx._RT.graph
+        order, _ = g.collect([gw._id])
+        steps, _ = kernelize(g, order, [gw._id], 64, False, gpu.GPU_SUM_BLOCK, None, None,
+                             0, False, lambda ops: gemm.wanted(ops, H100))
+        return [gpu.lower(optimize(s.kernel), OpenCLDialect(), H100)
+                for s in steps if s.kernel is not None]
+    split = gradient_kernels(lambda r, c, k, m: gemm.parts(H100, r, c, k, m), 64)
+    assert [g.strategy for g in split] == ["gemm", "serial"]
+    assert split[0].launches[0].groups >= 8 * 16
+    whole = gradient_kernels(None, 63)
+    assert "gemm" not in [g.strategy for g in whole]
+
+
+@pytest.mark.parametrize("parts", [2, 8])
+def test_split_linear_and_matmul_weight_gradients_against_numpy(parts, lowered, opencl_device,
+                                                               monkeypatch):
+    """Weight gradients of a 3-D linear layer (summed over batch and positions) and of a
+    2-D matmul, cut into `parts` pieces (split-K), against numpy; the input's gradient
+    (a sum over the output features, not the leading axes) is not cut."""
+    monkeypatch.setattr(opencl_device.info(), "product_parts",
+                        lambda r, c, k, most: parts)
+    found = lowered(None)
+    r = np.random.default_rng(9)
+    x = r.standard_normal((4, 16, 24)).astype(np.float32)
+    w = r.standard_normal((40, 24)).astype(np.float32)
+    g = r.standard_normal((4, 16, 40)).astype(np.float32)
+    X, W = zyx.Tensor(x, requires_grad=True), zyx.Tensor(w, requires_grad=True)
+    (F.linear(X, W) * zyx.Tensor(g)).sum().backward()
+    close(W.grad, np.einsum("btn,btk->nk", g.astype(np.float64), x))
+    close(X.grad, np.einsum("btn,nk->btk", g.astype(np.float64), w))
+    a = r.standard_normal((64, 24)).astype(np.float32)
+    b = r.standard_normal((24, 32)).astype(np.float32)
+    gm = r.standard_normal((64, 32)).astype(np.float32)
+    A, B = zyx.Tensor(a, requires_grad=True), zyx.Tensor(b, requires_grad=True)
+    ((A @ B) * zyx.Tensor(gm)).sum().backward()
+    close(B.grad, a.T.astype(np.float64) @ gm)
+    close(A.grad, gm.astype(np.float64) @ b.T)
     assert any(g.strategy == "gemm" for g in found)
 
 

@@ -351,7 +351,38 @@ def _permute_rule(out, g, order, srcs, need):
 def _expand_rule(out, g, arg, srcs, need):
     xs, os = _get(srcs[0]._id).shape, _get(out._id).shape
     axes = tuple(i for i, (a, b) in enumerate(zip(xs, os)) if a != b)
-    return (_sum_keep(g, axes) if axes else g,)
+    if not axes:
+        return (g,)
+    parts = _product_parts(g, os, axes)
+    if parts == 1:
+        return (_sum_keep(g, axes),)
+    # split-K: the leading axes flattened and cut into `parts` pieces, each piece's
+    # product summed on its own, then the pieces summed
+    n = _get(g._id)
+    rest = os[len(axes):]
+    cut = (parts, math.prod(os[:len(axes)]) // parts) + rest
+    pieces = g._make(G.REDUCE, (K.R_SUM, (1,)), (g._make(G.RESHAPE, cut, (g,), cut, n.dtype),),
+                     (parts, 1) + rest, n.dtype)
+    total = g._make(G.REDUCE, (K.R_SUM, (0,)), (pieces,), (1, 1) + rest, n.dtype)
+    return (total._make(G.RESHAPE, xs, (total,), xs, n.dtype),)
+
+
+def _product_parts(g, shape, axes):
+    """Pieces for the sum over `axes` of gradient g (of `shape`): more than 1 when g is a
+    product summed over its leading axes (a linear layer's or a matmul's weight
+    gradient: outputs rows x cols, a reduce over the batch) on a device whose gemm tiles
+    would otherwise leave compute units idle (DeviceInfo.product_parts: split-K)."""
+    lead = len(axes)
+    if axes != tuple(range(lead)) or len(shape) - lead < 2:
+        return 1
+    n = _get(g._id)
+    if n.op != G.BINARY or n.arg != K.B_MUL:
+        return 1
+    split = RT.device_of(g._id).info().product_parts
+    if split is None:
+        return 1
+    terms = math.prod(shape[:lead])
+    return split(math.prod(shape[lead:-1]), shape[-1], terms, terms)
 
 
 def _pad_rule(out, g, arg, srcs, need):

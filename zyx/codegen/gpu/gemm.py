@@ -393,7 +393,7 @@ def choose_tile(p, info, want=None):
     return None
 
 
-PART_MIN_K = 256       # fewest reduce terms per piece of a split product
+PART_MIN_K = 128       # fewest reduce terms per piece of a split product
 PART_WAVES = 2         # groups per compute unit a split product aims at
 
 
