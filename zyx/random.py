@@ -29,6 +29,7 @@ import numpy as np
 from . import dtype as dt
 from ._core import graph as G
 from ._core import kernel as K
+from ._core import replay as _replay
 from ._core.tensorbase import make, wrap
 from .errors import ShapeError
 from .runtime import RT
@@ -172,12 +173,42 @@ def _rotl(v, r):
     return ((v << r) | (v >> (32 - r))) & MASK32
 
 
+_ROUND_TEMPLATES = _replay.ForwardTemplates(64)
+
+
 def threefry2x32(x0, x1, k0, k1):
     """Threefry-2x32 (ROUNDS rounds) of the counter words (x0, x1) under the key (k0, k1)
     (ints): the two uint32 output words. x0 is a uint32 tensor; x1 a uint32 tensor of its
     shape or an int, whose first round is then computed here (two ops instead of five, and
     a shorter chain: see ROUNDS). Adds wrap mod 2^32 and right shifts are logical because
-    the words are uint32 on every backend."""
+    the words are uint32 on every backend.
+
+    With an int x1 (every draw: `bits`), the rounds after the first are replayed from a
+    template per (shape, key) (`_ROUND_TEMPLATES`): their ~110 nodes depend on nothing
+    else, and a dropout layer otherwise spent most of its graph building on them."""
+    shape = RT.graph.get(x0._id).shape
+    ks = (k0 & MASK32, k1 & MASK32, (k0 ^ k1 ^ _PARITY) & MASK32)
+    if not isinstance(x1, int):
+        x0 = _bin(x0, _const(ks[0], shape), K.B_ADD)
+        x1 = _bin(x1, _const(ks[1], shape), K.B_ADD)
+        return _rounds(x0, x1, ks, 0)
+    # round 0 with a scalar x1: x0 + (ks0 + x1 + ks1), then rotl(x1 + ks1) ^ that
+    # (nodes of their own, not shared by value: these change with every call, and a
+    # graph whose edges depended on which values coincide would change its structure)
+    a, b = round0_words(k0, k1, x1)
+    ca, cb = _const(a, shape), _const(b, shape)
+    if RT.recorder is not None:     # zyx.jit: its replays give these other values
+        RT.recorder.random_words(ca._id, cb._id, k0, k1, x1)
+
+    def build(x0, ca, cb):
+        x0 = _bin(x0, ca, K.B_ADD)
+        return _rounds(x0, _bin(x0, cb, K.B_BITXOR), ks, 1)
+    return tuple(_ROUND_TEMPLATES.run(RT.graph, ("threefry",) + ks, [x0, ca, cb], build, wrap))
+
+
+def _rounds(x0, x1, ks, first):
+    """Threefry's rounds from `first` on, with its key injections (ks: the key words and
+    their parity word)."""
     shape = RT.graph.get(x0._id).shape
     consts = {}
 
@@ -187,22 +218,6 @@ def threefry2x32(x0, x1, k0, k1):
             t = consts[v] = _const(v, shape)
         return t
 
-    ks = (k0 & MASK32, k1 & MASK32, (k0 ^ k1 ^ _PARITY) & MASK32)
-    first = 0
-    if isinstance(x1, int):
-        # round 0 with a scalar x1: x0 + (ks0 + x1 + ks1), then rotl(x1 + ks1) ^ that
-        # (nodes of their own, not shared by value: these change with every call, and a
-        # graph whose edges depended on which values coincide would change its structure)
-        a, b = round0_words(k0, k1, x1)
-        ca, cb = _const(a, shape), _const(b, shape)
-        if RT.recorder is not None:     # zyx.jit: its replays give these other values
-            RT.recorder.random_words(ca._id, cb._id, k0, k1, x1)
-        x0 = _bin(x0, ca, K.B_ADD)
-        x1 = _bin(x0, cb, K.B_BITXOR)
-        first = 1
-    else:
-        x0 = _bin(x0, c(ks[0]), K.B_ADD)
-        x1 = _bin(x1, c(ks[1]), K.B_ADD)
     for i in range(first, ROUNDS):
         r = _ROTATIONS[i % 8]
         x0 = _bin(x0, x1, K.B_ADD)
