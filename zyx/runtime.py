@@ -19,7 +19,7 @@ import numpy as np
 from . import bounds
 from . import dtype as dt
 from . import tuning
-from ._core.graph import Graph, CONST, LEAF, PAD, RESHAPE
+from ._core.graph import Graph, CONST, LEAF, PAD, RESHAPE, mask_cuts
 from ._core import scheduler
 from ._core import valuecheck
 from .backends import initialize_backends, load_config, warn
@@ -118,11 +118,25 @@ def _backend_of(device):
 class _Family:
     """Graphs of one skeleton (_values_plan): the first one's key and the key indices
     whose values have differed from it. Plan keys hold the object (hashed by identity)."""
-    __slots__ = ("first", "vary")
+    __slots__ = ("first", "vary", "skeleton", "values")
 
-    def __init__(self, first):
+    def __init__(self, first, skeleton, values):
         self.first = first
         self.vary = set()
+        self.skeleton = skeleton    # its key in Runtime._families
+        self.values = values        # collect's (key index, position) of its values
+
+    def skeleton_of(self, flat):
+        """The skeleton of a graph whose structural key is `flat`, were it of this
+        family: flat with this family's value entries masked as collect masks them (a
+        graph of the family has its values at the same key indices)."""
+        if len(flat) != len(self.first):
+            return None
+        key = list(flat)
+        for ki, _ in self.values:
+            v = key[ki]
+            key[ki] = mask_cuts(v) if key[ki - 1] == PAD else None
+        return tuple(key)
 
 
 def _host_values(node):
@@ -181,6 +195,9 @@ class Runtime:
         self.plans = {}
         # skeleton key -> _Family (first graph's key, the entries that varied): _values_plan
         self._families = {}
+        # the family the last graph with values found: the next one (a training step's
+        # next draw) is usually of it, and then needs no second collect for its skeleton
+        self._last_family = None
         # (device, shape skeleton) -> _BoundFamily: _bound_realize
         self._bound_families = {}
         # Threads realize one at a time: realization mutates the plan cache, the pools and
@@ -672,6 +689,7 @@ class Runtime:
         """Forget every cached plan and size family: the next realizations plan anew."""
         self.plans.clear()
         self._families.clear()
+        self._last_family = None
         self._bound_families.clear()
 
     def set_float32_matmul_precision(self, precision):
@@ -718,22 +736,28 @@ class Runtime:
 
         A graph of a new skeleton may be one whose sizes grew: `_bound_realize` runs it
         then (returns _RAN), before a values family is made for it."""
-        values = []
         flat = key[1]
-        skel = (key[0], self.graph.collect(ids, values)[1])
-        if not values:
-            return _RAN if self._bound_realize(order, ids, dev, checks, t0) else None
-        family = self._families.get(skel)
+        family = self._last_family
+        if family is not None and family.skeleton[0] == key[0] and \
+                family.skeleton[1] == family.skeleton_of(flat):
+            values = family.values      # (no second walk of the graph)
+        else:
+            values = []
+            skel = (key[0], self.graph.collect(ids, values)[1])
+            if not values:
+                return _RAN if self._bound_realize(order, ids, dev, checks, t0) else None
+            family = self._families.get(skel)
         new_family = family is None
         if new_family:
             if self._bound_realize(order, ids, dev, checks, t0):
                 return _RAN
             if len(self._families) >= 4 * self.max_plans:
                 self._families.clear()
-            family = self._families[skel] = _Family(flat)
+            family = self._families[skel] = _Family(flat, skel, values)
             # a window into a realized tensor (a batch `data[i:i + T]`, a row `X[i]`) is a
             # value from the start: its start is what changes from one graph to the next
             family.vary.update([ki for ki, cpos in values if self._is_window(order[cpos])])
+        self._last_family = family
         if self.recorder is not None:
             # zyx.jit replays this plan with other values there (random draws' counters)
             family.vary.update([ki for ki, cpos in values
