@@ -17,6 +17,7 @@ import weakref
 import numpy as np
 
 from . import bounds
+from . import host_eval
 from . import dtype as dt
 from . import tuning
 from ._core.graph import Graph, CONST, LEAF, PAD, RESHAPE, mask_cuts
@@ -134,8 +135,7 @@ class _Family:
             return None
         key = list(flat)
         for ki, _ in self.values:
-            v = key[ki]
-            key[ki] = mask_cuts(v) if key[ki - 1] == PAD else None
+            key[ki] = mask_cuts(key[ki]) if key[ki - 1] == PAD else None
         return tuple(key)
 
 
@@ -1133,6 +1133,16 @@ class Runtime:
             if bad:
                 raise _ChecksFailed(bad)
         return verify
+
+    def host_item(self, nid):
+        """Node `nid`'s value computed on the host as a numpy array, without a
+        realization, when it is a few exact integer ops on small realized tensors
+        (host_eval.py: an element of a device tensor of indices plus a constant, used as
+        a slice bound); None otherwise, and while deferred work waits for a realization."""
+        if self.pending or self.graph.get(nid).op == LEAF:
+            return None
+        watched = self.checks.watch if self.checks.on else ()
+        return host_eval.evaluate(self.graph, nid, _host_values, watched)
 
     def to_numpy(self, nid) -> np.ndarray:
         self.realize([nid])

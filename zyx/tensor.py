@@ -206,6 +206,11 @@ class Tensor(_TB.TensorBase):
         # without it Python iterates by __getitem__ until IndexError: a 0-d tensor gave []
         if not self.shape:
             raise TypeError("iteration over a 0-d tensor")
+        # computed once first: each element is a view, and reading the views of a lazy
+        # tensor (`for i in ix: data[i:i + T]`, ix random starts) would compute the whole
+        # graph again for every element
+        if self.shape[0] > 1 and _graph.get(self._id).op != G.LEAF:
+            RT.realize([self._id])
         return (self[i] for i in range(self.shape[0]))
 
     @property
@@ -302,6 +307,9 @@ class Tensor(_TB.TensorBase):
     def item(self):
         if self.numel() != 1:
             raise ShapeError(f"item() needs exactly one element, this tensor has shape {self.shape}")
+        v = RT.host_item(self._id)      # a few integer ops: no realization (host_eval.py)
+        if v is not None:
+            return v.reshape(()).item()
         return self.numpy().reshape(()).item()
 
     def tolist(self):
