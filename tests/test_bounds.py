@@ -350,7 +350,7 @@ def test_remembered_skeletons_are_bounded(device, monkeypatch):
 
 def test_sampling_with_cat_shares_plans(on_cpu):
     """nanoGPT's generate: `idx = cat([idx, nxt], 1)` every step. Small realized parts on
-    the CPU are concatenated at once (Runtime.host_cat), so idx stays a realized tensor
+    the CPU are concatenated at once (Runtime.concat_copy), so idx stays a realized tensor
     whose length grows, and the model's graphs share bound plans."""
     zyx.manual_seed(0)
     V, D = 11, 8
@@ -373,14 +373,23 @@ def test_sampling_with_cat_shares_plans(on_cpu):
     assert runs >= 35 and plans <= 6, (plans, runs)
 
 
-def test_host_cat_keeps_dtypes_and_gradients(on_cpu):
+def test_concat_copy_keeps_dtypes_and_gradients(device):
+    """Realized parts are joined at once (a realized leaf comes out): along the first
+    axis, and along a later one behind axes of length 1 (a batch of one); on the CPU
+    along any axis."""
+    _copies_leaves(device)
     for d in (zyx.float32, zyx.int64, zyx.bool, zyx.bfloat16, zyx.float16):
-        a = zyx.tensor(np.arange(6).reshape(2, 3) % 2, dtype=d)
-        b = zyx.tensor(np.ones((2, 1)), dtype=d)
-        out = zyx.cat([a, b, a], 1)
-        assert zyx._RT.graph.get(out._id).op == 0 and out.dtype == d
-        want = np.concatenate([a.numpy(), b.numpy(), a.numpy()], 1)
-        assert np.array_equal(out.numpy(), want)
+        for shape_a, shape_b, axis in (((2, 3), (1, 3), 0), ((1, 3), (1, 2), 1),
+                                       ((1, 1, 3), (1, 1, 2), 2)):
+            a = zyx.tensor(np.arange(np.prod(shape_a)).reshape(shape_a) % 2, dtype=d)
+            b = zyx.tensor(np.ones(shape_b), dtype=d)
+            out = zyx.cat([a, b, a], axis)
+            assert zyx._RT.graph.get(out._id).op == 0 and out.dtype == d
+            want = np.concatenate([a.numpy(), b.numpy(), a.numpy()], axis)
+            assert np.array_equal(out.numpy(), want)
+    a = zyx.tensor(np.arange(6).reshape(2, 3))
+    out = zyx.cat([a, a[:, :1]], 1)         # rows of two: on a device, a lazy cat
+    assert np.array_equal(out.numpy(), np.concatenate([a.numpy(), a.numpy()[:, :1]], 1))
     # a part that needs a gradient keeps cat lazy and differentiable
     w = zyx.tensor(np.ones((2, 2), np.float32), requires_grad=True)
     y = zyx.cat([w, zyx.tensor(np.zeros((2, 1), np.float32))], 1)
@@ -388,12 +397,23 @@ def test_host_cat_keeps_dtypes_and_gradients(on_cpu):
     assert np.array_equal(w.grad.numpy(), np.full((2, 2), 3.0, np.float32))
 
 
-def test_cropped_context_needs_no_growing_plan(on_cpu):
+def _copies_leaves(device):
+    """Skip unless the default device's tensors are copied at once when cut or appended to
+    (Runtime.copies_leaf: host memory, or a pool that copies regions on its device)."""
+    probe = zyx.tensor(np.zeros(4, np.float32)).realize()
+    if not zyx._RT.copies_leaf(probe._id):
+        pytest.skip(f"{device}: its memory pool does not copy regions on the device "
+                    "(windows and appends stay lazy there)")
+
+
+def test_cropped_context_needs_no_growing_plan(device):
     """nanoGPT's generate with its context cropped (`idx[:, -T:]`) and the next token still
-    lazy when appended: on the CPU the small window is copied on the host
-    (Runtime.host_window) and the lazy token realized before a host cat, so once the
-    context is full every step's graph is the same and no realization has a size that
-    grows (no bound runs, no new plans)."""
+    lazy when appended: the small window is copied at once (Runtime.window_copy: on the
+    host, or by a device copy) and the lazy token realized before the cat joins the two
+    realized parts (Runtime.concat_copy), so once the context is full every step's graph
+    is the same and no realization has a size that grows (no bound runs, no new
+    plans)."""
+    _copies_leaves(device)
     zyx.manual_seed(0)
     V, D, T = 11, 8, 6
     emb, head = nn.Embedding(V, D), nn.Linear(D, V)
@@ -415,9 +435,10 @@ def test_cropped_context_needs_no_growing_plan(on_cpu):
         assert p == codes[n]
 
 
-def test_small_windows_of_host_tensors_are_views(on_cpu):
-    """A small window of a realized CPU tensor is copied at once, and still behaves as a
+def test_small_windows_of_realized_tensors_are_views(device):
+    """A small window of a realized tensor is copied at once, and still behaves as a
     view: writes through it reach the base, writes to the base reach it."""
+    _copies_leaves(device)
     a = np.arange(24).reshape(2, 12)
     z = zyx.tensor(a)
     for key in [(slice(None), slice(-5, None)), (1, slice(2, 7)), (0,), (slice(0, 1), 3)]:

@@ -915,46 +915,83 @@ class Runtime:
             for nid in made:
                 graph.release(nid)
 
-    def host_cat(self, nids, axis):
-        """A new realized leaf concatenating the realized leaves `nids` (one dtype, in
-        host memory: the C backend's pool) along `axis`, copied on the host, or None when
-        they are not that. tensor.cat takes this for small parts that need no gradient: a
-        sampling loop's `idx = cat([idx, nxt], 1)` then stays a leaf, not a graph that
-        grows by one cat per step (and plans anew every step)."""
+    def concat_copy(self, nids, axis):
+        """A new realized leaf concatenating the realized leaves `nids` (one dtype, one
+        pool) along `axis`, or None when they are not that. In host memory (the C
+        backend's pool) they are joined with numpy; in a pool that copies regions
+        (MemoryPool.copies_regions: CUDA, HIP, OpenCL) when every axis before `axis` has
+        length 1, so the result is the parts' bytes one after the other, by device
+        copies. tensor.cat takes this for small parts that need no gradient: a sampling
+        loop's `idx = cat([idx, nxt], 1)` then stays a leaf, not a graph that grows by
+        one cat per step (and plans anew every step)."""
         graph = self.graph
         nodes = [graph.get(i) for i in nids]
         first = nodes[0]
-        buf = first.buffer
-        pool = getattr(buf, "pool", None)
-        if not isinstance(pool, HostMemoryPool):
+        pool = getattr(first.buffer, "pool", None)
+        if pool is None:
             return None
         for n in nodes:
             if n.op != LEAF or n.dtype is not first.dtype or n.buffer.pool is not pool:
                 return None
-        return self._leaf_in(pool, np.concatenate([_host_view(n) for n in nodes], axis),
-                             first.dtype)
+        if isinstance(pool, HostMemoryPool):
+            return self._leaf_in(pool, np.concatenate([_host_view(n) for n in nodes], axis),
+                                 first.dtype)
+        if not self._device_copies(pool) or math.prod(first.shape[:axis]) != 1:
+            return None
+        shape = list(first.shape)
+        shape[axis] = sum(n.shape[axis] for n in nodes)
+        size = first.dtype.itemsize
+        with self.lock:
+            buf, _ = pool.allocate(math.prod(shape) * size)
+        at = 0
+        for n in nodes:
+            nbytes = math.prod(n.shape) * size
+            buf.event = pool.copy_region(n.buffer, 0, buf, at, nbytes)
+            at += nbytes
+        return graph.leaf(buf, tuple(shape), first.dtype)
 
-    def in_host_memory(self, nid):
-        """Whether node `nid` is realized in host memory (the C backend's pool)."""
+    def copies_leaf(self, nid):
+        """Whether node `nid` is a realized leaf that window_copy and concat_copy take:
+        in host memory, or in a pool that copies regions on its device."""
         node = self.graph.get(nid)
-        return node.op == LEAF and isinstance(getattr(node.buffer, "pool", None),
-                                              HostMemoryPool)
+        if node.op != LEAF:
+            return False
+        pool = getattr(node.buffer, "pool", None)
+        return isinstance(pool, HostMemoryPool) or self._device_copies(pool)
 
-    def host_window(self, nid, pads, shape):
+    def _device_copies(self, pool):
+        # (not while zyx.jit captures: its replays rerun plans, not copies made outside)
+        return getattr(pool, "copies_regions", False) and self.recorder is None
+
+    def window_copy(self, nid, pads, shape):
         """A new realized leaf of `shape` holding the window that shrinking `pads`
-        ((before, after) per axis, none positive) cut from the realized leaf `nid` in host
-        memory (the C backend's pool), copied on the host; None when `nid` is not that.
-        tensor's basic indexing takes this for small windows that need no gradient: a
-        sampling loop's `idx[:, -T:]` of its growing tokens is then a leaf of one shape
-        every step, so the step's plan is found by its key, with no staging of a growing
-        size (bounds.py) every token."""
-        if not self.in_host_memory(nid):
+        ((before, after) per axis, none positive) cut from the realized leaf `nid`, or
+        None when `nid` is not one copies_leaf takes. The window must be one contiguous
+        block of the row-major buffer (tensor._one_block). In host memory it is copied by
+        numpy, in a pool that copies regions by one device copy. tensor's basic indexing
+        takes this for small windows that need no gradient: a sampling loop's
+        `idx[:, -T:]` of its growing tokens is then a leaf of one shape every step, so
+        the step's plan is found by its key, with no staging of a growing size
+        (bounds.py) every token."""
+        if not self.copies_leaf(nid):
             return None
         node = self.graph.get(nid)
-        window = _host_view(node)[tuple([slice(-b, n + a) for (b, a), n
-                                         in zip(pads, node.shape)])]
-        return self._leaf_in(node.buffer.pool, np.ascontiguousarray(window).reshape(shape),
-                             node.dtype)
+        pool = node.buffer.pool
+        if isinstance(pool, HostMemoryPool):
+            window = _host_view(node)[tuple([slice(-b, n + a) for (b, a), n
+                                             in zip(pads, node.shape)])]
+            return self._leaf_in(pool, np.ascontiguousarray(window).reshape(shape),
+                                 node.dtype)
+        start, stride = 0, 1
+        for (b, _), n in zip(reversed(pads), reversed(node.shape)):
+            start += -b * stride
+            stride *= n
+        size = node.dtype.itemsize
+        nbytes = math.prod(shape) * size
+        with self.lock:
+            buf, _ = pool.allocate(nbytes)
+        buf.event = pool.copy_region(node.buffer, start * size, buf, 0, nbytes)
+        return self.graph.leaf(buf, tuple(shape), node.dtype)
 
     def _staged(self, nid, shape, dev):
         """A leaf of `shape` holding leaf `nid` in its leading corner, zeros elsewhere."""

@@ -1876,11 +1876,11 @@ def _pad_torch(self, pad, mode="constant", value=0.0):
 # kernel before, about 0.2 ms of group kernels and their cat after).
 CAT_GROUP = 8
 CAT_GROUP_NUMEL = 1 << 16
-# Realized parts that need no gradient, in host memory, into at most this many elements
-# are concatenated right away on the host (Runtime.host_cat).
+# Realized parts that need no gradient, into at most this many elements, are
+# concatenated right away (Runtime.concat_copy: on the host, or by device copies).
 HOST_CAT_NUMEL = 1 << 16
-# Windows of at most this many elements cut from a realized tensor in host memory that
-# needs no gradient are copied right away (Runtime.host_window).
+# Windows of at most this many elements cut from a realized tensor that needs no gradient
+# are copied right away (Runtime.window_copy: on the host, or by a device copy).
 HOST_SLICE_NUMEL = 1 << 12
 
 
@@ -1909,14 +1909,15 @@ def cat(tensors: Sequence[Tensor], axis=None, dim=None) -> Tensor:
     appends = numel <= HOST_CAT_NUMEL and not _records(tensors) \
         and builtins.any(_graph.get(t._id).op == G.LEAF for t in tensors)
     if appends and (builtins.all(_graph.get(t._id).op == G.LEAF for t in tensors) or (
-            len(tensors) == 2 and builtins.any(RT.in_host_memory(t._id) for t in tensors))):
-        # realized parts in host memory are concatenated on the host; an append to one
-        # (a sampling step's next token, still lazy) computes its lazy part on its own
-        # first (the same graph every step), so no realization has a size that grows
+            len(tensors) == 2 and builtins.any(RT.copies_leaf(t._id) for t in tensors))):
+        # realized parts are concatenated at once (on the host, or by device copies); an
+        # append to one (a sampling step's next token, still lazy) computes its lazy part
+        # on its own first (the same graph every step), so no realization has a size
+        # that grows
         lazy = [t._id for t in tensors if _graph.get(t._id).op != G.LEAF]
         if lazy:
             RT.realize(lazy)
-        nid = RT.host_cat([t._id for t in tensors], a)
+        nid = RT.concat_copy([t._id for t in tensors], a)
         if nid is not None:
             return _wrap(nid)
     if len(tensors) > 2 * CAT_GROUP and numel >= CAT_GROUP_NUMEL:
@@ -2318,12 +2319,12 @@ def _basic_getitem(self, idx):
             return None
     if cut and 0 < _prod(out_shape) <= HOST_SLICE_NUMEL and not _records((self,)) \
             and _one_block(pads, shape):
-        # a small window of a realized tensor in host memory: copied now, a leaf (the
-        # context a sampling loop crops out of its growing tokens then has one shape
-        # every step, and the step's plan is found as is). Only windows that are one block
-        # of the row-major buffer, which torch's views are contiguous for: a copy is
-        # contiguous, and is_contiguous must still answer as torch does.
-        nid = RT.host_window(self._id, pads, tuple(out_shape))
+        # a small window of a realized tensor: copied now (on the host or the device), a
+        # leaf (the context a sampling loop crops out of its growing tokens then has one
+        # shape every step, and the step's plan is found as is). Only windows that are
+        # one block of the row-major buffer, which torch's views are contiguous for: a
+        # copy is contiguous, and is_contiguous must still answer as torch does.
+        nid = RT.window_copy(self._id, pads, tuple(out_shape))
         if nid is not None:
             return _wrap(nid)
     x = self._pad(pads) if cut else self

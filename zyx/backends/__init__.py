@@ -75,6 +75,17 @@ class MemoryPool:
     def release_events(self, events):
         """Free event objects without waiting. Nothing to free in synchronous pools."""
 
+    # True where `copy_region` is implemented: small windows and appends of realized
+    # tensors are then copied on the device (Runtime.window_copy, Runtime.concat_copy)
+    copies_regions = False
+
+    def copy_region(self, src, src_offset, dst, dst_offset, nbytes):
+        """Queue a copy of `nbytes` bytes from buffer `src` at byte `src_offset` into
+        buffer `dst` (of this pool) at `dst_offset`, after the work already queued that
+        writes `src`; returns the copy's event or None (an in-order queue orders later
+        work after it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not copy regions")
+
 
 def config_path():
     base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")

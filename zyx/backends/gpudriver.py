@@ -9,6 +9,7 @@ context and its one stream, with these methods (addresses are Python ints):
     host_alloc(nbytes) -> ptr            pinned host memory;  host_free(ptr)
     copy_to_device(dst, src, nbytes)     async on the stream (src: a pinned address)
     copy_to_host(dst, src, nbytes)       async on the stream (dst: a pinned address)
+    copy_device(dst, src, nbytes)        device to device, async on the stream
     event_create() / event_record(ev) / event_sync(ev) / event_destroy(ev) / stream_sync()
     event_query(ev) -> bool              True once the work recorded before `ev` has run
     wait_guards                          callables run before the host blocks on the stream
@@ -67,7 +68,8 @@ class ResultTupleDriver:
     "hip") and in `CALLS` the names of the calls the two APIs name differently; the others
     are PREFIX + their name in `SAME_NAMES`."""
     SAME_NAMES = {"mem_info": "MemGetInfo", "copy_to_device": "MemcpyHtoDAsync",
-                  "copy_to_host": "MemcpyDtoHAsync", "event_record": "EventRecord",
+                  "copy_to_host": "MemcpyDtoHAsync", "copy_device": "MemcpyDtoDAsync",
+                  "event_record": "EventRecord",
                   "event_sync": "EventSynchronize", "event_destroy": "EventDestroy",
                   "stream_sync": "StreamSynchronize", "function": "ModuleGetFunction",
                   "module_unload": "ModuleUnload", "event_query": "EventQuery",
@@ -107,6 +109,9 @@ class ResultTupleDriver:
 
     def copy_to_host(self, dst, src, nbytes):
         self._call("copy_to_host", dst, src, nbytes, self.stream)
+
+    def copy_device(self, dst, src, nbytes):
+        self._call("copy_device", dst, src, nbytes, self.stream)
 
     def event_record(self, ev, stream=None):
         """Record `ev` on this device's stream (or on `stream`, another of its streams)."""
@@ -395,6 +400,15 @@ class DriverMemoryPool(MemoryPool):
         slot = self._slots[self._next_slot]
         self._next_slot ^= 1
         return slot
+
+    copies_regions = True
+
+    def copy_region(self, src, src_offset, dst, dst_offset, nbytes):
+        """A device-to-device copy on the stream (in order after the kernels writing src)."""
+        if nbytes:
+            ensure_current(self.driver)
+            self.driver.copy_device(dst.ptr + dst_offset, src.ptr + src_offset, nbytes)
+        return None
 
     def host_to_pool(self, src, dst, wait_events=()):
         with self._copy_lock:

@@ -117,6 +117,15 @@ class OpenCLMemoryPool(MemoryPool):
             self._forget_finished_uploads()
         return None      # the queue is in order: kernels after it see the data
 
+    copies_regions = True
+
+    def copy_region(self, src, src_offset, dst, dst_offset, nbytes):
+        """clEnqueueCopyBuffer on the in-order queue: after the kernels writing src."""
+        if nbytes:
+            self.cl.enqueue_copy(self.queue, dst.handle, src.handle, byte_count=nbytes,
+                                 src_offset=src_offset, dst_offset=dst_offset)
+        return None
+
     def pool_to_host(self, src, dst, wait_events=()):
         if src.nbytes == 0:
             return
