@@ -46,6 +46,10 @@
 #           zyx/torch ratios), then tests/test_bounds.py with CUDA as the default device
 #   firststep benches/first_step.py: the first training step of a fresh process, empty
 #           caches, zyx on CUDA beside PyTorch eager and torch.compile (reduce-overhead)
+#   jit     benches/bench_jit.py: the recipe convnet and LM steps with and without
+#           zyx.jit, beside PyTorch eager and torch.compile (reduce-overhead)
+#   stepprofile benches/gpu_step_profile.py --recipe --torch: the recipe steps' kernels
+#           one by one, and PyTorch's from torch.profiler
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
 # Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
 # pytest-xdist spreads the suites over the machine's cores when its wheel was carried:
@@ -194,6 +198,15 @@ EOF
         # the elementwise lowering's variants (ZYX_GPU_EW) against torch's copy bandwidth
         $PY benches/gpu_elementwise_sweep.py >"$OUT/sweep.log" 2>"$OUT/sweep.err"
         cat "$OUT/sweep.log"; tail -5 "$OUT/sweep.err"
+        ;;
+    jit)
+        # the recipe steps with and without zyx.jit, beside PyTorch eager and
+        # torch.compile(mode="reduce-overhead") (issue 31)
+        for only in mnist lm; do
+            timeout 200 $PY benches/bench_jit.py cuda --steps 30 --compile --only $only \
+                >"$OUT/jit-$only.log" 2>&1
+            grep -vE "^\s*$|Warning|warn" "$OUT/jit-$only.log" | tail -8
+        done
         ;;
     stepprofile)
         # where the recipe steps' GPU time goes: zyx's kernels one by one, PyTorch's

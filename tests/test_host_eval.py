@@ -61,3 +61,25 @@ def test_what_is_not_taken(device):
         before = _realizations()
         assert t.item() == want
         assert _realizations() > before
+
+
+def test_reads_are_kept_until_something_may_write(device, monkeypatch):
+    """host_item's reads of device memory are kept while nothing ran that could have
+    written it (Runtime._leaf_read): 32 bounds from one tensor of starts read it once;
+    an in-place write, and any realization, makes the next read fresh."""
+    ix = zyx.tensor(np.arange(32, dtype=np.int64) * 5).realize()
+    pool = zyx._RT.graph.get(ix._id).buffer.pool
+    reads = []
+    real = pool.pool_to_host
+
+    def counted(src, dst, wait_events=()):
+        reads.append(src.nbytes)
+        return real(src, dst, wait_events)
+    monkeypatch.setattr(pool, "pool_to_host", counted)
+    host = type(pool).__name__ == "HostMemoryPool"
+    assert [int(i + 3) for i in ix] == [5 * k + 3 for k in range(32)]
+    assert host or len(reads) == 1, reads
+    ix[4] = 1000                          # a new node for ix (and a realization later)
+    assert int(ix[4] + 1) == 1001 and int(ix[5] + 1) == 26
+    zyx.tensor(np.ones(3)).sum().item()   # a realization: kept reads are dropped
+    assert int(ix[4] - 1) == 999

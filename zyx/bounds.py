@@ -33,10 +33,11 @@ size as a symbolic size within a bound:
   axis or with another varying axis (a batch whose size varies, flattened with the
   positions: (b, t, c) -> (b*t, c)), value checks that the plan computes, and graphs whose
   sizes stop following the fit (a context cropped to a block size starts a new family).
-  `idx = cat([idx, nxt], 1)` keeps idx realized: small realized parts on the CPU are
-  concatenated at once on the host (Runtime.host_cat), and a small append to a realized
-  tensor elsewhere, or of a lazy nxt, is realized at once (tensor.cat), so each step's
-  graph is the same ops on a longer idx rather than a chain of cats one deeper per step.
+  `idx = cat([idx, nxt], 1)` keeps idx realized: small realized parts are joined at once
+  (Runtime.concat_copy: on the host, or by device copies on CUDA, HIP and OpenCL), and a
+  small append to a realized tensor elsewhere, or of a lazy nxt, is realized at once
+  (tensor.cat), so each step's graph is the same ops on a longer idx rather than a chain
+  of cats one deeper per step.
 """
 from __future__ import annotations
 

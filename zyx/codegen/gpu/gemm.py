@@ -402,9 +402,9 @@ def parts(info, nr, nc, nk, most):
     nk terms is cut into before it is built (split-K, DeviceInfo.product_parts): 1 when
     its tiles already cover PART_WAVES x the compute units, else the fewest pieces that
     do, each at least PART_MIN_K terms long. A convolution's weight gradient (32 x 800
-    outputs over batch x height x width = 51200 terms in the MNIST convnet) has 13 tiles
-    for 132 compute units; uncut it takes the group strategies, one output per group
-    (H200: 1.38 ms)."""
+    outputs over batch x height x width = 51200 terms in the MNIST convnet) has 25 of the
+    smallest tiles for 132 compute units; uncut it took the group strategies, one output
+    per group (H200: 1.38 ms; as 16 pieces, 0.195 ms)."""
     if nr < MIN_SIDE or nc < MIN_SIDE:
         return 1
     want = PART_WAVES * max(info.num_cores, 1)
