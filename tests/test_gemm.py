@@ -353,6 +353,18 @@ def test_split_k_parts_for_an_h100():
     assert DeviceInfo().product_parts is None               # (the CPU: never cut)
 
 
+def _weight_gradient_on_h100(y, w):
+    """The kernels of w's gradient through y (a zero output gradient, not run), lowered
+    for the H100 (rendered only)."""
+    gw, = zyx.autograd.grad([y], [w], [zyx.Tensor(np.zeros(y.shape, np.float32))])
+    g = zyx._RT.graph
+    order, _ = g.collect([gw._id])
+    steps, _ = kernelize(g, order, [gw._id], 64, False, gpu.GPU_SUM_BLOCK, None, None,
+                         0, False, lambda ops: gemm.wanted(ops, H100))
+    return [gpu.lower(optimize(s.kernel), OpenCLDialect(), H100)
+            for s in steps if s.kernel is not None]
+
+
 def test_split_weight_gradient_is_a_gemm_on_an_h100(opencl_device, monkeypatch):
     """With the H100's pieces, the recipe convnet's second weight gradient (32 x 800
     outputs, batch 128) becomes a batched gemm of 16 x 13 tiles and a short sum over the
@@ -360,16 +372,9 @@ def test_split_weight_gradient_is_a_gemm_on_an_h100(opencl_device, monkeypatch):
     def gradient_kernels(parts, n):
         # (n: a shape of its own for each, as the backward's template is per shape)
         monkeypatch.setattr(opencl_device.info(), "product_parts", parts)
-        x = zyx.Tensor(np.zeros((n, 32, 24, 24), np.float32), requires_grad=True)
         w = zyx.Tensor(np.zeros((32, 32, 5, 5), np.float32), requires_grad=True)
-        y = F.conv2d(x, w)
-        gw, = zyx.autograd.grad([y], [w], [zyx.Tensor(np.zeros(y.shape, np.float32))])
-        g = zyx._RT.graph
-        order, _ = g.collect([gw._id])
-        steps, _ = kernelize(g, order, [gw._id], 64, False, gpu.GPU_SUM_BLOCK, None, None,
-                             0, False, lambda ops: gemm.wanted(ops, H100))
-        return [gpu.lower(optimize(s.kernel), OpenCLDialect(), H100)
-                for s in steps if s.kernel is not None]
+        return _weight_gradient_on_h100(
+            F.conv2d(zyx.Tensor(np.zeros((n, 32, 24, 24), np.float32)), w), w)
     split = gradient_kernels(lambda r, c, k, m: gemm.parts(H100, r, c, k, m), 128)
     assert [g.strategy for g in split] == ["gemm", "serial"]
     assert split[0].launches[0].groups == 16 * 13
@@ -415,16 +420,9 @@ def test_split_linear_weight_gradient_is_a_gemm_on_an_h100(opencl_device, monkey
     8 gemms of 256 positions each, then their sum; uncut it is no gemm."""
     def gradient_kernels(parts, t):
         monkeypatch.setattr(opencl_device.info(), "product_parts", parts)
-        x = zyx.Tensor(np.zeros((32, t, 128), np.float32))
         w = zyx.Tensor(np.zeros((512, 128), np.float32), requires_grad=True)
-        y = F.linear(x, w)
-        gw, = zyx.autograd.grad([y], [w], [zyx.Tensor(np.zeros(y.shape, np.float32))])
-        g = zyx._RT.graph
-        order, _ = g.collect([gw._id])
-        steps, _ = kernelize(g, order, [gw._id], 64, False, gpu.GPU_SUM_BLOCK, None, None,
-                             0, False, lambda ops: gemm.wanted(ops, H100))
-        return [gpu.lower(optimize(s.kernel), OpenCLDialect(), H100)
-                for s in steps if s.kernel is not None]
+        return _weight_gradient_on_h100(
+            F.linear(zyx.Tensor(np.zeros((32, t, 128), np.float32)), w), w)
     split = gradient_kernels(lambda r, c, k, m: gemm.parts(H100, r, c, k, m), 64)
     assert [g.strategy for g in split] == ["gemm", "serial"]
     assert split[0].launches[0].groups >= 8 * 16
