@@ -378,11 +378,9 @@ def _product_parts(g, shape, axes):
     n = _get(g._id)
     if n.op != G.BINARY or n.arg != K.B_MUL:
         return 1
-    split = RT.device_of(g._id).info().product_parts
-    if split is None:
-        return 1
     terms = math.prod(shape[:lead])
-    return split(math.prod(shape[lead:-1]), shape[-1], terms, terms)
+    return RT.device_of(g._id).info().split_k(math.prod(shape[lead:-1]), shape[-1], terms,
+                                              terms)
 
 
 def _pad_rule(out, g, arg, srcs, need):

@@ -12,6 +12,8 @@ arithmetic wraps as the kernels do); floats, divisions, reductions and anything 
 keep the realization, so a value never differs from what a kernel computes."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._core import graph as G
@@ -47,7 +49,7 @@ def evaluate(graph, nid, read_leaf, watched=()):
         if not _exact(n.dtype) or i in watched:
             return None
         if n.op == G.LEAF:
-            if n.buffer is None or _numel(n.shape) > MAX_LEAF_NUMEL:
+            if n.buffer is None or math.prod(n.shape) > MAX_LEAF_NUMEL:
                 return None
         elif n.op == G.BINARY:
             if n.arg not in _BINARY:
@@ -68,13 +70,6 @@ def evaluate(graph, nid, read_leaf, watched=()):
     for i in _postorder(nodes, nid):
         values[i] = _value(nodes[i], [values[s] for s in nodes[i].srcs], read_leaf)
     return values[nid]
-
-
-def _numel(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _postorder(nodes, root):

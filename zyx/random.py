@@ -189,8 +189,6 @@ def threefry2x32(x0, x1, k0, k1):
     shape = RT.graph.get(x0._id).shape
     ks = (k0 & MASK32, k1 & MASK32, (k0 ^ k1 ^ _PARITY) & MASK32)
     if not isinstance(x1, int):
-        x0 = _bin(x0, _const(ks[0], shape), K.B_ADD)
-        x1 = _bin(x1, _const(ks[1], shape), K.B_ADD)
         return _rounds(x0, x1, ks, 0)
     # round 0 with a scalar x1: x0 + (ks0 + x1 + ks1), then rotl(x1 + ks1) ^ that
     # (nodes of their own, not shared by value: these change with every call, and a
@@ -208,7 +206,7 @@ def threefry2x32(x0, x1, k0, k1):
 
 def _rounds(x0, x1, ks, first):
     """Threefry's rounds from `first` on, with its key injections (ks: the key words and
-    their parity word)."""
+    their parity word); from round 0, the key is added to both words first."""
     shape = RT.graph.get(x0._id).shape
     consts = {}
 
@@ -218,6 +216,9 @@ def _rounds(x0, x1, ks, first):
             t = consts[v] = _const(v, shape)
         return t
 
+    if first == 0:
+        x0 = _bin(x0, c(ks[0]), K.B_ADD)
+        x1 = _bin(x1, c(ks[1]), K.B_ADD)
     for i in range(first, ROUNDS):
         r = _ROTATIONS[i % 8]
         x0 = _bin(x0, x1, K.B_ADD)

@@ -198,7 +198,8 @@ class Runtime:
         # the family the last graph with values found: the next one (a training step's
         # next draw) is usually of it, and then needs no second collect for its skeleton
         self._last_family = None
-        # id(leaf node) -> (node, buffer, epoch, values): _leaf_read
+        # id(leaf node) -> (node, buffer, epoch, values): _leaf_read (holding the node
+        # keeps its id from being reused while it is kept)
         self._leaf_reads = {}
         # (device, shape skeleton) -> _BoundFamily: _bound_realize
         self._bound_families = {}
@@ -943,14 +944,20 @@ class Runtime:
         shape = list(first.shape)
         shape[axis] = sum(n.shape[axis] for n in nodes)
         size = first.dtype.itemsize
+        return self._copied_leaf(pool, shape, first.dtype,
+                                 [(n.buffer, 0, math.prod(n.shape) * size) for n in nodes])
+
+    def _copied_leaf(self, pool, shape, dtype, pieces):
+        """A new realized leaf of `shape` in `pool`, its bytes the `pieces` ((buffer,
+        byte offset, bytes) of realized leaves in pool) one after the other, by device
+        copies (MemoryPool.copy_region)."""
         with self.lock:
-            buf, _ = pool.allocate(math.prod(shape) * size)
+            buf, _ = pool.allocate(math.prod(shape) * dtype.itemsize)
         at = 0
-        for n in nodes:
-            nbytes = math.prod(n.shape) * size
-            buf.event = pool.copy_region(n.buffer, 0, buf, at, nbytes)
+        for src, offset, nbytes in pieces:
+            buf.event = pool.copy_region(src, offset, buf, at, nbytes)
             at += nbytes
-        return graph.leaf(buf, tuple(shape), first.dtype)
+        return self.graph.leaf(buf, tuple(shape), dtype)
 
     def copies_leaf(self, nid):
         """Whether node `nid` is a realized leaf that window_copy and concat_copy take:
@@ -993,11 +1000,8 @@ class Runtime:
             start += -b * stride
             stride *= n
         size = node.dtype.itemsize
-        nbytes = math.prod(shape) * size
-        with self.lock:
-            buf, _ = pool.allocate(nbytes)
-        buf.event = pool.copy_region(node.buffer, start * size, buf, 0, nbytes)
-        return self.graph.leaf(buf, tuple(shape), node.dtype)
+        return self._copied_leaf(pool, shape, node.dtype,
+                                 [(node.buffer, start * size, math.prod(shape) * size)])
 
     def _staged(self, nid, shape, dev):
         """A leaf of `shape` holding leaf `nid` in its leading corner, zeros elsewhere."""
@@ -1198,7 +1202,7 @@ class Runtime:
             return _host_values(node)
         epoch = (self.stats["realizations"], self.stats["plan_replays"])
         kept = self._leaf_reads.get(id(node))
-        if kept is not None and kept[0] is node and kept[1] is buf and kept[2] == epoch:
+        if kept is not None and kept[1] is buf and kept[2] == epoch:
             return kept[3]
         values = _host_values(node)
         values.flags.writeable = False

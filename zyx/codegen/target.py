@@ -68,6 +68,11 @@ class DeviceInfo:
         with the input channels innermost)."""
         return self.k_major_windows is not None and bool(self.k_major_windows(self, dtype))
 
+    def split_k(self, rows, cols, k, most):
+        """How many pieces a product of rows x cols outputs over k terms is cut into
+        along a batch of `most` (product_parts; 1 where it is None)."""
+        return 1 if self.product_parts is None else self.product_parts(rows, cols, k, most)
+
     def channel_lane_rows(self, n, two_vectors):
         """The rows a channel-lanes register tile (heuristics.channel_lane_rows: lanes over
         a convolution's output channels, one vector of them or two) takes along an output

@@ -394,15 +394,6 @@ def _conv_recorded(x, w, pads, s, d, g, nd):
     return _record_composite(out, ("conv", nd, pads, s, d, g), (x, w))
 
 
-def _weight_grad_parts(w, rows, cols, terms, n):
-    """How many pieces a convolution's weight gradient (rows x cols outputs per group, a
-    reduce of `terms` over the batch of n and the output positions) is cut into along
-    the batch: DeviceInfo.product_parts of w's device (split-K on GPU lowerings whose
-    tiles would not fill the device), 1 elsewhere."""
-    split = RT.device_of(w._id).info().product_parts
-    return 1 if split is None else split(rows, cols, terms, n)
-
-
 def _conv_backward(out, gy, arg, srcs, need):
     """Gradients of a convolution: the weight's is one reduce of windows of x times gy
     over (n, *o) (4x4 register tiles over output and input channels); the input's is the
@@ -426,7 +417,9 @@ def _conv_backward(out, gy, arg, srcs, need):
             gc = stored(gy.permute([0] + list(range(2, 2 + nd)) + [1]))
             gc = gc.permute([0, nd + 1] + list(range(1, nd + 1)))
         gv = gc.reshape((n, g, cout // g, 1) + o + (1,) * nd).expand(full)
-        parts = _weight_grad_parts(w, cout // g, cg * math.prod(k), n * math.prod(o), n)
+        # split-K on GPU lowerings whose tiles would not fill the device (product_parts)
+        parts = RT.device_of(w._id).info().split_k(cout // g, cg * math.prod(k),
+                                                  n * math.prod(o), n)
         if parts == 1:
             gw = (win * gv)._reduce(K.R_SUM, (0,) + tuple(range(4, 4 + nd)), False)
         else:
