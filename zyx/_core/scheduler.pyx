@@ -457,6 +457,7 @@ def execute_runner(plan, graph, list order, pool, move_to_pool, stats, int debug
                                          _launch_stops(plan.launcher, calls))
         else:
             _run_program(plan, table, debug)
+        pool.submit_queued()
         # a Ctrl-C that arrived during the call is raised here, while `made` still says
         # what to free, not later inside the graph bookkeeping below
         PyErr_CheckSignals()
@@ -635,6 +636,7 @@ def execute(plan, graph, list order, pool, move_to_pool, stats, int debug=0, ver
                             calls[-1].fire()
             for p in free_after[si]:
                 free(bufs.pop(p))
+        pool.submit_queued()
         PyErr_CheckSignals()
         if verify is not None:
             verify(bufs.__getitem__)

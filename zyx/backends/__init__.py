@@ -75,6 +75,13 @@ class MemoryPool:
     def release_events(self, events):
         """Free event objects without waiting. Nothing to free in synchronous pools."""
 
+    def submit_queued(self):
+        """Start the work queued so far without waiting for it. The scheduler calls this
+        when a plan's launches are all queued. Pools that record commands until a result
+        is needed (Vulkan, WebGPU) submit them here, so the device runs the plan while
+        the host builds the next graph instead of after it. Other pools start work as it
+        is queued: nothing to do."""
+
     # True where `copy_region` is implemented: small windows and appends of realized
     # tensors are then copied on the device (Runtime.window_copy, Runtime.concat_copy)
     copies_regions = False

@@ -8,12 +8,15 @@ other GPU backends). Memory: one DEVICE_LOCAL storage buffer per allocation; upl
 reads go through HOST_VISIBLE staging buffers copied with vkCmdCopyBuffer (on lavapipe
 every memory type is both, the path is the same).
 
-Work is recorded, not run: uploads, dispatches and copies go into one pending command
-buffer per device, with a pipeline barrier only before a command that touches a buffer an
-earlier command of the batch wrote (or writes one it read). The batch is submitted once,
-when the host needs a result (pool_to_host, sync_events, synchronize), or early when it
-holds MAX_BATCH commands. zyx's events are `VulkanEvent`s: the batch a command went into,
-complete once that batch's fence signalled.
+Work is recorded, then submitted in batches: uploads, dispatches and copies go into one
+pending command buffer per device, with a pipeline barrier only before a command that
+touches a buffer an earlier command of the batch wrote (or writes one it read). The batch
+is submitted without a wait once a plan's commands are all recorded (the scheduler's
+`submit_queued`: the GPU runs a realization while Python builds the next graph), when
+it holds MAX_BATCH commands (a long plan starts running while the rest is recorded), and
+when the host needs a result (pool_to_host, sync_events, synchronize). zyx's events are
+`VulkanEvent`s: the batch a command went into, complete once that batch's fence
+signalled.
 
 Pipelines are cached per kernel in the process and across processes in a VkPipelineCache
 stored in zyx's cache directory (`vulkan-<key>.bin`), saved at exit.
@@ -56,7 +59,7 @@ VALIDATE_ENV = "ZYX_SPIRV_VALIDATE"
 # "0": declare no SPV_KHR_float_controls modes (benchmark sweeps: what keeping NaN,
 # signed zeros and denormals costs on a driver)
 FLOAT_CONTROLS_ENV = "ZYX_VK_FLOAT_CONTROLS"
-MAX_BATCH = 512          # commands recorded before a batch is submitted without a wait
+MAX_BATCH = 64           # commands recorded before a batch is submitted without a wait
 SETS_PER_POOL = 256      # descriptor sets one descriptor pool of the set cache holds
 DESCRIPTORS_PER_POOL = 4096
 MAX_CACHED_SETS = 8192   # descriptor sets kept before the cache is emptied (device idle)
@@ -578,6 +581,12 @@ class VulkanMemoryPool(MemoryPool):
         ctx.wait(b.seq)
         dst.reshape(-1).view(np.uint8)[:] = np.frombuffer(st.mapped, np.uint8, src.nbytes)
         ctx.staging_free.put(st, st.size)
+
+    @_locked
+    def submit_queued(self):
+        """Submit the batch being recorded (no wait): the device starts on a plan's
+        commands while the host builds the next graph."""
+        self.ctx.submit()
 
     @_locked
     def sync_events(self, events):

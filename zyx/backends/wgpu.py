@@ -11,10 +11,11 @@ critical path:
   GPU object.
 * Dispatches are recorded into one pending command encoder and one compute pass (WebGPU
   orders dispatches of a pass: each sees the previous ones' storage writes); the encoder
-  is submitted only when the host needs data (a read, `synchronize`), before an upload
-  (a queue write runs before the commands of the next submit, so pending dispatches that
-  still read the buffer's old contents are submitted first) or after MAX_PENDING
-  dispatches.
+  is submitted once a plan's dispatches are all recorded (the scheduler's
+  `submit_queued`: the GPU runs a realization while Python builds the next graph), when
+  the host needs data (a read, `synchronize`), before an upload (a queue write runs
+  before the commands of the next submit, so pending dispatches that still read the
+  buffer's old contents are submitted first) and after MAX_PENDING dispatches.
 * Reads copy into persistent MAP_READ staging buffers (grown to the largest read, kept)
   instead of wgpu-py's `queue.read_buffer`, which creates and waits on a new buffer every
   call.
@@ -64,7 +65,7 @@ CPU_COMPUTE = 1e9
 # 5.2e11 through OpenCL) and above the C backend on up to 16 cores (2e10 each)
 GPU_COMPUTE = 4e11
 LLVMPIPE_LOOP_CAP = 65535
-MAX_PENDING = 1024           # dispatches recorded before the encoder is submitted anyway
+MAX_PENDING = 64             # dispatches recorded before the encoder is submitted anyway
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
           "max-storage-buffers-per-shader-stage", "max-compute-workgroups-per-dimension",
           "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
@@ -183,6 +184,11 @@ class WGPUMemoryPool(MemoryPool):
             self.submits += 1
             self.encoder = None
             self.pending = 0
+
+    def submit_queued(self):
+        """Submit the pending encoder (the scheduler's call once a plan's dispatches are
+        recorded): the GPU runs them while the host builds the next graph."""
+        self.flush()
 
     def dispatched(self):
         self.pending += 1
