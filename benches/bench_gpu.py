@@ -451,7 +451,7 @@ _COLD = textwrap.dedent("""
         shape = (64, 1, 28, 28)
     opt = optim.Adam(model.parameters(), lr=1e-3)
     x = zyx.tensor(rng.standard_normal(shape, dtype=np.float32))
-    y = zyx.tensor(rng.integers(0, 10, 64))
+    y = zyx.tensor(rng.integers(0, 10, 64, dtype=np.int32))  # (WebGPU: no int64)
     zyx.synchronize()
     def step():
         loss = F.cross_entropy(model(x), y)

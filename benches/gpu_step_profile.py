@@ -57,7 +57,7 @@ def _bench_convnet():
     model = bg._zyx_convnet()
     rng = np.random.default_rng(0)
     x = zyx.tensor(rng.standard_normal((bg.B, 1, 28, 28), dtype=np.float32))
-    y = zyx.tensor(rng.integers(0, 10, bg.B))
+    y = zyx.tensor(rng.integers(0, 10, bg.B, dtype=np.int32))   # (WebGPU: no int64)
     return "convnet step", model, optim.Adam(model.parameters(), lr=1e-3), x, y, \
         lambda out, y: F.cross_entropy(out, y)
 

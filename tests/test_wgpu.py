@@ -97,6 +97,46 @@ def test_long_single_sum_is_split_in_two_passes():
     assert write(_sum_kernel(1000)).strategy in ("rows", "serial")
 
 
+def _nested_sum_kernel(n_out, a, b, d=dt.float32):
+    """IR of out[i] = sum over (a, b) of in[i, a, b]: two perfectly nested reduce loops (a
+    convolution's weight gradient has three: batch, height, width)."""
+    ops = [(K.DEFINE, d, K.SCOPE_GLOBAL, 0, False, n_out, None),
+           (K.INDEX, K.IDX, 0, n_out),
+           (K.DEFINE, d, K.SCOPE_GLOBAL, 1, True, n_out * a * b, None),
+           (K.DEFINE, d, K.SCOPE_REGISTER, 0.0, False, 1, K.R_SUM),
+           (K.LOOP, K.IDX, a),
+           (K.LOOP, K.IDX, b),
+           (K.CONST, K.IDX, a * b),
+           (K.BINARY, K.IDX, K.B_MUL, 1, 6),
+           (K.CONST, K.IDX, b),
+           (K.BINARY, K.IDX, K.B_MUL, 4, 8),
+           (K.BINARY, K.IDX, K.B_ADD, 7, 9),
+           (K.BINARY, K.IDX, K.B_ADD, 10, 5),
+           (K.LOAD, d, 2, 11, -1),
+           (K.LOAD, d, 3, -1, -1),
+           (K.BINARY, d, K.B_ADD, 13, 12),
+           (K.STORE, None, 3, -1, 14),
+           (K.ENDLOOP, None, 5),
+           (K.ENDLOOP, None, 4),
+           (K.LOAD, d, 3, -1, -1),
+           (K.STORE, None, 0, 1, 18)]
+    return K.Kernel(ops, [(d, n_out, False), (d, n_out * a * b, True)])
+
+
+def test_few_outputs_of_a_long_nest_spread_it_over_a_workgroup():
+    k = _nested_sum_kernel(1152, 64, 196)
+    # a GPU (128 units): 1152 invocations would leave it idle, so a workgroup per output
+    # runs the 64 x 196 iterations as one loop strided over its invocations
+    rows = write(k, units=128)
+    assert rows.strategy == "rows" and rows.groups == (1152, 1)
+    src = rows.source
+    assert "for (var f4: i32 = i32(lid.x); f4 < 12544; f4 += 256)" in src
+    assert "let r4: i32 = f4 / 196;" in src and "let r5: i32 = (f4) % 196;" in src
+    assert "r5 < 196" not in src              # the inner loop is not written again
+    # a CPU adapter of one core: one invocation per output loops over the nest
+    assert write(k, units=1).strategy == "serial"
+
+
 # -- on the device --------------------------------------------------------------------------
 
 pytest.importorskip("wgpu", reason="wgpu-py is not installed")
@@ -347,6 +387,35 @@ def test_large_elementwise_vec4_layouts(wgpu_device, monkeypatch, spec):
     np.testing.assert_array_equal((zyx.Tensor(h) * 2).numpy(), h * np.float16(2))
     i = (x * 100).astype(np.int32)
     np.testing.assert_array_equal((zyx.Tensor(i) * 3 - 1).numpy(), i * 3 - 1)
+
+
+@pytest.mark.parametrize("n,cin,cout,size,k,stride,pad", [(8, 3, 5, 12, 3, 1, 1),
+                                                         (4, 1, 6, 17, 5, 2, 2)])
+def test_weight_gradient_rows_on_a_gpu_sized_device(wgpu_device, monkeypatch, n, cin, cout,
+                                                     size, k, stride, pad):
+    """A convolution's weight gradient (few outputs, a batch x height x width nest) as
+    a GPU adapter lowers it: a workgroup per weight, the nest one flat strided loop."""
+    from zyx.backends.wgpu import WGPUDevice
+    monkeypatch.setattr(WGPUDevice, "units", property(lambda self: 128))
+    monkeypatch.setenv("ZYX_WGSL_GEMM", "0")        # (lavapipe would take tiles here)
+    rng = np.random.default_rng(size)
+    x = rng.standard_normal((n, cin, size, size), dtype=np.float32)
+    w = rng.standard_normal((cout, cin, k, k), dtype=np.float32)
+    out = (size + 2 * pad - k) // stride + 1
+    g = rng.standard_normal((n, cout, out, out), dtype=np.float32)
+    wt = zyx.tensor(w, requires_grad=True)
+    (zyx.nn.functional.conv2d(zyx.tensor(x), wt, stride=stride, padding=pad)
+     * zyx.tensor(g)).sum().backward()
+    got = wt.grad.numpy()
+    xp = np.pad(x, [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+    win = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))
+    win = win[:, :, ::stride, ::stride][:, :, :out, :out]      # (n, cin, out, out, k, k)
+    want = np.einsum("nchwij,nohw->ocij", win.astype(np.float64), g.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    size_w = cout * cin * k * k
+    found = [p.wgsl.strategy for kern, p in wgpu_device._programs.items()
+             if kern.args[0][1] == size_w and len(kern.args) == 3]
+    assert "rows" in found
 
 
 @pytest.mark.parametrize("spec", ["cache=1", "cache=0"])

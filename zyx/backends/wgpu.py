@@ -344,8 +344,13 @@ class WGPUDevice(ProgramCache):
         """The writer's product tiles for this device (wgsl/gemm.py `Products`, None with
         ZYX_WGSL_GEMM=0): its workgroup limits, its loop cap, and as compute units the
         host's cores for a CPU adapter, wgsl_gemm.GPU_UNITS else (WebGPU reports none)."""
-        units = (os.cpu_count() or 1) if self.is_cpu else wgsl_gemm.GPU_UNITS
-        return wgsl_gemm.products(self.limits, units, self.loop_cap, tile)
+        return wgsl_gemm.products(self.limits, self.units, self.loop_cap, tile)
+
+    @property
+    def units(self):
+        """Compute units the writers plan for: the host's cores for a CPU adapter,
+        wgsl_gemm.GPU_UNITS else (WebGPU reports none)."""
+        return (os.cpu_count() or 1) if self.is_cpu else wgsl_gemm.GPU_UNITS
 
     def compile_variant(self, kernel, schedule):
         """A program of `kernel` written with `schedule` (a strategy name, None: the chosen
@@ -387,7 +392,8 @@ class WGPUDevice(ProgramCache):
                                f"shader stage (maxStorageBuffersPerShaderStage)")
         wgsl = write(kernel, self.limits["max-compute-workgroups-per-dimension"],
                      self.limits["max-compute-invocations-per-workgroup"],
-                     "shader-f64" in self.features, uniforms, strategy, wg, per, products)
+                     "shader-f64" in self.features, uniforms, strategy, wg, per, products,
+                     self.units)
         if self.loop_cap and wgsl.iterations > self.loop_cap:
             raise DeviceLimitError(f"wgpu device {self.adapter_name}: this driver stops shader "
                                f"loops after {self.loop_cap} iterations and the kernel's "

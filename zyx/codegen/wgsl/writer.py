@@ -25,9 +25,11 @@ Strategies (`WGSLKernel.strategy`):
 * "serial": one invocation per output element (the grid of the kernel's INDEX ops), its
   reduce loops run serially. Every kernel can take it.
 * "rows": one workgroup per output element for kernels with long reduce loops (row sums,
-  softmax rows, a single sum): each top-level loop is spread over the workgroup's
-  invocations, accumulators are combined by a tree in workgroup memory (barriers only in
-  uniform control flow) and every invocation continues with the combined value.
+  softmax rows, a single sum, a convolution's weight gradient): each top-level loop,
+  together with the loops it perfectly wraps (`flat_run`: a weight gradient's batch,
+  height and width), is spread over the workgroup's invocations as one flat loop,
+  accumulators are combined by a tree in workgroup memory (barriers only in uniform
+  control flow) and every invocation continues with the combined value.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import struct
 from ... import dtype as dt
 from ..._core import kernel as K
 from ..cstyle import alu_operands, half_rounds, round_half
-from ..gpu.analysis import Nest, contiguous_loads
+from ..gpu.analysis import Nest, contiguous_loads, loop_ends, thread_run
 from ..gpu.elementwise import elementwise_accesses
 from ..gpu.program import read_variant
 from ..gpu.reduce import RowCache, row_cache
@@ -57,6 +59,10 @@ VEC_DTYPES = (dt.float32, dt.int32, dt.uint32)
 ROW_WORKGROUP = 256          # invocations per workgroup of the rows strategy
 ROW_MIN_LOOP = 256           # fewest iterations of a reduce loop the rows strategy takes
 ROW_MIN_SERIAL_WORK = 1 << 15  # "rows" only where one invocation's serial work would exceed this
+# ... or where the kernel has at most this many outputs per compute unit (`units`): one
+# invocation per output would leave most of a GPU idle (a convolution's weight gradient,
+# 16 x 72 outputs over 64 x 14 x 14 terms, took milliseconds serially on an H200)
+ROW_FEW_OUTPUTS_PER_UNIT = 32
 MAX_GROUPS = 65535           # WebGPU's maxComputeWorkgroupsPerDimension default
 # Longest loop written as one WGSL loop: lavapipe (llvmpipe) stops every shader loop after
 # 65,535 iterations, silently, so longer loops are written as a loop of chunks
@@ -684,7 +690,7 @@ def uniform_args(kernel, max_storage, max_uniform):
 
 
 def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False,
-          uniforms=NO_UNIFORMS, strategy=None, wg=None, per=None, products=None):
+          uniforms=NO_UNIFORMS, strategy=None, wg=None, per=None, products=None, units=1):
     """The WGSLKernel of `kernel` (a zyx Kernel); the caller checked `supports`.
     `f64_totals`: the device has `shader-f64`, so long serial float sums may total in f64.
     `uniforms`: argument numbers bound as uniform buffers (`uniform_args`).
@@ -693,7 +699,9 @@ def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False
     the invocations per workgroup (None: 256; a power of two for rows); `per` the outputs
     per invocation of a loop-free kernel (None: EW_DEFAULT's for large ones). `products`: the
     device's product tiles (wgsl/gemm.py `Products`: (kernel, walker, max_groups) ->
-    WGSLKernel or None), tried first unless `strategy` names another strategy."""
+    WGSLKernel or None), tried first unless `strategy` names another strategy. `units`:
+    the device's compute units (WebGPU reports none: the backend's estimate), for
+    `_rows_plan`'s few-outputs rule."""
     if products is not None and strategy in (None, "gemm"):
         k = products(kernel, _Writer(kernel, uniforms), max_groups)
         if k is not None:
@@ -704,7 +712,8 @@ def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False
     outputs = 1
     for _, n in index.values():
         outputs *= n
-    plan = None if strategy == "serial" else _rows_plan(kernel, outputs, strategy == "rows")
+    plan = None if strategy == "serial" else _rows_plan(kernel, outputs, strategy == "rows",
+                                                        units * ROW_FEW_OUTPUTS_PER_UNIT)
     if plan is not None:
         k = _write_rows(kernel, index, outputs, plan, max_groups, f64_totals, uniforms,
                         min(max_threads, wg or ROW_WORKGROUP))
@@ -1010,10 +1019,11 @@ def strategies(kernel):
     return out
 
 
-def _rows_plan(kernel, outputs, force=False):
+def _rows_plan(kernel, outputs, force=False, few=0):
     """None, or what the rows strategy needs: the top-level loops of the kernel (each spread
     over a workgroup) and, per loop, the register accumulators it reduces into. Taken when
-    every top-level loop is long, one invocation's serial work would be large, and each
+    every top-level loop is long (with the loops it wraps, `flat_run`), one invocation's
+    serial work would be large or the outputs are `few` at most, and each
     loop's body touches registers only as `acc = acc op x` on length-1 accumulators
     defined outside it (the kernelizer's reduce form), with no IF and no nested register
     arrays."""
@@ -1036,7 +1046,7 @@ def _rows_plan(kernel, outputs, force=False):
         return _rows_loops(ops, tops, ends)
     work = 0
     for t in tops:
-        if ops[t][2] < ROW_MIN_LOOP:
+        if flat_trips(ops, flat_run(ops, t)) < ROW_MIN_LOOP:
             return None
         trip = 1
         for j in range(t, ends[t]):
@@ -1046,12 +1056,27 @@ def _rows_plan(kernel, outputs, force=False):
     # short loops over many outputs stay serial, unless their loads walk memory along the
     # loop (softmax rows): then one invocation per row reads with a stride and a workgroup
     # per row reads consecutive words
-    if work < ROW_MIN_SERIAL_WORK and outputs > 1 and not all(
+    if work < ROW_MIN_SERIAL_WORK and few < outputs > 1 and not all(
             contiguous_loads(ops, range(t, ends[t]), t) for t in tops):
         return None
     if outputs > MAX_GROUPS * MAX_GROUPS:
         return None
     return _rows_loops(ops, tops, ends)
+
+
+def flat_run(ops, t, ends=None):
+    """The loops the rows strategy spreads over a workgroup as one flat loop for the
+    top-level loop at `t`: `t` and the loops it perfectly wraps (nothing but constants
+    between them, `gpu.analysis.thread_run`), the innermost moving fastest, so that
+    neighbouring invocations read neighbouring elements; just [t] when its body is more
+    than one loop."""
+    run = thread_run(ops, t, ends if ends is not None else loop_ends(ops))
+    return run if run[0] == t else [t]
+
+
+def flat_trips(ops, run):
+    """Iterations of the flat loop over `run`."""
+    return math.prod(ops[j][2] for j in run)
 
 
 def _rows_loops(ops, tops, ends):
@@ -1194,6 +1219,17 @@ class _RowHooks:
         self.split = split
         self.stop = None
         self.skip = frozenset()
+        # spread loops collapsed with the loops they wrap (top loop -> its run): not with
+        # the row cache (it counts the top loop's own iterations) or a split (one loop)
+        self.runs = {}
+        if split is None and not self.cache.uses:
+            for t in plan:
+                run = flat_run(w.ops, t)
+                if len(run) > 1:
+                    self.runs[t] = run
+        self.collapsed = {j for run in self.runs.values() for j in run[1:]}
+        self.collapsed_ends = {e for e, op in enumerate(w.ops)
+                               if op[0] == K.ENDLOOP and op[2] in self.collapsed}
         if split is not None:
             (t, (end, _)), = plan.items()
             if split[1] == 1:
@@ -1221,8 +1257,22 @@ class _RowHooks:
         return next(t for t, (end, _) in self.plan.items() if t < j < end)
 
     def open_loop(self, i, op, ind):
+        if i in self.collapsed:
+            return []             # its variable is decoded from the flat loop's
         if i not in self.plan:
             return self.inner.open_loop(i, op, ind)
+        run = self.runs.get(i)
+        if run is not None:
+            ops = self.w.ops
+            lines = loop_lines(f"f{i}", flat_trips(ops, run), ind, "i32(lid.x)", self.wg)
+            stride = 1
+            for j in reversed(run):
+                e = f"f{i}" if stride == 1 else f"f{i} / {stride}"
+                if j != run[0]:
+                    e = f"({e}) % {ops[j][2]}"
+                lines.append(f"{ind}  let r{j}: i32 = {e};")
+                stride *= ops[j][2]
+            return lines
         if self.split is None and i in self.cache.counted:
             # a fixed count per invocation: zyx_k{i} indexes the row cache
             lines = [f"{ind}var zyx_c{slot}: array<{wtype(d)}, {n}>;"
@@ -1244,6 +1294,8 @@ class _RowHooks:
                 f"{ind}  acc{acc} = {combine(d, rop, f'acc{acc}', x)};"]
 
     def close_loop(self, i, op, ind):
+        if i in self.collapsed_ends:
+            return []
         t = self.ends.get(i)
         if t is None:
             return self.inner.close_loop(i, op, ind)
@@ -1252,7 +1304,8 @@ class _RowHooks:
             lines = [f"{ind}}}"]
         else:
             step = self.wg * (self.split[0] if self.split else 1)
-            lines = [f"{ind}}}" + ("}" if -(-self.w.ops[t][2] // step) > LOOP_CHUNK else "")]
+            trips = flat_trips(self.w.ops, self.runs.get(t, [t]))
+            lines = [f"{ind}}}" + ("}" if -(-trips // step) > LOOP_CHUNK else "")]
         for acc, rop in sorted(accs.items()):
             d = self.w.ops[acc][1]
             name = f"acc{acc}"
