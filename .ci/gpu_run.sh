@@ -36,6 +36,9 @@
 #   tune    benches/bench_tuning.py on CUDA: the MNIST convnet step with heuristic and with
 #           autotuned schedules, and the time the search took; then tests/test_tuning.py
 #   vkbench benches/bench_vk.py on cuda:0, vulkan:0 and wgpu:0 (issue 30's cases)
+#   vksweep benches/gpu_vk_bandwidth_sweep.py on vulkan and wgpu: the SPIR-V and WGSL
+#           lowering knobs over the memory-bound cases (VKSWEEP_VARIANTS: substrings
+#           choosing variants)
 #   coopmat tests/test_vulkan_coopmat.py on the GPU (VK_KHR_cooperative_matrix products
 #           against numpy and the float tiles), then benches/gpu_vk_coopmat.py: float16 and
 #           bfloat16 matmuls 1024-4096 beside torch (COOPMAT_VARIANTS: the script's
@@ -224,6 +227,14 @@ EOF
         for d in cuda:0 vulkan:0 wgpu:0; do
             timeout 240 $PY benches/bench_vk.py "$d" >"$OUT/vk-$d.md" 2>"$OUT/vk-$d.err"
             cat "$OUT/vk-$d.md"; grep -E "Error|error" "$OUT/vk-$d.err" | tail -3
+        done
+        ;;
+    vksweep)
+        for b in vulkan wgpu; do
+            # shellcheck disable=SC2086
+            timeout 280 $PY benches/gpu_vk_bandwidth_sweep.py "$b" ${VKSWEEP_VARIANTS:-} \
+                >"$OUT/vksweep-$b.md" 2>"$OUT/vksweep-$b.err"
+            cat "$OUT/vksweep-$b.md"; grep -E "Error|error" "$OUT/vksweep-$b.err" | tail -3
         done
         ;;
     suites)

@@ -44,7 +44,11 @@ VARIANTS = {
         # ZYX_VK_REDUCE (spirv/strategy.py): row cache, subgroup combine, split ilp
         ("reduce: before (cache=0 subgroup=0 ilp=1 vec=1)",
          {"ZYX_VK_REDUCE": "cache=0,subgroup=0,ilp=1,vec=1"}, RED),
-        ("softmax: no row cache (cache=0)", {"ZYX_VK_REDUCE": "cache=0"}, ("softmax",)),
+        ("softmax: row cache (cache=1)", {"ZYX_VK_REDUCE": "cache=1"}, ("softmax",)),
+        ("softmax: row cache, group=512", {"ZYX_VK_REDUCE": "cache=1", "ZYX_VK_GROUP": "512"},
+         ("softmax",)),
+        ("softmax: row cache, group=1024", {"ZYX_VK_REDUCE": "cache=1",
+                                            "ZYX_VK_GROUP": "1024"}, ("softmax",)),
         ("reduce: tree combine (subgroup=0)", {"ZYX_VK_REDUCE": "subgroup=0"}, RED),
         ("sum: scalar loads (vec=1)", {"ZYX_VK_REDUCE": "vec=1"}, ("sum",)),
         ("sum: ilp=8 vec=1", {"ZYX_VK_REDUCE": "ilp=8,vec=1"}, ("sum",)),
@@ -69,7 +73,7 @@ VARIANTS = {
         ("ew: vec4 per=8", {"ZYX_WGSL_EW": "per=8"}, EW),
         ("ew: vec4 wg=128", {"ZYX_WGSL_EW": "wg=128"}, EW),
         ("ew: vec4 wg=512", {"ZYX_WGSL_EW": "wg=512"}, EW),
-        ("softmax: no row cache (cache=0)", {"ZYX_WGSL_REDUCE": "cache=0"}, ("softmax",)),
+        ("softmax: row cache (cache=1)", {"ZYX_WGSL_REDUCE": "cache=1"}, ("softmax",)),
     ],
 }
 
