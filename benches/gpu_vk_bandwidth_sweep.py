@@ -74,6 +74,10 @@ VARIANTS = {
         ("ew: vec4 wg=128", {"ZYX_WGSL_EW": "wg=128"}, EW),
         ("ew: vec4 wg=512", {"ZYX_WGSL_EW": "wg=512"}, EW),
         ("softmax: row cache (cache=1)", {"ZYX_WGSL_REDUCE": "cache=1"}, ("softmax",)),
+        ("reduce: wg=64", {"ZYX_WGSL_REDUCE": "wg=64"}, RED),
+        ("reduce: wg=128", {"ZYX_WGSL_REDUCE": "wg=128"}, RED),
+        ("reduce: wg=512", {"ZYX_WGSL_REDUCE": "wg=512"}, RED),
+        ("reduce: wg=1024", {"ZYX_WGSL_REDUCE": "wg=1024"}, RED),
     ],
 }
 

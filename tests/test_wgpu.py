@@ -94,6 +94,9 @@ def test_long_single_sum_is_split_in_two_passes():
     k = write(_sum_kernel(1 << 20))
     assert k.strategy == "split" and len(k.passes) == 2 and k.scratch > 0
     assert "zyx_part[gid]" in k.passes[0][0] and "workgroupBarrier" in k.passes[1][0]
+    # the first pass runs 4 strided iterations per trip where they divide the loop
+    assert "r3_u < 4" in k.passes[0][0] and "let r3: i32 = r3_o + r3_u *" in k.passes[0][0]
+    assert "r3_u" not in write(_sum_kernel((1 << 20) + 3)).passes[0][0]
     assert write(_sum_kernel(1000)).strategy in ("rows", "serial")
 
 

@@ -67,14 +67,16 @@ MAX_GROUPS = 65535           # WebGPU's maxComputeWorkgroupsPerDimension default
 # Longest loop written as one WGSL loop: lavapipe (llvmpipe) stops every shader loop after
 # 65,535 iterations, silently, so longer loops are written as a loop of chunks
 LOOP_CHUNK = 32768
-# The rows strategy's knob (ZYX_WGSL_REDUCE="cache=1", read at every lowering): cache=1
-# keeps a row's elements in a per-invocation array from the first loop that reads them
-# for the later loops that read them again (gpu.reduce.RowCache: softmax reads its row
-# once instead of three times).
+# The rows strategy's knobs (ZYX_WGSL_REDUCE="cache=1,wg=128", read at every lowering):
+# cache=1 keeps a row's elements in a per-invocation array from the first loop that
+# reads them for the later loops that read them again (gpu.reduce.RowCache: softmax
+# reads its row once instead of three times); wg: invocations per workgroup (a power of
+# two; the autotuner's schedule overrides it).
 REDUCE_ENV = "ZYX_WGSL_REDUCE"
-# Off by default: on an H200 through wgpu the cached softmax 16384x4096 took 0.549 ms
-# against 0.422 reading the row again (the per-invocation array is not kept in registers).
-REDUCE_DEFAULT = {"cache": 0}
+# cache off by default: on an H200 through wgpu the cached softmax 16384x4096 took 0.549
+# ms against 0.422 reading the row again (the per-invocation array is not kept in
+# registers).
+REDUCE_DEFAULT = {"cache": 0, "wg": ROW_WORKGROUP}
 INT32_MAX = 2**31 - 1
 
 # bits per element of the dtypes packed in u32 words
@@ -716,7 +718,7 @@ def write(kernel, max_groups=MAX_GROUPS, max_threads=WORKGROUP, f64_totals=False
                                                         units * ROW_FEW_OUTPUTS_PER_UNIT)
     if plan is not None:
         k = _write_rows(kernel, index, outputs, plan, max_groups, f64_totals, uniforms,
-                        min(max_threads, wg or ROW_WORKGROUP))
+                        min(max_threads, wg or rows_tuning()["wg"]))
     else:
         loop_free = not any(op[0] == K.LOOP for op in ops)
         var = ew_variant() if loop_free and outputs >= EW_PER_MIN else None
@@ -1167,11 +1169,13 @@ def float_extreme(b, x, y):
 
 
 def rows_tuning(spec=None):
-    """{cache} of the rows strategy: REDUCE_DEFAULT updated by `spec` (default: the
+    """{cache, wg} of the rows strategy: REDUCE_DEFAULT updated by `spec` (default: the
     ZYX_WGSL_REDUCE environment variable)."""
-    out = read_variant(REDUCE_ENV, REDUCE_DEFAULT, {}, spec)
+    out = read_variant(REDUCE_ENV, REDUCE_DEFAULT, {"wg": 1024}, spec)
     if out["cache"] not in (0, 1):
         raise ValueError(f"{REDUCE_ENV}={spec!r}: cache is 0 or 1")
+    if out["wg"] < 2 or out["wg"] & (out["wg"] - 1):
+        raise ValueError(f"{REDUCE_ENV}={spec!r}: wg is a power of two from 2")
     return out
 
 
@@ -1285,13 +1289,26 @@ class _RowHooks:
             return loop_lines(f"r{i}", op[2], ind, "i32(lid.x)", self.wg)
         parts, phase = self.split
         if phase == 1:
-            return loop_lines(f"r{i}", op[2], ind, f"i32(part) * {self.wg} + i32(lid.x)",
-                              self.wg * parts)
+            start, step = f"i32(part) * {self.wg} + i32(lid.x)", self.wg * parts
+            if self._split_ilp(op[2], step):
+                # SPLIT_ILP strided iterations per trip of the loop: their loads are
+                # independent of the running sum, so they are in flight together
+                return [f"{ind}for (var r{i}_o: i32 = {start}; r{i}_o < {op[2]}; "
+                        f"r{i}_o += {step * SPLIT_ILP}) {{",
+                        f"{ind}for (var r{i}_u: i32 = 0; r{i}_u < {SPLIT_ILP}; r{i}_u++) {{",
+                        f"{ind}  let r{i}: i32 = r{i}_o + r{i}_u * {step};"]
+            return loop_lines(f"r{i}", op[2], ind, start, step)
         (acc, rop), = self.plan[i][1].items()
         d = self.w.ops[acc][1]
         x = f"zyx_part[i32(row) * {parts} + q]"
         return [f"{ind}for (var q: i32 = i32(lid.x); q < {parts}; q += {self.wg}) {{",
                 f"{ind}  acc{acc} = {combine(d, rop, f'acc{acc}', x)};"]
+
+    @staticmethod
+    def _split_ilp(n, step):
+        """Whether a split's first pass over `n` iterations strided by `step` runs
+        SPLIT_ILP of them per trip: where they divide the loop evenly (no guard)."""
+        return n % (step * SPLIT_ILP) == 0 and n // (step * SPLIT_ILP) <= LOOP_CHUNK
 
     def close_loop(self, i, op, ind):
         if i in self.collapsed_ends:
@@ -1302,6 +1319,9 @@ class _RowHooks:
         accs = self.plan[t][1]
         if self.split is not None and self.split[1] == 2:
             lines = [f"{ind}}}"]
+        elif self.split is not None and self._split_ilp(self.w.ops[t][2],
+                                                          self.wg * self.split[0]):
+            lines = [f"{ind}}}}}"]
         else:
             step = self.wg * (self.split[0] if self.split else 1)
             trips = flat_trips(self.w.ops, self.runs.get(t, [t]))
@@ -1328,6 +1348,9 @@ class _RowHooks:
 SPLIT_MIN_LOOP = 1 << 16      # a reduce loop at least this long over few outputs is split
 SPLIT_MAX_OUTPUTS = 64        # ... when the kernel has at most this many outputs
 SPLIT_ELEMENTS = 256          # loop iterations per invocation aimed at by a split
+# iterations of a split's first pass run per trip of its loop (independent loads in
+# flight: one 4-byte load per invocation at a time cannot keep an H200's memory busy)
+SPLIT_ILP = 4
 
 
 def _split_parts(kernel, outputs, plan, wg):
