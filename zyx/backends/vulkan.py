@@ -50,8 +50,9 @@ from ..codegen.spirv import coopmat as spirv_coopmat
 from ..codegen.spirv import gemm as spirv_gemm
 from ..codegen.spirv.strategy import candidates, choose, reduce_tuning, splits
 from ..codegen.spirv.writer import write_kernel, write_split
-from . import Buffer, MemoryPool, ProgramCache, device_ids
+from . import Buffer, MemoryPool, ProgramCache, device_ids, switch
 from . import vulkan_coopmat
+from .vulkan_replay import Recordings, VulkanPlanLaunches
 from .binary_cache import BinaryCache, cache_key
 from .blocks import FreeBlocks, configured_limit, default_limit
 
@@ -173,18 +174,19 @@ class DescriptorSets:
     once the device no longer uses it (VulkanContext.destroy's callers wait), and the
     whole cache is emptied, after a device wait, when it holds MAX_CACHED_SETS sets."""
 
-    def __init__(self, vk, device):
+    def __init__(self, vk, device, on_clear=None):
         self.vk = vk
         self.device = device
+        self.on_clear = on_clear     # called when every set is freed (plan recordings)
         self._pools = []             # descriptor pools, the newest last
-        self._sets = {}              # (layout key, buffer serials) -> (pool, VkDescriptorSet[1])
+        self._sets = {}              # (layout key, (serial, offset)...) -> (pool, VkDescriptorSet[1])
         self._by_buffer = {}         # _Handle.serial -> keys of the sets binding it
 
-    def get(self, layout_key, set_layout, handles, wait_idle):
-        """The set binding `handles` (in binding order) for `set_layout`, as the array
-        vkCmdBindDescriptorSets takes; `wait_idle()` is called before the cache is
-        emptied."""
-        key = (layout_key, tuple(h.serial for h in handles))
+    def get(self, layout_key, set_layout, binds, wait_idle):
+        """The set binding `binds` ((_Handle, byte offset) per binding, in order) for
+        `set_layout`, as the array vkCmdBindDescriptorSets takes; `wait_idle()` is called
+        before the cache is emptied."""
+        key = (layout_key, tuple((h.serial, off) for h, off in binds))
         hit = self._sets.get(key)
         if hit is not None:
             return hit[1]
@@ -192,16 +194,25 @@ class DescriptorSets:
             wait_idle()
             self.clear()
         pool, arr = self._allocate(set_layout)
-        dset = arr[0]
         vk = self.vk
-        infos = [vk.VkDescriptorBufferInfo(buffer=h.buffer, offset=0, range=h.size)
-                 for h in handles]
-        writes = [vk.VkWriteDescriptorSet(dstSet=dset, dstBinding=i, descriptorCount=1,
-                                          descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                          pBufferInfo=[infos[i]]) for i in range(len(handles))]
-        vk.vkUpdateDescriptorSets(self.device, len(writes), writes, 0, None)
+        ffi, n = vk.ffi, len(binds)
+        # (filled through cffi: the bindings' struct constructors cost ~10 us each)
+        infos = ffi.new("VkDescriptorBufferInfo[]", n)
+        writes = ffi.new("VkWriteDescriptorSet[]", n)
+        for i, (h, off) in enumerate(binds):
+            infos[i].buffer = h.buffer
+            infos[i].offset = off
+            infos[i].range = h.size - off
+            w = writes[i]
+            w.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+            w.dstSet = arr[0]
+            w.dstBinding = i
+            w.descriptorCount = 1
+            w.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+            w.pBufferInfo = infos + i
+        vk.lib.vkUpdateDescriptorSets(self.device, n, writes, 0, ffi.NULL)
         self._sets[key] = (pool, arr)
-        for h in handles:
+        for h, _ in binds:
             self._by_buffer.setdefault(h.serial, set()).add(key)
         return arr
 
@@ -242,7 +253,7 @@ class DescriptorSets:
                 continue
             pool, arr = entry
             vk.lib.vkFreeDescriptorSets(self.device, pool, 1, arr)
-            for other in key[1]:
+            for other, _ in key[1]:
                 if other != h.serial:
                     linked = self._by_buffer.get(other)
                     if linked is not None:
@@ -254,6 +265,8 @@ class DescriptorSets:
             self.vk.vkResetDescriptorPool(self.device, pool, 0)
         self._sets.clear()
         self._by_buffer.clear()
+        if self.on_clear is not None:
+            self.on_clear()
 
     def __len__(self):
         return len(self._sets)
@@ -288,7 +301,10 @@ class VulkanContext:
         self.unified = bool(self._mem.memoryTypes[self.local_type].propertyFlags &
                             vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)
         self._barriers = {}          # dst access mask -> (VkMemoryBarrier, its address)
-        self.sets = DescriptorSets(vk, self.device)
+        self.recordings = Recordings(vk, self.device, self.cmd_pool)   # plan replays
+        self._placeholder = None
+        # (recordings bind the cached sets: emptying the cache drops them)
+        self.sets = DescriptorSets(vk, self.device, self.recordings.drop_everything)
 
     def _create_device(self, features, coop=None):
         """The logical device; `coop` (a vulkan_coopmat.CoopSupport, or None) adds the
@@ -328,6 +344,13 @@ class VulkanContext:
             raise BackendError("Vulkan: no memory type with the needed properties")
         return best
 
+    def placeholder(self):
+        """A small device buffer kept for the context's life, bound where a binding has
+        no bytes of its own (an empty temporary of a replayed plan)."""
+        if self._placeholder is None:
+            self._placeholder = self.new_buffer(MIN_BUFFER, host=False)
+        return self._placeholder
+
     def heap_size(self):
         return int(self._mem.memoryHeaps[self._mem.memoryTypes[self.local_type].heapIndex].size)
 
@@ -359,6 +382,7 @@ class VulkanContext:
         cached descriptor sets that bind it."""
         vk = self.vk
         self.sets.forget_buffer(h)
+        self.recordings.forget_buffer(h.serial)
         if h.mapped is not None:
             vk.vkUnmapMemory(self.device, h.memory)
             h.mapped = None
@@ -447,15 +471,25 @@ class VulkanContext:
             self.submit()
         return ev
 
-    def submit(self):
-        """Submit the pending batch (no wait)."""
+    def submit_with(self, cmd, keep):
+        """Submit the pending batch (begun if there is none) followed by command buffer
+        `cmd` (a plan's recording, vulkan_replay), in one submission under the batch's
+        fence; `keep` stays alive until it has run. Returns the batch's number."""
+        b = self.batch()
+        b.keep.append(keep)
+        self.submit((cmd,))
+        return b.seq
+
+    def submit(self, extra=()):
+        """Submit the pending batch (no wait), then the command buffers `extra`."""
         b = self.pending
         if b is None:
             return
         vk = self.vk
         self.pending = None
         vk.vkEndCommandBuffer(b.cmd)
-        info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[b.cmd])
+        info = vk.VkSubmitInfo(commandBufferCount=1 + len(extra),
+                               pCommandBuffers=[b.cmd, *extra])
         vk.vkQueueSubmit(self.queue, 1, [info], b.fence)
         self.submits += 1
         self.inflight.append(b)
@@ -466,6 +500,7 @@ class VulkanContext:
         if seq is None:
             seq = self._seq
         if seq <= self._done:
+            self.recordings.collect(self._done)
             return
         if self.pending is not None and self.pending.seq <= seq:
             self.submit()
@@ -475,6 +510,7 @@ class VulkanContext:
             vk.vkWaitForFences(self.device, 1, [b.fence], vk.VK_TRUE, 2**64 - 1)
             self._finish(b)
         self._done = max(self._done, seq)
+        self.recordings.collect(self._done)
 
     def reclaim(self):
         """Recycle the batches that have completed (without waiting)."""
@@ -484,8 +520,9 @@ class VulkanContext:
             try:
                 vk.vkGetFenceStatus(self.device, b.fence)
             except vk.VkNotReady:
-                return
+                break
             self._finish(b)
+        self.recordings.collect(self._done)
 
     def _finish(self, b):
         vk = self.vk
@@ -588,11 +625,10 @@ class VulkanMemoryPool(MemoryPool):
         commands while the host builds the next graph."""
         self.ctx.submit()
 
-    @_locked
     def sync_events(self, events):
-        seqs = [e.seq for e in events if e is not None]
-        if seqs:
-            self.ctx.wait(max(seqs))
+        """Nothing to wait for: the events are commands of this device's one queue, and
+        every batch begins with a barrier after everything submitted before it, so the
+        work queued next (the scheduler's launches over these leaves) runs after them."""
 
     def release_events(self, events):
         return None
@@ -699,6 +735,10 @@ class VulkanDevice(ProgramCache):
         self._set_layouts = {}
         self._validate = os.environ.get(VALIDATE_ENV, "0") not in ("", "0")
         lim = props.limits
+        # plans' dispatches recorded once and replayed (vulkan_replay; initialize reads
+        # the switch), their temporaries bound at arena offsets of this alignment
+        self.plan_launches = True
+        self.arena_align = max(64, int(lim.minStorageBufferOffsetAlignment))
         self.max_groups = (int(lim.maxComputeWorkGroupCount[0]),
                            int(lim.maxComputeWorkGroupCount[1]))
         # one storage-buffer descriptor per kernel argument (lavapipe allows 32)
@@ -921,7 +961,8 @@ class VulkanDevice(ProgramCache):
         dset = None
         if handles:
             # (before batch(): a full cache waits for the device, submitting the batch)
-            dset = ctx.sets.get(program.nargs, program.set_layout, handles, ctx.wait)
+            dset = ctx.sets.get(program.nargs, program.set_layout, [(h, 0) for h in handles],
+                                ctx.wait)
         b = ctx.batch()
         writes_h = [h for h, ro in zip(handles, program.readonly) if not ro]
         for pipe, (gx, gy) in zip(program.pipelines, program.grids):
@@ -934,6 +975,19 @@ class VulkanDevice(ProgramCache):
             lib.vkCmdDispatch(b.cmd, gx, gy, 1)
         b.keep.append(program)
         return ctx.event(b)
+
+    @_locked
+    def prepare_launches(self, kernels, nslots):
+        """The plan-level launch record of `kernels` ([(program, slots)], scheduler's
+        prepare_launches): a VulkanPlanLaunches; None where switched off
+        (`plan_launches`: config key, ZYX_PLAN_LAUNCHES=0)."""
+        return VulkanPlanLaunches(self, kernels, nslots) if self.plan_launches else None
+
+    @_locked
+    def run_launches(self, launcher, table, stops=None):
+        """Submit a VulkanPlanLaunches over the plan's slot table (its recording for
+        these buffers, made first when there is none)."""
+        launcher.run(table, stops)
 
     @_locked
     def synchronize(self):
@@ -1033,6 +1087,7 @@ def initialize(cfg, debug=0):
         dev = VulkanDevice(vk, ctx, pool, props, features, uuid, debug, controls, subgroup,
                            coop_shapes)
         dev._instance = instance
+        dev.plan_launches = switch(cfg, "plan_launches", "ZYX_PLAN_LAUNCHES", True)
         pools.append(pool)
         devices.append(dev)
         if debug & 1:
