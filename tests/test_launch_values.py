@@ -227,3 +227,19 @@ def test_values_plans_are_bounded_by_the_plan_cache(device, monkeypatch):
         for c in (1.5, 2.5, 3.5):
             assert_close(x[:n] * c, np.arange(n, dtype=np.float32) * np.float32(c))
             assert len(rt.plans) <= rt.max_plans
+
+
+def test_the_family_hint_tells_another_graph_apart():
+    """The last family's skeleton test (`Runtime._values_plan`) on a graph whose key has
+    the family's length but not its structure: where the family had a slice's PAD arg,
+    this graph has a source position, after an entry that happens to equal PAD's code.
+    It is not of the family (None), instead of being masked as a PAD arg."""
+    from zyx._core.graph import CONST, PAD
+    from zyx.runtime import _Family
+    first = (CONST, 2.5, (), 1, PAD, (((-1, -2), (0, 0)), 0.0), (4,), 1, 0)
+    family = _Family(first, None, [(1, 0), (5, 1)])
+    assert family.skeleton_of(first) == \
+        (CONST, None, (), 1, PAD, ((None, None), 0.0), (4,), 1, 0)
+    other = first[:5] + (3,) + first[6:]
+    assert family.skeleton_of(other) is None
+    assert family.skeleton_of(first[:-1]) is None          # another length

@@ -135,7 +135,15 @@ class _Family:
             return None
         key = list(flat)
         for ki, _ in self.values:
-            key[ki] = mask_cuts(key[ki]) if key[ki - 1] == PAD else None
+            if key[ki - 1] != PAD:
+                key[ki] = None                  # a CONST's scalar
+                continue
+            arg = key[ki]
+            if not (isinstance(arg, tuple) and len(arg) == 2 and isinstance(arg[0], tuple)):
+                # not a PAD's arg: a source position that equals PAD's code precedes it,
+                # so the graph is not of this family
+                return None
+            key[ki] = mask_cuts(arg)
         return tuple(key)
 
 
