@@ -114,8 +114,14 @@ def test_plans_replay_their_recordings(vk_device):
     the pool hands back, and compute what dispatch-by-dispatch runs compute."""
     rec = vk_device.ctx.recordings
     made, replayed = rec.recorded, rec.replayed
+    a = np.random.rand(37, 3).astype(np.float32)
+    np.testing.assert_allclose((zyx.tensor(a).exp() * 2).sum(0).numpy(),
+                               (np.exp(a) * 2).sum(0), rtol=1e-5)
+    assert rec.recorded == made           # a plan run once is not recorded
+    # the parameters alternate between three buffer sets: three steps run into the batch,
+    # three record, then every step replays
     losses, w1, w2 = _sgd_steps(12)
-    assert rec.replayed - replayed >= 6                      # most steps replayed
+    assert rec.replayed - replayed >= 6
     assert rec.recorded - made <= 12 - 6
     assert losses[-1] < losses[0]
     vk_device.plan_launches = False
@@ -134,7 +140,7 @@ def test_recordings_are_freed_with_their_buffers(vk_device):
     """Destroying a buffer (the pool's trim) drops the recordings that bind it, and they
     are freed once the device has run them."""
     rec = vk_device.ctx.recordings
-    _sgd_steps(3, seed=1)
+    _sgd_steps(6, seed=1)                      # (the last three steps make recordings)
     assert rec.by_buffer
     vk_device.pool.trim()                      # waits for the device, destroys kept buffers
     vk_device.synchronize()

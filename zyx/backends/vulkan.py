@@ -178,6 +178,7 @@ class DescriptorSets:
         self.vk = vk
         self.device = device
         self.on_clear = on_clear     # called when every set is freed (plan recordings)
+        self.clears = 0              # times every set was freed
         self._pools = []             # descriptor pools, the newest last
         self._sets = {}              # (layout key, (serial, offset)...) -> (pool, VkDescriptorSet[1])
         self._by_buffer = {}         # _Handle.serial -> keys of the sets binding it
@@ -265,6 +266,7 @@ class DescriptorSets:
             self.vk.vkResetDescriptorPool(self.device, pool, 0)
         self._sets.clear()
         self._by_buffer.clear()
+        self.clears += 1
         if self.on_clear is not None:
             self.on_clear()
 

@@ -4,14 +4,17 @@ submitted again whenever the plan runs over the same buffers.
 Why: recording a dispatch through the Python bindings costs 15-30 us of host time
 (descriptor-set lookup, barrier bookkeeping, three driver calls), which bounds small
 training steps (an MLP step of 18 kernels took twice zyx CUDA's time, whose plans replay
-as CUDA graphs). A training loop runs each step's plan over the buffers the pool hands
-back every step (two or three sets that alternate), so a plan keeps up to
+as CUDA graphs). A training loop runs each step's plan over buffers the pool hands back
+(parameters and optimizer states alternate between two or three sets, the batches
+between the loader's few), so the same slot tables come back. A plan keeps up to
 REPLAY_VARIANTS recordings, each keyed by the buffers of the slot table it was recorded
 for (scheduler.layout_memory: slot 0 the arena of temporaries, bound at their offsets;
 slots 1.. the leaves and the buffers that outlive the run). A run whose buffers match a
 recording is one vkQueueSubmit, together with the batch of commands recorded before it
-(uploads); otherwise the plan is recorded for those buffers (the oldest recording is
-dropped past REPLAY_VARIANTS).
+(uploads). A slot table seen for the first time is recorded into that batch, as a
+dispatch-by-dispatch run would be (a plan run once, or over buffers that never come
+back, makes no recording); seen again (among the last SEEN_TABLES), it gets a recording
+of its own, the oldest dropped past REPLAY_VARIANTS.
 
 A recording owns its command buffer (SIMULTANEOUS_USE: it may be submitted again while
 an earlier submission is still running, which the queue orders before it) and binds the
@@ -31,7 +34,8 @@ from __future__ import annotations
 
 import weakref
 
-REPLAY_VARIANTS = 8      # recordings a plan keeps (buffer sets a training loop alternates)
+REPLAY_VARIANTS = 32     # recordings a plan keeps (a loop cycles batches x parameter sets)
+SEEN_TABLES = 64         # slot tables a plan remembers having run once
 _BIND_COMPUTE = 1        # VK_PIPELINE_BIND_POINT_COMPUTE
 
 
@@ -127,37 +131,53 @@ class VulkanPlanLaunches:
             self.kernel_ends.append((self.kernel_ends[-1] if self.kernel_ends else 0)
                                     + len(program.pipelines))
         self.recordings = {}     # slot table key -> Recording, oldest first
+        self.seen = {}           # slot tables run once without a recording, oldest first
         weakref.finalize(self, ctx.recordings.drop_all, self.recordings)
 
     def run(self, table, stops=None):
         """Submit the plan over `table` (Buffers; None for an empty arena). `stops`
-        ([(launch index, [fn...])]): each fn is called once every dispatch was queued
-        (a recording is submitted whole)."""
+        ([(launch index, [fn...])]): each fn is called once every dispatch was queued."""
         key = tuple(None if b is None else b.handle.serial for b in table)
         ctx = self.ctx
         rec = self.recordings.get(key)
-        if rec is None:
-            rec = self._record(table, key)
-        else:
+        if rec is not None:
             ctx.recordings.replayed += 1
-        rec.seq = ctx.submit_with(rec.cmd, self)
+            rec.seq = ctx.submit_with(rec.cmd, self)
+        elif self.seen.pop(key, False):
+            rec = self._record(table, key)
+            rec.seq = ctx.submit_with(rec.cmd, self)
+        else:
+            self.seen[key] = True
+            if len(self.seen) > SEEN_TABLES:
+                del self.seen[next(iter(self.seen))]
+            self._into_batch(table)
         for _, fns in stops or ():
             for fn in fns:
                 fn()
 
+    def _into_batch(self, table):
+        """Record the plan's dispatches into the context's pending batch (a slot table
+        met for the first time), between two global barriers."""
+        vk, ctx = self.vk, self.ctx
+        sets, _ = self._sets(table)       # (first: a full set cache waits for the device)
+        b = ctx.batch()
+        every = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        ctx._barrier(b.cmd, every, 0)
+        self._dispatches(b.cmd, sets)
+        # (the batch's own hazard sets name buffers, not slots: start them afresh)
+        ctx._barrier(b.cmd, every, 0)
+        b.written.clear()
+        b.read.clear()
+        b.keep.append(self)
+        b.count += self.kernel_ends[-1] if self.kernel_ends else 0
+        ctx.event(b)                      # (submits a batch grown past MAX_BATCH)
+
     def _record(self, table, key):
+        """A Recording of the plan over `table`'s buffers, kept under `key`."""
         vk, ctx = self.vk, self.ctx
         if len(self.recordings) >= REPLAY_VARIANTS:
             ctx.recordings.drop(next(iter(self.recordings.values())))
-        lib, ffi = vk.lib, vk.ffi
-        sets, serials = [], set()
-        for program, binds in self.steps:
-            if not binds:
-                sets.append(None)
-                continue
-            bound = [self._bound(ctx, table, kind, x) for kind, x in binds]
-            serials.update(h.serial for h, _ in bound)
-            sets.append(ctx.sets.get(program.nargs, program.set_layout, bound, ctx.wait))
+        sets, serials = self._sets(table)
         cmd = vk.vkAllocateCommandBuffers(ctx.device, vk.VkCommandBufferAllocateInfo(
             commandPool=ctx.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
             commandBufferCount=1))[0]
@@ -165,6 +185,40 @@ class VulkanPlanLaunches:
             flags=vk.VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT))
         every = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         ctx._barrier(cmd, every, 0)       # after everything submitted before
+        self._dispatches(cmd, sets)
+        vk.vkEndCommandBuffer(cmd)
+        rec = Recording(cmd, frozenset(serials), self.recordings, key)
+        self.recordings[key] = rec
+        ctx.recordings.add(rec)
+        ctx.recordings.recorded += 1
+        return rec
+
+    def _sets(self, table):
+        """(descriptor set or None per kernel, serials of the buffers bound) of the plan
+        over `table`, from the context's set cache; fetched again whole if the cache was
+        emptied meanwhile (which frees the sets fetched before)."""
+        ctx = self.ctx
+        cache = ctx.sets
+        while True:
+            clears = cache.clears
+            sets, serials = [], set()
+            for program, binds in self.steps:
+                if not binds:
+                    sets.append(None)
+                    continue
+                bound = [self._bound(ctx, table, kind, x) for kind, x in binds]
+                serials.update(h.serial for h, _ in bound)
+                sets.append(cache.get(program.nargs, program.set_layout, bound, ctx.wait))
+            if cache.clears == clears:
+                return sets, serials
+
+    def _dispatches(self, cmd, sets):
+        """Record every dispatch of the plan into `cmd` with its descriptor set (`sets`,
+        per kernel), a barrier before each one that touches a slot written (or writes
+        one read) since the last."""
+        vk, ctx = self.vk, self.ctx
+        lib, ffi = vk.lib, vk.ffi
+        every = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         written, read = set(), set()
         for (program, binds), dset in zip(self.steps, sets):
             slots = [self._resource(kind, x) for kind, x in binds]
@@ -181,12 +235,6 @@ class VulkanPlanLaunches:
                     lib.vkCmdBindDescriptorSets(cmd, _BIND_COMPUTE, program.layout, 0, 1,
                                                 dset, 0, ffi.NULL)
                 lib.vkCmdDispatch(cmd, gx, gy, 1)
-        vk.vkEndCommandBuffer(cmd)
-        rec = Recording(cmd, frozenset(serials), self.recordings, key)
-        self.recordings[key] = rec
-        ctx.recordings.add(rec)
-        ctx.recordings.recorded += 1
-        return rec
 
     @staticmethod
     def _bound(ctx, table, kind, x):
