@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import weakref
 
-REPLAY_VARIANTS = 32     # recordings a plan keeps (a loop cycles batches x parameter sets)
-SEEN_TABLES = 64         # slot tables a plan remembers having run once
+REPLAY_VARIANTS = 64     # recordings a plan keeps (a loop cycles batches x parameter sets)
+SEEN_TABLES = 128        # slot tables a plan remembers having run once
 _BIND_COMPUTE = 1        # VK_PIPELINE_BIND_POINT_COMPUTE
 
 
