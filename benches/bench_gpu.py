@@ -327,14 +327,20 @@ def _batches(n=8):
             for _ in range(n)]
 
 
-@needs_gpu
-@pytest.mark.parametrize("opt", ["sgd", "adam"])
-def test_mlp_step_zyx(benchmark, gpu, opt):
-    benchmark.group = f"mlp step {opt}"
-    model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, C))
+def zyx_training_step(workload, opt):
+    """(model, step) of a zyx training step on the default device: "mlp" (8 batches) or
+    "convnet" (4 batches), with optimizer `opt` ("sgd" or "adam"); each step takes the
+    next batch in turn. (int32 labels: WebGPU has no 64-bit integers, and every device
+    takes them.)"""
+    if workload == "mlp":
+        model = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, C))
+        data = [(zyx.tensor(x), zyx.tensor(y.astype(np.int32))) for x, y in _batches()]
+    else:
+        model = _zyx_convnet()
+        rng = np.random.default_rng(0)
+        data = [(zyx.tensor(rng.standard_normal((B, 1, 28, 28), dtype=np.float32)),
+                 zyx.tensor(rng.integers(0, 10, B, dtype=np.int32))) for _ in range(4)]
     o = (optim.SGD if opt == "sgd" else optim.Adam)(model.parameters(), lr=LR[opt])
-    # (int32 labels: WebGPU has no 64-bit integers, and every device takes them)
-    data = [(zyx.tensor(x), zyx.tensor(y.astype(np.int32))) for x, y in _batches()]
     it = iter(range(1 << 30))
 
     def step():
@@ -343,6 +349,14 @@ def test_mlp_step_zyx(benchmark, gpu, opt):
         o.zero_grad()
         loss.backward()
         o.step()
+    return model, step
+
+
+@needs_gpu
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_mlp_step_zyx(benchmark, gpu, opt):
+    benchmark.group = f"mlp step {opt}"
+    model, step = zyx_training_step("mlp", opt)
     for _ in range(3):
         step()
     assert all(p.device == gpu for p in model.parameters())
@@ -377,19 +391,7 @@ def _zyx_convnet():
 @needs_gpu
 def test_convnet_step_zyx(benchmark, gpu):
     benchmark.group = "mnist convnet step (batch 64, adam)"
-    model = _zyx_convnet()
-    o = optim.Adam(model.parameters(), lr=1e-3)
-    rng = np.random.default_rng(0)
-    data = [(zyx.tensor(rng.standard_normal((B, 1, 28, 28), dtype=np.float32)),
-             zyx.tensor(rng.integers(0, 10, B, dtype=np.int32))) for _ in range(4)]
-    it = iter(range(1 << 30))
-
-    def step():
-        x, y = data[next(it) % len(data)]
-        loss = F.cross_entropy(model(x), y)
-        o.zero_grad()
-        loss.backward()
-        o.step()
+    _, step = zyx_training_step("convnet", "adam")
     step()
     _run(benchmark, step, _zsync(gpu), {"ops": 1}, rounds=5)
 

@@ -4,9 +4,10 @@ on CUDA when it is there:
 
     python benches/gpu_replay_ab.py [device ...]        (default: vulkan:0 cuda:0)
 
-Each step cycles bench_gpu's 8 batches, as its benchmarks do. Per device and setting it
-prints the median of ROUNDS rounds of STEPS steps (a synchronize after each round), and
-for Vulkan the recordings made and replayed (vulkan_replay.py)."""
+Each step cycles bench_gpu's batches, as its benchmarks do (bench_gpu.zyx_training_step:
+8 for the MLP, 4 for the convnet). Per device and setting it prints the median of ROUNDS
+rounds of STEPS steps (AB_ROUNDS, AB_STEPS; a synchronize after each round), and for
+Vulkan the recordings made and replayed (vulkan_replay.py)."""
 from __future__ import annotations
 
 import os
@@ -14,42 +15,13 @@ import statistics
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import zyx  # noqa: E402
-import zyx.nn as nn  # noqa: E402
-import zyx.nn.functional as F  # noqa: E402
-from zyx import optim  # noqa: E402
 
 import bench_gpu as bg  # noqa: E402
 
 ROUNDS, STEPS = int(os.environ.get("AB_ROUNDS", 7)), int(os.environ.get("AB_STEPS", 20))
-
-
-def make_step(workload, opt_name):
-    """A training step of `workload` ("mlp" or "convnet") with optimizer `opt_name` on the
-    default device, cycling 8 batches."""
-    rng = np.random.default_rng(0)
-    if workload == "mlp":
-        model = nn.Sequential(nn.Linear(bg.D, bg.H), nn.ReLU(), nn.Linear(bg.H, bg.C))
-        data = [(zyx.tensor(x), zyx.tensor(y.astype(np.int32))) for x, y in bg._batches()]
-    else:
-        model = bg._zyx_convnet()
-        data = [(zyx.tensor(rng.standard_normal((bg.B, 1, 28, 28), dtype=np.float32)),
-                 zyx.tensor(rng.integers(0, 10, bg.B, dtype=np.int32))) for _ in range(8)]
-    o = (optim.SGD if opt_name == "sgd" else optim.Adam)(model.parameters(),
-                                                         lr=bg.LR[opt_name])
-    it = iter(range(1 << 30))
-
-    def step():
-        x, y = data[next(it) % len(data)]
-        loss = F.cross_entropy(model(x), y)
-        o.zero_grad()
-        loss.backward()
-        o.step()
-    return step
 
 
 def rounds(step, device):
@@ -74,7 +46,7 @@ def main(devices):
             zyx.set_default_device(name)
             dev = zyx._RT.resolve(name)
             settings = (True, False) if hasattr(dev, "plan_launches") else (None,)
-            step = make_step(workload, opt_name)
+            _, step = bg.zyx_training_step(workload, opt_name)
             got = {s: [] for s in settings}
             for _ in range(3):                  # alternate the settings, warm each
                 for s in settings:
