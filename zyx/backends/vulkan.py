@@ -1009,6 +1009,9 @@ class VulkanDevice(ProgramCache):
         for h in program.scratch or ():
             self.ctx.destroy(h)
         program.scratch = None
+        # plan recordings may bind its pipelines (they are made again when needed)
+        self.ctx.recordings.drop_everything()
+        self.ctx.recordings.collect(self.ctx._done)
 
 
 def fold_groups(groups, limits):
