@@ -136,6 +136,45 @@ def test_plans_replay_their_recordings(vk_device):
     np.testing.assert_allclose(w2, b2, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("room", ["one plan and a half", "less than one plan"])
+def test_replays_survive_an_emptied_set_cache_and_released_programs(vk_device, monkeypatch,
+                                                                     room):
+    """A descriptor-set cache that fills up while a plan fetches its sets is emptied
+    (freeing the sets fetched before, and every recording): the plan fetches them again
+    and records anew; one with more kernels than the cache holds sets records kernel by
+    kernel and makes no recording. Releasing a program drops the recordings. The steps
+    compute what dispatch-by-dispatch runs compute."""
+    import zyx.backends.vulkan as vulkan_backend
+    rec = vk_device.ctx.recordings
+    zyx._RT.plans.clear()
+    _sgd_steps(1, seed=2)
+    kernels = max(len(p.launcher.steps) for p in zyx._RT.plans.values()
+                  if p.launcher is not None)
+    room_sets = kernels * 3 // 2 if room == "one plan and a half" else kernels // 2
+    monkeypatch.setattr(vulkan_backend, "MAX_CACHED_SETS", room_sets)
+    vk_device.ctx.sets.clear()
+    clears, made = vk_device.ctx.sets.clears, rec.recorded
+    losses, w1, w2 = _sgd_steps(9, seed=2)
+    assert vk_device.ctx.sets.clears - clears >= 2
+    if room == "one plan and a half":
+        assert rec.recorded > made
+    else:
+        assert rec.recorded == made
+    assert losses[-1] < losses[0]
+    prog = next(iter(vk_device._programs.values()))
+    vk_device.release(prog)
+    assert not rec.by_buffer and not [r for r in rec.retired if r.seq <= vk_device.ctx._done]
+    vk_device.plan_launches = False
+    try:
+        zyx._RT.plans.clear()
+        base_losses, b1, b2 = _sgd_steps(9, seed=2)
+    finally:
+        vk_device.plan_launches = True
+        zyx._RT.plans.clear()
+    np.testing.assert_allclose(losses, base_losses, rtol=1e-5)
+    np.testing.assert_allclose(w1, b1, rtol=1e-5, atol=1e-6)
+
+
 def test_recordings_are_freed_with_their_buffers(vk_device):
     """Destroying a buffer (the pool's trim) drops the recordings that bind it, and they
     are freed once the device has run them."""

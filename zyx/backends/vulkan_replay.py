@@ -145,7 +145,10 @@ class VulkanPlanLaunches:
             rec.seq = ctx.submit_with(rec.cmd, self)
         elif self.seen.pop(key, False):
             rec = self._record(table, key)
-            rec.seq = ctx.submit_with(rec.cmd, self)
+            if rec is None:
+                self._kernel_by_kernel(table)
+            else:
+                rec.seq = ctx.submit_with(rec.cmd, self)
         else:
             self.seen[key] = True
             if len(self.seen) > SEEN_TABLES:
@@ -159,7 +162,11 @@ class VulkanPlanLaunches:
         """Record the plan's dispatches into the context's pending batch (a slot table
         met for the first time), between two global barriers."""
         vk, ctx = self.vk, self.ctx
-        sets, _ = self._sets(table)       # (first: a full set cache waits for the device)
+        found = self._sets(table)         # (first: a full set cache waits for the device)
+        if found is None:
+            self._kernel_by_kernel(table)
+            return
+        sets = found[0]
         b = ctx.batch()
         every = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         ctx._barrier(b.cmd, every, 0)
@@ -173,11 +180,15 @@ class VulkanPlanLaunches:
         ctx.event(b)                      # (submits a batch grown past MAX_BATCH)
 
     def _record(self, table, key):
-        """A Recording of the plan over `table`'s buffers, kept under `key`."""
+        """A Recording of the plan over `table`'s buffers, kept under `key`; None when
+        the plan needs more descriptor sets than the context's cache holds."""
         vk, ctx = self.vk, self.ctx
+        found = self._sets(table)
+        if found is None:                 # more kernels than the set cache holds
+            return None
         if len(self.recordings) >= REPLAY_VARIANTS:
             ctx.recordings.drop(next(iter(self.recordings.values())))
-        sets, serials = self._sets(table)
+        sets, serials = found
         cmd = vk.vkAllocateCommandBuffers(ctx.device, vk.VkCommandBufferAllocateInfo(
             commandPool=ctx.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
             commandBufferCount=1))[0]
@@ -196,21 +207,52 @@ class VulkanPlanLaunches:
     def _sets(self, table):
         """(descriptor set or None per kernel, serials of the buffers bound) of the plan
         over `table`, from the context's set cache; fetched again whole if the cache was
-        emptied meanwhile (which frees the sets fetched before)."""
+        emptied meanwhile (which frees the sets fetched before). None when it is emptied
+        again: the plan needs more sets than the cache holds."""
         ctx = self.ctx
         cache = ctx.sets
-        while True:
+        for _ in range(2):
             clears = cache.clears
             sets, serials = [], set()
             for program, binds in self.steps:
-                if not binds:
-                    sets.append(None)
-                    continue
-                bound = [self._bound(ctx, table, kind, x) for kind, x in binds]
-                serials.update(h.serial for h, _ in bound)
-                sets.append(cache.get(program.nargs, program.set_layout, bound, ctx.wait))
+                sets.append(self._set(table, program, binds, serials))
             if cache.clears == clears:
                 return sets, serials
+        return None
+
+    def _set(self, table, program, binds, serials=None):
+        """A kernel's descriptor set over `table` (None when it binds nothing), its
+        buffers' serials added to `serials`."""
+        if not binds:
+            return None
+        ctx = self.ctx
+        bound = [self._bound(ctx, table, kind, x) for kind, x in binds]
+        if serials is not None:
+            serials.update(h.serial for h, _ in bound)
+        return ctx.sets.get(program.nargs, program.set_layout, bound, ctx.wait)
+
+    def _kernel_by_kernel(self, table):
+        """Record the plan into the pending batches one kernel at a time, each fetching
+        its set first (a fetch that empties the set cache waits for the device, which
+        submits the batch): for a plan with more kernels than the cache holds sets."""
+        vk, ctx = self.vk, self.ctx
+        every = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        for program, binds in self.steps:
+            dset = self._set(table, program, binds)
+            b = ctx.batch()
+            for pipe, (gx, gy) in zip(program.pipelines, program.grids):
+                ctx._barrier(b.cmd, every, 0)
+                vk.lib.vkCmdBindPipeline(b.cmd, _BIND_COMPUTE, pipe)
+                if dset is not None:
+                    vk.lib.vkCmdBindDescriptorSets(b.cmd, _BIND_COMPUTE, program.layout, 0,
+                                                   1, dset, 0, vk.ffi.NULL)
+                vk.lib.vkCmdDispatch(b.cmd, gx, gy, 1)
+            ctx._barrier(b.cmd, every, 0)
+            b.written.clear()
+            b.read.clear()
+            b.keep.append(self)
+            b.count += len(program.pipelines)
+            ctx.event(b)
 
     def _dispatches(self, cmd, sets):
         """Record every dispatch of the plan into `cmd` with its descriptor set (`sets`,
