@@ -1058,7 +1058,7 @@ def _rows_plan(kernel, outputs, force=False, few=0):
     # short loops over many outputs stay serial, unless their loads walk memory along the
     # loop (softmax rows): then one invocation per row reads with a stride and a workgroup
     # per row reads consecutive words
-    if work < ROW_MIN_SERIAL_WORK and few < outputs > 1 and not all(
+    if work < ROW_MIN_SERIAL_WORK and outputs > max(few, 1) and not all(
             contiguous_loads(ops, range(t, ends[t]), t) for t in tops):
         return None
     if outputs > MAX_GROUPS * MAX_GROUPS:
