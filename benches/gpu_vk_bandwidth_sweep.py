@@ -115,9 +115,9 @@ def run_bench(device, cases, env):
 
 
 def has_device(name):
+    """Whether zyx lists device `name` ("cuda:0": a device's str is its name)."""
     code = ("import zyx, sys\n"
-            f"sys.exit(0 if any(str(d).startswith(\"device('{name}\") "
-            "for d in zyx.devices()) else 1)")
+            f"sys.exit(0 if any(str(d) == {name!r} for d in zyx.devices()) else 1)")
     return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
 
 
