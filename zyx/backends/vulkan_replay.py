@@ -32,6 +32,7 @@ of the context keeps that bookkeeping.
 """
 from __future__ import annotations
 
+import itertools
 import weakref
 
 REPLAY_VARIANTS = 64     # recordings a plan keeps (a loop cycles batches x parameter sets)
@@ -117,8 +118,9 @@ class VulkanPlanLaunches:
     def __init__(self, device, kernels, nslots):
         ctx = device.ctx
         self.ctx = ctx
-        self.vk = device.vk
-        self.nslots = nslots
+        vk = self.vk = device.vk
+        # a global barrier's stages: every compute and transfer command
+        self.every = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         self.steps = []          # (program, [(kind, x)] per binding: "t" slot, "a" arena
         for program, slots in kernels:    # offset, "s" a scratch _Handle)
             if program.scratch_bytes and program.scratch is None:
@@ -126,10 +128,8 @@ class VulkanPlanLaunches:
                                    for nb in program.scratch_bytes]
             binds = list(slots) + [("s", h) for h in (program.scratch or ())]
             self.steps.append((program, binds))
-        self.kernel_ends = []    # per kernel: the index after its last dispatch
-        for program, _ in self.steps:
-            self.kernel_ends.append((self.kernel_ends[-1] if self.kernel_ends else 0)
-                                    + len(program.pipelines))
+        # per kernel: the index after its last dispatch
+        self.kernel_ends = list(itertools.accumulate(len(p.pipelines) for p, _ in self.steps))
         self.recordings = {}     # slot table key -> Recording, oldest first
         self.seen = {}           # slot tables run once without a recording, oldest first
         weakref.finalize(self, ctx.recordings.drop_all, self.recordings)
@@ -146,7 +146,7 @@ class VulkanPlanLaunches:
         elif self.seen.pop(key, False):
             rec = self._record(table, key)
             if rec is None:
-                self._kernel_by_kernel(table)
+                self._one_kernel_at_a_time(table)
             else:
                 rec.seq = ctx.submit_with(rec.cmd, self)
         else:
@@ -160,23 +160,33 @@ class VulkanPlanLaunches:
 
     def _into_batch(self, table):
         """Record the plan's dispatches into the context's pending batch (a slot table
-        met for the first time), between two global barriers."""
-        vk, ctx = self.vk, self.ctx
+        met for the first time)."""
         found = self._sets(table)         # (first: a full set cache waits for the device)
         if found is None:
-            self._kernel_by_kernel(table)
-            return
-        sets = found[0]
+            self._one_kernel_at_a_time(table)
+        else:
+            self._batch_record(self.steps, found[0])
+
+    def _one_kernel_at_a_time(self, table):
+        """Record the plan into the pending batches one kernel at a time, each fetching
+        its set first (a fetch that empties the set cache waits for the device, which
+        submits the batch): for a plan with more kernels than the cache holds sets."""
+        for program, binds in self.steps:
+            self._batch_record([(program, binds)], [self._set(table, program, binds)])
+
+    def _batch_record(self, steps, sets):
+        """Record `steps` (with their descriptor sets) into the context's pending batch,
+        between two global barriers."""
+        ctx = self.ctx
         b = ctx.batch()
-        every = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-        ctx._barrier(b.cmd, every, 0)
-        self._dispatches(b.cmd, sets)
+        ctx._barrier(b.cmd, self.every, 0)
+        self._dispatches(b.cmd, steps, sets)
         # (the batch's own hazard sets name buffers, not slots: start them afresh)
-        ctx._barrier(b.cmd, every, 0)
+        ctx._barrier(b.cmd, self.every, 0)
         b.written.clear()
         b.read.clear()
         b.keep.append(self)
-        b.count += self.kernel_ends[-1] if self.kernel_ends else 0
+        b.count += sum(len(program.pipelines) for program, _ in steps)
         ctx.event(b)                      # (submits a batch grown past MAX_BATCH)
 
     def _record(self, table, key):
@@ -194,9 +204,8 @@ class VulkanPlanLaunches:
             commandBufferCount=1))[0]
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
             flags=vk.VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT))
-        every = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-        ctx._barrier(cmd, every, 0)       # after everything submitted before
-        self._dispatches(cmd, sets)
+        ctx._barrier(cmd, self.every, 0)  # after everything submitted before
+        self._dispatches(cmd, self.steps, sets)
         vk.vkEndCommandBuffer(cmd)
         rec = Recording(cmd, frozenset(serials), self.recordings, key)
         self.recordings[key] = rec
@@ -231,43 +240,19 @@ class VulkanPlanLaunches:
             serials.update(h.serial for h, _ in bound)
         return ctx.sets.get(program.nargs, program.set_layout, bound, ctx.wait)
 
-    def _kernel_by_kernel(self, table):
-        """Record the plan into the pending batches one kernel at a time, each fetching
-        its set first (a fetch that empties the set cache waits for the device, which
-        submits the batch): for a plan with more kernels than the cache holds sets."""
-        vk, ctx = self.vk, self.ctx
-        every = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
-        for program, binds in self.steps:
-            dset = self._set(table, program, binds)
-            b = ctx.batch()
-            for pipe, (gx, gy) in zip(program.pipelines, program.grids):
-                ctx._barrier(b.cmd, every, 0)
-                vk.lib.vkCmdBindPipeline(b.cmd, _BIND_COMPUTE, pipe)
-                if dset is not None:
-                    vk.lib.vkCmdBindDescriptorSets(b.cmd, _BIND_COMPUTE, program.layout, 0,
-                                                   1, dset, 0, vk.ffi.NULL)
-                vk.lib.vkCmdDispatch(b.cmd, gx, gy, 1)
-            ctx._barrier(b.cmd, every, 0)
-            b.written.clear()
-            b.read.clear()
-            b.keep.append(self)
-            b.count += len(program.pipelines)
-            ctx.event(b)
-
-    def _dispatches(self, cmd, sets):
-        """Record every dispatch of the plan into `cmd` with its descriptor set (`sets`,
+    def _dispatches(self, cmd, steps, sets):
+        """Record every dispatch of `steps` into `cmd` with its descriptor set (`sets`,
         per kernel), a barrier before each one that touches a slot written (or writes
         one read) since the last."""
         vk, ctx = self.vk, self.ctx
         lib, ffi = vk.lib, vk.ffi
-        every = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         written, read = set(), set()
-        for (program, binds), dset in zip(self.steps, sets):
+        for (program, binds), dset in zip(steps, sets):
             slots = [self._resource(kind, x) for kind, x in binds]
             writes = {s for s, ro in zip(slots, program.readonly) if not ro}
             for pipe, (gx, gy) in zip(program.pipelines, program.grids):
                 if not (written.isdisjoint(slots) and read.isdisjoint(writes)):
-                    ctx._barrier(cmd, every, 0)
+                    ctx._barrier(cmd, self.every, 0)
                     written.clear()
                     read.clear()
                 read.update(slots)
