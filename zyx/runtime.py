@@ -930,9 +930,9 @@ class Runtime:
         """A new realized leaf concatenating the realized leaves `nids` (one dtype, one
         pool) along `axis`, or None when they are not that. In host memory (the C
         backend's pool) they are joined with numpy; in a pool that copies regions
-        (MemoryPool.copies_regions: CUDA, HIP, OpenCL) when every axis before `axis` has
-        length 1, so the result is the parts' bytes one after the other, by device
-        copies. tensor.cat takes this for small parts that need no gradient: a sampling
+        (MemoryPool.copies_regions: CUDA, HIP, OpenCL, Vulkan, WebGPU) when every axis
+        before `axis` has length 1, so the result is the parts' bytes one after the
+        other, by device copies. tensor.cat takes this for small parts that need no gradient: a sampling
         loop's `idx = cat([idx, nxt], 1)` then stays a leaf, not a graph that grows by
         one cat per step (and plans anew every step)."""
         graph = self.graph
@@ -958,7 +958,14 @@ class Runtime:
     def _copied_leaf(self, pool, shape, dtype, pieces):
         """A new realized leaf of `shape` in `pool`, its bytes the `pieces` ((buffer,
         byte offset, bytes) of realized leaves in pool) one after the other, by device
-        copies (MemoryPool.copy_region)."""
+        copies (MemoryPool.copy_region); None when an offset or a size is not a multiple
+        of the pool's `region_align`."""
+        align = pool.region_align
+        at = 0
+        for _, offset, nbytes in pieces:
+            if offset % align or nbytes % align or at % align:
+                return None
+            at += nbytes
         with self.lock:
             buf, _ = pool.allocate(math.prod(shape) * dtype.itemsize)
         at = 0

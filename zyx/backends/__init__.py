@@ -85,6 +85,9 @@ class MemoryPool:
     # True where `copy_region` is implemented: small windows and appends of realized
     # tensors are then copied on the device (Runtime.window_copy, Runtime.concat_copy)
     copies_regions = False
+    # copy_region's offsets and byte counts must be multiples of this (WebGPU: 4); the
+    # runtime keeps windows and appends that are not on the lazy path
+    region_align = 1
 
     def copy_region(self, src, src_offset, dst, dst_offset, nbytes):
         """Queue a copy of `nbytes` bytes from buffer `src` at byte `src_offset` into

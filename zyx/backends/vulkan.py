@@ -460,10 +460,12 @@ class VulkanContext:
         b.written.update(writes)
         b.count += 1
 
-    def copy(self, src, dst, nbytes):
+    def copy(self, src, dst, nbytes, src_offset=0, dst_offset=0):
+        """Record a copy of `nbytes` bytes from buffer handle `src` at `src_offset` into
+        `dst` at `dst_offset` in the pending batch; returns the batch."""
         b = self.batch()
         self.hazard(b, (src,), (dst,))
-        region = self.vk.VkBufferCopy(srcOffset=0, dstOffset=0, size=nbytes)
+        region = self.vk.VkBufferCopy(srcOffset=src_offset, dstOffset=dst_offset, size=nbytes)
         self.vk.vkCmdCopyBuffer(b.cmd, src.buffer, dst.buffer, 1, [region])
         return b
 
@@ -620,6 +622,17 @@ class VulkanMemoryPool(MemoryPool):
         ctx.wait(b.seq)
         dst.reshape(-1).view(np.uint8)[:] = np.frombuffer(st.mapped, np.uint8, src.nbytes)
         ctx.staging_free.put(st, st.size)
+
+    copies_regions = True
+
+    @_locked
+    def copy_region(self, src, src_offset, dst, dst_offset, nbytes):
+        """vkCmdCopyBuffer in the pending batch, after a barrier when the batch wrote src
+        (a plan replayed from its own command buffer was submitted before the batch, which
+        begins with a barrier)."""
+        if nbytes:
+            self.ctx.copy(src.handle, dst.handle, nbytes, src_offset, dst_offset)
+        return None
 
     @_locked
     def submit_queued(self):

@@ -174,6 +174,14 @@ class WGPUMemoryPool(MemoryPool):
             self.cpass.end()
             self.cpass = None
 
+    def transfer_encoder(self):
+        """The pending encoder with no compute pass open (begun when needed), for copies
+        recorded between passes, in queue order with the dispatches around them."""
+        self._end_pass()
+        if self.encoder is None:
+            self.encoder = self.device.create_command_encoder()
+        return self.encoder
+
     def flush(self):
         """Submit the pending encoder, if any (one queue.submit for everything recorded)."""
         with self.lock:
@@ -207,6 +215,18 @@ class WGPUMemoryPool(MemoryPool):
             self.queue.write_buffer(dst.handle, 0, data)
             return None
 
+    copies_regions = True
+    region_align = 4     # copy_buffer_to_buffer takes offsets and sizes in whole words
+
+    def copy_region(self, src, src_offset, dst, dst_offset, nbytes):
+        """copy_buffer_to_buffer in the pending encoder, between compute passes (queue
+        order: after the dispatches writing src)."""
+        with self.lock:
+            if nbytes:
+                self.transfer_encoder().copy_buffer_to_buffer(src.handle, src_offset,
+                                                              dst.handle, dst_offset, nbytes)
+            return None
+
     def _staging(self, size):
         if self.staging is None or self.staging.size < size:
             cap = 1 << max(size - 1, 255).bit_length()
@@ -221,10 +241,7 @@ class WGPUMemoryPool(MemoryPool):
                 return
             size = _round4(src.nbytes)
             staging = self._staging(size)
-            self._end_pass()
-            if self.encoder is None:
-                self.encoder = self.device.create_command_encoder()
-            self.encoder.copy_buffer_to_buffer(src.handle, 0, staging, 0, size)
+            self.transfer_encoder().copy_buffer_to_buffer(src.handle, 0, staging, 0, size)
             self.flush()
             staging.map_sync(self.wgpu.MapMode.READ, 0, size)
             try:
@@ -238,10 +255,7 @@ class WGPUMemoryPool(MemoryPool):
         the staging buffer, whose mapping completes after every earlier submit."""
         with self.lock:
             staging = self._staging(4)
-            if self.encoder is None:
-                self.encoder = self.device.create_command_encoder()
-            self._end_pass()
-            self.encoder.clear_buffer(staging, 0, 4)
+            self.transfer_encoder().clear_buffer(staging, 0, 4)
             self.flush()
             staging.map_sync(self.wgpu.MapMode.READ, 0, 4)
             staging.unmap()
@@ -488,13 +502,11 @@ class WGPUDevice(ProgramCache):
             if arena:
                 # the arena's values are copied in between passes, in queue order: this
                 # dispatch reads the values of this launch
-                pool._end_pass()
-                if pool.encoder is None:
-                    pool.encoder = self.device.create_command_encoder()
+                encoder = pool.transfer_encoder()
                 for a, off in arena.items():
                     size = (args[a].nbytes + 3) & ~3
-                    pool.encoder.copy_buffer_to_buffer(args[a].handle, 0, program.arena,
-                                                       4 * off, size)
+                    encoder.copy_buffer_to_buffer(args[a].handle, 0, program.arena, 4 * off,
+                                                  size)
             self._record(program, pool, wgsl, handles)
         return None          # one queue, in order: later commands see the results
 
