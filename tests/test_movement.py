@@ -348,6 +348,26 @@ def test_cat_kernel_is_one_plain_loop_per_part(monkeypatch, device):
     assert whole.count("for (") == 1 and whole.count(" ? ") >= len(shapes), whole
 
 
+def test_unbind_matches_torch_and_stays_a_view():
+    """unbind along each dim (negative too) against numpy's slices; the parts are views:
+    writing one writes the base, as torch's do; gradients reach every part's rows."""
+    b = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    x = zyx.tensor(b)
+    for dim in (0, 1, 2, -1):
+        parts = zyx.unbind(x, dim)
+        assert len(parts) == b.shape[dim]
+        for i, p in enumerate(parts):
+            assert np.array_equal(p.numpy(), np.take(b, i, axis=dim)), (dim, i)
+    with pytest.raises(Exception):
+        x.unbind(3)
+    q, k, v = x.unbind(1)
+    k += 100
+    assert np.array_equal(x.numpy()[:, 1], b[:, 1] + 100)
+    w = zyx.tensor(b, requires_grad=True)
+    sum(p.sum() * (i + 1) for i, p in enumerate(w.unbind(2))).backward()
+    assert np.array_equal(w.grad.numpy(), np.broadcast_to(np.arange(1, 5, dtype=np.float32), b.shape))
+
+
 def test_split_chunk():
     b = np.random.randn(7, 4).astype(np.float32)
     x = zyx.Tensor(b)

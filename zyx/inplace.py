@@ -73,6 +73,9 @@ _COMPOSITE = _autograd.COMPOSITE
 # bookkeeping: which tensors were written, their old versions, deferred state updates
 
 _written = {}     # id(tensor) -> (weakref, had recorded history): tensors written in place
+# id(tensor) -> _RegionWrite: boxes waiting for a realization to be copied into the
+# tensor's memory (see _write_region)
+_region_writes = {}
 _snapshots = {}   # (id(tensor), old node id) -> weakref to the old version's tensor object
 _deferred = {}    # id(tensor) -> (weakref, foreign epoch when deferred)
 _pending_seen = [None, 0, 0]   # RT.pending list last seen, its length, foreign epoch
@@ -331,7 +334,8 @@ def _commit(t, new):
             _set_node(t, _derive(base, kind, arg))
         return
     _realize_chained(t)
-    was_buffer = _graph.get(t._id).op == G.LEAF
+    # (a write still waiting to go into t's memory is superseded: t's value is computed)
+    was_buffer = _graph.get(t._id).op == G.LEAF or _drop_region_write(t)
     _set_node(t, new)
     if was_buffer:
         _defer(t)
@@ -801,8 +805,114 @@ def _setitem(self, idx, value):
     broadcasts to `x[idx]`'s shape, cast to x's dtype. The right side is read before the
     write (`x[1:] = x[:-1]` shifts). With duplicate indices the last value wins (torch
     leaves it unspecified). A boolean-mask assignment of one row per True element checks
-    only that the count does not exceed the rows (torch also checks equality)."""
-    _inplace(self, lambda old: _put(old, idx, value))
+    only that the count does not exceed the rows (torch also checks equality).
+    A small box of a large realized tensor goes into its memory (_write_region)."""
+    if not _write_region(self, idx, value):
+        _inplace(self, lambda old: _put(old, idx, value))
+
+
+# ---------------------------------------------------------------------------------------
+# writes into a tensor's memory: a key/value cache written at one position
+
+class _RegionWrite:
+    """A box of tensor `t` waiting to be copied into the memory of its leaf `leaf`
+    (retained here) from the tensor `value` (the box's shape) once a realization has
+    computed value; until then t is the functional update `node` (where(box, value,
+    leaf)), so reads of t in that realization see the new values."""
+    __slots__ = ("t", "node", "leaf", "box", "value")
+
+    def __init__(self, t, node, leaf, box, value):
+        self.t, self.node, self.leaf, self.box, self.value = t, node, leaf, box, value
+
+
+def _box(x, steps):
+    """(start, length) per axis of x for basic steps of ints and unit-step slices, and
+    getitem's result shape; None for other steps."""
+    box, out = [(0, n) for n in x.shape], []
+    for s in steps:
+        if s[0] == "new":
+            out.append(1)
+        elif s[0] == "int":
+            box[s[1]] = (s[2], 1)
+        elif s[0] == "slice" and s[4] == 1 and s[3] > s[2]:
+            box[s[1]] = (s[2], s[3] - s[2])
+            out.append(s[3] - s[2])
+        else:
+            return None, None
+    return box, tuple(out)
+
+
+def _write_region(t, idx, value):
+    """`t[idx] = value` into t's memory, without a new tensor of t's size: a key/value
+    cache written at step t (`cache[:, :, t] = k`) then costs k's bytes, not the cache's.
+    Taken when nothing records for autograd (no_grad, t not requiring grad), t is not a
+    view, has no live views, shares no numpy/DLPack memory, and Runtime.region_fits the
+    box (t a realized leaf of its own, large enough, in memory that copies regions).
+
+    The write waits for the next realization: t becomes the functional update, as on
+    the other path, except that it is not stored; the value is computed with that
+    realization (deferred), which reads t's new values through the update; after it,
+    _finish_region_writes copies the value into t's old memory and puts t back on it.
+    Whether anything else still reads the old values is checked then, not now: the lazy
+    results of a loop's previous step (the last attention scores, still held by the
+    user's variables) read them now, and are usually gone by then. False (nothing done)
+    when not taken."""
+    if (_TB.is_recording() or t.requires_grad or t._view is not None or t._views
+            and any(r() is not None for r in t._views) or shared_buffer(t) is not None
+            or not isinstance(value, (Tensor, list, np.ndarray)) or id(t) in _region_writes
+            or _graph.get(t._id).op != G.LEAF):
+        return False
+    box, out = _box(t, _parse(t, idx))
+    if box is None or not RT.region_fits(t._id, box):
+        return False
+    v = _fit_value(_value_tensor(value, t.dtype), out)
+    if v.device != t.device:
+        return False
+    region = _orig["reshape"](v, tuple(n for _, n in box))
+    leaf = t._id
+    _graph.retain(leaf)
+    _set_node(t, _put(t, idx, v))
+    _region_writes[id(t)] = _RegionWrite(weakref.ref(t), t._id, leaf, box, region)
+    RT.defer([region])
+    return True
+
+
+def _drop_region_write(t):
+    """Forget t's waiting write (its value is then computed as a whole); True if there
+    was one."""
+    w = _region_writes.pop(id(t), None)
+    if w is None:
+        return False
+    _graph.release(w.leaf)
+    return True
+
+
+def _finish_region_writes():
+    """After a realization (Runtime.after_realize): copy every computed waiting value into
+    its tensor's memory and put the tensor back on it. A write whose tensor was dropped,
+    moved to another value, or computed as a whole is forgotten; one whose old values
+    something other than the update still reads (a lazy result kept from before the
+    write) is left to be computed as a whole, with the next realization."""
+    for key, w in list(_region_writes.items()):
+        t = w.t()
+        if t is None or t._id != w.node or _graph.get(w.node).op == G.LEAF:
+            _region_writes.pop(key)
+            _graph.release(w.leaf)
+            continue
+        if _graph.get(w.value._id).op != G.LEAF:
+            continue                 # not computed yet (a realization on another device)
+        _region_writes.pop(key)
+        # (zyx.jit's replays would not repeat a copy made outside the captured plans)
+        if _graph.get(w.leaf).rc != 2 or RT.recorder is not None \
+                or not RT.write_region(w.leaf, w.box, w.value._id):
+            _graph.release(w.leaf)
+            _defer(t)
+            continue
+        holder = Tensor._wrap(w.leaf)       # (takes over the write's reference)
+        rebind(t, holder, False)
+
+
+RT.after_realize.append(_finish_region_writes)
 
 
 # ---------------------------------------------------------------------------------------

@@ -62,6 +62,47 @@ def _max_plans(config):
     return n
 
 
+# writes of a small box of a realized tensor of at least this many bytes go into its memory
+# (config "inplace_region_bytes"; Runtime.region_fits): smaller ones stay one fused
+# functional update, cheaper than copies issued one by one
+INPLACE_REGION_BYTES = 1 << 16
+# a box copied into device memory takes one copy command per contiguous run of it
+MAX_REGION_RUNS = 64
+
+
+def _inplace_region_bytes(config):
+    n = config.get("inplace_region_bytes", INPLACE_REGION_BYTES)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        warn(f"zyx: ignoring inplace_region_bytes={n!r}: not an integer >= 0; using "
+             f"{INPLACE_REGION_BYTES}")
+        return INPLACE_REGION_BYTES
+    return n
+
+
+def region_runs(shape, box):
+    """The contiguous runs ((first element, elements) in row-major order) that the box
+    ((start, length) per axis) of a tensor of `shape` covers, in the box's own row-major
+    order: axes after the last one the box cuts are whole, so each run spans them."""
+    cut = -1
+    for d, ((start, n), size) in enumerate(zip(box, shape)):
+        if (start, n) != (0, size):
+            cut = d
+    if cut < 0:
+        return [(0, math.prod(shape))]
+    run = box[cut][1] * math.prod(shape[cut + 1:])
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    starts = [0]
+    for d in range(cut, -1, -1):
+        start, n = box[d]
+        step = strides[d]
+        base = start * step
+        lengths = range(n) if d < cut else (0,)
+        starts = [base + i * step + s for i in lengths for s in starts]
+    return [(s, run) for s in sorted(starts)]
+
+
 def _growing_sizes(config):
     v = config.get("growing_sizes", True)
     if not isinstance(v, bool):
@@ -223,6 +264,11 @@ class Runtime:
             os.environ.get("ZYX_FLOAT32_MATMUL_PRECISION", "").strip() or "highest",
             "ZYX_FLOAT32_MATMUL_PRECISION")
         self.growing_sizes = True   # config "growing_sizes": bounds.py's plans at a bound
+        # config "inplace_region_bytes": see region_fits
+        self.inplace_region_bytes = INPLACE_REGION_BYTES
+        # functions called after every realization (zyx.inplace finishes the writes it
+        # left for the realization there: a box of a tensor copied into its memory)
+        self.after_realize = []
         self.checks = Checks()  # value checks (indices, divisors) run with the realization
         # the random generator's state (zyx/random.py): the device generator's key and call
         # number; a numpy Generator for host algorithms (randperm, orthogonal_, shuffling)
@@ -245,6 +291,7 @@ class Runtime:
         self.config = load_config(debug=self.debug)
         self.max_plans = _max_plans(self.config)
         self.growing_sizes = _growing_sizes(self.config)
+        self.inplace_region_bytes = _inplace_region_bytes(self.config)
         self.autotune = tuning.Settings.from_config(self.config)
         self._tuners = {}
         reasons = []
@@ -573,19 +620,26 @@ class Runtime:
         already computed, or computed some other way, is handed over when the
         realization ends."""
         with self.lock:
-            if not ready:
-                self._realize(ids, device)
-                return
-            fired = set()
-            calls = {i: self._once(fn, i, fired) for i, fn in ready.items()}
-            self._realize(ids, device, calls)
-            for i, fn in calls.items():
-                if i not in fired:
+            self._realize_ready(ids, device, ready)
+            for fn in self.after_realize:
+                fn()
+
+    def _realize_ready(self, ids, device, ready):
+        """realize's work (the lock held): the plan, then the `ready` calls of nodes the
+        plan did not hand over."""
+        if not ready:
+            self._realize(ids, device)
+            return
+        fired = set()
+        calls = {i: self._once(fn, i, fired) for i, fn in ready.items()}
+        self._realize(ids, device, calls)
+        for i, fn in calls.items():
+            if i not in fired:
+                node = self.graph.get(i)
+                if node.op != LEAF:   # not stored by the plan: computed on its own
+                    self._realize([i], device)
                     node = self.graph.get(i)
-                    if node.op != LEAF:   # not stored by the plan: computed on its own
-                        self._realize([i], device)
-                        node = self.graph.get(i)
-                    fn(node.buffer, False)
+                fn(node.buffer, False)
 
     @staticmethod
     def _once(fn, i, fired):
@@ -1017,6 +1071,55 @@ class Runtime:
         size = node.dtype.itemsize
         return self._copied_leaf(pool, shape, node.dtype,
                                  [(node.buffer, start * size, math.prod(shape) * size)])
+
+    def region_fits(self, nid, box):
+        """Whether a write of the box ((start, length) per axis) of node `nid` may go into
+        nid's memory (write_region) rather than make a new tensor: nid is a realized leaf
+        over a buffer of its own (no other leaf aliases it, not borrowed) of at least
+        `inplace_region_bytes` bytes, in host memory or a pool that copies regions
+        (not while zyx.jit captures), and the box is at most a quarter of it, in at most
+        MAX_REGION_RUNS runs on a device, each whole words of the pool's region_align."""
+        node = self.graph.get(nid)
+        if node.op != LEAF or self.recorder is not None or not self.copies_leaf(nid):
+            return False
+        buf = node.buffer
+        if buf.refs != 1 or buf.borrowed or buf.nbytes < self.inplace_region_bytes:
+            return False
+        count = math.prod(n for _, n in box)
+        if count == 0 or 4 * count > math.prod(node.shape):
+            return False
+        pool = buf.pool
+        if isinstance(pool, HostMemoryPool):
+            return True
+        runs = region_runs(node.shape, box)
+        align = pool.region_align
+        size = node.dtype.itemsize
+        return len(runs) <= MAX_REGION_RUNS and all(
+            (s * size) % align == 0 and (n * size) % align == 0 for s, n in runs)
+
+    def write_region(self, nid, box, vid):
+        """Copy the realized leaf `vid` (the box's lengths as its shape, nid's dtype and
+        pool) into the box ((start, length) per axis) of the realized leaf `nid`, in nid's
+        memory, after the work queued so far; False (nothing copied) when either is not a
+        realized leaf or they differ in dtype, pool or shape. The caller checked
+        region_fits, and that nothing reads nid's old values any more. A key/value cache
+        written at one position (`cache[:, :, t] = k`) then copies k, not the cache
+        (zyx.inplace)."""
+        node, v = self.graph.get(nid), self.graph.get(vid)
+        if node.op != LEAF or v.op != LEAF or v.dtype is not node.dtype \
+                or v.buffer.pool is not node.buffer.pool \
+                or v.shape != tuple(n for _, n in box):
+            return False
+        pool = node.buffer.pool
+        if isinstance(pool, HostMemoryPool):
+            _host_view(node)[tuple(slice(s, s + n) for s, n in box)] = _host_view(v)
+        else:
+            size, at = node.dtype.itemsize, 0
+            for start, n in region_runs(node.shape, box):
+                pool.copy_region(v.buffer, at * size, node.buffer, start * size, n * size)
+                at += n
+        self._leaf_reads.pop(id(node), None)     # the values kept for host reads changed
+        return True
 
     def _staged(self, nid, shape, dev):
         """A leaf of `shape` holding leaf `nid` in its leading corner, zeros elsewhere."""

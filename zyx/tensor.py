@@ -28,7 +28,7 @@ from . import random as _random
 __all__ = ["Tensor", "tensor", "from_numpy", "from_dlpack", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
            "empty", "arange", "linspace", "eye", "rand", "randn", "uniform", "normal", "randint",
            "manual_seed", "cat", "concatenate", "stack", "where", "maximum", "minimum", "matmul",
-           "dot", "split", "chunk", "tril", "triu", "gather", "masked_fill", "exp", "log",
+           "dot", "split", "chunk", "unbind", "tril", "triu", "gather", "masked_fill", "exp", "log",
            "sqrt", "sin", "cos", "tanh", "sigmoid", "relu", "abs", "clamp", "clip", "pow",
            "sum", "mean", "amax", "amin", "argmax", "argmin", "softmax", "log_softmax",
            "logsumexp", "cumsum", "flip", "roll", "reshape", "permute", "transpose",
@@ -2009,6 +2009,13 @@ def chunk(t: Tensor, chunks: int, axis=None, dim=None):
     return split(t, size, axis)
 
 
+def unbind(t: Tensor, dim=0):
+    """torch.unbind: the slices of t along `dim`, each without that dim (views, as t[i])."""
+    axis = canonical_axis(dim, t.ndim)
+    lead = (slice(None),) * axis
+    return tuple(t[lead + (i,)] for i in range(t.shape[axis]))
+
+
 def _tri(t, diagonal, upper):
     if t.ndim < 2:
         raise ShapeError("tril/triu need at least 2 dimensions")
@@ -2597,7 +2604,8 @@ for _name, _fn in (("sum", _sum), ("prod", _prod_r), ("amax", _amax), ("amin", _
                    ("unsqueeze", _unsqueeze), ("transpose", _transpose), ("repeat", _repeat),
                    ("roll", _roll), ("pad", _pad_torch), ("__getitem__", _getitem),
                    ("matmul", matmul), ("__matmul__", matmul),
-                   ("dot", dot), ("split", split), ("chunk", chunk), ("tril", tril), ("triu", triu),
+                   ("dot", dot), ("split", split), ("chunk", chunk), ("unbind", unbind),
+                   ("tril", tril), ("triu", triu),
                    ("gather", gather)):
     setattr(Tensor, _name, _fn)
 Tensor.T = property(_T)

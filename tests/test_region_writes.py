@@ -1,0 +1,199 @@
+"""`x[box] = value` into x's memory (zyx.inplace._write_region, Runtime.region_fits and
+write_region): a key/value cache written at one position copies the new row, not the
+cache. Values against numpy on every device; which memory a tensor ends on through the
+graph's leaves; lazy results made before a write keep the values they read."""
+import numpy as np
+import pytest
+
+import zyx
+from zyx import inplace
+
+from conftest import assert_close
+
+
+@pytest.fixture
+def in_place(device):
+    """Every box write that fits goes into memory, whatever the tensor's size (the
+    default leaves tensors under 64 KiB to the functional update)."""
+    zyx.zeros(1).realize()          # (the runtime reads its settings when it starts)
+    rt = zyx._RT
+    before = rt.inplace_region_bytes
+    rt.inplace_region_bytes = 0
+    try:
+        yield device
+    finally:
+        rt.inplace_region_bytes = before
+
+
+def _leaf_buffer(t):
+    node = zyx._RT.graph.get(t._id)
+    assert node.op == 0, "not a realized leaf"
+    return node.buffer
+
+
+def _softmax(a):
+    e = np.exp(a - a.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_key_value_cache_stays_in_its_memory(in_place):
+    """Attention over a cache written at step t: every step's result against numpy, the
+    cache on its first buffer at every step (no copy of it), and the same number of
+    plans as the functional update builds."""
+    B, H, TM, Dh, D = 1, 2, 48, 4, 8
+    rng = np.random.default_rng(7)
+    xs = rng.standard_normal((TM, B, D)).astype(np.float32)
+    W = [rng.standard_normal((D, H * Dh)).astype(np.float32) * 0.3 for _ in range(3)]
+    wq, wk, wv = [zyx.tensor(w) for w in W]
+    ck = zyx.zeros((B, H, TM, Dh)).realize()
+    cv = zyx.zeros((B, H, TM, Dh)).realize()
+    first = _leaf_buffer(ck), _leaf_buffer(cv)
+    before = zyx.stats()["plans_built"]
+    with zyx.no_grad():
+        for t in range(40):
+            x = zyx.tensor(xs[t])
+            q, k, v = [(x @ w).reshape(B, H, Dh) for w in (wq, wk, wv)]
+            ck[:, :, t] = k
+            cv[:, :, t] = v
+            s = (q.unsqueeze(2) @ ck[:, :, :t + 1].transpose(-1, -2)) / np.sqrt(Dh)
+            got = (s.softmax(-1) @ cv[:, :, :t + 1]).numpy()
+            kn, vn = [np.stack([(xs[i] @ W[j]).reshape(B, H, Dh) for i in range(t + 1)], 2)
+                      for j in (1, 2)]
+            sn = (xs[t] @ W[0]).reshape(B, H, 1, Dh) @ kn.transpose(0, 1, 3, 2) / np.sqrt(Dh)
+            assert_close(got, _softmax(sn) @ vn, atol=1e-4, rtol=1e-4)
+            assert (_leaf_buffer(ck), _leaf_buffer(cv)) == first, t
+    assert zyx.stats()["plans_built"] - before <= 8
+    want = np.stack([(xs[i] @ W[1]).reshape(B, H, Dh) for i in range(40)], 2)
+    assert_close(ck.numpy()[:, :, :40], want, atol=1e-5)
+    assert not ck.numpy()[:, :, 40:].any()
+
+
+def test_lazy_results_made_before_a_write_keep_the_old_values(in_place):
+    """A lazy result that reads the tensor before the write, still held when the write's
+    realization ends, reads the old values when realized later: the write is then
+    computed as a whole (a new buffer), and both values are right."""
+    a = np.arange(64, dtype=np.float32).reshape(8, 8)
+    x = zyx.tensor(a).realize()
+    old = x * 2                              # lazy, reads x's values before the write
+    with zyx.no_grad():
+        x[3] = zyx.tensor(np.full(8, -1, np.float32))
+        total = x.sum().item()               # a realization: the write's value computed
+    b = a.copy()
+    b[3] = -1
+    assert total == b.sum()
+    assert np.array_equal(old.numpy(), a * 2)
+    assert np.array_equal(x.numpy(), b)
+
+
+def test_lazy_results_dropped_before_the_realization_do_not_block(in_place):
+    """A previous step's lazy result that read the old values, dropped before the next
+    realization (the loop variable reassigned), lets the write go into memory."""
+    a = np.zeros((16, 4), np.float32)
+    x = zyx.tensor(a).realize()
+    first = _leaf_buffer(x)
+    step = None
+    with zyx.no_grad():
+        for i in range(6):
+            x[i] = zyx.tensor(np.full(4, i + 1, np.float32))
+            step = x[:i + 1].sum(0)          # replaces the previous step's lazy result
+            a[i] = i + 1
+            assert np.array_equal(step.numpy(), a[:i + 1].sum(0))
+            assert _leaf_buffer(x) is first
+    assert np.array_equal(x.numpy(), a)
+
+
+@pytest.mark.parametrize("key", [(slice(None), 2), (1, slice(3, 6)), (slice(2, 4),),
+                                 (Ellipsis, 5), (0, None, slice(1, 3)), (slice(1, 3), 0)])
+def test_boxes_and_broadcast_values(in_place, key):
+    """Boxes over several runs, slices with None and Ellipsis, and values that broadcast
+    (a scalar tensor, a row): against numpy after a realization, and when read at once."""
+    a = np.arange(8 * 6 * 8, dtype=np.float32).reshape(8, 6, 8)
+    x = zyx.tensor(a).realize()
+    first = _leaf_buffer(x)
+    shape = np.empty((8, 6, 8))[key].shape
+    for value in (np.float32(-3.0) + np.zeros(shape, np.float32),
+                  np.arange(shape[-1], dtype=np.float32)):
+        with zyx.no_grad():
+            x[key] = zyx.tensor(value)
+            (x * 1).sum().realize()
+        a[key] = value
+        assert np.array_equal(x.numpy(), a), key
+    assert _leaf_buffer(x) is first
+    with zyx.no_grad():
+        x[key] = zyx.tensor(np.ones(shape, np.float32))
+    a[key] = 1
+    assert np.array_equal(x.numpy(), a)      # read at once: computed as a whole
+
+
+def test_what_stays_a_functional_update(in_place):
+    """Writes under autograd, to tensors with live views, of scalars, of masks and index
+    tensors, two writes before a realization, and under the size threshold: values as
+    numpy's, and the tensor on a new buffer (or not: views share the base's)."""
+    a = np.arange(32, dtype=np.float32).reshape(4, 8)
+    x = zyx.tensor(a).realize()
+    view = x[1]
+    with zyx.no_grad():
+        x[2] = zyx.tensor(np.ones(8, np.float32))
+    a[2] = 1
+    assert np.array_equal(view.numpy(), a[1]) and np.array_equal(x.numpy(), a)
+    del view
+    y = zyx.tensor(a).realize()
+    first = _leaf_buffer(y)
+    with zyx.no_grad():
+        y[0] = 5.0                                   # a scalar
+        y[zyx.tensor(np.array([True, False, False, True]))] = zyx.tensor(np.zeros(8, np.float32))
+        y[1] = zyx.tensor(np.full(8, 7, np.float32))
+        y[1, 2:4] = zyx.tensor(np.full(2, 9, np.float32))   # a second write to y
+    b = a.copy()
+    b[0] = 5
+    b[[0, 3]] = 0
+    b[1] = 7
+    b[1, 2:4] = 9
+    assert np.array_equal(y.numpy(), b)
+    assert _leaf_buffer(y) is not first
+    w = zyx.tensor(np.zeros(4, np.float32), requires_grad=True)
+    z = zyx.tensor(a).realize()
+    with zyx.enable_grad():
+        z[0, :4] = w * 2                             # recorded: stays differentiable
+        z.sum().backward()
+    assert np.array_equal(w.grad.numpy(), np.full(4, 2, np.float32))
+    zyx._RT.inplace_region_bytes = a.nbytes + 1      # under the threshold
+    u = zyx.tensor(a).realize()
+    first = _leaf_buffer(u)
+    with zyx.no_grad():
+        u[0] = zyx.tensor(np.ones(8, np.float32))
+        u.sum().realize()
+    assert _leaf_buffer(u) is not first
+
+
+def test_small_dtypes(in_place):
+    """int32, float16 and bool boxes: the bytes copied as they are; on WebGPU (whole
+    4-byte words) an odd run of 16- or 8-bit values stays a functional update."""
+    for d, np_d in ((zyx.int32, np.int32), (zyx.float16, np.float16), (zyx.bool, np.bool_)):
+        try:
+            x = zyx.zeros((4, 6), dtype=d).realize()
+        except zyx.errors.UnsupportedDTypeError:
+            continue
+        a = np.zeros((4, 6), np_d)
+        for key, val in (((1,), np.ones(6, np_d)), ((2, slice(1, 4)), np.ones(3, np_d))):
+            with zyx.no_grad():
+                x[key] = zyx.tensor(val)
+                (x.cast(zyx.float32)).sum().realize()
+            a[key] = val
+            assert np.array_equal(x.numpy(), a), (d, key)
+
+
+def test_no_writes_wait_after_a_realization(in_place):
+    """Nothing is left waiting once the write's realization ran (the hook empties the
+    table), and a write whose tensor is dropped first is forgotten."""
+    x = zyx.zeros((8, 8)).realize()
+    with zyx.no_grad():
+        x[1] = zyx.ones(8)
+        x.sum().realize()
+        assert not inplace._region_writes
+        y = zyx.zeros((8, 8)).realize()
+        y[2] = zyx.ones(8)
+        assert len(inplace._region_writes) == 1
+        del y
+        x.sum().realize()
+    assert not inplace._region_writes
