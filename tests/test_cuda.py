@@ -705,6 +705,54 @@ def test_tf32_kernels_compile_to_cubins(want, compiler, monkeypatch):
         assert lower(k, CUDADialect(), _H100_CC, "zyx_k", {"gemm": want}).strategy == "gemm"
 
 
+def test_convolutions_alone_run_on_tf32_with_allow_tf32(compiler):
+    """zyx.backends.cudnn.allow_tf32 (DeviceInfo.conv_tf32) at precision "highest": a
+    convolution's products, forward and both gradients, lower to TF32 mma.sync, while
+    matrix products (a @ b, a linear layer and its gradients) stay float32 tiles; off,
+    the convolution's do too."""
+    import zyx.nn.functional as F
+    conv_tf32 = dataclasses.replace(_H100_CC, conv_tf32=True)
+
+    def t(*s, grad=False):
+        return zyx.Tensor(np.ones(s, np.float32), requires_grad=grad).realize()
+    x, w = t(4, 16, 16, 16, grad=True), t(32, 16, 3, 3, grad=True)
+    y = F.conv2d(x, w, padding=1)
+    gx, gw = zyx.autograd.grad([y], [x, w], [t(*y.shape)])
+    a, b = t(64, 96, grad=True), t(96, 80, grad=True)
+    m = a @ b
+    ga, gb = zyx.autograd.grad([m], [a, b], [t(64, 80)])
+    want = gemm.TILES[0][:2]
+
+    def lowered(v, info):
+        ks = [k for k in _untiled_kernels(v) if gemm.plan(k.ops) is not None]
+        assert ks
+        return lower(ks[-1], CUDADialect(), info, "zyx_k", {"gemm": want})
+    for name, v in (("conv", y), ("conv dgrad", gx), ("conv wgrad", gw)):
+        g = lowered(v, conv_tf32)
+        assert g.strategy == "mma" and g.variant["mma"] == "tf32", name
+        assert compiler.binary(g.source)[:4] == b"\x7fELF", name
+        assert lowered(v, _H100_CC).strategy == "gemm", name
+    for name, v in (("matmul", m), ("grad a", ga), ("grad b", gb)):
+        assert lowered(v, conv_tf32).strategy == "gemm", name
+
+
+def test_allow_tf32_setting_reaches_every_device():
+    """Setting zyx.backends.cudnn.allow_tf32 writes every device's DeviceInfo and drops
+    the plans made under the other value (the suite runs with it off)."""
+    assert zyx.backends.cudnn.allow_tf32 is False
+    x = zyx.Tensor(np.ones((4, 4), np.float32))
+    (x @ x).realize()
+    assert zyx._RT.plans
+    zyx.backends.cudnn.allow_tf32 = True
+    try:
+        assert zyx.backends.cudnn.allow_tf32 is True
+        assert all(d.info().conv_tf32 for d in zyx._RT.devices)
+        assert not zyx._RT.plans
+    finally:
+        zyx.backends.cudnn.allow_tf32 = False
+    assert not any(d.info().conv_tf32 for d in zyx._RT.devices)
+
+
 def test_float32_matmul_precision_setting():
     assert zyx.get_float32_matmul_precision() == "highest"
     with pytest.raises(ValueError, match="highest"):
@@ -1905,6 +1953,38 @@ def _tf32_truncated(x):
     float32 stored in shared memory)."""
     b = np.asarray(x, np.float32).view(np.uint32)
     return (b & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def test_allow_tf32_puts_convolutions_alone_on_tf32(cuda_runtime):
+    """zyx.backends.cudnn.allow_tf32 on (torch's default) at precision "highest", on the
+    GPU: a float32 convolution and both its gradients within TF32's rounding of the
+    float64 references and measurably off them (TF32 ran), a matrix product exact to
+    float32. Skipped without compute capability 8.0 (no TF32)."""
+    from gpu_cases import _conv2d_ref, _conv2d_grads_ref
+    import zyx.nn.functional as F
+    if tuple(cuda_runtime.info().extra["cc"]) < (8, 0):
+        pytest.skip("TF32 needs compute capability 8.0")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((8, 32, 16, 16)).astype(np.float32)
+    w = (rng.standard_normal((64, 32, 3, 3)) * 0.2).astype(np.float32)
+    g = rng.standard_normal((8, 64, 16, 16)).astype(np.float32)
+    a = rng.standard_normal((256, 512)).astype(np.float32)
+    b = rng.standard_normal((512, 128)).astype(np.float32)
+    zyx.backends.cudnn.allow_tf32 = True
+    try:
+        X, W = zyx.Tensor(x, requires_grad=True), zyx.Tensor(w, requires_grad=True)
+        y = F.conv2d(X, W, padding=1)
+        (y * zyx.Tensor(g)).sum().backward()
+        got = [y.numpy(), X.grad.numpy(), W.grad.numpy()]
+        prod = (zyx.Tensor(a) @ zyx.Tensor(b)).numpy()
+    finally:
+        zyx.backends.cudnn.allow_tf32 = False
+    refs = [_conv2d_ref(x, w, 1), *_conv2d_grads_ref(x, w, g, 1)]
+    for name, out, ref in zip(("forward", "input gradient", "weight gradient"), got, refs):
+        err = np.abs(out - ref).max() / np.abs(ref).max()
+        assert 1e-5 < err < 5e-3, (name, err)     # TF32: 10 mantissa bits; float32: 23
+    ref = a.astype(np.float64) @ b
+    assert np.abs(prod - ref).max() / np.abs(ref).max() < 1e-5
 
 
 @pytest.mark.parametrize("want,spec", [((128, 128), ""), ((64, 128), "double=1"),

@@ -263,6 +263,9 @@ class Runtime:
         self.float32_matmul_precision = _float32_precision(
             os.environ.get("ZYX_FLOAT32_MATMUL_PRECISION", "").strip() or "highest",
             "ZYX_FLOAT32_MATMUL_PRECISION")
+        # zyx.backends.cudnn.allow_tf32 (on, as torch's; env ZYX_CONV_TF32=0 turns it
+        # off); written into every device's DeviceInfo
+        self.conv_tf32 = os.environ.get("ZYX_CONV_TF32", "1").strip() not in ("0", "false")
         self.growing_sizes = True   # config "growing_sizes": bounds.py's plans at a bound
         # config "inplace_region_bytes": see region_fits
         self.inplace_region_bytes = INPLACE_REGION_BYTES
@@ -303,6 +306,7 @@ class Runtime:
         self._pool_device = {id(d.pool): d for d in self.devices}
         for d in self.devices:
             d.info().float32_precision = self.float32_matmul_precision
+            d.info().conv_tf32 = self.conv_tf32
         self.default = None
         self._multi = False
         self._drop_plans()     # their programs are unloaded with them
@@ -765,12 +769,29 @@ class Runtime:
             if precision == self.float32_matmul_precision:
                 return
             self.float32_matmul_precision = precision
-            self._drop_plans()
-            for d in self.devices or ():
-                d.info().float32_precision = precision
-                forget = getattr(d, "forget_programs", None)
-                if forget is not None:
-                    forget()
+            self._precision_changed()
+
+    def set_conv_tf32(self, allow):
+        """zyx.backends.cudnn.allow_tf32: whether float32 convolutions may run on TF32
+        tensor cores whatever set_float32_matmul_precision says (torch's default: they
+        may); plans and compiled GPU programs made under the other setting are dropped."""
+        allow = bool(allow)
+        with self.lock:
+            if allow == self.conv_tf32:
+                return
+            self.conv_tf32 = allow
+            self._precision_changed()
+
+    def _precision_changed(self):
+        """Write the precision settings into every device's DeviceInfo and drop what was
+        lowered under the old ones."""
+        self._drop_plans()
+        for d in self.devices or ():
+            d.info().float32_precision = self.float32_matmul_precision
+            d.info().conv_tf32 = self.conv_tf32
+            forget = getattr(d, "forget_programs", None)
+            if forget is not None:
+                forget()
 
     def set_autotune(self, settings):
         """Use `settings` (a tuning.Settings) from now on; cached plans are dropped when

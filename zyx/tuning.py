@@ -154,9 +154,15 @@ def lowering_key(kernel, info):
     """The stored name of `kernel`'s lowering schedule: its content and, where float32
     products may run on TF32 (zyx.set_float32_matmul_precision), that setting: the
     fastest schedule of one need not be the fastest of the other ("highest" keeps the
-    name it always had)."""
+    name it always had). A convolution that zyx.backends.cudnn.allow_tf32 puts on TF32
+    at "highest" is named as at "high"."""
     key = kernel_key("lowering", kernel)
     precision = info.float32_precision
+    if precision == "highest" and info.conv_tf32:
+        from .codegen.gpu import gemm      # (the CPU's tuning never gets here)
+        p = gemm.plan(kernel.ops)
+        if p is not None and p.window:
+            precision = "high"
     return key if precision == "highest" else f"{key}:{precision}"
 
 

@@ -50,6 +50,10 @@ class DeviceInfo:
     # "highest", "high" or "medium" (zyx.set_float32_matmul_precision): whether float32
     # products may run on TF32 tensor cores; written by the runtime
     float32_precision: str = "highest"
+    # zyx.backends.cudnn.allow_tf32 (True by default, as torch's): whether float32
+    # convolutions (products reading overlapping windows, gemm.reads_windows) may run on
+    # TF32 tensor cores whatever float32_precision says; written by the runtime
+    conv_tf32: bool = False
     # (kernel, dialect, info, name, gemm plan, tile, gemm knobs) -> GPUKernel or None,
     # tried in order before gemm's float tiles: the device's matrix-instruction products
     # (the CUDA backend: codegen/gpu/nvidia/products.lower_product)

@@ -36,6 +36,7 @@ turns the strategy off.
 """
 from __future__ import annotations
 
+import math
 import os
 
 from ... import dtype as dt
@@ -135,7 +136,7 @@ class GemmPlan:
     by value (`vector_lanes` takes no vectors of it)."""
     __slots__ = ("rows", "cols", "batch", "loops", "a", "b", "masks", "acc", "total",
                  "block", "store", "end", "a_kfast", "b_kfast", "nr", "nc", "nb", "nk", "dtype",
-                 "narrow", "computed", "scalar")
+                 "narrow", "computed", "scalar", "window")
 
 
 _NARROW = (dt.float16, dt.bfloat16)
@@ -340,7 +341,35 @@ def plan(ops):
                    for v, side, kfast in ((a, "a", p.a_kfast), (b, "b", p.b_kfast)))
     if p.nr < MIN_SIDE or p.nc < MIN_SIDE or p.nk < MIN_K:
         return None
+    p.window = reads_windows(ops, p)
     return p
+
+
+def reads_windows(ops, p):
+    """Whether an operand of plan `p` reads overlapping windows, as a convolution reads
+    its image (and its backward passes read theirs): one of its loads reads the same
+    element at two positions of an output index and a reduce loop (x + kx: output x + 1
+    with kx - 1), within their ranges. A product of matrices never does: its reduce
+    loops step by whole rows of its outputs' axes. Index math that is not affine in a
+    variable (div/mod of a flattened axis) counts as no window.
+    The lowering reads this for zyx.backends.cudnn.allow_tf32 (DeviceInfo.conv_tf32)."""
+    outs = p.rows + p.cols + p.batch
+    for val in (p.a, p.b):
+        for j in closure(ops, [val]):
+            op = ops[j]
+            if op[0] != K.LOAD or ops[op[2]][2] != K.SCOPE_GLOBAL:
+                continue
+            steps = {v: coefficient(ops, op[3], v, {}) for v in outs + p.loops}
+            for o in outs:
+                for loop in p.loops:
+                    co, cl = abs(steps[o] or 0), abs(steps[loop] or 0)
+                    if not co or not cl:
+                        continue
+                    # the smallest steps of each that meet: co * (cl / g) == cl * (co / g)
+                    g = math.gcd(co, cl)
+                    if cl // g < ops[o][3] and co // g < ops[loop][2]:
+                        return True
+    return False
 
 
 def _k_order(ops, loops, run):

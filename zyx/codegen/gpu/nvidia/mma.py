@@ -81,9 +81,12 @@ static __device__ __forceinline__ void zyx_mma_{t}(float* c, const unsigned* a,
 
 
 def tf32(p, info):
-    """True when plan `p` is a float32 product the precision setting of the device
-    (`info.float32_precision`, zyx.set_float32_matmul_precision) lets run on TF32."""
-    return p.narrow is None and p.dtype is dt.float32 and info.float32_precision != "highest"
+    """True when plan `p` is a float32 product the precision settings of the device let
+    run on TF32: any product under `info.float32_precision` "high" or "medium"
+    (zyx.set_float32_matmul_precision), a convolution's (gemm.reads_windows) under
+    `info.conv_tf32` (zyx.backends.cudnn.allow_tf32, on by default as torch's)."""
+    return p.narrow is None and p.dtype is dt.float32 and (
+        info.float32_precision != "highest" or (info.conv_tf32 and p.window))
 
 
 def usable(p, dl, info):

@@ -31,14 +31,15 @@ def lower_product(kernel, dl, info, name, p, tile, var):
 def k_major_windows(info, dtype):
     """Whether convolution windows of `dtype` on the device `info` describes are copied
     through tensor maps into warpgroup products (Hopper sm_90a with tensor maps), whose
-    products read both operands K-major: 16-bit ones, float32 ones the precision setting
-    lets run on TF32, and float32 ones at "highest" on FMA tiles (not with the gemm knob
-    "fma=0"). nn.functional then stores such a convolution's weights with the input
-    channels innermost."""
+    products read both operands K-major: 16-bit ones, float32 ones the precision
+    settings let run on TF32 (zyx.set_float32_matmul_precision, or for convolutions
+    zyx.backends.cudnn.allow_tf32), and float32 ones at "highest" on FMA tiles (not with
+    the gemm knob "fma=0"). nn.functional then stores such a convolution's weights with
+    the input channels innermost."""
     extra = info.extra or {}
     if extra.get("arch") != "sm_90a" or not extra.get("tma"):
         return False
     if dtype.name in ("float16", "bfloat16"):
         return True
-    return dtype.name == "float32" and (info.float32_precision != "highest"
+    return dtype.name == "float32" and (info.float32_precision != "highest" or info.conv_tf32
                                         or bool(gemm.variant()["fma"]))
