@@ -39,10 +39,12 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
+
 from ... import dtype as dt
 from ..._core import kernel as K
 from ..cstyle import INDEX32, Rendered, alu_operands, literal, value_line
-from .analysis import child_loops, coefficient, contiguous_loads, narrow_index
+from .analysis import child_loops, coefficient, contiguous_loads, eval_index, narrow_index
 from .program import GPUKernel, Launch, kernel_params, read_variant
 
 GEMM_ENV = "ZYX_GPU_GEMM"
@@ -345,30 +347,43 @@ def plan(ops):
     return p
 
 
+WINDOW_SAMPLE = 4096   # reduce positions reads_windows enumerates (the first ones)
+
+
 def reads_windows(ops, p):
     """Whether an operand of plan `p` reads overlapping windows, as a convolution reads
-    its image (and its backward passes read theirs): one of its loads reads the same
-    element at two positions of an output index and a reduce loop (x + kx: output x + 1
-    with kx - 1), within their ranges. A product of matrices never does: its reduce
-    loops step by whole rows of its outputs' axes. Index math that is not affine in a
-    variable (div/mod of a flattened axis) counts as no window.
-    The lowering reads this for zyx.backends.cudnn.allow_tf32 (DeviceInfo.conv_tf32)."""
+    its image (and its backward passes read theirs): neighbouring positions of an output
+    index read some of the same elements over the reduce (x + kx: output x + 1 at kx
+    reads what output x reads at kx + 1). A product of matrices never does: its reduce
+    steps by whole rows of its outputs' axes, so output m + 1 reads a disjoint row.
+    Each load's index math is evaluated (analysis.eval_index) at positions 0 and 1 of
+    each output index over the first WINDOW_SAMPLE reduce positions: a window when the
+    two sets of elements differ and meet. Index math eval_index cannot evaluate counts
+    as no window. The lowering reads this for zyx.backends.cudnn.allow_tf32
+    (DeviceInfo.conv_tf32)."""
     outs = p.rows + p.cols + p.batch
+    trips = [ops[loop][2] for loop in p.loops]
+    flat = np.arange(min(math.prod(trips), WINDOW_SAMPLE), dtype=np.int64)
+    at_zero = {i: np.int64(0) for i, op in enumerate(ops) if op[0] in (K.INDEX, K.LOOP)}
+    for loop, trip in zip(reversed(p.loops), reversed(trips)):   # innermost fastest
+        at_zero[loop] = flat % trip
+        flat = flat // trip
     for val in (p.a, p.b):
         for j in closure(ops, [val]):
             op = ops[j]
             if op[0] != K.LOAD or ops[op[2]][2] != K.SCOPE_GLOBAL:
                 continue
-            steps = {v: coefficient(ops, op[3], v, {}) for v in outs + p.loops}
             for o in outs:
-                for loop in p.loops:
-                    co, cl = abs(steps[o] or 0), abs(steps[loop] or 0)
-                    if not co or not cl:
-                        continue
-                    # the smallest steps of each that meet: co * (cl / g) == cl * (co / g)
-                    g = math.gcd(co, cl)
-                    if cl // g < ops[o][3] and co // g < ops[loop][2]:
-                        return True
+                if ops[o][3] < 2:
+                    continue
+                first = eval_index(ops, op[3], dict(at_zero))
+                second = eval_index(ops, op[3], {**at_zero, o: np.int64(1)})
+                if first is None or second is None:
+                    break
+                first, second = np.unique(first), np.unique(second)
+                if not np.array_equal(first, second) and \
+                        np.intersect1d(first, second, assume_unique=True).size:
+                    return True
     return False
 
 
