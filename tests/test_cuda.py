@@ -1965,9 +1965,11 @@ def test_allow_tf32_puts_convolutions_alone_on_tf32(cuda_runtime):
     if tuple(cuda_runtime.info().extra["cc"]) < (8, 0):
         pytest.skip("TF32 needs compute capability 8.0")
     rng = np.random.default_rng(4)
-    x = rng.standard_normal((8, 32, 16, 16)).astype(np.float32)
+    # (large enough to be tiled products: the H200 computes a batch of 8 16x16 images
+    # with one thread per output, in float32)
+    x = rng.standard_normal((32, 32, 32, 32)).astype(np.float32)
     w = (rng.standard_normal((64, 32, 3, 3)) * 0.2).astype(np.float32)
-    g = rng.standard_normal((8, 64, 16, 16)).astype(np.float32)
+    g = rng.standard_normal((32, 64, 32, 32)).astype(np.float32)
     a = rng.standard_normal((256, 512)).astype(np.float32)
     b = rng.standard_normal((512, 128)).astype(np.float32)
     zyx.backends.cudnn.allow_tf32 = True

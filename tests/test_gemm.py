@@ -278,11 +278,14 @@ def test_vector_copies_against_numpy(want, lowered):
     assert "float4" not in g.source
 
 
-def test_convolution_k_order_and_shared_copies():
+def test_convolution_k_order_and_shared_copies(monkeypatch):
     """A convolution's 3-wide window column is a short innermost reduce loop: the flat K
     walks the 16 input channels innermost instead, so a K step crosses no window
     position; the image operand is copied along its rows (contiguous) rather than K
     fastest, and the copies decode the window position once per K step."""
+    # (one kernel on any default device: the CPU's register tiles would read the weights
+    # through a channels-last copy of their own)
+    monkeypatch.setattr(F, "CHANNELS_LAST_WEIGHTS", False)
     k = the_kernel(F.conv2d(f(2, 32, 10, 10), f(24, 32, 3, 3), padding=1))
     p = gemm.plan(k.ops)
     assert k.ops[p.loops[-1]][2] % 16 == 0 and not p.b_kfast

@@ -14,15 +14,16 @@ from conftest import assert_close
 @pytest.fixture
 def in_place(device):
     """Every box write that fits goes into memory, whatever the tensor's size (the
-    default leaves tensors under 64 KiB to the functional update)."""
+    defaults leave tensors under 64 KiB in host memory, 64 MiB on devices, to the
+    functional update)."""
     zyx.zeros(1).realize()          # (the runtime reads its settings when it starts)
     rt = zyx._RT
-    before = rt.inplace_region_bytes
-    rt.inplace_region_bytes = 0
+    before = rt.inplace_region_bytes, rt.inplace_region_device_bytes
+    rt.inplace_region_bytes = rt.inplace_region_device_bytes = 0
     try:
         yield device
     finally:
-        rt.inplace_region_bytes = before
+        rt.inplace_region_bytes, rt.inplace_region_device_bytes = before
 
 
 def _leaf_buffer(t):
@@ -157,7 +158,8 @@ def test_what_stays_a_functional_update(in_place):
         z[0, :4] = w * 2                             # recorded: stays differentiable
         z.sum().backward()
     assert np.array_equal(w.grad.numpy(), np.full(4, 2, np.float32))
-    zyx._RT.inplace_region_bytes = a.nbytes + 1      # under the threshold
+    zyx._RT.inplace_region_bytes = a.nbytes + 1      # under the thresholds
+    zyx._RT.inplace_region_device_bytes = a.nbytes + 1
     u = zyx.tensor(a).realize()
     first = _leaf_buffer(u)
     with zyx.no_grad():

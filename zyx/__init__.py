@@ -50,8 +50,6 @@ from .indexing import *  # noqa: F401,F403,E402
 from .products import *  # noqa: F401,F403,E402
 from .misc_ops import *  # noqa: F401,F403,E402
 from . import linalg  # noqa: E402
-# zyx.backends.cudnn.allow_tf32: torch's switch for TF32 convolutions (backends/cudnn.py)
-from .backends import cudnn as _cudnn  # noqa: E402,F401
 # --- end PyTorch habits ---
 
 half = float16

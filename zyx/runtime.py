@@ -23,7 +23,7 @@ from . import tuning
 from ._core.graph import Graph, CONST, LEAF, PAD, RESHAPE, mask_cuts
 from ._core import scheduler
 from ._core import valuecheck
-from .backends import initialize_backends, load_config, warn
+from .backends import cudnn, initialize_backends, load_config, warn
 from .backends.disk import DiskMemoryPool
 from .backends.host import HostMemoryPool
 from .codegen.target import FLOAT32_PRECISIONS
@@ -64,29 +64,40 @@ def _max_plans(config):
 
 # writes of a small box of a realized tensor of at least this many bytes go into its memory
 # (config "inplace_region_bytes"; Runtime.region_fits): smaller ones stay one fused
-# functional update, cheaper than copies issued one by one
+# functional update, cheaper than copies issued one by one. In host memory the copy is a
+# numpy assignment; on a GPU each run of the box is a copy command costing host time,
+# while the functional update costs device bandwidth the host loop hides: on an H200 a
+# decode step with eight 8 MiB caches ran 1.19x slower in place, so GPUs take it only
+# for caches of 64 MiB and more (config "inplace_region_device_bytes")
 INPLACE_REGION_BYTES = 1 << 16
+INPLACE_REGION_DEVICE_BYTES = 1 << 26
 # a box copied into device memory takes one copy command per contiguous run of it
 MAX_REGION_RUNS = 64
 
 
-def _inplace_region_bytes(config):
-    n = config.get("inplace_region_bytes", INPLACE_REGION_BYTES)
+def _bytes_setting(config, name, default):
+    n = config.get(name, default)
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        warn(f"zyx: ignoring inplace_region_bytes={n!r}: not an integer >= 0; using "
-             f"{INPLACE_REGION_BYTES}")
-        return INPLACE_REGION_BYTES
+        warn(f"zyx: ignoring {name}={n!r}: not an integer >= 0; using {default}")
+        return default
     return n
+
+
+def _last_cut(shape, box):
+    """The last axis the box ((start, length) per axis) does not cover whole, or -1."""
+    cut = -1
+    for d, ((start, n), size) in enumerate(zip(box, shape)):
+        if (start, n) != (0, size):
+            cut = d
+    return cut
 
 
 def region_runs(shape, box):
     """The contiguous runs ((first element, elements) in row-major order) that the box
     ((start, length) per axis) of a tensor of `shape` covers, in the box's own row-major
-    order: axes after the last one the box cuts are whole, so each run spans them."""
-    cut = -1
-    for d, ((start, n), size) in enumerate(zip(box, shape)):
-        if (start, n) != (0, size):
-            cut = d
+    order: axes after the last one the box cuts are whole, so each run spans them (there
+    are as many runs as the box has positions on the axes up to that one, exclusive)."""
+    cut = _last_cut(shape, box)
     if cut < 0:
         return [(0, math.prod(shape))]
     run = box[cut][1] * math.prod(shape[cut + 1:])
@@ -266,9 +277,12 @@ class Runtime:
         # zyx.backends.cudnn.allow_tf32 (on, as torch's; env ZYX_CONV_TF32=0 turns it
         # off); written into every device's DeviceInfo
         self.conv_tf32 = os.environ.get("ZYX_CONV_TF32", "1").strip() not in ("0", "false")
+        cudnn.bind(lambda: self.conv_tf32, self.set_conv_tf32)
         self.growing_sizes = True   # config "growing_sizes": bounds.py's plans at a bound
-        # config "inplace_region_bytes": see region_fits
+        # configs "inplace_region_bytes" (host memory), "inplace_region_device_bytes"
+        # (device memory): see region_fits
         self.inplace_region_bytes = INPLACE_REGION_BYTES
+        self.inplace_region_device_bytes = INPLACE_REGION_DEVICE_BYTES
         # functions called after every realization (zyx.inplace finishes the writes it
         # left for the realization there: a box of a tensor copied into its memory)
         self.after_realize = []
@@ -294,7 +308,10 @@ class Runtime:
         self.config = load_config(debug=self.debug)
         self.max_plans = _max_plans(self.config)
         self.growing_sizes = _growing_sizes(self.config)
-        self.inplace_region_bytes = _inplace_region_bytes(self.config)
+        self.inplace_region_bytes = _bytes_setting(self.config, "inplace_region_bytes",
+                                                   INPLACE_REGION_BYTES)
+        self.inplace_region_device_bytes = _bytes_setting(
+            self.config, "inplace_region_device_bytes", INPLACE_REGION_DEVICE_BYTES)
         self.autotune = tuning.Settings.from_config(self.config)
         self._tuners = {}
         reasons = []
@@ -1007,9 +1024,9 @@ class Runtime:
         backend's pool) they are joined with numpy; in a pool that copies regions
         (MemoryPool.copies_regions: CUDA, HIP, OpenCL, Vulkan, WebGPU) when every axis
         before `axis` has length 1, so the result is the parts' bytes one after the
-        other, by device copies. tensor.cat takes this for small parts that need no gradient: a sampling
-        loop's `idx = cat([idx, nxt], 1)` then stays a leaf, not a graph that grows by
-        one cat per step (and plans anew every step)."""
+        other, by device copies. tensor.cat takes this for small parts that need no
+        gradient: a sampling loop's `idx = cat([idx, nxt], 1)` then stays a leaf, not a
+        graph that grows by one cat per step (and plans anew every step)."""
         graph = self.graph
         nodes = [graph.get(i) for i in nids]
         first = nodes[0]
@@ -1096,27 +1113,31 @@ class Runtime:
     def region_fits(self, nid, box):
         """Whether a write of the box ((start, length) per axis) of node `nid` may go into
         nid's memory (write_region) rather than make a new tensor: nid is a realized leaf
-        over a buffer of its own (no other leaf aliases it, not borrowed) of at least
-        `inplace_region_bytes` bytes, in host memory or a pool that copies regions
-        (not while zyx.jit captures), and the box is at most a quarter of it, in at most
-        MAX_REGION_RUNS runs on a device, each whole words of the pool's region_align."""
+        over a buffer of its own (no other leaf aliases it, not borrowed) in host memory
+        of at least `inplace_region_bytes` bytes, or in a pool that copies regions of at
+        least `inplace_region_device_bytes` (not while zyx.jit captures), and the box is
+        at most a quarter of it, in at most MAX_REGION_RUNS runs on a device, each whole
+        words of the pool's region_align."""
         node = self.graph.get(nid)
         if node.op != LEAF or self.recorder is not None or not self.copies_leaf(nid):
             return False
         buf = node.buffer
-        if buf.refs != 1 or buf.borrowed or buf.nbytes < self.inplace_region_bytes:
+        pool = buf.pool
+        host = isinstance(pool, HostMemoryPool)
+        least = self.inplace_region_bytes if host else self.inplace_region_device_bytes
+        if buf.refs != 1 or buf.borrowed or buf.nbytes < least:
             return False
         count = math.prod(n for _, n in box)
         if count == 0 or 4 * count > math.prod(node.shape):
             return False
-        pool = buf.pool
-        if isinstance(pool, HostMemoryPool):
+        if host:
             return True
-        runs = region_runs(node.shape, box)
+        if math.prod(n for _, n in box[:max(_last_cut(node.shape, box), 0)]) > MAX_REGION_RUNS:
+            return False
         align = pool.region_align
         size = node.dtype.itemsize
-        return len(runs) <= MAX_REGION_RUNS and all(
-            (s * size) % align == 0 and (n * size) % align == 0 for s, n in runs)
+        return all((s * size) % align == 0 and (n * size) % align == 0
+                   for s, n in region_runs(node.shape, box))
 
     def write_region(self, nid, box, vid):
         """Copy the realized leaf `vid` (the box's lengths as its shape, nid's dtype and

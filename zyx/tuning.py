@@ -161,7 +161,7 @@ def lowering_key(kernel, info):
     if precision == "highest" and info.conv_tf32:
         from .codegen.gpu import gemm      # (the CPU's tuning never gets here)
         p = gemm.plan(kernel.ops)
-        if p is not None and p.window:
+        if p is not None and gemm.reads_windows(p):
             precision = "high"
     return key if precision == "highest" else f"{key}:{precision}"
 

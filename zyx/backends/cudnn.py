@@ -5,12 +5,20 @@ PyTorch runs float32 convolutions on TF32 tensor cores by default (cuDNN's
 `allow_tf32 = True`), while float32 matrix products stay exact
 (`set_float32_matmul_precision("highest")`). zyx does the same: products that read
 overlapping windows (convolutions and their gradients, gemm.reads_windows) may use TF32
-on GPUs that have it (NVIDIA compute capability 8.0 and later) unless this is False;
-Runtime.set_conv_tf32 applies it. Other backends have no TF32 and compute in float32."""
+on GPUs that have it (NVIDIA compute capability 8.0 and later) unless this is False.
+Other backends have no TF32 and compute in float32.
+
+The setting lives in the runtime (`Runtime.conv_tf32`, `Runtime.set_conv_tf32`), which
+binds itself here when it is made (`bind`): this module imports nothing of zyx."""
 import sys
 import types
 
-from ..runtime import RT
+_bound = []      # [getter, setter]: the runtime's, once bound
+
+
+def bind(get, set_):
+    """Read and write `allow_tf32` through `get()` and `set_(value)` (the runtime's)."""
+    _bound[:] = [get, set_]
 
 
 class _CudnnModule(types.ModuleType):
@@ -20,11 +28,11 @@ class _CudnnModule(types.ModuleType):
     def allow_tf32(self):
         """Whether float32 convolutions may run on TF32 tensor cores (default True, as
         torch's; environment ZYX_CONV_TF32=0 starts with False)."""
-        return RT.conv_tf32
+        return _bound[0]()
 
     @allow_tf32.setter
     def allow_tf32(self, value):
-        RT.set_conv_tf32(value)
+        _bound[1](value)
 
 
 sys.modules[__name__].__class__ = _CudnnModule

@@ -134,11 +134,12 @@ class GemmPlan:
     along the innermost reduce loop (`a_kfast`, `b_kfast`: the copy walks K fastest),
     `narrow`, the 16-bit dtype both operands are multiplied in (float16, bfloat16) or
     None, `computed`: an operand is more than a plain load (a convolution's padded
-    window: a guarded load and a select), and `scalar`: such an operand is copied value
-    by value (`vector_lanes` takes no vectors of it)."""
+    window: a guarded load and a select), `scalar`: such an operand is copied value by
+    value (`vector_lanes` takes no vectors of it), `window`: None until `reads_windows`
+    answers, and the kernel's `ops`."""
     __slots__ = ("rows", "cols", "batch", "loops", "a", "b", "masks", "acc", "total",
                  "block", "store", "end", "a_kfast", "b_kfast", "nr", "nc", "nb", "nk", "dtype",
-                 "narrow", "computed", "scalar", "window")
+                 "narrow", "computed", "scalar", "window", "ops")
 
 
 _NARROW = (dt.float16, dt.bfloat16)
@@ -343,25 +344,34 @@ def plan(ops):
                    for v, side, kfast in ((a, "a", p.a_kfast), (b, "b", p.b_kfast)))
     if p.nr < MIN_SIDE or p.nc < MIN_SIDE or p.nk < MIN_K:
         return None
-    p.window = reads_windows(ops, p)
+    p.window, p.ops = None, ops     # (reads_windows answers when asked)
     return p
 
 
-WINDOW_SAMPLE = 4096   # reduce positions reads_windows enumerates (the first ones)
+WINDOW_SAMPLE = 1024   # reduce positions reads_windows enumerates (the first ones)
 
 
-def reads_windows(ops, p):
+def reads_windows(p):
+    """Whether an operand of plan `p` reads overlapping windows (kept in `p.window` once
+    asked: see _window_reads)."""
+    if p.window is None:
+        p.window = _window_reads(p.ops, p)
+    return p.window
+
+
+def _window_reads(ops, p):
     """Whether an operand of plan `p` reads overlapping windows, as a convolution reads
     its image (and its backward passes read theirs): neighbouring positions of an output
     index read some of the same elements over the reduce (x + kx: output x + 1 at kx
     reads what output x reads at kx + 1). A product of matrices never does: its reduce
     steps by whole rows of its outputs' axes, so output m + 1 reads a disjoint row.
     Each load's index math is evaluated (analysis.eval_index) at positions 0 and 1 of
-    each output index over the first WINDOW_SAMPLE reduce positions: a window when the
-    two sets of elements differ and meet. Index math eval_index cannot evaluate counts
+    each row and column index over the first WINDOW_SAMPLE reduce positions (a window's
+    neighbours meet within a few taps): a window when the two sets of elements differ
+    and meet. Index math eval_index cannot evaluate counts
     as no window. The lowering reads this for zyx.backends.cudnn.allow_tf32
     (DeviceInfo.conv_tf32)."""
-    outs = p.rows + p.cols + p.batch
+    outs = p.rows + p.cols
     trips = [ops[loop][2] for loop in p.loops]
     flat = np.arange(min(math.prod(trips), WINDOW_SAMPLE), dtype=np.int64)
     at_zero = {i: np.int64(0) for i, op in enumerate(ops) if op[0] in (K.INDEX, K.LOOP)}

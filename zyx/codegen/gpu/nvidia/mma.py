@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from .... import dtype as dt
 from ...._core import kernel as K
-from ..gemm import PLAIN_K, Frame, Slots, buffers, k_loop, vector_lanes
+from ..gemm import PLAIN_K, Frame, Slots, buffers, k_loop, reads_windows, vector_lanes
 
 MMA_K = 32                  # K step per local tile where both operands are 16-byte
                             # copies (two m16n8k16 steps), else half (knob "mk")
@@ -86,7 +86,7 @@ def tf32(p, info):
     (zyx.set_float32_matmul_precision), a convolution's (gemm.reads_windows) under
     `info.conv_tf32` (zyx.backends.cudnn.allow_tf32, on by default as torch's)."""
     return p.narrow is None and p.dtype is dt.float32 and (
-        info.float32_precision != "highest" or (info.conv_tf32 and p.window))
+        info.float32_precision != "highest" or (info.conv_tf32 and reads_windows(p)))
 
 
 def usable(p, dl, info):
