@@ -190,11 +190,10 @@ def test_cat_loop_shares_plans(device, spelling):
     assert runs >= 30 and plans <= 8, (plans, runs)   # (exact plans of earlier runs hit)
 
 
-def test_key_value_cache_written_in_place_shares_plans(device):
-    """A preallocated key/value cache written at step t (`cache[:, :, t] = k`) and
-    attention over `cache[:, :, :t + 1]`: the write builds the same graph at every t (the
-    position is data), the attention runs at bounds on t; the kernels each step launches
-    stay the same number; values against numpy at every step."""
+def key_value_cache_steps(steps=40):
+    """Attention over a preallocated key/value cache written at step t (`cache[:, :, t] =
+    k`, reading `cache[:, :, :t + 1]`): yields (t, caches) after each step, whose result
+    was checked against numpy; the key cache's first 40 rows are checked at the end."""
     B, H, TM, Dh, D = 1, 2, 48, 4, 8
     rng = np.random.default_rng(7)
     xs = rng.standard_normal((TM, B, D)).astype(np.float32)
@@ -202,10 +201,8 @@ def test_key_value_cache_written_in_place_shares_plans(device):
     wq, wk, wv = [zyx.tensor(w) for w in W]
     ck = zyx.zeros((B, H, TM, Dh)).realize()
     cv = zyx.zeros((B, H, TM, Dh)).realize()
-    before = _stats()
-    launched = []
     with zyx.no_grad():
-        for t in range(40):
+        for t in range(steps):
             x = zyx.tensor(xs[t])
             q, k, v = [(x @ w).reshape(B, H, Dh) for w in (wq, wk, wv)]
             ck[:, :, t] = k
@@ -216,10 +213,18 @@ def test_key_value_cache_written_in_place_shares_plans(device):
                       for j in (1, 2)]
             sn = (xs[t] @ W[0]).reshape(B, H, 1, Dh) @ kn.transpose(0, 1, 3, 2) / np.sqrt(Dh)
             assert_close(got, _softmax(sn) @ vn, atol=1e-4, rtol=1e-4)
-            launched.append(zyx.stats()["kernels_launched"])
-    assert_close(ck.numpy()[:, :, :40], np.stack([(xs[i] @ W[1]).reshape(B, H, Dh)
-                                                   for i in range(40)], 2), atol=1e-5)
-    assert not ck.numpy()[:, :, 40:].any()
+            yield t, (ck, cv)
+    assert_close(ck.numpy()[:, :, :steps], np.stack([(xs[i] @ W[1]).reshape(B, H, Dh)
+                                                     for i in range(steps)], 2), atol=1e-5)
+    assert not ck.numpy()[:, :, steps:].any()
+
+
+def test_key_value_cache_written_in_place_shares_plans(device):
+    """key_value_cache_steps: the write builds the same graph at every t (the position is
+    data), the attention runs at bounds on t; the kernels each step launches stay the
+    same number; values against numpy at every step."""
+    before = _stats()
+    launched = [zyx.stats()["kernels_launched"] for _ in key_value_cache_steps()]
     plans, runs = (a - b for a, b in zip(_stats(), before))
     assert runs >= 35 and plans <= 7, (plans, runs)
     per_step = np.diff(launched[17:])               # steps at bounds 32 and 64
