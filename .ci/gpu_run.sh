@@ -53,6 +53,12 @@
 #           zyx.jit, beside PyTorch eager and torch.compile (reduce-overhead)
 #   stepprofile benches/gpu_step_profile.py --recipe --torch: the recipe steps' kernels
 #           one by one, and PyTorch's from torch.profiler
+#   kvcache benches/bench_kv_cache.py on CUDA with caches of KV_CONTEXTS positions (default
+#           "1024 8192"): the write into the caches' memory forced, the functional update,
+#           PyTorch eager (issue 31's key/value cache; GPUs default to the functional
+#           update below 64 MiB caches)
+#   tf32ab  benches/bench_jit.py --only mnist with zyx's convolutions on TF32 (the default,
+#           zyx.backends.cudnn.allow_tf32) and in float32 (ZYX_CONV_TF32=0), one process each
 # SUITE_TIMEOUT (seconds, default 540) bounds each whole-suite phase.
 # Logs go to $OUT (the device tool brings them back) and the summary lines to stdout.
 # pytest-xdist spreads the suites over the machine's cores when its wheel was carried:
@@ -209,6 +215,23 @@ EOF
             timeout 200 $PY benches/bench_jit.py cuda --steps 30 --compile --only $only \
                 >"$OUT/jit-$only.log" 2>&1
             grep -vE "^\s*$|Warning|warn" "$OUT/jit-$only.log" | tail -8
+        done
+        ;;
+    kvcache)
+        for n in ${KV_CONTEXTS:-1024 8192}; do
+            KV_CONTEXT=$n ZYX_DEVICE=cuda timeout 150 $PY -m pytest benches/bench_kv_cache.py \
+                --benchmark-only -q -p no:cacheprovider \
+                --benchmark-columns=min,median,max,rounds >"$OUT/kv-$n.log" 2>&1
+            echo "key/value caches of $n positions:"
+            grep -E "test_kv|passed|failed|Error" "$OUT/kv-$n.log" | tail -5
+        done
+        ;;
+    tf32ab)
+        for tf in 1 0; do
+            ZYX_CONV_TF32=$tf timeout 150 $PY benches/bench_jit.py cuda --steps 30 --only mnist \
+                >"$OUT/tf32-$tf.log" 2>&1
+            echo "ZYX_CONV_TF32=$tf:"
+            grep -E "ms$|Error" "$OUT/tf32-$tf.log" | tail -5
         done
         ;;
     stepprofile)
