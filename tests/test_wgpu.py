@@ -503,3 +503,52 @@ def test_vulkan_reports_the_device_local_heap_of_a_listed_device():
     got = device_local_bytes(*ids)
     assert got == vk_devs[0].memory     # the Vulkan backend's pool: the same heap
     assert device_local_bytes(0xFFFF, 0xFFFF) is None
+
+
+def test_shader_checks_config_values():
+    from zyx.backends.wgpu_shaders import parse_checks
+    assert parse_checks("none") == 0
+    assert parse_checks("standard") is None and parse_checks(None) is None
+    assert parse_checks("bounds") == 1 and parse_checks("loops") == 2
+    assert parse_checks(["bounds", "loops"]) == 3 == parse_checks("bounds, loops")
+    with pytest.raises(BackendError, match="shader_checks.*'nope'"):
+        parse_checks("bounds,nope")
+
+
+def test_shaders_are_built_without_naga_loop_counters(wgpu_device, monkeypatch):
+    """zyx's shaders go through wgpu-native's trusted entry point with no run-time checks
+    (naga's per-loop 64-bit counters halved long reductions on NVIDIA); results agree with
+    numpy and with wgpu's standard path, and a WGSL error still names the source."""
+    from zyx.backends import wgpu_shaders
+    if not wgpu_shaders.available(wgpu_device.device):
+        pytest.skip("this wgpu-py has no trusted shader entry point zyx can call")
+    assert wgpu_device.shader_checks == 0
+    built = []
+    real = wgpu_shaders.shader_module
+
+    def counted(device, source, checks):
+        built.append(checks)
+        return real(device, source, checks)
+    monkeypatch.setattr(wgpu_shaders, "shader_module", counted)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((48, 700)).astype(np.float32)
+    v = rng.random(300_000).astype(np.float32)
+    ref_soft = np.exp(a - a.max(1, keepdims=True))
+    ref_soft /= ref_soft.sum(1, keepdims=True)
+    results = {}
+    for checks in (0, None):
+        monkeypatch.setattr(wgpu_device, "shader_checks", checks)
+        monkeypatch.setattr(wgpu_device, "_programs", {})
+        monkeypatch.setattr(wgpu_device, "_by_source", {})
+        zyx._RT.plans.clear()
+        before = len(built)
+        soft = zyx.Tensor(a).softmax(1).numpy()
+        total = zyx.Tensor(v).sum().item()
+        assert (len(built) > before) == (checks is not None)
+        np.testing.assert_allclose(soft, ref_soft, rtol=1e-5, atol=1e-7)
+        assert abs(total - v.sum(dtype=np.float64)) < 1e-5 * v.size
+        results[checks] = (soft, total)
+    np.testing.assert_allclose(results[0][0], results[None][0], rtol=1e-6, atol=1e-8)
+    zyx._RT.plans.clear()
+    with pytest.raises(Exception, match="no definition in scope for identifier"):
+        real(wgpu_device.device, "@compute @workgroup_size(1) fn main() { let x: f32 = y; }", 0)

@@ -36,7 +36,10 @@ Config (`"wgpu"` section of config.json): enabled (default true), adapter ("high
 device each), backend (only adapters of that wgpu backend type, e.g. "Vulkan"),
 memory_mb (the pool's size: WebGPU does not report the adapter's memory; default the
 device-local heap Vulkan reports for the same GPU, else 8192; 2048 for a CPU adapter),
-cache_limit_mb (freed buffers kept for reuse, default a tenth of the pool).
+cache_limit_mb (freed buffers kept for reuse, default a tenth of the pool), shader_checks
+(the run-time checks naga adds to zyx's shaders: "none" (default: zyx's loops and accesses
+are its own, see wgpu_shaders.py), a list of "bounds" and "loops", or "standard": wgpu's
+own `create_shader_module`, every check; env ZYX_WGPU_SHADER_CHECKS overrides it).
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ from ..codegen.wgsl import gemm as wgsl_gemm
 from ..codegen.wgsl import supports, write
 from ..codegen.wgsl.writer import BUFFER_DTYPES, strategies, uniform_args
 from . import Buffer, MemoryPool, ProgramCache
+from . import wgpu_shaders
 from .blocks import FreeBlocks, configured_limit, default_limit
 from .vkmemory import device_local_bytes
 
@@ -284,8 +288,10 @@ class WGPUDevice(ProgramCache):
     backend = "wgpu"
     fp64 = False
 
-    def __init__(self, wgpu, adapter, device, pool, limits, debug=0):
+    def __init__(self, wgpu, adapter, device, pool, limits, debug=0, shader_checks=0):
         self.wgpu = wgpu
+        # run-time check bits for naga (wgpu_shaders.py); None: wgpu's standard path
+        self.shader_checks = shader_checks if wgpu_shaders.available(device) else None
         self.adapter = adapter
         self.device = device
         self.pool = pool
@@ -447,7 +453,11 @@ class WGPUDevice(ProgramCache):
                 print(f"zyx: WGSL source\n{src}", file=sys.stderr)
             t0 = time.perf_counter()
             try:
-                module = self.device.create_shader_module(code=src)
+                module = None
+                if self.shader_checks is not None:
+                    module = wgpu_shaders.shader_module(self.device, src, self.shader_checks)
+                if module is None:
+                    module = self.device.create_shader_module(code=src)
                 pipeline = self.device.create_compute_pipeline(
                     layout=layout, compute={"module": module, "entry_point": "main"})
             except Exception as e:   # noqa: BLE001 - wgpu's validation errors
@@ -594,6 +604,8 @@ def initialize(cfg, debug=0):
     if not adapters:
         raise BackendError("wgpu: no adapter found")
     limit = configured_limit(cfg)
+    checks = wgpu_shaders.parse_checks(os.environ.get("ZYX_WGPU_SHADER_CHECKS")
+                                       or cfg.get("shader_checks", "none"))
     pools, devices = [], []
     for a in adapters:
         offered = a.limits
@@ -612,7 +624,7 @@ def initialize(cfg, debug=0):
         total = adapter_memory(a, cfg)
         pool = WGPUMemoryPool(wgpu, device, max_buffer, total, limit)
         pools.append(pool)
-        devices.append(WGPUDevice(wgpu, a, device, pool, lim, debug))
+        devices.append(WGPUDevice(wgpu, a, device, pool, lim, debug, checks))
         if debug & 1:
             print(f"zyx: wgpu device {devices[-1].info().name}", file=sys.stderr)
     if not devices:
