@@ -1,11 +1,13 @@
 """Where a small training step's time goes on a GPU device: the MNIST convnet step of
 bench_gpu.py (batch 64, Adam), which is bound by host work, not by the GPU.
 
-    python benches/gpu_step_profile.py [device] [--profile] [--split] [--recipe]
+    python benches/gpu_step_profile.py [device] [--profile] [--split] [--recipe] [--jit-lm] [--mlp]
 
 (default device: cuda). --torch prints, after zyx's, PyTorch's CUDA kernels for the same
 recipe step (torch.profiler, 20 steps), the peer's split of the GPU time. --recipe profiles bench_recipes.py's MNIST convnet instead
-(batch 128, two 5x5 convolutions) and, after it, the recipe transformer LM step.
+(batch 128, two 5x5 convolutions) and, after it, the recipe transformer LM step; --jit-lm
+profiles bench_jit.py's LM step (nn.TransformerEncoder, AdamW, gradient clipping); --mlp
+bench_gpu.py's MLP step (batch 64) with SGD, then with Adam.
 
 Prints the step's median time (synchronized), the time to build its graph (forward and
 backward, nothing realized), the kernels of its plan and the time of each launched
@@ -62,6 +64,17 @@ def _bench_convnet():
         lambda out, y: F.cross_entropy(out, y)
 
 
+def _bench_mlp(opt_name):
+    import bench_gpu as bg
+    model = zyx.nn.Sequential(zyx.nn.Linear(bg.D, bg.H), zyx.nn.ReLU(), zyx.nn.Linear(bg.H, bg.C))
+    rng = np.random.default_rng(0)
+    x = zyx.tensor(rng.standard_normal((bg.B, bg.D), dtype=np.float32))
+    y = zyx.tensor(rng.integers(0, bg.C, bg.B, dtype=np.int32))   # (WebGPU: no int64)
+    opt = (optim.SGD if opt_name == "sgd" else optim.Adam)(model.parameters(),
+                                                            lr=bg.LR[opt_name])
+    return f"MLP {opt_name} step", model, opt, x, y, lambda out, y: F.cross_entropy(out, y)
+
+
 def _recipe_convnet():
     from bench_conv import _convnet, _mnist_batch
     model = _convnet(zyx.nn)
@@ -82,13 +95,40 @@ def _recipe_lm():
         x, y, lambda out, y: F.cross_entropy(out.view(-1, R.VOCAB), y.view(-1))
 
 
+class _Clipped:
+    """An optimizer whose step clips the gradients' total norm at 1.0 first."""
+    def __init__(self, opt, params):
+        self.opt, self.params = opt, list(params)
+
+    def zero_grad(self):
+        self.opt.zero_grad()
+
+    def step(self):
+        zyx.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+
+
+def _jit_lm():
+    import bench_jit as bj
+    model = bj.language_model(zyx)
+    xn, yn = bj._lm_data(np.random.default_rng(0))
+    mask = zyx.tensor(np.triu(np.ones((bj.T, bj.T), bool), 1))
+    n = bj.B_LM * bj.T
+    return "bench_jit LM step (TransformerEncoder, clipping)", model, \
+        _Clipped(optim.AdamW(model.parameters(), lr=1e-3), model.parameters()), \
+        zyx.tensor(xn), zyx.tensor(yn), \
+        lambda out, y: F.cross_entropy(out.reshape(n, bj.VOCAB), y.reshape(n)), \
+        lambda x: model(x, mask)
+
+
 def main(name="cuda", profile=False, split=False, make=_bench_convnet):
     zyx.set_default_device(name)
     zyx.manual_seed(0)
-    what, model, opt, x, y, loss_fn = make()
+    what, model, opt, x, y, loss_fn, *forward = make()
+    call = forward[0] if forward else model
 
     def graph():
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(call(x), y)
         opt.zero_grad()
         loss.backward()
         return loss
@@ -189,5 +229,11 @@ if __name__ == "__main__":
             main(dev, "--profile" in sys.argv, "--split" in sys.argv, make)
             if "--torch" in sys.argv:
                 torch_kernels(recipe)
+    elif "--mlp" in sys.argv:
+        for name in ("sgd", "adam"):
+            main(dev, "--profile" in sys.argv, "--split" in sys.argv,
+                 lambda: _bench_mlp(name))
+    elif "--jit-lm" in sys.argv:
+        main(dev, "--profile" in sys.argv, "--split" in sys.argv, _jit_lm)
     else:
         main(dev, "--profile" in sys.argv, "--split" in sys.argv)

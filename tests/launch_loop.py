@@ -1,7 +1,7 @@
 """A training loop whose inputs change every step, for the plan-level launch paths
 (scheduler.prepare_launches: a device's launch record of a whole plan; CUDA graph replay):
-test_opencl.py runs it with plan launches on and off, test_cuda.py (on an NVIDIA GPU) with
-CUDA graphs on and off, and both compare the results."""
+test_opencl.py and test_wgpu.py run it with plan launches on and off, test_cuda.py (on an
+NVIDIA GPU) with CUDA graphs on and off, and each compares the results."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,11 +11,11 @@ import zyx.nn.functional as F
 from zyx import nn, optim
 
 
-def train(steps=15, seed=0):
+def train(steps=15, seed=0, labels=np.int64):
     """(losses, final weights) of a small MLP trained with Adam for `steps` steps on a
     new random batch each step (the same batches and initial weights for every call);
-    the labels follow from the inputs (the largest of their first four values), so the
-    loss falls as it learns."""
+    the labels (of dtype `labels`: WebGPU has no int64) follow from the inputs (the
+    largest of their first four values), so the loss falls as it learns."""
     zyx.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
@@ -24,7 +24,7 @@ def train(steps=15, seed=0):
     for _ in range(steps):
         xs = rng.standard_normal((8, 16), dtype=np.float32)
         x = zyx.tensor(xs)
-        y = zyx.tensor(xs[:, :4].argmax(1))
+        y = zyx.tensor(xs[:, :4].argmax(1).astype(labels))
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()

@@ -314,6 +314,10 @@ def test_small_read_only_buffers_become_uniforms_past_the_storage_limit(wgpu_dev
         np.testing.assert_allclose(out, a * 1.5 - 2.0 - 0.25, rtol=1e-6)
         y = (x[:5] + zyx.Tensor(i8).float() * zyx.Tensor(s[0]) + zyx.Tensor(s[1])).numpy()
         np.testing.assert_allclose(y, a[:5] + i8 * 1.5 - 2.0, rtol=1e-6)
+        # a uniform binding in the plan's arena would conflict with its storage binding:
+        # these plans launch kernel by kernel
+        from zyx.backends.wgpu import WGPUPlanLaunches
+        assert not any(isinstance(p.launcher, WGPUPlanLaunches) for p in zyx._RT.plans.values())
     finally:
         zyx._RT.plans.clear()
 
@@ -506,7 +510,7 @@ def test_vulkan_reports_the_device_local_heap_of_a_listed_device():
 
 
 def test_shader_checks_config_values():
-    from zyx.backends.wgpu_shaders import parse_checks
+    from zyx.backends.wgpu_direct import parse_checks
     assert parse_checks("none") == 0
     assert parse_checks("standard") is None and parse_checks(None) is None
     assert parse_checks("bounds") == 1 and parse_checks("loops") == 2
@@ -516,27 +520,28 @@ def test_shader_checks_config_values():
 
 
 def test_shaders_are_built_without_naga_loop_counters(wgpu_device, monkeypatch):
-    """zyx's shaders go through wgpu-native's trusted entry point with no run-time checks
-    (naga's per-loop 64-bit counters halved long reductions on NVIDIA); results agree with
-    numpy and with wgpu's standard path, and a WGSL error still names the source."""
-    from zyx.backends import wgpu_shaders
-    if not wgpu_shaders.available(wgpu_device.device):
+    """zyx's shaders go through wgpu-native's trusted entry point with index clamping but
+    not naga's per-loop 64-bit counters (they halved long reductions on NVIDIA); results
+    with the default, with no checks and with wgpu's standard path agree with numpy, and
+    a WGSL error still raises."""
+    from zyx.backends import wgpu_direct
+    if not wgpu_direct.available(wgpu_device.device):
         pytest.skip("this wgpu-py has no trusted shader entry point zyx can call")
-    assert wgpu_device.shader_checks == 0
+    assert wgpu_device.shader_checks == wgpu_direct.CHECK_BITS["bounds"]
     built = []
-    real = wgpu_shaders.shader_module
+    real = wgpu_direct.shader_module
 
     def counted(device, source, checks):
         built.append(checks)
         return real(device, source, checks)
-    monkeypatch.setattr(wgpu_shaders, "shader_module", counted)
+    monkeypatch.setattr(wgpu_direct, "shader_module", counted)
     rng = np.random.default_rng(5)
     a = rng.standard_normal((48, 700)).astype(np.float32)
     v = rng.random(300_000).astype(np.float32)
     ref_soft = np.exp(a - a.max(1, keepdims=True))
     ref_soft /= ref_soft.sum(1, keepdims=True)
     results = {}
-    for checks in (0, None):
+    for checks in (wgpu_direct.CHECK_BITS["bounds"], 0, None):
         monkeypatch.setattr(wgpu_device, "shader_checks", checks)
         monkeypatch.setattr(wgpu_device, "_programs", {})
         monkeypatch.setattr(wgpu_device, "_by_source", {})
@@ -552,3 +557,25 @@ def test_shaders_are_built_without_naga_loop_counters(wgpu_device, monkeypatch):
     zyx._RT.plans.clear()
     with pytest.raises(Exception, match="no definition in scope for identifier"):
         real(wgpu_device.device, "@compute @workgroup_size(1) fn main() { let x: f32 = y; }", 0)
+
+
+def test_plan_launches_give_the_same_training_as_kernel_by_kernel_launches(wgpu_device,
+                                                                           monkeypatch):
+    """A cached plan's dispatches recorded from its prepared list (WGPUPlanLaunches: the
+    temporaries as ranges of one arena buffer, bind groups fetched again only for slots
+    whose buffer moved) train exactly as launching kernel by kernel does."""
+    import launch_loop
+    from zyx.backends.wgpu import WGPUPlanLaunches
+    if wgpu_device.recorder is None:
+        pytest.skip("this wgpu-py has no wgpu-native library zyx can call directly")
+    monkeypatch.setattr(wgpu_device, "plan_launches", False)
+    plain = launch_loop.train_fresh(steps=12, labels=np.int32)
+    assert not launch_loop.launchers()
+    monkeypatch.setattr(wgpu_device, "plan_launches", True)
+    prepared = launch_loop.train_fresh(steps=12, labels=np.int32)
+    ours = [ln for ln in launch_loop.launchers() if isinstance(ln, WGPUPlanLaunches)]
+    assert ours
+    # some plan binds temporaries at offsets of its arena (slot 0)
+    assert any(ln.users[0] for ln in ours)
+    launch_loop.assert_same(plain, prepared)
+    zyx._RT._drop_plans()

@@ -37,9 +37,10 @@ device each), backend (only adapters of that wgpu backend type, e.g. "Vulkan"),
 memory_mb (the pool's size: WebGPU does not report the adapter's memory; default the
 device-local heap Vulkan reports for the same GPU, else 8192; 2048 for a CPU adapter),
 cache_limit_mb (freed buffers kept for reuse, default a tenth of the pool), shader_checks
-(the run-time checks naga adds to zyx's shaders: "none" (default: zyx's loops and accesses
-are its own, see wgpu_shaders.py), a list of "bounds" and "loops", or "standard": wgpu's
-own `create_shader_module`, every check; env ZYX_WGPU_SHADER_CHECKS overrides it).
+(the run-time checks naga adds to zyx's shaders, see wgpu_direct.py: "bounds" (default:
+index clamping kept, loop counters left out), "none", "loops", "bounds,loops", or
+"standard": wgpu's own `create_shader_module`, every check; env ZYX_WGPU_SHADER_CHECKS
+overrides it).
 """
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ from ..codegen.target import DeviceInfo
 from ..codegen.wgsl import gemm as wgsl_gemm
 from ..codegen.wgsl import supports, write
 from ..codegen.wgsl.writer import BUFFER_DTYPES, strategies, uniform_args
-from . import Buffer, MemoryPool, ProgramCache
-from . import wgpu_shaders
+from . import Buffer, MemoryPool, ProgramCache, run_in_pieces, switch
+from . import wgpu_direct
 from .blocks import FreeBlocks, configured_limit, default_limit
 from .vkmemory import device_local_bytes
 
@@ -75,7 +76,8 @@ LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
           "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
           "max-compute-workgroup-size-y", "max-compute-workgroup-size-z",
           "max-compute-workgroup-storage-size", "max-bindings-per-bind-group",
-          "max-uniform-buffers-per-shader-stage", "max-uniform-buffer-binding-size")
+          "max-uniform-buffers-per-shader-stage", "max-uniform-buffer-binding-size",
+          "min-storage-buffer-offset-alignment", "min-uniform-buffer-offset-alignment")
 
 
 def _round4(n):
@@ -284,14 +286,129 @@ class WGPUProgram:
         return self.wgsl.source
 
 
+UNBOUND = object()   # a WGPUPlanLaunches slot no run has bound yet
+# naga's run-time checks kept in zyx's shaders (wgpu_direct.py). On an H200 (benches/
+# gpu_vk_bandwidth_sweep.py wgpu) the loop counters doubled a 256M sum (0.54 against 0.30
+# ms) and slowed softmax 16384x4096 by half (0.336 against 0.214 ms); index clamping cost
+# nothing measurable (0.301 and 0.214 ms), so it stays as a guard.
+DEFAULT_SHADER_CHECKS = "bounds"
+
+
+class WGPUPlanLaunches:
+    """Every dispatch of a plan's kernels on one WebGPU device, prepared once
+    (WGPUDevice.prepare_launches) and recorded over the plan's slot table of
+    scheduler.layout_memory (slot 0: the arena of temporaries, bound as ranges at their
+    offsets; 1..: the leaves and the buffers that outlive the run).
+
+    Each kernel keeps the native handle of its bind group; a run that binds other buffers
+    to a slot fetches the bind groups of the kernels using that slot again (from the
+    device's cache: a training loop alternates between a few buffer sets). A run is then,
+    per dispatch, three direct wgpu-native calls (wgpu_direct.Recorder)."""
+
+    def __init__(self, device, kernels, nslots):
+        self.device = device
+        self.pool = device.pool
+        rec = self.recorder = device.recorder
+        # per kernel: [slot refs, program, native pipelines and grids, native bind group,
+        # the bind group]
+        self.kernels = []
+        self.users = [[] for _ in range(nslots)]     # per slot: indices of kernels using it
+        for program, slots in kernels:
+            wgsl = program.wgsl
+            if wgsl.scratch and program.scratch is None:
+                program.scratch = self.pool._new_buffer(_round4(wgsl.scratch))
+            refs = []
+            for i, ((where, x), (d, n, _)) in enumerate(zip(slots, program.kernel.args)):
+                size = _round4(n * d.itemsize)
+                refs.append((i, 0, x, size) if where == "a" else (i, x, 0, None))
+            for _, k, _, _ in refs:
+                if not self.users[k] or self.users[k][-1] != len(self.kernels):
+                    self.users[k].append(len(self.kernels))
+            passes = [(rec.handle(p), gx, gy)
+                      for p, (_, (gx, gy)) in zip(program.pipelines, wgsl.passes)]
+            self.kernels.append([refs, program, passes, None, None])
+        self.kernel_ends = list(range(1, len(self.kernels) + 1))
+        self.bound = [UNBOUND] * nslots
+
+    @staticmethod
+    def suits(device, kernels):
+        """Whether a plan of `kernels` can be prepared: no kernel passes arguments through
+        uniform buffers (an arena range bound as a uniform and as storage in one dispatch
+        is a usage conflict; those copies also end the compute pass), and every arena
+        range fits a storage binding and the largest buffer."""
+        most = min(device.limits["max-storage-buffer-binding-size"], device.pool.max_buffer)
+        for program, slots in kernels:
+            u = program.wgsl.uniforms
+            if u.single or u.arena:
+                return False
+            for (where, x), (d, n, _) in zip(slots, program.kernel.args):
+                if where == "a" and x + _round4(n * d.itemsize) > most:
+                    return False
+        return True
+
+    def _group(self, entry, table):
+        refs, program = entry[0], entry[1]
+        handles = []
+        for i, k, off, size in refs:
+            h = table[k].handle
+            handles.append((i, h) if size is None else (i, h, off, size))
+        if program.scratch is not None:
+            handles.append((len(refs), program.scratch))
+        # the group object is kept with the kernel: the device's cache may drop it, and
+        # its native handle must live while the plan records it
+        entry[4] = self.device.bind_group(program.layout, handles)
+        return self.recorder.handle(entry[4])
+
+    def run(self, table, stops=None):
+        """Record the plan over `table` (Buffers; slot 0 None when the plan has no arena).
+        `stops` ([(kernel index, [fn...])], ascending): call each fn once the kernels
+        before that index were recorded, before the rest are."""
+        bound = self.bound
+        for k, buf in enumerate(table):
+            handle = None if buf is None else buf.handle
+            if handle is not bound[k]:
+                bound[k] = handle
+                for j in self.users[k]:
+                    self.kernels[j][3] = None
+        for entry in self.kernels:
+            if entry[3] is None:
+                entry[3] = self._group(entry, table)
+        if stops:
+            run_in_pieces(len(self.kernels), stops, self._record)
+        else:
+            self._record(0, len(self.kernels))
+
+    def _record(self, first, end):
+        pool, rec = self.pool, self.recorder
+        cp = rec.handle(pool.compute_pass())
+        for entry in self.kernels[first:end]:
+            group = entry[3]
+            for pipeline, gx, gy in entry[2]:
+                rec.dispatch(cp, pipeline, group, gx, gy)
+                pool.dispatched()
+                if pool.cpass is None:        # the encoder was just submitted
+                    cp = rec.handle(pool.compute_pass())
+
+
 class WGPUDevice(ProgramCache):
     backend = "wgpu"
     fp64 = False
 
-    def __init__(self, wgpu, adapter, device, pool, limits, debug=0, shader_checks=0):
+    def __init__(self, wgpu, adapter, device, pool, limits, debug=0, shader_checks=None):
         self.wgpu = wgpu
-        # run-time check bits for naga (wgpu_shaders.py); None: wgpu's standard path
-        self.shader_checks = shader_checks if wgpu_shaders.available(device) else None
+        # run-time check bits for naga (wgpu_direct.py); None: wgpu's standard path
+        if shader_checks is None:
+            shader_checks = wgpu_direct.parse_checks(DEFAULT_SHADER_CHECKS)
+        self.shader_checks = shader_checks if wgpu_direct.available(device) else None
+        # dispatches recorded by direct wgpu-native calls (wgpu_direct.Recorder); None:
+        # through wgpu-py's methods
+        self.recorder = wgpu_direct.Recorder() if wgpu_direct.available(device) else None
+        # a cached plan's dispatches recorded from one prepared list (WGPUPlanLaunches;
+        # initialize reads the switch), temporaries bound at arena offsets of this
+        # alignment (storage and uniform bindings' offset alignment, at least 64)
+        self.plan_launches = True
+        self.arena_align = max(64, int(limits.get("min-storage-buffer-offset-alignment", 256)),
+                               int(limits.get("min-uniform-buffer-offset-alignment", 256)))
         self.adapter = adapter
         self.device = device
         self.pool = pool
@@ -455,7 +572,7 @@ class WGPUDevice(ProgramCache):
             try:
                 module = None
                 if self.shader_checks is not None:
-                    module = wgpu_shaders.shader_module(self.device, src, self.shader_checks)
+                    module = wgpu_direct.shader_module(self.device, src, self.shader_checks)
                 if module is None:
                     module = self.device.create_shader_module(code=src)
                 pipeline = self.device.create_compute_pipeline(
@@ -472,18 +589,21 @@ class WGPUDevice(ProgramCache):
         return pipeline
 
     # -- launch -----------------------------------------------------------------------------
-    def _bind_group(self, layout, handles):
-        """The bind group of `handles` ((binding, buffer) pairs) in `layout`, cached."""
-        key = (id(layout), *[id(h) for _, h in handles])
+    def bind_group(self, layout, handles):
+        """The bind group of `handles` ((binding, buffer) pairs, the whole buffer bound, or
+        (binding, buffer, offset, size) for a range) in `layout`, cached by the buffers
+        and ranges."""
+        key = (id(layout), *[(id(e[1]), *e[2:]) for e in handles])
         got = self._bind_groups.get(key)
         if got is None:
             if len(self._bind_groups) >= 8192:
                 self._bind_groups.clear()
             got = self.device.create_bind_group(layout=layout, entries=[
-                {"binding": i, "resource": {"buffer": h, "offset": 0, "size": h.size}}
-                for i, h in handles])
+                {"binding": e[0], "resource": {"buffer": e[1], "offset": e[2] if len(e) > 2 else 0,
+                                               "size": e[3] if len(e) > 2 else e[1].size}}
+                for e in handles])
             # the handles are kept with the entry: an id is only unique while its object lives
-            self._bind_groups[key] = (got, [h for _, h in handles])
+            self._bind_groups[key] = (got, [e[1] for e in handles])
             self.bind_groups_created += 1
             return got
         return got[0]
@@ -491,7 +611,7 @@ class WGPUDevice(ProgramCache):
     def _forget_buffers(self, dropped):
         ids = {id(h) for h in dropped}
         self._bind_groups = {k: v for k, v in self._bind_groups.items()
-                             if not ids.intersection(k[1:])}
+                             if not ids.intersection(e[0] for e in k[1:])}
         for h in dropped:
             h.destroy()
 
@@ -521,16 +641,37 @@ class WGPUDevice(ProgramCache):
         return None          # one queue, in order: later commands see the results
 
     def _record(self, program, pool, wgsl, handles):
-        bg = self._bind_group(program.layout, handles)
+        bg = self.bind_group(program.layout, handles)
         cp = pool.compute_pass()
+        rec = self.recorder
         # dispatches of one pass run in order, each seeing the previous one's writes
         for pipeline, (_, (gx, gy)) in zip(program.pipelines, wgsl.passes):
-            cp.set_pipeline(pipeline)
-            cp.set_bind_group(0, bg)
-            cp.dispatch_workgroups(gx, gy, 1)
+            if rec is not None:
+                rec.dispatch(rec.handle(cp), rec.handle(pipeline), rec.handle(bg), gx, gy)
+            else:
+                cp.set_pipeline(pipeline)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(gx, gy, 1)
             pool.dispatched()
             if pool.cpass is None:           # the encoder was just submitted
                 cp = pool.compute_pass()
+
+    def prepare_launches(self, kernels, nslots):
+        """The plan-level launch record of `kernels` ([(program, slots)], scheduler's
+        prepare_launches): a WGPUPlanLaunches; None where switched off (`plan_launches`:
+        config key, ZYX_PLAN_LAUNCHES=0), where wgpu-native cannot be called directly, or
+        where the plan does not suit one (WGPUPlanLaunches.suits)."""
+        if not self.plan_launches or self.recorder is None:
+            return None
+        if not WGPUPlanLaunches.suits(self, kernels):
+            return None
+        return WGPUPlanLaunches(self, kernels, nslots)
+
+    def run_launches(self, launcher, table, stops=None):
+        """Record a WGPUPlanLaunches over the plan's slot table; `stops`: see
+        WGPUPlanLaunches.run."""
+        with self.pool.lock:
+            launcher.run(table, stops)
 
     def synchronize(self):
         """Submit what is pending and wait until the device has run it."""
@@ -604,8 +745,8 @@ def initialize(cfg, debug=0):
     if not adapters:
         raise BackendError("wgpu: no adapter found")
     limit = configured_limit(cfg)
-    checks = wgpu_shaders.parse_checks(os.environ.get("ZYX_WGPU_SHADER_CHECKS")
-                                       or cfg.get("shader_checks", "none"))
+    checks = wgpu_direct.parse_checks(os.environ.get("ZYX_WGPU_SHADER_CHECKS")
+                                       or cfg.get("shader_checks", DEFAULT_SHADER_CHECKS))
     pools, devices = [], []
     for a in adapters:
         offered = a.limits
@@ -625,6 +766,7 @@ def initialize(cfg, debug=0):
         pool = WGPUMemoryPool(wgpu, device, max_buffer, total, limit)
         pools.append(pool)
         devices.append(WGPUDevice(wgpu, a, device, pool, lim, debug, checks))
+        devices[-1].plan_launches = switch(cfg, "plan_launches", "ZYX_PLAN_LAUNCHES", True)
         if debug & 1:
             print(f"zyx: wgpu device {devices[-1].info().name}", file=sys.stderr)
     if not devices:

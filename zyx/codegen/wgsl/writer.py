@@ -73,10 +73,12 @@ LOOP_CHUNK = 32768
 # reads its row once instead of three times); wg: invocations per workgroup (a power of
 # two; the autotuner's schedule overrides it).
 REDUCE_ENV = "ZYX_WGSL_REDUCE"
-# cache off by default: on an H200 through wgpu the cached softmax 16384x4096 took 0.549
-# ms against 0.422 reading the row again (the per-invocation array is not kept in
-# registers).
-REDUCE_DEFAULT = {"cache": 0, "wg": ROW_WORKGROUP}
+# cache on: on an H200 through wgpu, with shaders built without naga's loop counters
+# (backends/wgpu_direct.py), softmax 16384x4096 took 0.195 ms cached against 0.214 reading
+# the row again (benches/gpu_vk_bandwidth_sweep.py wgpu; with the counters the loops were
+# not unrolled, the array was not kept in registers and caching was the slower, 0.549 ms
+# against 0.422).
+REDUCE_DEFAULT = {"cache": 1, "wg": ROW_WORKGROUP}
 INT32_MAX = 2**31 - 1
 
 # bits per element of the dtypes packed in u32 words
