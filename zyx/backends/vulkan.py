@@ -415,14 +415,14 @@ class VulkanContext:
             flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
         # batches submitted without a wait between them may overlap: this barrier orders
         # the batch after every command submitted before it (its first scope)
-        self._barrier(b.cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+        self.barrier(b.cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
                       vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0)
         self._seq += 1
         b.seq = self._seq
         self.pending = b
         return b
 
-    def _barrier(self, cmd, dst_stages, dst_access):
+    def barrier(self, cmd, dst_stages, dst_access):
         """A global memory barrier after every compute and transfer write (the struct is
         made once per kind: the bindings' struct constructors cost ~10 us a call, and a
         barrier is recorded for most dispatches)."""
@@ -443,7 +443,7 @@ class VulkanContext:
     def host_read_barrier(self, b):
         """Make the batch's transfer writes visible to the host (read after the fence)."""
         vk = self.vk
-        self._barrier(b.cmd, vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
+        self.barrier(b.cmd, vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
 
     def hazard(self, b, reads, writes):
         """Record a barrier before a command reading `reads` and writing `writes` (buffer
@@ -452,7 +452,7 @@ class VulkanContext:
         written = b.written
         if not (written.isdisjoint(reads) and written.isdisjoint(writes)
                 and b.read.isdisjoint(writes)):
-            self._barrier(b.cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
+            self.barrier(b.cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT |
                           vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0)
             b.written.clear()
             b.read.clear()
@@ -468,6 +468,23 @@ class VulkanContext:
         region = self.vk.VkBufferCopy(srcOffset=src_offset, dstOffset=dst_offset, size=nbytes)
         self.vk.vkCmdCopyBuffer(b.cmd, src.buffer, dst.buffer, 1, [region])
         return b
+
+    def record_fenced(self, record, dst_stages, count, keep):
+        """Record commands into the pending batch between two global barriers (`dst_stages`
+        the stages the barriers hold back): `record(cmd)` records them, `count` dispatches
+        that the batch counts towards MAX_BATCH, `keep` kept alive until the batch ran.
+        The batch's hazard sets start afresh after them (the second barrier orders every
+        later command after them). Returns the batch's event. vulkan_replay records a
+        plan's dispatches this way when it records no command buffer of its own."""
+        b = self.batch()
+        self.barrier(b.cmd, dst_stages, 0)
+        record(b.cmd)
+        self.barrier(b.cmd, dst_stages, 0)
+        b.written.clear()
+        b.read.clear()
+        b.keep.append(keep)
+        b.count += count
+        return self.event(b)               # (submits a batch grown past MAX_BATCH)
 
     def event(self, b):
         ev = VulkanEvent(self, b.seq)

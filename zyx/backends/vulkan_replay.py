@@ -176,18 +176,10 @@ class VulkanPlanLaunches:
 
     def _batch_record(self, steps, sets):
         """Record `steps` (with their descriptor sets) into the context's pending batch,
-        between two global barriers."""
-        ctx = self.ctx
-        b = ctx.batch()
-        ctx._barrier(b.cmd, self.every, 0)
-        self._dispatches(b.cmd, steps, sets)
-        # (the batch's own hazard sets name buffers, not slots: start them afresh)
-        ctx._barrier(b.cmd, self.every, 0)
-        b.written.clear()
-        b.read.clear()
-        b.keep.append(self)
-        b.count += sum(len(program.pipelines) for program, _ in steps)
-        ctx.event(b)                      # (submits a batch grown past MAX_BATCH)
+        between two global barriers (the batch's own hazard sets name buffers, not slots:
+        they start afresh after them)."""
+        self.ctx.record_fenced(lambda cmd: self._dispatches(cmd, steps, sets), self.every,
+                               sum(len(program.pipelines) for program, _ in steps), self)
 
     def _record(self, table, key):
         """A Recording of the plan over `table`'s buffers, kept under `key`; None when
@@ -204,7 +196,7 @@ class VulkanPlanLaunches:
             commandBufferCount=1))[0]
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
             flags=vk.VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT))
-        ctx._barrier(cmd, self.every, 0)  # after everything submitted before
+        ctx.barrier(cmd, self.every, 0)  # after everything submitted before
         self._dispatches(cmd, self.steps, sets)
         vk.vkEndCommandBuffer(cmd)
         rec = Recording(cmd, frozenset(serials), self.recordings, key)
@@ -252,7 +244,7 @@ class VulkanPlanLaunches:
             writes = {s for s, ro in zip(slots, program.readonly) if not ro}
             for pipe, (gx, gy) in zip(program.pipelines, program.grids):
                 if not (written.isdisjoint(slots) and read.isdisjoint(writes)):
-                    ctx._barrier(cmd, self.every, 0)
+                    ctx.barrier(cmd, self.every, 0)
                     written.clear()
                     read.clear()
                 read.update(slots)
