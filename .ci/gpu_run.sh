@@ -36,6 +36,10 @@
 #   tune    benches/bench_tuning.py on CUDA: the MNIST convnet step with heuristic and with
 #           autotuned schedules, and the time the search took; then tests/test_tuning.py
 #   vkbench benches/bench_vk.py on cuda:0, vulkan:0 and wgpu:0 (issue 30's cases)
+#   vksteps the training steps on Vulkan and WebGPU beside zyx CUDA: benches/gpu_replay_ab.py
+#           (plan launches on and off, AB_ROUNDS rounds, default 5), the host time of a
+#           50-kernel plan (benches/gpu_plan_launch.py) on each, and the MLP SGD and Adam
+#           steps' kernels launched alone on wgpu:0 and vulkan:0 (gpu_step_profile.py --mlp)
 #   vksweep benches/gpu_vk_bandwidth_sweep.py on vulkan and wgpu: the SPIR-V and WGSL
 #           lowering knobs over the memory-bound cases (VKSWEEP_VARIANTS: substrings
 #           choosing variants)
@@ -247,9 +251,23 @@ EOF
     vkbench)
         # issue 30's table: benches/bench_vk.py on zyx CUDA, Vulkan and WebGPU in turn
         # (PyTorch CUDA beside each), one markdown table per device
+        # (file names without the device's colon: the device tool does not return those)
         for d in cuda:0 vulkan:0 wgpu:0; do
-            timeout 240 $PY benches/bench_vk.py "$d" >"$OUT/vk-$d.md" 2>"$OUT/vk-$d.err"
-            cat "$OUT/vk-$d.md"; grep -E "Error|error" "$OUT/vk-$d.err" | tail -3
+            timeout 240 $PY benches/bench_vk.py "$d" >"$OUT/vk-${d%%:*}.md" 2>"$OUT/vk-${d%%:*}.err"
+            cat "$OUT/vk-${d%%:*}.md"; grep -E "Error|error" "$OUT/vk-${d%%:*}.err" | tail -3
+        done
+        ;;
+    vksteps)
+        AB_ROUNDS=${AB_ROUNDS:-5} timeout 200 $PY benches/gpu_replay_ab.py wgpu:0 vulkan:0 cuda:0 \
+            >"$OUT/vksteps-ab.log" 2>&1
+        grep -v XDG "$OUT/vksteps-ab.log"
+        for d in wgpu:0 vulkan:0 cuda:0; do
+            timeout 60 $PY benches/gpu_plan_launch.py "$d" 1000 2>&1 | grep -v XDG \
+                | tee -a "$OUT/vksteps-launch.log"
+        done
+        for d in wgpu:0 vulkan:0; do
+            timeout 90 $PY benches/gpu_step_profile.py "$d" --mlp >"$OUT/vksteps-mlp-${d%%:*}.log" 2>&1
+            grep -E "step|plan|alone|outputs 3" "$OUT/vksteps-mlp-${d%%:*}.log" | head -30
         done
         ;;
     vksweep)
