@@ -168,10 +168,30 @@ def test_no_writes_wait_after_a_realization(in_place):
     with zyx.no_grad():
         x[1] = zyx.ones(8)
         x.sum().realize()
-        assert not inplace._region_writes
+        assert inplace.waiting_region_writes() == 0
         y = zyx.zeros((8, 8)).realize()
         y[2] = zyx.ones(8)
-        assert len(inplace._region_writes) == 1
+        assert inplace.waiting_region_writes() == 1
         del y
         x.sum().realize()
-    assert not inplace._region_writes
+    assert inplace.waiting_region_writes() == 0
+
+
+@pytest.mark.parametrize("shape,box", [
+    ((8, 8), ((1, 1), (0, 8))),                      # one row: one run
+    ((4, 6, 5), ((0, 4), (2, 3), (0, 5))),           # a middle slab: a run per leading row
+    ((4, 6, 5), ((1, 2), (0, 6), (1, 3))),           # cut on the last axis: many short runs
+    ((3, 4), ((0, 3), (0, 4))),                      # the whole tensor
+])
+def test_region_runs_cover_exactly_the_box(shape, box):
+    """The runs write_region copies are the box's elements in row-major order, and a box
+    over more than `most` runs is refused before the list is made."""
+    from zyx.runtime import region_runs
+    flat = np.arange(np.prod(shape)).reshape(shape)
+    want = flat[tuple(slice(s, s + n) for s, n in box)].reshape(-1)
+    runs = region_runs(shape, box)
+    got = np.concatenate([np.arange(s, s + n) for s, n in runs])
+    np.testing.assert_array_equal(got, want)
+    assert region_runs(shape, box, most=len(runs)) == runs
+    if len(runs) > 1:
+        assert region_runs(shape, box, most=len(runs) - 1) is None

@@ -877,6 +877,12 @@ def _write_region(t, idx, value):
     return True
 
 
+def waiting_region_writes():
+    """How many box writes wait for the next realization to copy their value into their
+    tensor's memory (tests: the table empties after each realization)."""
+    return len(_region_writes)
+
+
 def _drop_region_write(t):
     """Forget t's waiting write (its value is then computed as a whole); True if there
     was one."""

@@ -92,14 +92,17 @@ def _last_cut(shape, box):
     return cut
 
 
-def region_runs(shape, box):
+def region_runs(shape, box, most=None):
     """The contiguous runs ((first element, elements) in row-major order) that the box
     ((start, length) per axis) of a tensor of `shape` covers, in the box's own row-major
     order: axes after the last one the box cuts are whole, so each run spans them (there
-    are as many runs as the box has positions on the axes up to that one, exclusive)."""
+    are as many runs as the box has positions on the axes up to that one, exclusive).
+    None, without making the list, when there would be more than `most` runs."""
     cut = _last_cut(shape, box)
     if cut < 0:
         return [(0, math.prod(shape))]
+    if most is not None and math.prod(n for _, n in box[:cut]) > most:
+        return None
     run = box[cut][1] * math.prod(shape[cut + 1:])
     strides = [1] * len(shape)
     for d in range(len(shape) - 2, -1, -1):
@@ -1132,12 +1135,12 @@ class Runtime:
             return False
         if host:
             return True
-        if math.prod(n for _, n in box[:max(_last_cut(node.shape, box), 0)]) > MAX_REGION_RUNS:
+        runs = region_runs(node.shape, box, MAX_REGION_RUNS)
+        if runs is None:
             return False
         align = pool.region_align
         size = node.dtype.itemsize
-        return all((s * size) % align == 0 and (n * size) % align == 0
-                   for s, n in region_runs(node.shape, box))
+        return all((s * size) % align == 0 and (n * size) % align == 0 for s, n in runs)
 
     def write_region(self, nid, box, vid):
         """Copy the realized leaf `vid` (the box's lengths as its shape, nid's dtype and
