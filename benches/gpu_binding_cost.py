@@ -9,29 +9,23 @@ device is synchronized; the median of ROUNDS rounds per realization is printed.
 (On the H200, 2026-11-29: from 1 to 12 inputs a realization went from 91 to 106 us on
 wgpu:0 and from 82 to 111 us on vulkan:0, and 1 to 3 outputs cost the same on both: the
 bindings do not explain why the MLP Adam step is slower on WebGPU than on Vulkan.)"""
-import statistics
+import os
 import sys
-import time
 
 import numpy as np
 
 import zyx
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_vk import median_per_step  # noqa: E402
+
 REPS, ROUNDS = 50, 7
 
 
 def timed(fn, dev):
-    for _ in range(5):
-        fn()
-    zyx.synchronize(dev)
-    ts = []
-    for _ in range(ROUNDS):
-        t0 = time.perf_counter()
-        for _ in range(REPS):
-            fn()
-        zyx.synchronize(dev)
-        ts.append((time.perf_counter() - t0) / REPS)
-    return statistics.median(ts)
+    return median_per_step(fn, lambda: zyx.synchronize(dev), warmups=5, rounds=ROUNDS,
+                           reps=REPS)
 
 
 def main(dev):
